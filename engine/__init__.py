@@ -1,0 +1,1 @@
+"""A vLLM-style inference engine: the shared core, the real runner and the front ends."""

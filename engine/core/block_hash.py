@@ -1,0 +1,77 @@
+"""Chained hashing of full KV blocks, the key of the prefix cache.
+
+The hash of block ``i`` covers the hash of block ``i - 1``, block ``i``'s token ids and its extra keys,
+so equal hashes mean equal *prefixes*, not only equal blocks. The cache salt is an extra key of the
+first block only: the chain carries it into every later block, so requests with different salts never
+share a cached block.
+
+SHA-256 over a fixed byte encoding makes hashes identical across processes and machines (Python's
+``hash()`` of a string is randomized per process), and makes collisions negligible, so a hit can be
+trusted without re-reading the tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Callable, Sequence
+
+BlockHash = bytes
+
+# The parent of the first block: a fixed constant so that hashes are reproducible everywhere.
+ROOT_PARENT_HASH: BlockHash = hashlib.sha256(b"servesim/root-block-hash/v1").digest()
+
+
+def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int], extra_keys: bytes = b"") -> BlockHash:
+    """Hash one full block given its parent's hash, its token ids and its extra keys."""
+    digest = hashlib.sha256(parent_hash)
+    digest.update(array("q", token_ids).tobytes())
+    if extra_keys:
+        # A separator byte keeps (tokens, extra) from colliding with a longer token run.
+        digest.update(b"\x00")
+        digest.update(extra_keys)
+    return digest.digest()
+
+
+def encode_cache_salt(cache_salt: str | None) -> bytes:
+    return b"" if not cache_salt else b"salt:" + cache_salt.encode("utf-8")
+
+
+def make_block_hasher(block_size: int) -> Callable[[object], list[BlockHash]]:
+    """Return a function that hashes the request's full blocks that are not hashed yet.
+
+    It is called once when the request is created and again after every appended token, so it
+    must be cheap when no new block has filled up: one integer division and a length check.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size!r}")
+
+    def hash_new_full_blocks(request) -> list[BlockHash]:
+        known = request.block_hashes
+        num_hashed = len(known)
+        num_full_blocks = request.num_tokens // block_size
+        if num_full_blocks <= num_hashed:
+            return []
+        tokens = request.all_token_ids
+        parent = known[-1] if num_hashed else ROOT_PARENT_HASH
+        new_hashes = []
+        for block_index in range(num_hashed, num_full_blocks):
+            start = block_index * block_size
+            extra = encode_cache_salt(request.cache_salt) if block_index == 0 else b""
+            parent = hash_block_tokens(parent, tokens[start:start + block_size], extra)
+            new_hashes.append(parent)
+        return new_hashes
+
+    return hash_new_full_blocks
+
+
+def hash_request_blocks(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> list[BlockHash]:
+    """The chain of hashes of every full block of ``token_ids`` (for tests and tools)."""
+    hashes: list[BlockHash] = []
+    parent = ROOT_PARENT_HASH
+    for block_index in range(len(token_ids) // block_size):
+        start = block_index * block_size
+        extra = encode_cache_salt(cache_salt) if block_index == 0 else b""
+        parent = hash_block_tokens(parent, token_ids[start:start + block_size], extra)
+        hashes.append(parent)
+    return hashes

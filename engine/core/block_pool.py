@@ -1,0 +1,139 @@
+"""The pool of physical KV blocks: allocation, reference counts, and the prefix-cache hash map.
+
+Invariants (checked by tests/core/test_block_pool_state_machine.py after every operation):
+- A block is in the free queue if and only if its ``ref_cnt`` is 0; the null block never is.
+- Every entry ``cached_block_hash_to_block[h]`` is a block whose ``block_hash`` is ``h``, and every
+  block with a hash is that hash's entry: a block evicted for reuse loses its hash.
+- Free blocks + blocks in use = all blocks except the null block.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from engine.core.free_block_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be at least 2 (one is the null block), got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
+        # Block 0 is a placeholder that is never allocated: runners pad block tables with it.
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.events: list[KVCacheEvent] = []
+        # Ids handed out since the scheduler last drained them; the runner zeroes these blocks so
+        # that attention never reads stale values from a reused block.
+        self.newly_allocated_block_ids: list[int] = []
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks held by requests (cached-but-free blocks count as free)."""
+        return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def get_new_blocks(self, count: int) -> list[KVCacheBlock]:
+        """Take ``count`` blocks from the front of the free queue, evicting their cached content."""
+        blocks = self.free_block_queue.popleft_n(count)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+        self.newly_allocated_block_ids.extend(block.block_id for block in blocks)
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-cache hits, reviving any that sat in the free queue."""
+        free_block_queue = self.free_block_queue
+        for block in blocks:
+            if block.ref_cnt == 0:
+                free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block, in eviction order (first freed = first evicted).
+
+        A block without a hash holds nothing reusable, so it goes to the front of the queue.
+        """
+        free_block_queue = self.free_block_queue
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                if block.block_hash is None:
+                    free_block_queue.appendleft(block)
+                else:
+                    free_block_queue.append(block)
+
+    def cache_full_blocks(self, block_hashes: list[bytes], blocks: list[KVCacheBlock], first: int, end: int,
+                          token_ids: list[int], block_size: int) -> None:
+        """Register blocks ``first..end-1`` of a request under their chained hashes.
+
+        A block whose content is already cached under another physical block stays unregistered (its
+        request still uses it; it simply is not shared), so the map keeps one block per hash.
+        """
+        cached = self.cached_block_hash_to_block
+        stored_run: list[bytes] = []
+        run_start = first
+        for index in range(first, end):
+            block = blocks[index]
+            block_hash = block_hashes[index]
+            if block.block_hash is None and block_hash not in cached:
+                block.block_hash = block_hash
+                cached[block_hash] = block
+                if self.enable_kv_cache_events:
+                    if not stored_run:
+                        run_start = index
+                    stored_run.append(block_hash)
+            elif stored_run:
+                self._record_stored(stored_run, run_start, block_hashes, token_ids, block_size)
+                stored_run = []
+        if stored_run:
+            self._record_stored(stored_run, run_start, block_hashes, token_ids, block_size)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block. Refused (returns False) while any request holds blocks."""
+        if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
+            return False
+        for block in self.cached_block_hash_to_block.values():
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        if self.enable_kv_cache_events:
+            self.events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def take_newly_allocated_block_ids(self) -> list[int]:
+        block_ids, self.newly_allocated_block_ids = self.newly_allocated_block_ids, []
+        return block_ids
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        block_hash = block.block_hash
+        if self.cached_block_hash_to_block.get(block_hash) is block:
+            del self.cached_block_hash_to_block[block_hash]
+        block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.events.append(BlockRemoved((block_hash,)))
+
+    def _record_stored(self, stored: list[bytes], run_start: int, block_hashes: list[bytes],
+                       token_ids: list[int], block_size: int) -> None:
+        parent = block_hashes[run_start - 1] if run_start > 0 else None
+        tokens = tuple(token_ids[run_start * block_size:(run_start + len(stored)) * block_size])
+        self.events.append(BlockStored(tuple(stored), parent, tokens, block_size))

@@ -1,0 +1,73 @@
+"""The core's typed configuration: the cache and the scheduler.
+
+Derived limits are computed in one place (``SchedulerConfig.effective_max_model_len``) so that the
+scheduler never has to guess them. Invalid values raise ``ValueError`` naming the field and value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+
+
+def _require(ok: bool, owner: str, name: str, value: object, requirement: str) -> None:
+    if not ok:
+        raise ValueError(f"{owner}.{name} must be {requirement}, got {value!r}")
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    num_gpu_blocks: int = 1024
+    enable_prefix_caching: bool = True
+    enable_kv_cache_events: bool = False
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block_size, int) and self.block_size > 0, "cache", "block_size",
+                 self.block_size, "a positive integer")
+        _require(isinstance(self.num_gpu_blocks, int) and self.num_gpu_blocks >= 2, "cache", "num_gpu_blocks",
+                 self.num_gpu_blocks, "an integer >= 2 (block 0 is reserved as the null block)")
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_gpu_blocks - 1
+
+    @property
+    def capacity_tokens(self) -> int:
+        """How many tokens of one request the whole pool can hold."""
+        return self.num_usable_blocks * self.block_size
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    # A prefill chunk of one request is cut at this many tokens per step (0: no cut), so that one
+    # long prompt cannot take the whole budget from its peers.
+    long_prefill_token_threshold: int = 0
+    policy: SchedulingPolicy = "fcfs"
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "scheduler", name,
+                     value, "an integer >= 1")
+        _require(isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
+                 "scheduler", "long_prefill_token_threshold", self.long_prefill_token_threshold, "an integer >= 0")
+        _require(self.policy in ("fcfs", "priority"), "scheduler", "policy", self.policy, "'fcfs' or 'priority'")
+
+    def effective_max_model_len(self, cache: CacheConfig) -> int:
+        """The longest sequence (prompt + output) that can ever make progress.
+
+        Bounded by the model, by the whole KV pool (a longer request could only preempt itself
+        forever), and, without chunked prefill, by the per-step token budget (a longer prompt, or the
+        recomputation of a preempted request, could never be scheduled in one step).
+        """
+        limit = min(self.max_model_len, cache.capacity_tokens)
+        if not self.enable_chunked_prefill:
+            limit = min(limit, self.max_num_batched_tokens)
+        return limit

@@ -1,0 +1,66 @@
+"""``EngineCore.step()``: schedule -> execute -> update (the seed's section 5), over any executor.
+
+The real model runner and the simulator both plug in as an ``Executor``; the scheduler and the
+KV-cache manager are the same objects in both cases, which is what makes a simulated run comparable
+to a real one step for step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, runtime_checkable
+
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerOutput
+
+
+@runtime_checkable
+class Executor(Protocol):
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step for the scheduled tokens and return the sampled tokens.
+
+        Must accept an empty step (no tokens scheduled): it still carries finished request ids.
+        """
+        ...
+
+
+@dataclass(slots=True)
+class EngineStepResult:
+    outputs: list[EngineCoreOutput]
+    scheduler_output: SchedulerOutput | None   # None when there was nothing to schedule
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, executor: Executor) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+
+    @classmethod
+    def from_config(cls, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                    executor: Executor) -> "EngineCore":
+        return cls(Scheduler(scheduler_config, cache_config), executor)
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: str | Iterable[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def has_work(self) -> bool:
+        """True while a step would do something: requests to run, or outputs still to report."""
+        return self.scheduler.has_unfinished_requests() or self.scheduler.has_pending_outputs()
+
+    def step(self) -> EngineStepResult:
+        scheduler = self.scheduler
+        if not scheduler.has_unfinished_requests():
+            return EngineStepResult(scheduler.take_pending_outputs(), None)
+        scheduler_output = scheduler.schedule()
+        model_runner_output = self.executor.execute_model(scheduler_output)
+        outputs = scheduler.update_from_output(scheduler_output, model_runner_output)
+        return EngineStepResult(outputs, scheduler_output)

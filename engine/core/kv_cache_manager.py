@@ -1,0 +1,168 @@
+"""Per-request KV block tables on top of the block pool, with prefix caching.
+
+Contract (each method states what it may change):
+- ``get_computed_blocks`` changes nothing: it only looks up the longest cached prefix.
+- ``allocate_slots`` is all or nothing: it either gives the request blocks for every token it needs
+  and returns the newly allocated blocks, or returns None and changes no reference count, no free
+  queue position and no block table.
+- ``free`` drops the request's references, tail block first, so its tail is evicted first.
+
+Invariant: ``ref_cnt`` of every block equals the number of live requests whose block table holds it.
+"""
+
+from __future__ import annotations
+
+from engine.core.block_pool import BlockPool
+from engine.core.free_block_queue import KVCacheBlock
+from engine.core.kv_cache_events import KVCacheEvent
+from engine.core.prefix_cache_stats import PrefixCacheStats
+from engine.core.request import Request
+
+_NO_BLOCKS: list[KVCacheBlock] = []
+
+
+class KVCacheManager:
+    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool = True,
+                 enable_kv_cache_events: bool = False) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size!r}")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, enable_kv_cache_events)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Number of leading blocks of each request already registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.block_pool.num_usable_blocks
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest block-aligned cached prefix of the request, and its length in tokens.
+
+        Capped at ``num_tokens - 1`` so that at least the last token is computed: the model must
+        produce logits for it. Requests asking for prompt logprobs skip the cache (they need every
+        prompt position's logits).
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return _NO_BLOCKS, 0
+        block_size = self.block_size
+        max_hit_blocks = (request.num_tokens - 1) // block_size
+        cached = self.block_pool.cached_block_hash_to_block
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * block_size
+
+    def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
+        """Count a lookup once the request is admitted (a failed admission retries and is not counted)."""
+        if self.enable_caching:
+            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+        """Give the request KV slots for ``num_new_tokens`` more tokens, after its cached prefix.
+
+        ``new_computed_blocks`` / ``num_new_computed_tokens`` are a prefix-cache hit from
+        ``get_computed_blocks`` for a request being admitted. Returns the newly allocated blocks
+        (possibly empty) or None when the pool cannot hold them.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens!r}")
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        is_new_request = req_blocks is None
+        if is_new_request:
+            # Registered only once the allocation succeeds: a failure must leave no trace.
+            req_blocks = []
+        block_size = self.block_size
+        block_pool = self.block_pool
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        if num_tokens_need_slot > self.max_model_len:
+            num_tokens_need_slot = self.max_model_len
+        num_required_blocks = -(-num_tokens_need_slot // block_size)
+        num_free = block_pool.free_block_queue.num_free_blocks
+        if new_computed_blocks:
+            num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
+            # Hits that sit in the free queue are taken out of it, so they count against it too.
+            num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+            if num_new_blocks + num_evictable_hits > num_free:
+                return None
+            block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        else:
+            num_new_blocks = num_required_blocks - len(req_blocks)
+            if num_new_blocks > num_free:
+                return None
+        if num_new_blocks > 0:
+            new_blocks = block_pool.get_new_blocks(num_new_blocks)
+            req_blocks.extend(new_blocks)
+        else:
+            new_blocks = _NO_BLOCKS
+        if is_new_request:
+            self.req_to_blocks[request_id] = req_blocks
+            self.num_cached_block[request_id] = 0
+        if self.enable_caching:
+            # Blocks whose every token is known are cached now, before they are computed: the runner
+            # writes every token's KV before any attention of the same step reads it.
+            num_tokens_to_cache = num_computed_tokens + num_new_tokens
+            if num_tokens_to_cache > request.num_tokens:
+                num_tokens_to_cache = request.num_tokens
+            num_full_blocks = num_tokens_to_cache // block_size
+            num_cached_blocks = self.num_cached_block[request_id]
+            if num_full_blocks > num_cached_blocks:
+                block_pool.cache_full_blocks(request.block_hashes, req_blocks, num_cached_blocks, num_full_blocks,
+                                             request.all_token_ids, block_size)
+                self.num_cached_block[request_id] = num_full_blocks
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        request_id = request.request_id
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, _NO_BLOCKS)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks shared by every running request (what cascade attention could exploit)."""
+        count = 0
+        for block in self.req_to_blocks.get(request_id, _NO_BLOCKS):
+            if block.ref_cnt != num_running_requests:
+                break
+            count += 1
+        return count
+
+    def reset_prefix_cache(self) -> bool:
+        reset = self.block_pool.reset_prefix_cache()
+        if reset:
+            self.prefix_cache_stats.resets += 1
+        return reset
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Return the statistics gathered since the last call and start new ones."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.block_pool.take_events()

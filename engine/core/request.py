@@ -1,0 +1,126 @@
+"""A request as the scheduler sees it: its tokens, how many are computed, and its lifecycle status.
+
+State machine (vLLM V1's, see the seed's section 8.2):
+
+    WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED_*
+
+Invariants kept by the scheduler:
+- ``all_token_ids == prompt_token_ids + output_token_ids`` and ``num_tokens == len(all_token_ids)``.
+- ``0 <= num_computed_tokens <= num_tokens``; a preempted request has ``num_computed_tokens == 0``.
+- ``block_hashes[i]`` is the chained hash of full block ``i`` of ``all_token_ids`` (prefix caching only).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable
+
+from engine.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    # Every status after PREEMPTED is final.
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_IGNORED = 6
+    FINISHED_ERROR = 7
+
+    @staticmethod
+    def is_finished(status: "RequestStatus") -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+# The OpenAI-style finish reason reported for each final status.
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_IGNORED: "ignored",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+class Request:
+    """One generation request. Plain slots: the scheduler touches these fields on every step."""
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority",
+        "cache_salt", "status", "output_token_ids", "all_token_ids", "num_prompt_tokens", "num_tokens",
+        "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
+        "status_message", "block_hashes", "block_hasher", "arrival_order",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        eos_token_id: int | None = None,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        block_hasher: Callable[["Request"], list] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache at first scheduling; -1 until then.
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        # None means "up to the model's length limit"; the scheduler applies that cap.
+        self.max_tokens = self.sampling_params.max_tokens
+        self.stop_reason: int | str | None = None
+        # Why a request ended as IGNORED or ERROR, for the user.
+        self.status_message: str | None = None
+        self.block_hashes: list = []
+        self.block_hasher = block_hasher
+        # Set by the scheduler on admission: breaks priority ties by arrival order deterministically.
+        self.arrival_order = 0
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+    def set_block_hasher(self, block_hasher: Callable[["Request"], list] | None) -> None:
+        self.block_hasher = block_hasher
+        self.block_hashes = []
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    def append_output_token_ids(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        self.num_tokens += 1
+        if self.block_hasher is not None:
+            new_hashes = self.block_hasher(self)
+            if new_hashes:
+                self.block_hashes.extend(new_hashes)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"output={len(self.output_token_ids)}, computed={self.num_computed_tokens})")

@@ -1,0 +1,90 @@
+"""The waiting queue, one class per scheduling policy.
+
+FCFS: arrival order; a preempted request goes back to the head, so it resumes first.
+Priority: the smallest ``priority`` value first, ties broken by arrival time, then by admission order
+(so the order is total and deterministic); a preempted request simply re-enters with its own key.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Iterator
+
+from engine.core.request import Request
+
+
+class FCFSRequestQueue:
+    __slots__ = ("_queue",)
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def add_request(self, request: Request) -> None:
+        self._queue.append(request)
+
+    def prepend_request(self, request: Request) -> None:
+        self._queue.appendleft(request)
+
+    def peek_request(self) -> Request:
+        return self._queue[0]
+
+    def pop_request(self) -> Request:
+        return self._queue.popleft()
+
+    def remove_request(self, request: Request) -> None:
+        self._queue.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
+
+
+class PriorityRequestQueue:
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+
+    @staticmethod
+    def _key(request: Request) -> tuple[int, float, int, Request]:
+        return (request.priority, request.arrival_time, request.arrival_order, request)
+
+    def add_request(self, request: Request) -> None:
+        heapq.heappush(self._heap, self._key(request))
+
+    # A preempted request keeps its place by priority: there is no "head" to return to.
+    prepend_request = add_request
+
+    def peek_request(self) -> Request:
+        return self._heap[0][3]
+
+    def pop_request(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove_request(self, request: Request) -> None:
+        self._heap = [entry for entry in self._heap if entry[3] is not request]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        """In scheduling order (a sorted copy: for inspection, not the hot path)."""
+        return iter([entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3])])
+
+
+def create_request_queue(policy: str) -> FCFSRequestQueue | PriorityRequestQueue:
+    if policy == "fcfs":
+        return FCFSRequestQueue()
+    if policy == "priority":
+        return PriorityRequestQueue()
+    raise ValueError(f"scheduler.policy must be 'fcfs' or 'priority', got {policy!r}")

@@ -1,0 +1,136 @@
+"""Sampling parameters, with vLLM's public field names and meanings (n = 1 only).
+
+Validation happens once, at construction: every invalid value raises ``ValueError`` naming the
+field and the value, so a bad request is rejected before it reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Below this temperature sampling is greedy (vLLM uses the same threshold).
+GREEDY_TEMPERATURE_EPSILON = 1e-5
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _field_error(name: str, value: object, requirement: str) -> ValueError:
+    return ValueError(f"SamplingParams.{name} must be {requirement}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) disables top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Derived once in __post_init__: the stop token ids as a frozenset for O(1) checks per token.
+    all_stop_token_ids: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._normalize()
+        self._validate()
+        if self.temperature < GREEDY_TEMPERATURE_EPSILON:
+            # Greedy sampling ignores the truncation knobs; resetting them keeps the sampler's
+            # greedy fast path free of per-request special cases.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self.all_stop_token_ids = frozenset(self.stop_token_ids)
+
+    def _normalize(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.logit_bias is not None:
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError) as error:
+                raise _field_error("logit_bias", self.logit_bias, "a mapping of token id to float") from error
+
+    def _validate(self) -> None:
+        def check(name: str, ok: bool, requirement: str) -> None:
+            if not ok:
+                raise _field_error(name, getattr(self, name), requirement)
+
+        def is_int(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        check("n", is_int(self.n) and self.n == 1, "1 (parallel sampling is not supported)")
+        check("max_tokens", self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
+              "an integer >= 1 or None")
+        check("min_tokens", is_int(self.min_tokens) and self.min_tokens >= 0, "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
+        check("temperature", _is_number(self.temperature) and self.temperature >= 0.0, "a number >= 0")
+        check("top_p", _is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "in (0, 1]")
+        check("top_k", is_int(self.top_k) and self.top_k >= 0, "-1, 0 (disabled) or a positive integer")
+        check("min_p", _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "in [0, 1]")
+        check("seed", self.seed is None or is_int(self.seed), "an integer or None")
+        check("stop", all(isinstance(s, str) and s for s in self.stop), "a non-empty string or a list of them")
+        check("stop_token_ids", all(is_int(t) and t >= 0 for t in self.stop_token_ids),
+              "a list of non-negative integers")
+        check("ignore_eos", isinstance(self.ignore_eos, bool), "a boolean")
+        check("presence_penalty", _is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+              "in [-2, 2]")
+        check("frequency_penalty", _is_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+              "in [-2, 2]")
+        check("repetition_penalty", _is_number(self.repetition_penalty) and self.repetition_penalty > 0.0,
+              "a number > 0")
+        check("logit_bias", self.logit_bias is None or all(t >= 0 for t in self.logit_bias),
+              "a mapping with non-negative token ids")
+        check("allowed_token_ids", self.allowed_token_ids is None
+              or (len(self.allowed_token_ids) > 0 and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)),
+              "None or a non-empty list of non-negative integers")
+        check("bad_words", self.bad_words is None or all(isinstance(w, str) and w for w in self.bad_words),
+              "None or a list of non-empty strings")
+        check("logprobs", self.logprobs is None or (is_int(self.logprobs) and self.logprobs >= 0),
+              "None or an integer >= 0")
+        check("prompt_logprobs", self.prompt_logprobs is None or (is_int(self.prompt_logprobs)
+                                                                  and self.prompt_logprobs >= 0),
+              "None or an integer >= 0")
+        check("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool), "a boolean")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < GREEDY_TEMPERATURE_EPSILON:
+            return SamplingType.GREEDY
+        if self.seed is not None:
+            return SamplingType.RANDOM_SEED
+        return SamplingType.RANDOM
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE_EPSILON
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN

@@ -1,0 +1,355 @@
+"""The V1-style scheduler: one token budget per step, shared by decodes and prefill chunks.
+
+Each ``schedule()`` (the seed's section 4):
+1. Running requests first, in order: each gets the tokens it still lacks (1 for a decode; the rest of
+   its prompt for a prefill, cut by ``long_prefill_token_threshold`` and by what is left of the
+   budget). When the pool cannot hold them, the scheduler preempts (the last running request under
+   FCFS, the lowest-priority / latest-arrived under priority), freeing the victim's blocks and
+   putting it back in the waiting queue; it is recomputed from scratch when it resumes.
+2. Only if nothing was preempted in this step: waiting requests, in queue order, each starting from
+   its longest prefix-cache hit, while the budget, ``max_num_seqs`` and the pool allow.
+
+Invariants checked by the tests after every step: scheduled tokens <= ``max_num_batched_tokens``;
+running requests <= ``max_num_seqs``; every scheduled request holds blocks for
+``num_computed_tokens + num_scheduled_tokens`` tokens; a request is in exactly one of running / waiting
+/ finished.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from engine.core.block_hash import make_block_hasher
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerStats
+from engine.core.request import FINISH_REASONS, Request, RequestStatus
+from engine.core.request_queue import create_request_queue
+from engine.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from engine.core.stop_conditions import finish_if_stopped
+
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.long_prefill_token_threshold = (scheduler_config.long_prefill_token_threshold
+                                             if scheduler_config.enable_chunked_prefill else 0)
+        self.policy = scheduler_config.policy
+        self.max_model_len = scheduler_config.effective_max_model_len(cache_config)
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
+            enable_caching=cache_config.enable_prefix_caching,
+            enable_kv_cache_events=cache_config.enable_kv_cache_events)
+        self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(self.policy)
+        self.running: list[Request] = []
+        # Ids finished since the last schedule(): the next SchedulerOutput tells the runner to drop them.
+        self.finished_req_ids: set[str] = set()
+        # Outputs for requests that ended outside update_from_output (ignored at admission, aborted).
+        self._pending_outputs: list[EngineCoreOutput] = []
+        self._next_arrival_order = 0
+        self.num_preemptions_total = 0
+        self.last_step_num_preemptions = 0
+
+    # ------------------------------------------------------------------ requests in and out
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request, or finish it at once as IGNORED if it could never be served."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        reason = self._why_unservable(request)
+        if reason is not None:
+            request.status = RequestStatus.FINISHED_IGNORED
+            request.status_message = reason
+            self._pending_outputs.append(EngineCoreOutput(request.request_id, [], "ignored",
+                                                          status_message=reason))
+            return
+        # The effective output cap: the user's max_tokens and the room left under the length limit.
+        room = self.max_model_len - request.num_prompt_tokens
+        request.max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)
+        if self.block_hasher is not None and request.block_hasher is not self.block_hasher:
+            request.set_block_hasher(self.block_hasher)
+        request.arrival_order = self._next_arrival_order
+        self._next_arrival_order += 1
+        self.requests[request.request_id] = request
+        self.waiting.add_request(request)
+
+    def _why_unservable(self, request: Request) -> str | None:
+        num_prompt_tokens = request.num_prompt_tokens
+        if num_prompt_tokens == 0:
+            return "the prompt is empty"
+        if num_prompt_tokens > self.scheduler_config.max_model_len:
+            return (f"prompt length {num_prompt_tokens} exceeds max_model_len "
+                    f"{self.scheduler_config.max_model_len}")
+        if num_prompt_tokens > self.cache_config.capacity_tokens:
+            return (f"prompt length {num_prompt_tokens} exceeds the KV cache capacity "
+                    f"({self.cache_config.num_usable_blocks} blocks x {self.block_size} tokens)")
+        if num_prompt_tokens > self.max_model_len:
+            return (f"prompt length {num_prompt_tokens} exceeds max_num_batched_tokens "
+                    f"{self.max_num_batched_tokens} and chunked prefill is disabled")
+        return None
+
+    def finish_requests(self, request_ids: str | Iterable[str],
+                        finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        """End requests from outside the step loop (aborts). Unknown or finished ids are ignored."""
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"finished_status must be a finished status, got {finished_status!r}")
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == _RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove_request(request)
+            request.status = finished_status
+            self._free_request(request)
+            self._pending_outputs.append(EngineCoreOutput(request_id, [], FINISH_REASONS[finished_status],
+                                                          num_cached_tokens=max(request.num_cached_tokens, 0)))
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self) -> SchedulerOutput:
+        kv_cache_manager = self.kv_cache_manager
+        allocate_slots = kv_cache_manager.allocate_slots
+        running = self.running
+        token_budget = self.max_num_batched_tokens
+        threshold = self.long_prefill_token_threshold
+        num_scheduled_tokens: dict[str, int] = {}
+        scheduled_running: list[Request] = []
+        running_new_blocks: list = []
+        preempted: list[Request] = []
+
+        # Phase 1: running requests.
+        req_index = 0
+        while req_index < len(running) and token_budget > 0:
+            request = running[req_index]
+            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            if num_new_tokens > token_budget:
+                num_new_tokens = token_budget
+            while True:
+                new_blocks = allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                if self.policy == "priority":
+                    victim = max(running, key=_preemption_rank)
+                    running.remove(victim)
+                    if victim.request_id in num_scheduled_tokens:
+                        position = scheduled_running.index(victim)
+                        del scheduled_running[position]
+                        del running_new_blocks[position]
+                        token_budget += num_scheduled_tokens.pop(victim.request_id)
+                        req_index -= 1
+                else:
+                    victim = running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            scheduled_running.append(request)
+            running_new_blocks.append(new_blocks)
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            req_index += 1
+
+        # Phase 2: waiting requests, never in a step that had to preempt (the pool is short).
+        scheduled_new: list[Request] = []
+        scheduled_resumed: list[Request] = []
+        num_prefix_query_tokens = num_prefix_hit_tokens = 0
+        if not preempted:
+            waiting = self.waiting
+            max_num_seqs = self.max_num_seqs
+            while waiting and token_budget > 0 and len(running) < max_num_seqs:
+                request = waiting.peek_request()
+                computed_blocks, num_hit_tokens = kv_cache_manager.get_computed_blocks(request)
+                num_new_tokens = request.num_tokens - num_hit_tokens
+                if 0 < threshold < num_new_tokens:
+                    num_new_tokens = threshold
+                if num_new_tokens > token_budget:
+                    if not self.enable_chunked_prefill:
+                        break
+                    num_new_tokens = token_budget
+                if allocate_slots(request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
+                    break
+                waiting.pop_request()
+                kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
+                if request.num_preemptions == 0:
+                    num_prefix_query_tokens += request.num_tokens
+                    num_prefix_hit_tokens += num_hit_tokens
+                running.append(request)
+                if request.status == _PREEMPTED:
+                    scheduled_resumed.append(request)
+                else:
+                    scheduled_new.append(request)
+                request.status = _RUNNING
+                request.num_computed_tokens = num_hit_tokens
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit_tokens
+                num_scheduled_tokens[request.request_id] = num_new_tokens
+                token_budget -= num_new_tokens
+
+        return self._make_output(scheduled_new, scheduled_resumed, scheduled_running, running_new_blocks,
+                                 num_scheduled_tokens, preempted, num_prefix_query_tokens, num_prefix_hit_tokens)
+
+    def _make_output(self, scheduled_new, scheduled_resumed, scheduled_running, running_new_blocks,
+                     num_scheduled_tokens, preempted, num_prefix_query_tokens, num_prefix_hit_tokens
+                     ) -> SchedulerOutput:
+        """Describe the step to the runner, then advance every scheduled request's computed count.
+
+        The counts in the output are the values *before* this step; advancing them here (not after
+        the model runs) lets the next schedule() see in-flight work as done, as vLLM does.
+        """
+        kv_cache_manager = self.kv_cache_manager
+        new_reqs_data = []
+        for request in scheduled_new:
+            new_reqs_data.append(NewRequestData(
+                request.request_id, request.prompt_token_ids, request.sampling_params,
+                kv_cache_manager.get_block_ids(request.request_id), request.num_computed_tokens,
+                request.eos_token_id))
+            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
+
+        cached = CachedRequestData()
+        req_ids = cached.req_ids
+        resumed_flags = cached.resumed_from_preemption
+        new_block_ids = cached.new_block_ids
+        computed_counts = cached.num_computed_tokens
+        output_counts = cached.num_output_tokens
+        for request, new_blocks in zip(scheduled_running, running_new_blocks):
+            request_id = request.request_id
+            req_ids.append(request_id)
+            resumed_flags.append(False)
+            new_block_ids.append([block.block_id for block in new_blocks] if new_blocks else None)
+            computed_counts.append(request.num_computed_tokens)
+            output_counts.append(len(request.output_token_ids))
+            request.num_computed_tokens += num_scheduled_tokens[request_id]
+        for request in scheduled_resumed:
+            request_id = request.request_id
+            req_ids.append(request_id)
+            resumed_flags.append(True)
+            new_block_ids.append(kv_cache_manager.get_block_ids(request_id))
+            computed_counts.append(request.num_computed_tokens)
+            output_counts.append(len(request.output_token_ids))
+            cached.resumed_token_ids[request_id] = list(request.all_token_ids)
+            request.num_computed_tokens += num_scheduled_tokens[request_id]
+
+        running = self.running
+        num_common_prefix_blocks = (kv_cache_manager.get_num_common_prefix_blocks(running[0].request_id, len(running))
+                                    if running else 0)
+        finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        self.last_step_num_preemptions = len(preempted)
+        self.num_preemptions_total += len(preempted)
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            num_common_prefix_blocks=num_common_prefix_blocks,
+            finished_req_ids=finished_req_ids,
+            preempted_req_ids={request.request_id for request in preempted},
+            new_block_ids_to_zero=kv_cache_manager.block_pool.take_newly_allocated_block_ids(),
+            num_prefix_query_tokens=num_prefix_query_tokens,
+            num_prefix_hit_tokens=num_prefix_hit_tokens,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: drop the request's KV and send it back to wait."""
+        self.kv_cache_manager.free(request)
+        request.status = _PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop conditions, free finished requests (the seed's 8.1)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        requests = self.requests
+        sampled_token_ids = model_runner_output.sampled_token_ids
+        req_id_to_index = model_runner_output.req_id_to_index
+        logprobs = model_runner_output.logprobs
+        stopped: list[Request] = []
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = requests.get(request_id)
+            # Aborted after scheduling, or still in the middle of its prefill: nothing to append.
+            if request is None or request.num_computed_tokens < request.num_tokens:
+                continue
+            index = req_id_to_index.get(request_id)
+            if index is None:
+                continue
+            new_token_ids = sampled_token_ids[index]
+            if not new_token_ids:
+                continue
+            finish_reason = None
+            for count, token_id in enumerate(new_token_ids, 1):
+                request.append_output_token_ids(token_id)
+                if finish_if_stopped(request):
+                    # Tokens sampled after the stop (speculative decoding) are not part of the output.
+                    if count < len(new_token_ids):
+                        new_token_ids = new_token_ids[:count]
+                    finish_reason = FINISH_REASONS[request.status]
+                    stopped.append(request)
+                    break
+            outputs.append(EngineCoreOutput(
+                request_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens,
+                None, logprobs.get(request_id) if logprobs else None))
+        if stopped:
+            stopped_ids = {id(request) for request in stopped}
+            self.running = [request for request in self.running if id(request) not in stopped_ids]
+            for request in stopped:
+                self._free_request(request)
+        return outputs
+
+    def take_pending_outputs(self) -> list[EngineCoreOutput]:
+        """Outputs of requests that ended between steps (for drivers that skip an empty step)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        return outputs
+
+    # ------------------------------------------------------------------ inspection
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def has_pending_outputs(self) -> bool:
+        return bool(self._pending_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        prefix_stats = self.kv_cache_manager.make_prefix_cache_stats()
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            num_preempted_reqs=self.last_step_num_preemptions,
+            prefix_cache_queries=prefix_stats.queries,
+            prefix_cache_hits=prefix_stats.hits,
+        )
+
+
+def _preemption_rank(request: Request) -> tuple[int, float, int]:
+    """Under the priority policy the victim is the largest rank: lowest priority, then latest arrival."""
+    return (request.priority, request.arrival_time, request.arrival_order)

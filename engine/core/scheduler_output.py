@@ -1,0 +1,68 @@
+"""What the scheduler hands the executor each step (the seed's section 4.4).
+
+New requests carry everything the runner must cache about them; requests the runner already knows
+carry only what changed (new block ids, and their computed-token count before this step). All
+``num_computed_tokens`` values here are as they were *before* this step's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    eos_token_id: int | None = None
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Parallel lists, one entry per running request the runner has seen before."""
+    req_ids: list[str] = field(default_factory=list)
+    # True for a request resumed after preemption: its block table is replaced by new_block_ids and
+    # resumed_token_ids holds all its tokens (prompt + outputs so far) to recompute.
+    resumed_from_preemption: list[bool] = field(default_factory=list)
+    new_block_ids: list[list[int] | None] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    resumed_token_ids: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    # Tokens computed this step per request id; a decode schedules 1.
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Leading blocks shared by every running request (for cascade attention).
+    num_common_prefix_blocks: int
+    # Requests finished or aborted since the previous step: the runner drops their state.
+    finished_req_ids: set[str]
+    # Requests preempted in this step: the runner drops them from its batch (they resume later).
+    preempted_req_ids: set[str]
+    # Blocks allocated since the previous step; the runner zeroes them before use.
+    new_block_ids_to_zero: list[int]
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Prefix-cache tokens queried / hit by requests admitted in this step (true hits only).
+    num_prefix_query_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+
+    @property
+    def num_scheduled_reqs(self) -> int:
+        return len(self.num_scheduled_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
