@@ -1,0 +1,100 @@
+"""Builders and invariant checks shared by the core tests."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from engine.core import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import RequestStatus
+
+
+def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
+              max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
+              enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0) -> EngineCore:
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
+                        long_prefill_token_threshold=long_prefill_token_threshold, policy=policy),
+        CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
+                    enable_kv_cache_events=enable_kv_cache_events))
+    executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed)
+    return EngineCore(scheduler, executor)
+
+
+def make_request(request_id: str, prompt, max_tokens=16, **kwargs) -> Request:
+    sampling_keys = {"min_tokens", "stop_token_ids", "ignore_eos", "prompt_logprobs"}
+    sampling = {key: kwargs.pop(key) for key in list(kwargs) if key in sampling_keys}
+    return Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling), **kwargs)
+
+
+def check_kv_invariants(manager: KVCacheManager) -> None:
+    """Every invariant of DESIGN.md about blocks, given the manager's own request -> blocks map."""
+    pool = manager.block_pool
+    holders = Counter()
+    for request_id, blocks in manager.req_to_blocks.items():
+        ids = [block.block_id for block in blocks]
+        assert len(ids) == len(set(ids)), f"{request_id} holds a block twice: {ids}"
+        holders.update(ids)
+    free_ids = [block.block_id for block in pool.free_block_queue]
+    assert len(free_ids) == len(set(free_ids)) == pool.free_block_queue.num_free_blocks
+    free_set = set(free_ids)
+    assert pool.null_block.block_id not in free_set and pool.null_block.block_id not in holders
+    for block in pool.blocks:
+        if block.is_null:
+            continue
+        assert block.ref_cnt == holders.get(block.block_id, 0), f"{block} held by {holders.get(block.block_id, 0)}"
+        assert (block.ref_cnt == 0) == (block.block_id in free_set), f"{block} free-queue membership is wrong"
+    assert len(free_set) + len(holders) == pool.num_blocks - 1
+    for block_hash, block in pool.cached_block_hash_to_block.items():
+        assert block.block_hash == block_hash
+    hashed = [block for block in pool.blocks if block.block_hash is not None]
+    assert len(hashed) == len(pool.cached_block_hash_to_block)
+
+
+def check_scheduler_invariants(scheduler: Scheduler) -> None:
+    manager = scheduler.kv_cache_manager
+    check_kv_invariants(manager)
+    running_ids = [request.request_id for request in scheduler.running]
+    waiting_ids = [request.request_id for request in scheduler.waiting]
+    assert len(running_ids) <= scheduler.max_num_seqs
+    assert not set(running_ids) & set(waiting_ids)
+    assert sorted(running_ids + waiting_ids) == sorted(scheduler.requests)
+    for request in scheduler.running:
+        assert request.status == RequestStatus.RUNNING
+        held = len(manager.get_blocks(request.request_id)) * manager.block_size
+        assert held >= request.num_computed_tokens, f"{request} holds only {held} slots"
+    for request in scheduler.waiting:
+        assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        assert request.num_computed_tokens == 0
+        assert request.request_id not in manager.req_to_blocks
+    # Blocks are held by live requests only.
+    assert set(manager.req_to_blocks) <= set(scheduler.requests)
+
+
+def expected_tokens(executor: ScriptedExecutor, request_id: str, prompt, num_tokens: int) -> list[int]:
+    """The tokens the scripted executor produces for a request run alone, without preemption."""
+    import zlib
+    from engine.core.scripted_executor import _RequestState
+    state = _RequestState(list(prompt), 0, [], None, zlib.crc32(request_id.encode()))
+    produced = []
+    for _ in range(num_tokens):
+        token = executor.next_token(state)
+        state.token_ids.append(token)
+        produced.append(token)
+    return produced
+
+
+def run_to_completion(core: EngineCore, max_steps: int = 100_000) -> dict:
+    """Step until idle; return the outputs per request id (tokens, finish reason)."""
+    results: dict[str, dict] = {}
+    for _ in range(max_steps):
+        if not core.has_work():
+            return results
+        step = core.step()
+        for output in step.outputs:
+            entry = results.setdefault(output.request_id, {"tokens": [], "finish_reason": None})
+            entry["tokens"].extend(output.new_token_ids)
+            if output.finish_reason:
+                entry["finish_reason"] = output.finish_reason
+    raise AssertionError("the engine did not finish")

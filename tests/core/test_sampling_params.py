@@ -1,0 +1,37 @@
+"""SamplingParams validates every field with vLLM's meanings and names the bad field."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.core import SamplingParams, SamplingType
+
+
+@pytest.mark.parametrize("field, value", [
+    ("n", 2), ("max_tokens", 0), ("max_tokens", -3), ("min_tokens", -1), ("temperature", -0.1),
+    ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5),
+    ("seed", 1.5), ("stop", [""]), ("stop_token_ids", [-1]), ("presence_penalty", 2.5),
+    ("frequency_penalty", -3.0), ("repetition_penalty", 0.0), ("logprobs", -1), ("prompt_logprobs", -2),
+    ("logit_bias", {"x": 1.0}), ("allowed_token_ids", []), ("bad_words", [""]), ("ignore_eos", "yes"),
+])
+def test_invalid_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
+        SamplingParams(**{field: value})
+
+
+def test_min_tokens_above_max_tokens_is_rejected():
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
+def test_defaults_and_normalization_follow_vllm():
+    params = SamplingParams()
+    assert params.max_tokens == 16 and params.temperature == 1.0 and params.top_k == 0
+    assert params.sampling_type == SamplingType.RANDOM
+    assert SamplingParams(seed=3).sampling_type == SamplingType.RANDOM_SEED
+    assert SamplingParams(stop="###").stop == ["###"]
+    assert SamplingParams(top_k=-1).top_k == 0
+    assert SamplingParams(logit_bias={"5": 2}).logit_bias == {5: 2.0}
+    assert SamplingParams(stop_token_ids=[7, 9]).all_stop_token_ids == frozenset({7, 9})
+    greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=5, min_p=0.2)
+    assert greedy.is_greedy and (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)

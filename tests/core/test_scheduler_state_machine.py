@@ -1,0 +1,120 @@
+"""Hypothesis state machine for the scheduler driven through the scripted executor.
+
+Random configurations (tiny pools that force preemption, chunked prefill on and off, both policies,
+prefix caching on and off), random arrivals of random lengths with shared prefixes, and aborts at any
+moment. After every rule: every DESIGN.md invariant. After every step: the token budget, the batch
+size, slots for every scheduled token, no admissions in a step that preempted. At the end: every
+request finished or aborted, every block free, and every request that ran to its length produced
+exactly the tokens it would have produced alone (preemption and batching change nothing).
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from engine.core import RequestStatus
+
+from tests.core.helpers import check_scheduler_invariants, expected_tokens, make_core, make_request
+
+PREFIXES = [list(range(3000, 3000 + 40)), list(range(4000, 4000 + 13)), []]
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        num_gpu_blocks=st.integers(4, 48), block_size=st.sampled_from([2, 4, 16]),
+        max_num_seqs=st.integers(1, 8), max_num_batched_tokens=st.integers(4, 160),
+        max_model_len=st.integers(16, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
+        policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans())
+    def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
+              threshold, policy, caching):
+        self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                              enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
+                              enable_prefix_caching=caching)
+        self.scheduler = self.core.scheduler
+        self.prompts: dict[str, list[int]] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.finish: dict[str, str] = {}
+        self.max_tokens: dict[str, int] = {}
+        self.counter = 0
+        self.time = 0.0
+
+    @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
+          priority=st.integers(0, 3))
+    def add_request(self, prefix, suffix_len, max_tokens, priority):
+        self.counter += 1
+        self.time += 0.25
+        request_id = f"r{self.counter}"
+        prompt = prefix + [(self.counter * 7919 + i) % 5000 for i in range(suffix_len)]
+        self.prompts[request_id] = prompt
+        self.max_tokens[request_id] = max_tokens
+        self.tokens[request_id] = []
+        self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
+                                           arrival_time=self.time))
+
+    @rule(pick=st.integers(0, 10_000))
+    def abort(self, pick):
+        live = sorted(self.scheduler.requests)
+        target = live[pick % len(live)] if live else "never-existed"
+        self.core.abort_requests([target])
+
+    @rule()
+    def step(self):
+        scheduler = self.scheduler
+        if not scheduler.has_unfinished_requests():
+            self.collect(scheduler.take_pending_outputs())
+            return
+        output = scheduler.schedule()
+        assert output.total_num_scheduled_tokens <= scheduler.max_num_batched_tokens
+        assert output.total_num_scheduled_tokens == sum(output.num_scheduled_tokens.values())
+        assert len(scheduler.running) <= scheduler.max_num_seqs
+        if output.preempted_req_ids:
+            assert not output.scheduled_new_reqs and not any(output.scheduled_cached_reqs.resumed_from_preemption)
+        manager = scheduler.kv_cache_manager
+        for request_id, count in output.num_scheduled_tokens.items():
+            assert count > 0
+            request = scheduler.requests[request_id]
+            assert request.status == RequestStatus.RUNNING
+            assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_computed_tokens
+        check_scheduler_invariants(scheduler)
+        self.collect(scheduler.update_from_output(output, self.core.executor.execute_model(output)))
+
+    def collect(self, outputs):
+        for output in outputs:
+            self.tokens[output.request_id].extend(output.new_token_ids)
+            if output.finish_reason:
+                assert output.request_id not in self.finish, "a request finished twice"
+                self.finish[output.request_id] = output.finish_reason
+
+    @invariant()
+    def invariants_hold(self):
+        if hasattr(self, "core"):
+            check_scheduler_invariants(self.scheduler)
+
+    def teardown(self):
+        if not hasattr(self, "core"):
+            return
+        for _ in range(20_000):
+            if not self.core.has_work():
+                break
+            self.step()
+        assert not self.scheduler.requests and not self.scheduler.running and not self.scheduler.waiting
+        manager = self.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_usable_blocks, "blocks leaked"
+        assert set(self.finish) == set(self.prompts), "a request was lost"
+        for request_id, reason in self.finish.items():
+            produced = self.tokens[request_id]
+            if reason == "length":
+                assert len(produced) <= self.max_tokens[request_id]
+                assert produced == expected_tokens(self.core.executor, request_id, self.prompts[request_id],
+                                                   len(produced))
+            elif reason == "ignored":
+                assert produced == []
+            else:
+                assert reason == "abort"
+
+
+SchedulerMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=60, deadline=None)
+TestSchedulerStateMachine = SchedulerMachine.TestCase
