@@ -1,0 +1,282 @@
+"""Headline metrics of a run, computed from its request and step traces.
+
+Latency definitions follow vLLM's `benchmark_serving.py`, so numbers from this testbed can be set
+beside numbers from a real vLLM benchmark:
+
+- TTFT  (time to first token) = first_token_time - arrival_time, per request.
+- TPOT  (time per output token) = (finish_time - first_token_time) / (num_output_tokens - 1), per
+  request with at least 2 output tokens; it excludes the first token, which TTFT already covers.
+- ITL   (inter-token latency) = every gap between consecutive entries of a request's token_times,
+  pooled over all requests (so a long request weighs more than a short one, unlike TPOT).
+- E2E   (end-to-end latency) = finish_time - arrival_time, per request.
+- queue = scheduled_time - arrival_time (time waiting before the first schedule), per request.
+
+Only requests that completed (finish reason "stop" or "length") enter latency and throughput
+metrics: an aborted request's latency measures the client, not the server. Aborted, ignored, errored
+and unfinished requests are counted apart. Percentiles use numpy's default linear interpolation, as
+vLLM does. Every statistic of an empty set is null (None), never an exception.
+
+Everything is vectorized: 10,000 requests with ~200 token timestamps each summarize in a fraction of a
+second, because the token timestamps are flattened once and differenced with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.json_safe import json_safe
+from analysis.trace_schema import (
+    COMPLETED_FINISH_REASONS,
+    check_requests_frame,
+    check_steps_frame,
+    empty_steps_frame,
+)
+
+RUN_MODES = ("sim", "real", "replay")
+LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
+# The SLOs goodput can be judged against (as in vLLM's --goodput option), in milliseconds.
+SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+PERCENTILES = (50, 90, 99)
+
+
+def latency_stats(values_seconds: np.ndarray | pd.Series | list[float]) -> dict[str, Any]:
+    """{count, mean, p50, p90, p99} in milliseconds of the finite values; null stats when none."""
+    values = np.asarray(values_seconds, dtype=np.float64)
+    values = values[np.isfinite(values)] * 1000.0
+    if values.size == 0:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, PERCENTILES)
+    return {
+        "count": int(values.size),
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+    }
+
+
+def completed_mask(requests: pd.DataFrame) -> np.ndarray:
+    """True for requests that finished with "stop" or "length"."""
+    return requests["finish_reason"].isin(COMPLETED_FINISH_REASONS).to_numpy(dtype=bool)
+
+
+def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per completed request: request_id, ttft_ms, tpot_ms, e2e_ms, queue_ms (NaN where undefined)."""
+    check_requests_frame(requests)
+    completed = requests.loc[completed_mask(requests)]
+    arrival = completed["arrival_time"].to_numpy(dtype=np.float64)
+    first_token = completed["first_token_time"].to_numpy(dtype=np.float64)
+    finish = completed["finish_time"].to_numpy(dtype=np.float64)
+    num_output = completed["num_output_tokens"].to_numpy(dtype=np.float64)
+    if "scheduled_time" in completed.columns:
+        scheduled = completed["scheduled_time"].to_numpy(dtype=np.float64)
+    else:
+        scheduled = np.full(len(completed), np.nan)
+    # TPOT is undefined with fewer than two output tokens: there is no decode interval to average.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(num_output >= 2, (finish - first_token) / (num_output - 1), np.nan)
+    return pd.DataFrame(
+        {
+            "request_id": completed["request_id"].to_numpy(),
+            "ttft_ms": (first_token - arrival) * 1000.0,
+            "tpot_ms": tpot * 1000.0,
+            "e2e_ms": (finish - arrival) * 1000.0,
+            "queue_ms": (scheduled - arrival) * 1000.0,
+        }
+    )
+
+
+def inter_token_latencies(requests: pd.DataFrame) -> np.ndarray:
+    """Seconds between consecutive token times of each completed request, pooled over requests."""
+    check_requests_frame(requests)
+    flat_times, lengths = flatten_token_times(requests.loc[completed_mask(requests), "token_times"])
+    if flat_times.size < 2:
+        return np.empty(0)
+    # Label each timestamp with its request; a gap is real only where both ends share a label.
+    owner = np.repeat(np.arange(lengths.size), lengths)
+    return np.diff(flat_times)[owner[1:] == owner[:-1]]
+
+
+def flatten_token_times(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate a column of per-request token-time lists: (all times, number of times per row)."""
+    if isinstance(column.dtype, pd.ArrowDtype):
+        array = pa.array(column)
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy().astype(np.int64)
+        return array.flatten().to_numpy(zero_copy_only=False).astype(np.float64), lengths
+    rows = [_as_times(row) for row in column.to_numpy()]
+    lengths = np.fromiter((row.size for row in rows), dtype=np.int64, count=len(rows))
+    flat = np.concatenate(rows) if rows else np.empty(0)
+    return flat.astype(np.float64, copy=False), lengths
+
+
+def _as_times(row: Any) -> np.ndarray:
+    if row is None or (isinstance(row, float) and np.isnan(row)):
+        return np.empty(0)
+    return np.asarray(row, dtype=np.float64).reshape(-1)
+
+
+def run_duration(requests: pd.DataFrame) -> float:
+    """Seconds from the first arrival to the last finish (of any request); 0.0 when undefined."""
+    arrival = requests["arrival_time"].to_numpy(dtype=np.float64)
+    finish = requests["finish_time"].to_numpy(dtype=np.float64)
+    arrival = arrival[np.isfinite(arrival)]
+    finish = finish[np.isfinite(finish)]
+    if arrival.size == 0 or finish.size == 0:
+        return 0.0
+    return max(float(finish.max() - arrival.min()), 0.0)
+
+
+def compute_summary(
+    requests: pd.DataFrame,
+    steps: pd.DataFrame | None,
+    *,
+    name: str,
+    mode: str,
+    config: Mapping[str, Any] | None,
+    slo: Mapping[str, float] | None = None,
+    duration_s: float | None = None,
+) -> dict[str, Any]:
+    """The summary.json dictionary of a run (DESIGN.md "Traces"), JSON-safe.
+
+    - duration_s: given, or from the first arrival to the last finish.
+    - request_throughput / output_token_throughput: completed requests / their output tokens per
+      second of duration_s.
+    - goodput: completed requests per second meeting every SLO in `slo` (keys ttft_ms, tpot_ms,
+      e2e_ms, thresholds in ms, a request passes when its value <= the threshold; as in vLLM a
+      request with one output token counts TPOT 0). Without SLOs goodput equals request_throughput.
+      slo_attainment is the fraction of completed requests meeting the SLOs.
+    - num_preemptions: summed over steps (over requests when there are no step rows).
+    - prefix_cache_hit_rate: sum(prefix_hit_tokens) / sum(prefix_query_tokens) over steps, 0 with
+      no queries.
+    - kv_usage_mean: mean kv_usage weighted by step duration (the fraction of time the cache was
+      that full); kv_usage_max: its maximum.
+    - ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms: {count, mean, p50, p90, p99} in milliseconds.
+    """
+    if mode not in RUN_MODES:
+        raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
+    slo_thresholds = _check_slo(slo)
+    check_requests_frame(requests)
+    steps = empty_steps_frame() if steps is None else steps
+    check_steps_frame(steps)
+
+    finish_reason = requests["finish_reason"]
+    completed = completed_mask(requests)
+    num_finished = int(completed.sum())
+    if duration_s is None:
+        duration_s = run_duration(requests)
+    elif not np.isfinite(duration_s) or duration_s < 0:
+        raise ValueError(f"duration_s must be a non-negative number, got {duration_s!r}")
+    duration_s = float(duration_s)
+
+    latencies = request_latencies(requests)
+    output_tokens = requests["num_output_tokens"].to_numpy(dtype=np.int64)
+    prompt_tokens = requests["num_prompt_tokens"].to_numpy(dtype=np.int64)
+    total_output_tokens = int(output_tokens[completed].sum())
+    num_good = _count_meeting_slo(latencies, slo_thresholds)
+
+    summary: dict[str, Any] = {
+        "name": name,
+        "mode": mode,
+        "config": dict(config or {}),
+        "num_requests": int(len(requests)),
+        "num_finished": num_finished,
+        "num_aborted": int((finish_reason == "abort").sum()),
+        "num_ignored": int((finish_reason == "ignored").sum()),
+        "num_errored": int((finish_reason == "error").sum()),
+        "num_unfinished": int(finish_reason.isna().sum()),
+        "duration_s": duration_s,
+        "request_throughput": _rate(num_finished, duration_s),
+        "output_token_throughput": _rate(total_output_tokens, duration_s),
+        "total_output_tokens": total_output_tokens,
+        "total_prompt_tokens": int(prompt_tokens[completed].sum()),
+        "goodput": _rate(num_good, duration_s),
+        "slo": dict(slo_thresholds),
+        "slo_attainment": num_good / num_finished if num_finished else None,
+        "num_preemptions": _num_preemptions(requests, steps),
+        "prefix_cache_hit_rate": _prefix_cache_hit_rate(steps),
+        "kv_usage_mean": _time_weighted_kv_usage(steps),
+        "kv_usage_max": _kv_usage_max(steps),
+        "num_steps": int(len(steps)),
+        "ttft_ms": latency_stats(latencies["ttft_ms"].to_numpy() / 1000.0),
+        "tpot_ms": latency_stats(latencies["tpot_ms"].to_numpy() / 1000.0),
+        "itl_ms": latency_stats(inter_token_latencies(requests)),
+        "e2e_ms": latency_stats(latencies["e2e_ms"].to_numpy() / 1000.0),
+        "queue_ms": latency_stats(latencies["queue_ms"].to_numpy() / 1000.0),
+    }
+    return json_safe(summary)
+
+
+def _check_slo(slo: Mapping[str, float] | None) -> dict[str, float]:
+    thresholds: dict[str, float] = {}
+    for key, value in (slo or {}).items():
+        if key not in SLO_METRICS:
+            raise ValueError(f"unknown SLO {key!r}; expected some of {SLO_METRICS} (milliseconds)")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not value > 0:
+            raise ValueError(f"SLO {key!r} must be a positive number of milliseconds, got {value!r}")
+        thresholds[key] = float(value)
+    return thresholds
+
+
+def _count_meeting_slo(latencies: pd.DataFrame, thresholds: Mapping[str, float]) -> int:
+    meets = np.ones(len(latencies), dtype=bool)
+    for key, threshold in thresholds.items():
+        values = latencies[key].to_numpy(dtype=np.float64)
+        if key == "tpot_ms":
+            # vLLM's goodput treats a single-token request's TPOT as 0: it met any TPOT target.
+            values = np.nan_to_num(values, nan=0.0)
+        # NaN (e.g. a completed request missing a timestamp) compares False: it fails the SLO.
+        meets &= values <= threshold
+    return int(meets.sum())
+
+
+def _rate(count: float, duration_s: float) -> float | None:
+    if duration_s > 0:
+        return count / duration_s
+    # Nothing happened over no time is a rate of zero; something in zero time has no finite rate.
+    return 0.0 if count == 0 else None
+
+
+def _num_preemptions(requests: pd.DataFrame, steps: pd.DataFrame) -> int:
+    if len(steps):
+        return int(steps["num_preemptions"].sum())
+    return int(requests["num_preemptions"].sum())
+
+
+def _prefix_cache_hit_rate(steps: pd.DataFrame) -> float:
+    if "prefix_query_tokens" not in steps.columns:
+        return 0.0
+    queries = float(steps["prefix_query_tokens"].sum())
+    return float(steps["prefix_hit_tokens"].sum()) / queries if queries > 0 else 0.0
+
+
+def _time_weighted_kv_usage(steps: pd.DataFrame) -> float | None:
+    if "kv_usage" not in steps.columns:
+        return None
+    usage = steps["kv_usage"].to_numpy(dtype=np.float64)
+    duration = steps["duration"].to_numpy(dtype=np.float64)
+    known = np.isfinite(usage) & np.isfinite(duration) & (duration >= 0)
+    if not known.any():
+        return None
+    total_time = duration[known].sum()
+    if total_time <= 0:
+        # Steps without durations (e.g. a replay with no timing) still have usage; weigh them alike.
+        return float(usage[known].mean())
+    return float((usage[known] * duration[known]).sum() / total_time)
+
+
+def _kv_usage_max(steps: pd.DataFrame) -> float | None:
+    if "kv_usage" not in steps.columns:
+        return None
+    usage = steps["kv_usage"].to_numpy(dtype=np.float64)
+    usage = usage[np.isfinite(usage)]
+    return float(usage.max()) if usage.size else None

@@ -1,0 +1,185 @@
+"""Human-readable tables of run summaries, for the end of a CLI run and for sweeps.
+
+Input is always a summary dictionary (analysis.metrics.compute_summary, or a loaded summary.json), so
+the same tables print for a run just finished and for a directory read back months later. Missing
+numbers print as "-".
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+LATENCY_ROWS = (
+    ("TTFT", "ttft_ms"),
+    ("TPOT", "tpot_ms"),
+    ("ITL", "itl_ms"),
+    ("E2E", "e2e_ms"),
+    ("Queue", "queue_ms"),
+)
+
+REPORT_WIDTH = 100
+
+
+def summary_value(summary: Mapping[str, Any], path: str) -> Any:
+    """Look up a dotted key such as "ttft_ms.p50"; None when any part is missing."""
+    value: Any = summary
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def format_number(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def format_percent(value: Any) -> str:
+    return "-" if value is None else f"{100.0 * value:.1f}%"
+
+
+def _slo_text(summary: Mapping[str, Any]) -> str:
+    slo = summary.get("slo") or {}
+    if not slo:
+        return "no SLO"
+    return ", ".join(f"{key.removesuffix('_ms')}<={value:g}ms" for key, value in slo.items())
+
+
+def _finished_text(summary: Mapping[str, Any]) -> str:
+    return f"{format_number(summary.get('num_finished'))}/{format_number(summary.get('num_requests'))}"
+
+
+def _latency_reader(path: str) -> Callable[[Mapping[str, Any]], str]:
+    return lambda summary: format_number(summary_value(summary, path))
+
+
+# (label, how to read it from a summary): the rows of a comparison across runs (sweeps).
+COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("requests finished", _finished_text),
+    ("duration (s)", lambda s: format_number(s.get("duration_s"))),
+    ("throughput (req/s)", lambda s: format_number(s.get("request_throughput"))),
+    ("output (tok/s)", lambda s: format_number(s.get("output_token_throughput"), 1)),
+    ("goodput (req/s)", lambda s: format_number(s.get("goodput"))),
+    ("SLO attainment", lambda s: format_percent(s.get("slo_attainment"))),
+    *(
+        (f"{label} p{percentile} (ms)", _latency_reader(f"{key}.p{percentile}"))
+        for label, key in LATENCY_ROWS
+        for percentile in (50, 90, 99)
+    ),
+    ("KV usage mean", lambda s: format_percent(s.get("kv_usage_mean"))),
+    ("KV usage max", lambda s: format_percent(s.get("kv_usage_max"))),
+    ("preemptions", lambda s: format_number(s.get("num_preemptions"))),
+    ("prefix-cache hit rate", lambda s: format_percent(s.get("prefix_cache_hit_rate"))),
+)
+
+
+def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
+    """The rich tables of one summary: headline numbers beside a latency table."""
+    title = f"{summary.get('name') or 'run'} ({summary.get('mode') or '?'})"
+    headline = Table(title=title, show_header=False, box=None, padding=(0, 1))
+    headline.add_column("metric", style="bold")
+    headline.add_column("value", justify="right")
+    not_completed = [
+        f"{summary[key]} {word}"
+        for key, word in (
+            ("num_aborted", "aborted"),
+            ("num_ignored", "ignored"),
+            ("num_errored", "errored"),
+            ("num_unfinished", "unfinished"),
+        )
+        if summary.get(key)
+    ]
+    finished = _finished_text(summary)
+    if not_completed:
+        finished += f" ({', '.join(not_completed)})"
+    headline.add_row("requests finished", finished)
+    headline.add_row("duration", f"{format_number(summary.get('duration_s'))} s")
+    headline.add_row("throughput", f"{format_number(summary.get('request_throughput'))} req/s")
+    headline.add_row("output throughput", f"{format_number(summary.get('output_token_throughput'), 1)} tok/s")
+    headline.add_row("goodput", f"{format_number(summary.get('goodput'))} req/s ({_slo_text(summary)})")
+    headline.add_row("SLO attainment", format_percent(summary.get("slo_attainment")))
+    headline.add_row(
+        "KV usage mean / max",
+        f"{format_percent(summary.get('kv_usage_mean'))} / {format_percent(summary.get('kv_usage_max'))}",
+    )
+    headline.add_row("preemptions", format_number(summary.get("num_preemptions")))
+    headline.add_row("prefix-cache hit rate", format_percent(summary.get("prefix_cache_hit_rate")))
+
+    latency = Table(title="latency (ms)", padding=(0, 1))
+    latency.add_column("metric", style="bold")
+    for column in ("mean", "p50", "p90", "p99", "count"):
+        latency.add_column(column, justify="right")
+    for label, key in LATENCY_ROWS:
+        stats = summary.get(key) or {}
+        latency.add_row(
+            label,
+            *(format_number(stats.get(column)) for column in ("mean", "p50", "p90", "p99")),
+            format_number(stats.get("count")),
+        )
+    return Group(headline, Text(""), latency)
+
+
+def comparison_renderable(
+    summaries: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None
+) -> Table:
+    """One column per run, one row per metric (COMPARISON_ROWS)."""
+    labels = _labels(summaries, labels)
+    table = Table(title="runs compared", padding=(0, 1))
+    table.add_column("metric", style="bold")
+    for label in labels:
+        table.add_column(label, justify="right")
+    for row_label, read in COMPARISON_ROWS:
+        table.add_row(row_label, *(read(summary) for summary in summaries))
+    return table
+
+
+def format_summary(summary: Mapping[str, Any], width: int = REPORT_WIDTH) -> str:
+    """The summary as plain text (no colour codes), for logs and tests."""
+    return render_text(summary_renderable(summary), width=width)
+
+
+def print_summary(summary: Mapping[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(summary_renderable(summary))
+
+
+def format_comparison(
+    summaries: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None, width: int = REPORT_WIDTH
+) -> str:
+    """A table of the same metrics across runs (a sweep), as plain text."""
+    return render_text(comparison_renderable(summaries, labels), width=width)
+
+
+def print_comparison(
+    summaries: Sequence[Mapping[str, Any]],
+    labels: Sequence[str] | None = None,
+    console: Console | None = None,
+) -> None:
+    (console or Console()).print(comparison_renderable(summaries, labels))
+
+
+def render_text(renderable: RenderableType, width: int = REPORT_WIDTH) -> str:
+    """Render with rich into a string, without colour or terminal codes."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False)
+    console.print(renderable)
+    return buffer.getvalue()
+
+
+def _labels(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str] | None) -> list[str]:
+    if labels is None:
+        return [str(summary.get("name") or f"run {index}") for index, summary in enumerate(summaries)]
+    if len(labels) != len(summaries):
+        raise ValueError(f"got {len(labels)} labels for {len(summaries)} summaries")
+    return [str(label) for label in labels]
