@@ -1,0 +1,209 @@
+"""A roofline cost model: a step's time from the model's shape and the device's datasheet.
+
+Every operator of a step either computes or moves bytes, and on a GPU it takes about as long as the
+slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth). Summed over one step:
+
+* linear layers (QKV, O, gate+up, down; per layer) read their weights once per step whatever the
+  batch, and compute 2 FLOPs per weight per token. A decode batch of a few requests is therefore bound
+  by reading the weights and costs the same as a batch of one; past the ridge point (achievable FLOP/s
+  over achievable bytes/s, times bytes per weight over 2 FLOPs per weight: ~143 tokens for fp16 on an
+  A100) the step grows with the token count. This max() is what makes small batches inefficient;
+  nothing else models it.
+* element-wise operators (norms, RoPE, residual adds, SiLU-and-multiply, KV-cache write) only stream
+  activations.
+* attention: a decode reads its whole KV cache (memory-bound); a prefill chunk computes 4 * heads *
+  head_dim FLOPs per query-key pair under the causal mask and reads the KV of its earlier chunks.
+* lm_head computes logits for one row per request (only the last position is sampled), and sampling
+  makes a few passes over those logits in FP32.
+* a fixed cost per kernel (launch gap and minimum duration) and per step (CPU scheduling and I/O).
+
+The FLOP and byte counts are exact for the shape; the efficiency factors in ``HardwareSpec`` carry all
+the empiricism. ``benchmarks/cost_model_vs_a100.py`` checks the per-operator times against measured A100
+kernels. ``step_time`` is a few dozen float operations after ``step_features``: all per-model constants
+are computed once here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
+from sim.hardware import HardwareSpec
+from sim.model_shapes import ModelShape, dtype_bytes
+
+# Sampling converts the logits to FP32 and makes a few passes over them (temperature, softmax,
+# top-k/top-p, the draw). Four passes is between greedy (one argmax) and a full top-p sort.
+SAMPLING_PASSES_OVER_LOGITS = 4
+LOGIT_BYTES = 4
+
+# Kernels one transformer layer launches, in the profiled (unfused) stack: input norm, QKV, RoPE,
+# KV-cache write, attention, O, residual add, post-attention norm, gate+up, activation, down, residual add.
+KERNELS_PER_LAYER = 12
+# Outside the layers: embedding, final norm, lm_head, and about four for sampling.
+KERNELS_OUTSIDE_LAYERS = 7
+
+# What ``AnalyticalCostModel.breakdown`` reports, in the order ``component_times`` returns them.
+COMPONENTS = ("linear_layers", "elementwise", "attention_decode", "attention_prefill", "lm_head", "sampling",
+              "fixed_overhead")
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCost:
+    """One projection on the roofline, in seconds: weights once per step, compute and activations per row."""
+    name: str
+    in_features: int
+    out_features: int
+    weight_read_s: float
+    compute_s_per_row: float
+    activation_s_per_row: float
+
+    def time(self, rows: int) -> float:
+        return max(rows * self.compute_s_per_row, self.weight_read_s + rows * self.activation_s_per_row)
+
+    def is_compute_bound(self, rows: int) -> bool:
+        return rows * self.compute_s_per_row > self.weight_read_s + rows * self.activation_s_per_row
+
+    def flops(self, rows: int) -> int:
+        return 2 * rows * self.in_features * self.out_features
+
+    def bytes_moved(self, rows: int, element_bytes: int) -> int:
+        return (self.in_features * self.out_features + rows * (self.in_features + self.out_features)) * element_bytes
+
+
+class AnalyticalCostModel:
+    name = "analytical"
+
+    def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16") -> None:
+        self.model = model
+        self.hardware = hardware
+        self.dtype = dtype
+        element_bytes = dtype_bytes(dtype)
+        gemm_flops = hardware.achievable_gemm_flops(dtype)
+        attention_flops = hardware.achievable_attention_flops(dtype)
+        bandwidth = hardware.achievable_bandwidth
+        h, q_size, kv_size = model.hidden_size, model.q_size, model.kv_size
+        self._element_bytes = element_bytes
+        self._bandwidth = bandwidth
+
+        def linear(name: str, in_features: int, out_features: int) -> LinearCost:
+            return LinearCost(name, in_features, out_features,
+                              weight_read_s=in_features * out_features * element_bytes / bandwidth,
+                              compute_s_per_row=2 * in_features * out_features / gemm_flops,
+                              activation_s_per_row=(in_features + out_features) * element_bytes / bandwidth)
+
+        # --- one layer, operator by operator (the benchmark compares these with measured kernels) ---
+        self.layer_linears: tuple[LinearCost, ...] = (
+            linear("qkv_proj", h, q_size + 2 * kv_size),
+            linear("o_proj", q_size, h),
+            linear("gate_up_proj", h, model.mlp_up_size),
+            linear("down_proj", model.intermediate_size, h),
+        )
+        # Bytes each element-wise operator streams per token: a norm reads and writes the hidden state,
+        # an add reads two and writes one, RoPE rewrites q and k, SiLU-and-multiply reads gate and up and
+        # writes their product, the cache write reads new k and v and stores them in the paged cache.
+        self.layer_elementwise_bytes_per_token: dict[str, int] = {
+            "input_norm": 2 * h * element_bytes,
+            "rope": 2 * (q_size + kv_size) * element_bytes,
+            "kv_cache_write": 2 * 2 * kv_size * element_bytes,
+            "residual_add": 3 * h * element_bytes,
+            "post_attention_norm": 2 * h * element_bytes,
+            "activation": (model.mlp_up_size + model.intermediate_size) * element_bytes,
+        }
+        layer_elementwise_bytes = sum(self.layer_elementwise_bytes_per_token.values()) \
+            + self.layer_elementwise_bytes_per_token["residual_add"]  # two residual adds per layer
+        outside_elementwise_bytes = 2 * h * element_bytes + 2 * h * element_bytes  # embedding, final norm
+
+        # --- per-step constants for step_time, summed over layers ---
+        layers = model.num_layers
+        self._linears_all_layers = tuple(
+            (layers * c.compute_s_per_row, layers * c.weight_read_s, layers * c.activation_s_per_row)
+            for c in self.layer_linears)
+        self._elementwise_s_per_token = (layers * layer_elementwise_bytes + outside_elementwise_bytes) / bandwidth
+        attention_flops_per_pair = 4 * q_size  # QK^T and PV: 2 FLOPs per multiply-add, head_dim per head
+        kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer(dtype)
+        # Decode: per KV token read, the slower of its FLOPs and its bytes (bytes win by ~100x).
+        self._decode_s_per_context_token = layers * max(attention_flops_per_pair / attention_flops,
+                                                        kv_bytes_per_token_per_layer / bandwidth)
+        self._decode_s_per_request = layers * 2 * q_size * element_bytes / bandwidth  # read q, write output
+        self._prefill_s_per_pair = layers * attention_flops_per_pair / attention_flops
+        self._prefill_s_per_context_token = layers * kv_bytes_per_token_per_layer / bandwidth
+        self._prefill_s_per_token = layers * (2 * q_size + 2 * kv_size) * element_bytes / bandwidth
+        self.lm_head = linear("lm_head", h, model.vocab_size)
+        self._sampling_s_per_request = SAMPLING_PASSES_OVER_LOGITS * model.vocab_size * LOGIT_BYTES / bandwidth
+        self._fixed_s = hardware.step_overhead_s + hardware.kernel_launch_overhead_s * (
+            layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE_LAYERS)
+
+    # --- the cost-model interface -----------------------------------------------------------------
+    def step_time(self, batch: StepBatch) -> float:
+        return sum(self.component_times(step_features(batch)))
+
+    def breakdown(self, batch: StepBatch) -> dict[str, float]:
+        """Seconds per component of one step; the values sum to ``step_time(batch)``."""
+        return dict(zip(COMPONENTS, self.component_times(step_features(batch)), strict=True))
+
+    def component_times(self, f: StepFeatures) -> tuple[float, ...]:
+        """Seconds of each of ``COMPONENTS`` for a step with features ``f``."""
+        tokens = f.num_tokens
+        if tokens == 0:  # nothing scheduled: no kernel runs, only the engine loop's own cost
+            return (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.hardware.step_overhead_s)
+        linear_layers = 0.0
+        for compute, weight_read, activation in self._linears_all_layers:
+            linear_layers += max(tokens * compute, weight_read + tokens * activation)
+        attention_decode = f.decode_context_tokens * self._decode_s_per_context_token \
+            + f.num_decode_reqs * self._decode_s_per_request
+        attention_prefill = 0.0
+        if f.num_prefill_reqs:
+            attention_prefill = max(f.prefill_attention_work * self._prefill_s_per_pair,
+                                    f.prefill_context_tokens * self._prefill_s_per_context_token
+                                    + f.num_prefill_tokens * self._prefill_s_per_token)
+        return (linear_layers, tokens * self._elementwise_s_per_token, attention_decode, attention_prefill,
+                self.lm_head.time(f.num_reqs), f.num_reqs * self._sampling_s_per_request, self._fixed_s)
+
+    def layer_operator_times(self, num_tokens: int) -> dict[str, float]:
+        """Seconds per non-attention operator of one layer for ``num_tokens`` rows, each with its kernel
+        overhead: what a per-kernel profiler measures (one residual add of the layer's two)."""
+        overhead = self.hardware.kernel_launch_overhead_s
+        times = {c.name: c.time(num_tokens) + overhead for c in self.layer_linears}
+        for name, bytes_per_token in self.layer_elementwise_bytes_per_token.items():
+            if name != "kv_cache_write":  # belongs to attention
+                times[name] = num_tokens * bytes_per_token / self._bandwidth + overhead
+        return times
+
+    def describe(self) -> dict:
+        m, hw, dtype = self.model, self.hardware, self.dtype
+        weight_bytes = m.weight_bytes(dtype)
+        gemm_flops = hw.achievable_gemm_flops(dtype)
+        return {
+            "kind": "analytical",
+            "model": m.to_dict(),
+            "hardware": hw.to_dict(),
+            "dtype": dtype,
+            "weight_bytes": weight_bytes,
+            "kv_bytes_per_token": m.kv_bytes_per_token(dtype),
+            "achievable_gemm_tflops": gemm_flops / 1e12,
+            "achievable_bandwidth_gbps": hw.achievable_bandwidth / 1e9,
+            # Tokens per step past which linear layers stop being bound by reading their weights.
+            "ridge_point_tokens": gemm_flops * self._element_bytes / (2 * hw.achievable_bandwidth),
+            # The floor of any step, before fixed costs: every weight read once (slightly high: the
+            # embedding table is only gathered row by row).
+            "weight_read_s": weight_bytes / hw.achievable_bandwidth,
+            "fixed_overhead_s": self._fixed_s,
+            "kernels_per_layer": KERNELS_PER_LAYER,
+            "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,
+        }
+
+    # --- physics checks ---------------------------------------------------------------------------
+    def step_flops_and_bytes(self, batch: StepBatch) -> tuple[float, float]:
+        """Total FLOPs and HBM bytes of one step, for checking predictions against datasheet peaks."""
+        f = step_features(batch)
+        m, b = self.model, self._element_bytes
+        layers = m.num_layers
+        linear_params = m.hidden_size * (m.q_size + 2 * m.kv_size) + m.q_size * m.hidden_size \
+            + m.hidden_size * m.mlp_up_size + m.intermediate_size * m.hidden_size
+        attention_pairs = f.decode_context_tokens + f.prefill_attention_work
+        flops = layers * (2 * f.num_tokens * linear_params + 4 * m.q_size * attention_pairs) \
+            + 2 * f.num_reqs * m.hidden_size * m.vocab_size
+        kv_tokens_read = f.decode_context_tokens + f.prefill_context_tokens
+        kv_read = layers * m.kv_bytes_per_token_per_layer(self.dtype) * kv_tokens_read
+        weights = (layers * linear_params + m.hidden_size * m.vocab_size) * b
+        return float(flops), float(weights + kv_read)

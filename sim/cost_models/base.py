@@ -1,0 +1,78 @@
+"""The contract between the simulator's engine loop and a cost model, and the factory that picks one.
+
+The engine loop asks ``step_time`` once per engine step; ``describe`` goes into ``summary.json`` so
+that every simulated run records which model, and which figures, timed it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from sim.cost_models.step_batch import StepBatch
+from sim.hardware import HardwareSpec, resolve_hardware
+from sim.model_shapes import ModelShape, resolve_model
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    name: str
+
+    def step_time(self, batch: StepBatch) -> float:
+        """Seconds for the whole engine step (forward + sampling + fixed overhead)."""
+        ...
+
+    def describe(self) -> dict:
+        """JSON-safe description for summary.json."""
+        ...
+
+
+def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: HardwareSpec, dtype: str) -> CostModel:
+    """``None`` or ``"analytical"``: the roofline model for ``model`` on ``hardware``.
+    A path ending in ``.json``: a calibrated step profile. A mapping: ``{"kind": "analytical"}``,
+    ``{"kind": "calibrated", "path": "..."}``, or a whole profile inline (it has a ``"format"`` key).
+    """
+    from sim.cost_models.analytical import AnalyticalCostModel
+    from sim.cost_models.calibrated import CalibratedCostModel, StepProfile
+
+    model = resolve_model(model)
+    hardware = resolve_hardware(hardware)
+    if spec is None or spec == "analytical":
+        return AnalyticalCostModel(model, hardware, dtype)
+    if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".json")):
+        calibrated = CalibratedCostModel.from_file(spec)
+    elif isinstance(spec, str):
+        raise ValueError(f"cost_model: expected 'analytical' or a path to a .json step profile, got {spec!r}")
+    elif isinstance(spec, dict):
+        if "format" in spec:
+            calibrated = CalibratedCostModel(StepProfile.from_dict(spec, source="cost_model (inline)"))
+        else:
+            kind = spec.get("kind")
+            allowed = {"analytical": {"kind"}, "calibrated": {"kind", "path"}}.get(kind)
+            if allowed is None:
+                raise ValueError(f"cost_model.kind must be 'analytical' or 'calibrated', got {kind!r}")
+            for key in spec:
+                if key not in allowed:
+                    raise ValueError(f"cost_model: unknown key {key!r} for kind {kind!r} "
+                                     f"(keys: {', '.join(sorted(allowed))})")
+            if kind == "analytical":
+                return AnalyticalCostModel(model, hardware, dtype)
+            if not isinstance(spec.get("path"), str):
+                raise ValueError(f"cost_model.path must name a .json step profile, got {spec.get('path')!r}")
+            calibrated = CalibratedCostModel.from_file(spec["path"])
+    else:
+        raise ValueError(f"cost_model: expected None, 'analytical', a .json path or a mapping, got {spec!r}")
+    _warn_on_mismatch(calibrated.profile.provenance, model, hardware, dtype)
+    return calibrated
+
+
+def _warn_on_mismatch(provenance: dict, model: ModelShape, hardware: HardwareSpec, dtype: str) -> None:
+    """A profile fitted on one model or device predicts nonsense for another; say so, but let the user
+    decide (names differ harmlessly too: a Hugging Face id against a preset name)."""
+    asked = {"model": model.name, "hardware": hardware.name, "dtype": dtype}
+    for key, wanted in asked.items():
+        fitted = str(provenance.get(key, ""))
+        if fitted.lower() != wanted.lower() and not fitted.lower().endswith("/" + wanted.lower()):
+            warnings.warn(f"cost_model: the profile was fitted for {key} {fitted!r}, but this run uses {wanted!r}",
+                          stacklevel=3)

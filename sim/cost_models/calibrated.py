@@ -1,0 +1,226 @@
+"""A cost model fitted to real step traces: step time as a linear function of the step's features.
+
+The profile is a small JSON file (format documented in ``sim/cost_models/README.md``) written by a
+calibration tool with ``save_profile`` and read here with ``load_profile``. Every key is checked on load,
+and a bad one is named in the error, so a hand-edited or truncated profile never silently predicts
+nonsense. ``"kind": "piecewise_linear"`` adds hinge terms ``coefficient * max(0, feature - knot)``: one
+hinge on ``num_tokens`` at the ridge point captures the flat, weight-bound region of small batches and
+the compute-bound slope above it, which a single line cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from sim.cost_models.step_batch import FEATURE_NAMES, StepBatch, step_features
+
+PROFILE_FORMAT = "servesim-step-profile/1"
+PROFILE_KINDS = ("linear", "piecewise_linear")
+# No engine step, even of the tiny model on a CPU, is faster than this; a fit extrapolated far from its
+# data (a negative slope times a huge feature) must still give a positive duration.
+DEFAULT_MINIMUM_STEP_TIME_S = 1e-5
+_TOP_LEVEL_KEYS = ("format", "kind", "features", "coefficients", "intercept_s", "hinges", "minimum_step_time_s",
+                   "provenance")
+_REQUIRED_PROVENANCE = ("hardware", "model", "dtype", "created")
+
+
+@dataclass(frozen=True, slots=True)
+class Hinge:
+    feature: str
+    knot: float
+    coefficient: float  # seconds per unit of the feature above the knot
+
+
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    kind: str
+    coefficients: dict[str, float]  # seconds per unit of each feature, in the order of "features"
+    intercept_s: float
+    provenance: dict
+    hinges: tuple[Hinge, ...] = ()
+    minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S
+
+    @property
+    def features(self) -> list[str]:
+        return list(self.coefficients)
+
+    def to_dict(self) -> dict:
+        data = {"format": PROFILE_FORMAT, "kind": self.kind, "features": self.features,
+                "coefficients": dict(self.coefficients), "intercept_s": self.intercept_s}
+        if self.kind == "piecewise_linear":
+            data["hinges"] = [{"feature": h.feature, "knot": h.knot, "coefficient": h.coefficient}
+                              for h in self.hinges]
+        data["minimum_step_time_s"] = self.minimum_step_time_s
+        data["provenance"] = self.provenance
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object, source: str = "<dict>") -> StepProfile:
+        """Validate a parsed profile; a ValueError names ``source`` and the offending key."""
+        def fail(key: str, problem: str) -> ValueError:
+            return ValueError(f"cost profile {source}: key {key!r} {problem}")
+
+        def number(key: str, value: object, minimum: float | None = None) -> float:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise fail(key, f"must be a finite number, got {value!r}")
+            if minimum is not None and value < minimum:
+                raise fail(key, f"must be >= {minimum}, got {value!r}")
+            return float(value)
+
+        def feature_name(key: str, value: object) -> str:
+            if value not in FEATURE_NAMES:
+                raise fail(key, f"names an unknown feature {value!r}; features: {', '.join(FEATURE_NAMES)}")
+            return value
+
+        if not isinstance(data, dict):
+            raise ValueError(f"cost profile {source}: expected a JSON object, got {type(data).__name__}")
+        for key in data:
+            if key not in _TOP_LEVEL_KEYS:
+                raise fail(key, f"is not part of the format (keys: {', '.join(_TOP_LEVEL_KEYS)})")
+        for key in ("format", "kind", "features", "coefficients", "intercept_s", "provenance"):
+            if key not in data:
+                raise fail(key, "is missing")
+        if data["format"] != PROFILE_FORMAT:
+            raise fail("format", f"must be {PROFILE_FORMAT!r}, got {data['format']!r}")
+        kind = data["kind"]
+        if kind not in PROFILE_KINDS:
+            raise fail("kind", f"must be one of {', '.join(PROFILE_KINDS)}, got {kind!r}")
+
+        features = data["features"]
+        if not isinstance(features, list) or len(set(map(str, features))) != len(features):
+            raise fail("features", f"must be a list of distinct feature names, got {features!r}")
+        features = [feature_name(f"features[{i}]", name) for i, name in enumerate(features)]
+        raw_coefficients = data["coefficients"]
+        if not isinstance(raw_coefficients, dict):
+            raise fail("coefficients", f"must be an object mapping feature to seconds, got {raw_coefficients!r}")
+        for name in raw_coefficients:
+            if name not in features:
+                raise fail(f"coefficients.{name}", "has no entry in 'features'")
+        coefficients = {}
+        for name in features:
+            if name not in raw_coefficients:
+                raise fail(f"coefficients.{name}", "is missing (every listed feature needs a coefficient)")
+            coefficients[name] = number(f"coefficients.{name}", raw_coefficients[name])
+
+        hinges: list[Hinge] = []
+        if kind == "piecewise_linear":
+            raw_hinges = data.get("hinges")
+            if not isinstance(raw_hinges, list) or not raw_hinges:
+                raise fail("hinges", f"must be a non-empty list for kind 'piecewise_linear', got {raw_hinges!r}")
+            for i, hinge in enumerate(raw_hinges):
+                where = f"hinges[{i}]"
+                if not isinstance(hinge, dict) or set(hinge) != {"feature", "knot", "coefficient"}:
+                    raise fail(where, f"must be an object with keys feature, knot, coefficient, got {hinge!r}")
+                hinges.append(Hinge(feature=feature_name(f"{where}.feature", hinge["feature"]),
+                                    knot=number(f"{where}.knot", hinge["knot"], minimum=0),
+                                    coefficient=number(f"{where}.coefficient", hinge["coefficient"])))
+        elif "hinges" in data:
+            raise fail("hinges", "is only read with kind 'piecewise_linear'")
+
+        minimum = number("minimum_step_time_s", data.get("minimum_step_time_s", DEFAULT_MINIMUM_STEP_TIME_S))
+        if minimum <= 0:
+            raise fail("minimum_step_time_s", f"must be positive, got {minimum!r}")
+        return cls(kind=kind, coefficients=coefficients, intercept_s=number("intercept_s", data["intercept_s"]),
+                   provenance=_validate_provenance(data["provenance"], fail), hinges=tuple(hinges),
+                   minimum_step_time_s=minimum)
+
+
+def _validate_provenance(provenance: object, fail) -> dict:
+    if not isinstance(provenance, dict):
+        raise fail("provenance", f"must be an object, got {provenance!r}")
+    for key in _REQUIRED_PROVENANCE:
+        if not isinstance(provenance.get(key), str) or not provenance[key]:
+            raise fail(f"provenance.{key}", f"must be a non-empty string, got {provenance.get(key)!r}")
+    try:
+        datetime.fromisoformat(provenance["created"])
+    except ValueError:
+        raise fail("provenance.created", f"must be an ISO 8601 time, got {provenance['created']!r}") from None
+    fit_error = provenance.get("fit_error")
+    if fit_error is not None:
+        if not isinstance(fit_error, dict):
+            raise fail("provenance.fit_error", f"must be an object, got {fit_error!r}")
+        for key, value in fit_error.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise fail(f"provenance.fit_error.{key}", f"must be a number >= 0, got {value!r}")
+    if "source_runs" in provenance and not isinstance(provenance["source_runs"], list):
+        raise fail("provenance.source_runs", f"must be a list, got {provenance['source_runs']!r}")
+    return provenance
+
+
+def make_provenance(*, hardware: str, model: str, dtype: str, attention_backend: str | None = None,
+                    device: str | None = None, source_runs: list[str] | None = None,
+                    fit_error: dict[str, float] | None = None) -> dict:
+    """The provenance block, with the creation time and software versions filled in."""
+    software = {"python": platform.python_version()}
+    for package in ("torch", "servesim"):
+        try:
+            software[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"hardware": hardware, "model": model, "dtype": dtype, "attention_backend": attention_backend,
+            "device": device, "software": software,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "source_runs": list(source_runs or []), "fit_error": dict(fit_error or {})}
+
+
+def save_profile(path: str | Path, coefficients: dict[str, float], intercept_s: float, provenance: dict, *,
+                 kind: str = "linear", hinges: list[dict] | None = None,
+                 minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S) -> StepProfile:
+    """Validate and write a profile; return what a later ``load_profile`` will read back."""
+    data = {"format": PROFILE_FORMAT, "kind": kind, "features": list(coefficients),
+            "coefficients": dict(coefficients), "intercept_s": intercept_s,
+            "minimum_step_time_s": minimum_step_time_s, "provenance": provenance}
+    if hinges is not None:
+        data["hinges"] = hinges
+    profile = StepProfile.from_dict(data, source=str(path))  # never write a file the loader would reject
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+    return profile
+
+
+def load_profile(path: str | Path) -> StepProfile:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"cost profile {path}: cannot be read: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"cost profile {path}: is not valid JSON: {error}") from None
+    return StepProfile.from_dict(data, source=str(path))
+
+
+@dataclass
+class CalibratedCostModel:
+    profile: StepProfile
+    path: str | None = None
+    name: str = "calibrated"
+    _terms: tuple[tuple[str, float], ...] = field(init=False, repr=False)
+    _hinges: tuple[tuple[str, float, float], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._terms = tuple(self.profile.coefficients.items())
+        self._hinges = tuple((h.feature, h.knot, h.coefficient) for h in self.profile.hinges)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> CalibratedCostModel:
+        return cls(load_profile(path), path=str(path))
+
+    def step_time(self, batch: StepBatch) -> float:
+        features = step_features(batch)
+        seconds = self.profile.intercept_s
+        for name, coefficient in self._terms:
+            seconds += coefficient * getattr(features, name)
+        for name, knot, coefficient in self._hinges:
+            excess = getattr(features, name) - knot
+            if excess > 0:
+                seconds += coefficient * excess
+        return max(seconds, self.profile.minimum_step_time_s)
+
+    def describe(self) -> dict:
+        return {"kind": "calibrated", "path": self.path, "profile": self.profile.to_dict()}

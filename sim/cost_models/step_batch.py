@@ -1,0 +1,82 @@
+"""What a cost model is told about one engine step, and the summary figures every model reads.
+
+The simulator's engine loop builds one ``StepBatch`` per step from the scheduler's output and asks the
+cost model how long the step takes. Cost models never look at the lists themselves: they read the
+``StepFeatures`` that ``step_features`` derives in a single pass. That pass runs once per simulated step,
+so it is plain Python over two lists (numpy's call overhead would cost more than it saves for batches
+of a few hundred requests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StepBatch:
+    # one entry per scheduled request, same order in both lists
+    num_scheduled_tokens: list[int]   # tokens computed for the request this step (1 for a decode)
+    num_computed_tokens: list[int]    # tokens already in the KV cache for the request BEFORE this step (context)
+
+
+@dataclass(slots=True)
+class StepFeatures:
+    num_reqs: int
+    num_tokens: int               # total scheduled tokens: rows through every linear layer
+    num_prefill_reqs: int         # requests with more than one scheduled token (prompt chunks, recomputation)
+    num_prefill_tokens: int
+    num_decode_reqs: int          # requests with exactly one scheduled token
+    decode_context_tokens: int    # sum of (num_computed_tokens + 1) over decodes: KV tokens attention reads
+    prefill_context_tokens: int   # sum of num_computed_tokens over prefill chunks: earlier KV the chunks read
+    prefill_attention_work: int   # query-key pairs under the causal mask over prefill chunks
+    max_seq_len: int              # longest num_computed_tokens + num_scheduled_tokens in the batch
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in FEATURE_NAMES}
+
+
+FEATURE_NAMES: tuple[str, ...] = tuple(StepFeatures.__slots__)
+
+
+def step_features(batch: StepBatch) -> StepFeatures:
+    """One pass over the batch.
+
+    A prefill chunk of q new tokens after ctx cached ones attends, for its i-th token (i = 1..q), to
+    ctx + i keys, so it computes q * ctx + q * (q + 1) / 2 query-key pairs: q * (ctx + (q + 1) / 2).
+    A decode is the q = 1 case; it is kept apart because its cost is reading KV, not computing.
+    """
+    scheduled = batch.num_scheduled_tokens
+    computed = batch.num_computed_tokens
+    if len(scheduled) != len(computed):
+        raise ValueError(f"StepBatch lists differ in length: num_scheduled_tokens has {len(scheduled)} entries, "
+                         f"num_computed_tokens {len(computed)}")
+    num_tokens = 0
+    num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
+    num_decode_reqs = decode_context_tokens = 0
+    max_seq_len = 0
+    for q, ctx in zip(scheduled, computed, strict=True):
+        seq_len = ctx + q
+        if q == 1:
+            num_decode_reqs += 1
+            decode_context_tokens += seq_len
+        elif q > 1:
+            num_prefill_reqs += 1
+            num_prefill_tokens += q
+            prefill_context_tokens += ctx
+            prefill_attention_work += q * ctx + q * (q + 1) // 2  # q(q+1) is even: the division is exact
+        else:
+            raise ValueError(f"StepBatch.num_scheduled_tokens must be >= 1 for every scheduled request, got {q}")
+        num_tokens += q
+        if seq_len > max_seq_len:
+            max_seq_len = seq_len
+    return StepFeatures(
+        num_reqs=len(scheduled),
+        num_tokens=num_tokens,
+        num_prefill_reqs=num_prefill_reqs,
+        num_prefill_tokens=num_prefill_tokens,
+        num_decode_reqs=num_decode_reqs,
+        decode_context_tokens=decode_context_tokens,
+        prefill_context_tokens=prefill_context_tokens,
+        prefill_attention_work=prefill_attention_work,
+        max_seq_len=max_seq_len,
+    )

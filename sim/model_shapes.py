@@ -1,0 +1,259 @@
+"""The shape of a decoder-only transformer, as far as cost and memory are concerned.
+
+A ``ModelShape`` holds only the figures that decide how many FLOPs a step costs and how many bytes it
+moves: layer count, widths, head counts, vocabulary. Weights themselves never matter to the simulator.
+Shapes come from presets (copied from the models' published Hugging Face ``config.json`` files) or
+from a ``config.json`` on disk.
+
+``kv_cache_num_blocks`` answers the question vLLM answers at start-up: after the weights and an
+activation reserve, how many KV-cache blocks fit in the device memory we may use?
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for the annotation; hardware.py does not import this module
+    from sim.hardware import HardwareSpec
+
+GIB = 1024**3
+
+# Bytes per element of each dtype name the project accepts (torch's spellings and the usual short ones).
+_DTYPE_BYTES = {
+    "float16": 2, "fp16": 2, "half": 2,
+    "bfloat16": 2, "bf16": 2,
+    "float32": 4, "fp32": 4, "float": 4,
+    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype``; a ValueError naming the field for an unknown name."""
+    try:
+        return _DTYPE_BYTES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"dtype: unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPE_BYTES))}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    gated_mlp: bool = True          # SwiGLU: gate and up projections, then act(gate) * up
+    tied_embeddings: bool = False   # lm_head shares the embedding matrix (no extra weights)
+    qkv_bias: bool = False          # Qwen2 adds a bias to the q, k and v projections
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "vocab_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
+                             f"got {self.num_kv_heads}")
+
+    # --- widths of the projections -------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of K (or of V) for one token in one layer: grouped-query attention shrinks it."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def mlp_up_size(self) -> int:
+        """Output width of the first MLP projection (gate and up fused when the MLP is gated)."""
+        return (2 if self.gated_mlp else 1) * self.intermediate_size
+
+    # --- parameters ---------------------------------------------------------------------------
+    @property
+    def layer_parameters(self) -> int:
+        h = self.hidden_size
+        attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.qkv_bias:
+            attention += self.q_size + 2 * self.kv_size
+        mlp = h * self.mlp_up_size + self.intermediate_size * h
+        norms = 2 * h
+        return attention + mlp + norms
+
+    @property
+    def num_parameters(self) -> int:
+        embedding = self.vocab_size * self.hidden_size
+        lm_head = 0 if self.tied_embeddings else embedding
+        final_norm = self.hidden_size
+        return embedding + self.num_layers * self.layer_parameters + final_norm + lm_head
+
+    def weight_bytes(self, dtype: str) -> int:
+        return self.num_parameters * dtype_bytes(dtype)
+
+    # --- KV cache -----------------------------------------------------------------------------
+    def kv_bytes_per_token_per_layer(self, dtype: str) -> int:
+        return 2 * self.kv_size * dtype_bytes(dtype)  # K and V
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        """2 (K and V) * layers * kv_heads * head_dim * dtype bytes."""
+        return self.num_layers * self.kv_bytes_per_token_per_layer(dtype)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
+           max_positions: int, *, head_dim: int | None = None, tied: bool = False,
+           qkv_bias: bool = False) -> ModelShape:
+    return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
+                      vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
+                      tied_embeddings=tied, qkv_bias=qkv_bias)
+
+
+# Figures from each model's published config.json. Parameter counts these give (checked in tests):
+# llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
+# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B.
+MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
+    _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _shape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _shape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+    _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
+    _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
+    _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
+    # A toy shape for tests and CPU runs: cheap enough that every step takes microseconds.
+    _shape("tiny", 2, 64, 4, 2, 128, 512, 2048, tied=True),
+)}
+
+# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+_MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                               "qwen2": "Qwen2ForCausalLM"}
+# What transformers assumes when a config leaves max_position_embeddings out.
+_DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768}
+
+
+def resolve_model(value: str | dict | ModelShape) -> ModelShape:
+    """A preset name, a path to a Hugging Face ``config.json`` (or a folder holding one), an inline dict
+    of ``ModelShape`` fields, or a ``ModelShape`` (returned as is)."""
+    if isinstance(value, ModelShape):
+        return value
+    if isinstance(value, dict):
+        return _model_from_dict(value)
+    if not isinstance(value, (str, Path)):
+        raise ValueError(f"model: expected a preset name, a config.json path or a mapping, got {value!r}")
+    preset = MODEL_PRESETS.get(str(value).lower())
+    if preset is not None:
+        return preset
+    path = Path(value)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return model_from_hf_config(path)
+    raise ValueError(f"model: {str(value)!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                     f"nor a path to a Hugging Face config.json or a folder holding one")
+
+
+def _model_from_dict(value: dict) -> ModelShape:
+    known = {f.name for f in fields(ModelShape)}
+    for key in value:
+        if key not in known:
+            raise ValueError(f"model: unknown key {key!r} (known keys: {', '.join(sorted(known))})")
+    value = dict(value)
+    if "head_dim" not in value and "hidden_size" in value and "num_attention_heads" in value:
+        value["head_dim"] = value["hidden_size"] // value["num_attention_heads"]
+    for f in fields(ModelShape):
+        if f.name not in value and f.default is MISSING:
+            raise ValueError(f"model: missing key {f.name!r}")
+    return ModelShape(**value)
+
+
+def model_from_hf_config(path: str | Path) -> ModelShape:
+    """Read the shape from a Llama / Mistral / Qwen2 ``config.json``."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model: {path} does not hold a JSON object")
+    architectures = config.get("architectures") or [_MODEL_TYPE_TO_ARCHITECTURE.get(config.get("model_type"), None)]
+    architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
+    if architecture is None:
+        raise ValueError(f"model: {path}: architecture {architectures!r} (model_type {config.get('model_type')!r}) "
+                         f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+    def key(name: str, default: object = None) -> int:
+        # Some configs write null for a key they mean to leave at its default (head_dim, for one).
+        raw = config.get(name)
+        raw = default if raw is None else raw
+        if raw is None:
+            raise ValueError(f"model: {path}: config.json lacks the key {name!r}")
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+            raise ValueError(f"model: {path}: key {name!r} must be a positive integer, got {raw!r}")
+        return raw
+
+    hidden_size = key("hidden_size")
+    num_heads = key("num_attention_heads")
+    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; "
+                         f"only a SiLU-gated MLP is modelled")
+    return ModelShape(
+        name=str(config.get("_name_or_path") or path.parent.name or path.stem),
+        num_layers=key("num_hidden_layers"),
+        hidden_size=hidden_size,
+        num_attention_heads=num_heads,
+        num_kv_heads=key("num_key_value_heads", num_heads),
+        head_dim=key("head_dim", hidden_size // num_heads),
+        intermediate_size=key("intermediate_size"),
+        vocab_size=key("vocab_size"),
+        max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
+        gated_mlp=True,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False)),
+    )
+
+
+def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, block_size: int,
+                        gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
+                        kv_cache_dtype: str | None = None) -> int:
+    """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
+
+    vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
+    profiling forward pass (activations, CUDA context, cuBLAS workspace), and divides the rest by the
+    bytes of one block. We do not run a profiling pass, so the peak is a fraction of device memory:
+    3% is about 2.4 GiB on an 80 GB card, in line with what vLLM reports for 7-8B models at 8k batched
+    tokens (1-2 GiB of activations plus under 1 GiB outside torch).
+    """
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"cache.block_size must be a positive integer, got {block_size!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"cache.gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if not 0 <= activation_reserve_fraction < 1:
+        raise ValueError(f"cache.activation_reserve_fraction must be in [0, 1), got {activation_reserve_fraction!r}")
+    total = hardware.memory_bytes
+    usable = total * gpu_memory_utilization
+    weights = model.weight_bytes(dtype)
+    reserve = total * activation_reserve_fraction
+    free_for_kv = usable - weights - reserve
+    block_bytes = block_size * model.kv_bytes_per_token(kv_cache_dtype or dtype)
+    if free_for_kv < block_bytes:
+        raise ValueError(
+            f"model: {model.name} weights take {weights / GIB:.2f} GiB in {dtype}, but {hardware.name} at "
+            f"gpu_memory_utilization {gpu_memory_utilization} offers {usable / GIB:.2f} GiB, of which "
+            f"{reserve / GIB:.2f} GiB is reserved for activations: no room for even one KV block "
+            f"({block_bytes / 2**20:.2f} MiB). Use a larger device, a smaller model or a smaller dtype.")
+    return math.floor(free_for_kv / block_bytes)
