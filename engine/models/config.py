@@ -1,0 +1,134 @@
+"""The model configuration our Llama-family models need, parsed from a Hugging Face ``config.json``.
+
+We read the JSON ourselves instead of going through ``transformers.AutoConfig`` so that the model code
+depends on a small, explicit set of fields, and so that both spellings of RoPE settings in the wild
+are accepted: ``rope_theta`` + ``rope_scaling`` (transformers 4.x checkpoints, e.g. Llama 3) and
+``rope_parameters`` (transformers 5). Defaults follow each architecture's transformers config class.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# transformers' per-model defaults for keys a config.json may omit.
+_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048},
+    "qwen2": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 32768},
+    "mistral": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32},
+}
+
+_DTYPE_NAMES = {"float32", "float16", "bfloat16"}
+
+
+@dataclass
+class ModelConfig:
+    architecture: str  # the checkpoint's architectures[0], e.g. "LlamaForCausalLM"
+    model_type: str  # "llama", "qwen2" or "mistral"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # normalized: has "rope_type"; None for plain RoPE
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections (Qwen2: True)
+    mlp_bias: bool
+    hidden_act: str
+    sliding_window: int | None
+    bos_token_id: int | None
+    eos_token_id: int | list[int] | None
+    torch_dtype: str | None
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        config_path = Path(path) / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"no config.json in model folder {str(path)!r}")
+        return cls.from_dict(json.loads(config_path.read_text()))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        architectures = raw.get("architectures") or []
+        if not architectures:
+            raise ValueError("config.json has no 'architectures' entry; cannot tell which model class to build")
+        model_type = raw.get("model_type", "llama")
+        defaults = _ARCH_DEFAULTS.get(model_type, _ARCH_DEFAULTS["llama"])
+
+        def get(name: str, default: Any = None) -> Any:
+            value = raw.get(name)
+            return defaults.get(name, default) if value is None else value
+
+        for required in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                         "num_attention_heads"):
+            if raw.get(required) is None:
+                raise ValueError(f"config.json is missing required field {required!r}")
+        num_heads = int(raw["num_attention_heads"])
+        num_kv_heads = int(get("num_key_value_heads", num_heads))
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"config.json: num_attention_heads={num_heads} is not a multiple of "
+                             f"num_key_value_heads={num_kv_heads}")
+        head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
+        rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
+        sliding_window = raw.get("sliding_window")
+        if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+            sliding_window = None  # Qwen2 stores a window it does not use unless use_sliding_window is set
+        dtype = raw.get("torch_dtype", raw.get("dtype"))
+        return cls(
+            architecture=architectures[0],
+            model_type=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(get("rms_norm_eps")),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(get("max_position_embeddings")),
+            tie_word_embeddings=bool(get("tie_word_embeddings")),
+            attention_bias=bool(get("attention_bias")),
+            mlp_bias=bool(get("mlp_bias")),
+            hidden_act=str(raw.get("hidden_act", "silu")),
+            sliding_window=int(sliding_window) if sliding_window is not None else None,
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=raw.get("eos_token_id"),
+            torch_dtype=dtype if dtype in _DTYPE_NAMES else None,
+            raw=raw,
+        )
+
+
+def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling dict with 'rope_type' or None) from either config spelling."""
+    parameters = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    merged = {**parameters, **scaling}
+    theta = raw.get("rope_theta")
+    if theta is None:
+        theta = merged.get("rope_theta", default_theta)
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type == "default":
+        return float(theta), None
+    merged["rope_type"] = rope_type
+    merged.pop("type", None)
+    merged.pop("rope_theta", None)
+    if rope_type == "llama3":
+        merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
+    return float(theta), merged

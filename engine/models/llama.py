@@ -1,0 +1,206 @@
+"""The Llama architecture written for paged attention (Llama 2/3; Qwen2 and Mistral reuse it).
+
+The forward pass works on a flat batch of tokens, not on [batch, seq] tensors: ``input_ids`` and
+``positions`` are [num_tokens], and which request a token belongs to, and which cached keys it may see,
+is described entirely by the attention metadata. q/k/v and gate/up are fused into single matmuls; the
+loader splits a checkpoint's separate projections into the fused weights (see ``load_weights``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.config import ModelConfig
+from engine.models.layers import RMSNorm, SwiGLUMLP
+from engine.models.rotary_embedding import RotaryEmbedding
+from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_proj_bias)
+        self.backend = backend
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden_states.shape[0]
+        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = RotaryEmbedding.apply(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = RotaryEmbedding.apply(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, backend, qkv_bias, o_proj_bias)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, kv_cache,
+                                                       attn_metadata)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
+        hidden_states = self.embed_tokens(input_ids)
+        # One cos/sin per step, shared by every layer.
+        cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
+        return self.norm(hidden_states)
+
+
+class LlamaForCausalLM(nn.Module):
+    # Checkpoint projection name -> (our fused parameter, shard id); shard ids index _shard_rows.
+    stacked_params = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
+        super().__init__()
+        self.check_config(config)
+        self.config = config
+        backend = get_attention_backend(attention_backend)
+        self.model = LlamaModel(config, backend, *self.attention_biases(config))
+        # Tied checkpoints reuse the embedding matrix as the output projection; no separate parameter
+        # exists then, so nothing can untie them by accident.
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                          bias=False)
+
+    @classmethod
+    def attention_biases(cls, config: ModelConfig) -> tuple[bool, bool]:
+        """(bias on q/k/v, bias on o_proj): Llama's ``attention_bias`` switches both."""
+        return config.attention_bias, config.attention_bias
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        """Raise if the config asks for something this implementation cannot do exactly."""
+
+    @property
+    def max_model_len_limit(self) -> int:
+        """The longest sequence this implementation computes exactly.
+
+        Attention always spans the full context, so a declared sliding window caps the length.
+        """
+        limit = self.config.max_position_embeddings
+        if self.config.sliding_window is not None:
+            limit = min(limit, self.config.sliding_window)
+        return limit
+
+    @property
+    def attention_backend(self) -> AttentionBackend:
+        return self.model.layers[0].self_attn.backend
+
+    def set_attention_backend(self, attention_backend: str | AttentionBackend) -> None:
+        backend = get_attention_backend(attention_backend)
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size]."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, hidden_size] -> [N, vocab_size]; the runner selects each request's last token first."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden_states, weight)
+
+    # ---- weight loading -------------------------------------------------------------------------
+
+    def _shard_rows(self, fused: str, shard: str) -> tuple[int, int]:
+        attn = self.model.layers[0].self_attn
+        if fused == "qkv_proj":
+            offsets = {"q": (0, attn.q_size), "k": (attn.q_size, attn.kv_size),
+                       "v": (attn.q_size + attn.kv_size, attn.kv_size)}
+            return offsets[shard]
+        size = self.config.intermediate_size
+        return (0, size) if shard == "gate" else (size, size)
+
+    def _map_weight_name(self, name: str) -> tuple[str, str | None]:
+        """A checkpoint name -> (our parameter name, fused shard id or None)."""
+        for projection, (fused, shard) in self.stacked_params.items():
+            if f".{projection}." in name:
+                return name.replace(f".{projection}.", f".{fused}."), shard
+        return name, None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (HF names) into our parameters; returns the keys filled.
+
+        A fused parameter is filled shard by shard and reported as ``name#shard`` for each; compare
+        with ``expected_weight_keys()`` to detect missing tensors. Names we have no parameter for are
+        collected in ``self.unexpected_weights``.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        self.unexpected_weights: list[str] = []
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue  # derived from the config; some old checkpoints store it
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: some tied checkpoints still ship a copy of the embedding
+            target, shard = self._map_weight_name(name)
+            if target not in params:
+                self.unexpected_weights.append(name)
+                continue
+            destination = params[target].data
+            if shard is not None:
+                start, size = self._shard_rows(target.rsplit(".", 2)[-2], shard)
+                destination = destination[start:start + size]
+            _copy_checked(destination, tensor, name)
+            loaded.add(target if shard is None else f"{target}#{shard}")
+        return loaded
+
+    def expected_weight_keys(self) -> set[str]:
+        """The keys ``load_weights`` reports once every parameter (and every fused shard) is filled."""
+        expected = set()
+        for name, _ in self.named_parameters():
+            if ".qkv_proj." in name:
+                expected.update(f"{name}#{shard}" for shard in ("q", "k", "v"))
+            elif ".gate_up_proj." in name:
+                expected.update(f"{name}#{shard}" for shard in ("gate", "up"))
+            else:
+                expected.add(name)
+        return expected
+
+
+def _copy_checked(destination: torch.Tensor, source: torch.Tensor, name: str) -> None:
+    if destination.shape != source.shape:
+        raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(source.shape)}, the model expects "
+                         f"{tuple(destination.shape)}; does config.json match the weights?")
+    with torch.no_grad():
+        destination.copy_(source)

@@ -1,0 +1,110 @@
+"""Load a Hugging Face checkpoint folder (config.json + safetensors) into our paged-attention models.
+
+Accepted layouts: a single ``model.safetensors``, or shards listed by ``model.safetensors.index.json``
+(``model-00001-of-00002.safetensors`` ...). The model is built on the meta device and materialized
+directly in the requested dtype and device, so no time is spent on a random initialization that the
+checkpoint overwrites anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.models.registry import get_model_class
+from engine.runner.attention import AttentionBackend
+
+logger = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig) -> torch.dtype:
+    """A torch dtype from a dtype, a name, or "auto"/None (the checkpoint's torch_dtype, else float32)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        return dtype
+    if dtype is None or dtype == "auto":
+        return _DTYPES[config.torch_dtype] if config.torch_dtype else torch.float32
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}, got {dtype!r}") from None
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    folder = Path(path)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not weight_map:
+            raise ValueError(f"{index} has no 'weight_map'")
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    elif (folder / SINGLE_FILE).is_file():
+        files = [folder / SINGLE_FILE]
+    else:
+        raise FileNotFoundError(f"model folder {str(folder)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"model folder {str(folder)!r} lacks shard(s) named in {INDEX_FILE}: {missing}")
+    return files
+
+
+def iterate_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as reader:
+            for name in reader.keys():
+                yield name, reader.get_tensor(name)
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype | str | None = "auto",
+    device: torch.device | str = "cpu",
+    *,
+    attention_backend: str | AttentionBackend = "torch",
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """(model in eval mode, its config) from a local Hugging Face checkpoint folder."""
+    config = ModelConfig.from_pretrained(path)
+    model_class = get_model_class(config)
+    torch_dtype = resolve_dtype(dtype, config)
+    device = torch.device(device)
+
+    with torch.device("meta"):
+        model = model_class(config, attention_backend=attention_backend)
+    model = model.to(dtype=torch_dtype).to_empty(device=device)
+
+    loaded = model.load_weights(iterate_weights(safetensors_files(path)))
+    missing = sorted(model.expected_weight_keys() - loaded)
+    if missing:
+        raise ValueError(f"checkpoint {str(path)!r} is missing {len(missing)} weight(s), e.g. {missing[:5]}")
+    if model.unexpected_weights:
+        logger.warning("checkpoint %s has %d weight(s) the model does not use, e.g. %s", path,
+                       len(model.unexpected_weights), model.unexpected_weights[:5])
+    if config.sliding_window is not None and config.sliding_window < config.max_position_embeddings:
+        logger.warning("%s declares sliding_window=%d; attention spans the full context, so results are exact "
+                       "only up to %d tokens per sequence (cap max_model_len there)", config.architecture,
+                       config.sliding_window, config.sliding_window)
+    model.eval().requires_grad_(False)
+    return model, config
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer, through transformers (local files only; nothing is downloaded)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

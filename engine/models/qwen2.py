@@ -1,0 +1,22 @@
+"""Qwen2: the Llama architecture with a bias on the q/k/v projections (and none on o_proj).
+
+Qwen2's optional sliding-window layers (``use_sliding_window``) are not supported; the loader refuses
+such checkpoints rather than attending over the full context silently.
+"""
+
+from __future__ import annotations
+
+from engine.models.config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    @classmethod
+    def attention_biases(cls, config: ModelConfig) -> tuple[bool, bool]:
+        return True, False
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        if config.sliding_window is not None:
+            raise ValueError(f"Qwen2 config has use_sliding_window=true (sliding_window={config.sliding_window}); "
+                             "sliding-window attention is not supported")

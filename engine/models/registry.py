@@ -1,0 +1,27 @@
+"""Architecture names (config.json ``architectures``) -> model classes."""
+
+from __future__ import annotations
+
+from engine.models.config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.models.mistral import MistralForCausalLM
+from engine.models.qwen2 import Qwen2ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
+
+
+def get_model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    try:
+        return MODEL_REGISTRY[config.architecture]
+    except KeyError:
+        raise ValueError(
+            f"unsupported model architecture {config.architecture!r} (config.json 'architectures'); "
+            f"supported: {', '.join(supported_architectures())}") from None

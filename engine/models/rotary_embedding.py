@@ -1,0 +1,77 @@
+"""Rotary position embedding (RoPE) in the "rotate half" convention of Hugging Face Llama checkpoints.
+
+The inverse frequencies follow the checkpoint's ``rope_scaling``: none (plain RoPE), ``linear``
+(positions divided by ``factor``, implemented as frequencies divided by it) or ``llama3`` (Llama 3.1's
+wavelength-dependent scaling). cos/sin are computed per step from the positions rather than from a
+precomputed table: the cost is one [num_tokens, head_dim / 2] product per forward, and it stays exact
+for any position with no table-size limit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def compute_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:
+    """[head_dim / 2] float32 inverse frequencies, always built on the CPU (never on a meta device)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
+    inv_freq = 1.0 / (rope_theta ** exponents)
+    rope_type = (rope_scaling or {}).get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(rope_scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, rope_scaling)
+    raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1: keep high frequencies, divide low ones by ``factor``, interpolate smoothly between."""
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+    old_context_len = float(scaling["original_max_position_embeddings"])
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        # A plain attribute, not a buffer: it is derived from the config, never loaded, and must survive
+        # the meta-device construction the loader uses.
+        self._inv_freq_cpu = compute_inv_freq(head_dim, rope_theta, rope_scaling)
+        self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+
+    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq_by_device:
+            self._inv_freq_by_device[device] = self._inv_freq_cpu.to(device)
+        return self._inv_freq_by_device[device]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [num_tokens, 1, head_dim] (broadcast over heads), computed in float32."""
+        freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, num_heads, head_dim] rotated by its token's angle."""
+        return x * cos + rotate_half(x) * sin

@@ -1,0 +1,55 @@
+"""The attention backend interface: write this step's K/V into the paged cache, then attend.
+
+The order is part of the contract. Requests in one batch can share prefix blocks that are being
+written in this very step (e.g. two prompts with a common prefix scheduled together after a
+prefix-cache hit is registered), and every request's own new keys must be visible to its queries, so
+all writes happen before any read.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from engine.runner.attention.metadata import AttentionMetadata
+from kernels.reshape_and_cache import reshape_and_cache
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache), each [num_blocks, block_size, Hkv, D]
+
+
+class AttentionBackend(ABC):
+    name: str = "abstract"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: KVCache | torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """query [T, Hq, D], key/value [T, Hkv, D] -> output [T, Hq, D].
+
+        ``kv_cache`` is a (key_cache, value_cache) pair or a tensor whose first dimension of size 2
+        unbinds into one. Rows at or past ``metadata.num_actual_tokens`` are padding: their output is 0.
+        """
+        key_cache, value_cache = kv_cache
+        num_heads, num_kv_heads = query.shape[1], key.shape[1]
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} kv heads")
+        self.write_kv_cache(key, value, key_cache, value_cache, metadata)
+        output = torch.zeros_like(query)
+        if metadata.num_actual_tokens > 0:
+            self.attend(query, key_cache, value_cache, metadata, scale, output)
+        return output
+
+    def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+        reshape_and_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+
+    @abstractmethod
+    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+        """Fill ``output[:num_actual_tokens]`` reading keys and values only from the caches."""

@@ -1,0 +1,84 @@
+"""Paged attention in plain torch: correct on CPU and CUDA for mixed prefill + decode batches.
+
+Two paths, because the two kinds of request have different shapes of work:
+
+* Decodes (query length 1) are batched: their keys/values are gathered from the block table into a
+  padded ``[num_decodes, max_len, Hkv, D]`` tensor and attended in one SDPA call with a length mask.
+  GQA is handled without repeating K/V: the query is viewed as ``[B, Hkv, group, D]``, i.e. the group's
+  query heads play the role of a query sequence, which is exact because a single token has no causal
+  structure among its heads.
+* Prefill chunks are handled one request at a time with a causal mask shifted by the context length:
+  query ``j`` sits at position ``ctx + j`` and sees keys ``0 .. ctx + j``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.runner.attention.backend import AttentionBackend
+from engine.runner.attention.metadata import AttentionMetadata
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+        split = metadata.split
+        if split.decode_req_indices:
+            self._attend_decodes(query, key_cache, value_cache, metadata, scale, output)
+        for req in split.prefill_req_indices:
+            self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output)
+
+    def _attend_decodes(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+        split = metadata.split
+        num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
+        num_decodes = len(split.decode_req_indices)
+        group = query.shape[1] // num_kv_heads
+        max_blocks = -(-split.max_decode_seq_len // block_size)
+
+        # [B, max_blocks] physical ids -> [B, max_blocks * block_size, Hkv, D] gathered keys/values.
+        block_ids = metadata.block_table[split.decode_req_index_tensor, :max_blocks].to(torch.long)
+        max_len = max_blocks * block_size
+        keys = key_cache[block_ids].view(num_decodes, max_len, num_kv_heads, head_size)
+        values = value_cache[block_ids].view(num_decodes, max_len, num_kv_heads, head_size)
+        valid = torch.arange(max_len, device=query.device)[None, :] < split.decode_seq_lens[:, None]  # [B, L]
+        # Slots past a request's length were never written for it and may hold anything, NaN included;
+        # a zero attention weight does not neutralize NaN (0 * NaN = NaN), so zero them explicitly.
+        keys = torch.where(valid[:, :, None, None], keys, 0).transpose(1, 2)  # [B, Hkv, L, D]
+        values = torch.where(valid[:, :, None, None], values, 0).transpose(1, 2)
+
+        q = query[split.decode_token_index_tensor].view(num_decodes, num_kv_heads, group, head_size)
+        out = F.scaled_dot_product_attention(
+            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=valid[:, None, None, :], scale=scale)
+        output[split.decode_token_index_tensor] = out.reshape(num_decodes, num_kv_heads * group, head_size)
+
+    def _attend_prefill(self, req: int, query: torch.Tensor, key_cache: torch.Tensor,
+                        value_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+                        output: torch.Tensor) -> None:
+        num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
+        start, end = metadata.query_start_loc_cpu[req], metadata.query_start_loc_cpu[req + 1]
+        query_len, seq_len = end - start, metadata.seq_lens_cpu[req]
+        context_len = seq_len - query_len
+        num_heads = query.shape[1]
+
+        # Only the first seq_len slots are gathered, and all of them were written by now (the context
+        # by earlier steps or a prefix-cache hit, the chunk itself just before attending).
+        block_ids = metadata.block_table[req, :-(-seq_len // block_size)].to(torch.long)
+        keys = key_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len]
+        values = value_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len]
+        if num_heads != num_kv_heads:
+            keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)
+            values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
+
+        q = query[start:end].transpose(0, 1)  # [Hq, query_len, D]
+        k, v = keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype)
+        if context_len == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            query_pos = context_len + torch.arange(query_len, device=query.device)
+            mask = torch.arange(seq_len, device=query.device)[None, :] <= query_pos[:, None]  # [q, seq]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        output[start:end] = out.transpose(0, 1)

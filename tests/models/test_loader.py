@@ -1,0 +1,149 @@
+"""Checkpoint loading: single file and shards, dtypes, fused-weight remapping, and clear errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.models import (LlamaForCausalLM, ModelConfig, Qwen2ForCausalLM, load_model, make_test_model,
+                           supported_architectures)
+from engine.models.loader import resolve_dtype
+from engine.runner.attention import allocate_kv_caches, build_attention_metadata, compute_positions
+
+
+@pytest.fixture(scope="module")
+def qwen_path(tmp_path_factory):
+    return make_test_model(tmp_path_factory.mktemp("qwen"), "qwen2", seed=3)
+
+
+def _prefill_logits(model, config, tokens):
+    caches = allocate_kv_caches(config.num_hidden_layers, 8, 16, config.num_key_value_heads, config.head_dim,
+                                next(model.parameters()).dtype, "cpu")
+    metadata = build_attention_metadata([0], [len(tokens)], [[5, 2, 7]], 16)
+    with torch.no_grad():
+        hidden = model(torch.tensor(tokens), compute_positions([0], [len(tokens)]), caches, metadata)
+        return model.compute_logits(hidden)
+
+
+def test_fused_weights_hold_the_checkpoint_projections(qwen_path):
+    model, config = load_model(qwen_path, torch.float32, "cpu")
+    assert isinstance(model, Qwen2ForCausalLM) and not model.training
+    weights = load_file(str(qwen_path / "model.safetensors"))
+    attn = model.model.layers[1].self_attn
+    q, k, v = attn.qkv_proj.weight.split([attn.q_size, attn.kv_size, attn.kv_size])
+    assert torch.equal(q, weights["model.layers.1.self_attn.q_proj.weight"])
+    assert torch.equal(v, weights["model.layers.1.self_attn.v_proj.weight"])
+    assert torch.equal(attn.qkv_proj.bias[attn.q_size:attn.q_size + attn.kv_size],
+                       weights["model.layers.1.self_attn.k_proj.bias"])
+    assert attn.o_proj.bias is None
+    gate, up = model.model.layers[0].mlp.gate_up_proj.weight.chunk(2)
+    assert torch.equal(up, weights["model.layers.0.mlp.up_proj.weight"])
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_sharded_checkpoint_loads_like_the_single_file(qwen_path, tmp_path):
+    weights = load_file(str(qwen_path / "model.safetensors"))
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for file, shard_names in shards.items():
+        save_file({n: weights[n] for n in shard_names}, str(tmp_path / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in shard_names})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (tmp_path / "config.json").write_text((qwen_path / "config.json").read_text())
+
+    sharded, config = load_model(tmp_path, "float32", "cpu")
+    single, _ = load_model(qwen_path, "float32", "cpu")
+    tokens = [5, 9, 100, 42, 7]
+    assert torch.equal(_prefill_logits(sharded, config, tokens), _prefill_logits(single, config, tokens))
+
+
+def test_missing_shard_and_missing_weight_are_errors(qwen_path, tmp_path):
+    (tmp_path / "config.json").write_text((qwen_path / "config.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "model-00001-of-00001.safetensors"}}))
+    with pytest.raises(FileNotFoundError, match="model-00001-of-00001"):
+        load_model(tmp_path)
+
+    (tmp_path / "model.safetensors.index.json").unlink()
+    weights = load_file(str(qwen_path / "model.safetensors"))
+    del weights["model.layers.0.self_attn.k_proj.weight"]
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing 1 weight.*qkv_proj.weight#k"):
+        load_model(tmp_path)
+
+
+def test_no_weights_at_all_is_an_error(qwen_path, tmp_path):
+    (tmp_path / "config.json").write_text((qwen_path / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(tmp_path)
+
+
+def test_unsupported_architecture_names_it(qwen_path, tmp_path):
+    config = json.loads((qwen_path / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        load_model(tmp_path)
+    assert supported_architectures() == ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "bf16"])
+def test_half_precision_loads_and_tracks_fp32(qwen_path, dtype):
+    model, config = load_model(qwen_path, dtype, "cpu")
+    expected_dtype = torch.bfloat16 if dtype == "bf16" else dtype
+    assert all(p.dtype == expected_dtype for p in model.parameters())
+    reference, _ = load_model(qwen_path, torch.float32, "cpu")
+    tokens = list(range(10, 30))
+    low = _prefill_logits(model, config, tokens).float()
+    high = _prefill_logits(reference, config, tokens)
+    assert low.dtype == torch.float32 and torch.isfinite(low).all()
+    torch.testing.assert_close(low, high, atol=2e-2, rtol=0)
+
+
+def test_dtype_resolution(qwen_path):
+    config = ModelConfig.from_pretrained(qwen_path)
+    assert resolve_dtype("auto", config) == torch.float32  # the checkpoint's torch_dtype
+    assert resolve_dtype("half", config) == torch.float16
+    with pytest.raises(ValueError, match="int8"):
+        resolve_dtype("int8", config)
+
+
+def test_config_accepts_both_rope_spellings():
+    base = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    old = ModelConfig.from_dict({**base, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", **scaling}})
+    new = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
+                                                              **scaling}})
+    assert old.rope_theta == new.rope_theta == 500000.0
+    assert old.rope_scaling == new.rope_scaling and old.rope_scaling["rope_type"] == "llama3"
+    plain = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert plain.rope_scaling is None and plain.rope_theta == 1e6
+    assert (plain.num_key_value_heads, plain.head_dim) == (2, 4)
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
+        LlamaForCausalLM(ModelConfig.from_dict({**base, "rope_scaling": {"type": "yarn", "factor": 2.0}}))
+    with pytest.raises(ValueError, match="missing required field 'vocab_size'"):
+        ModelConfig.from_dict({k: v for k, v in base.items() if k != "vocab_size"})
+
+
+def test_mistral_sliding_window_caps_max_model_len(tmp_path, caplog):
+    path = make_test_model(tmp_path, "mistral")
+    config = json.loads((path / "config.json").read_text())
+    config["sliding_window"] = 256
+    (path / "config.json").write_text(json.dumps(config))
+    model, _ = load_model(path)
+    assert model.max_model_len_limit == 256
+    assert "sliding_window=256" in caplog.text
+
+
+def test_qwen2_with_sliding_window_enabled_is_refused(qwen_path, tmp_path):
+    config = json.loads((qwen_path / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=128)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes((qwen_path / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        load_model(tmp_path)
