@@ -1,0 +1,160 @@
+"""Loading, overrides, sweeps, serialization, and the shipped examples."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from workloads import (
+    EngineSection,
+    SLOSection,
+    WorkloadConfig,
+    WorkloadError,
+    example_path,
+    generate_requests,
+    list_examples,
+    load_workload,
+    parse_override,
+)
+
+EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority"}
+
+
+def test_examples_are_listed():
+    assert EXPECTED_EXAMPLES <= set(list_examples())
+    assert example_path("chat") == example_path("chat.yaml")
+    with pytest.raises(WorkloadError, match="no such example"):
+        example_path("nope")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_EXAMPLES))
+def test_every_example_loads_and_generates(name):
+    config = load_workload(example_path(name))
+    assert config.name == name
+    points = config.sweep_points()
+    label, point = points[0]
+    requests = generate_requests(point, vocab_size=32000, reserved_token_ids=[0, 1, 2])
+    assert requests
+    expected = point.workload.num_requests
+    assert expected is None or len(requests) == expected
+    assert all(a.arrival_time <= b.arrival_time for a, b in zip(requests, requests[1:]))
+    cap = point.max_total_len()
+    assert cap is None or all(request.total_len <= cap for request in requests)
+
+
+def test_defaults_fill_the_engine_section(raw_workload):
+    config = load_workload(raw_workload)
+    assert isinstance(config.engine, EngineSection)
+    assert config.engine.block_size == 16 and config.engine.scheduling_policy == "fcfs"
+    assert config.model == "llama-3-8b" and config.hardware == "h100-sxm" and config.dtype == "bfloat16"
+    assert config.slo is None and config.sweep is None
+
+
+def test_inline_hardware_mapping_is_kept_for_the_simulator(raw_workload):
+    raw_workload["hardware"] = {"name": "my-gpu", "peak_tflops": 400, "memory_bandwidth_gbs": 2000, "memory_gb": 48}
+    config = load_workload(raw_workload)
+    assert config.hardware["peak_tflops"] == 400 and config.hardware["name"] == "my-gpu"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("engine.max_num_seqs=128", ("engine.max_num_seqs", 128)),
+        ("workload.arrival.rate=0.5", ("workload.arrival.rate", 0.5)),
+        ("engine.enable_prefix_caching=false", ("engine.enable_prefix_caching", False)),
+        ("engine.max_model_len=null", ("engine.max_model_len", None)),
+        ("workload.priority.levels=[0, 1]", ("workload.priority.levels", [0, 1])),
+        ("name = spaced ", ("name", "spaced")),
+    ],
+)
+def test_override_values_are_parsed_as_yaml(text, expected):
+    assert parse_override(text) == expected
+
+
+def test_overrides_apply_before_validation_and_create_sections(raw_workload):
+    config = load_workload(
+        raw_workload,
+        ["engine.max_num_seqs=128", "slo.ttft_ms=300", "workload.arrival={type: gamma, rate: 4, cv: 2}"],
+    )
+    assert config.engine.max_num_seqs == 128
+    assert config.slo == SLOSection(ttft_ms=300)
+    assert config.slo.thresholds() == {"ttft_ms": 300}
+    assert config.workload.arrival.type == "gamma" and config.workload.arrival.cv == 2
+
+
+def test_with_overrides_returns_a_new_valid_config(raw_workload):
+    config = load_workload(raw_workload)
+    changed = config.with_overrides(["workload.arrival.rate=9"])
+    assert changed.workload.arrival.rate == 9 and config.workload.arrival.rate == 5
+    with pytest.raises(WorkloadError, match="workload.arrival.rate"):
+        config.with_overrides(["workload.arrival.rate=-1"])
+
+
+def test_to_dict_is_json_safe_and_round_trips():
+    config = load_workload(example_path("rate_sweep"))
+    as_dict = config.to_dict()
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert WorkloadConfig.model_validate(as_dict) == config
+
+
+def test_sweep_points_over_rates():
+    config = load_workload(example_path("rate_sweep"))
+    points = config.sweep_points()
+    assert [label for label, _ in points] == ["rate=2", "rate=4", "rate=8", "rate=16", "rate=32"]
+    assert [point.workload.arrival.rate for _, point in points] == [2, 4, 8, 16, 32]
+    assert all(point.sweep is None and point.name == config.name for _, point in points)
+
+
+def test_sweep_with_two_keys_is_a_cartesian_product(raw_workload):
+    raw_workload["sweep"] = {"workload.arrival.rate": [1, 2], "engine.max_num_seqs": [8, 16, 32]}
+    points = load_workload(raw_workload).sweep_points()
+    assert len(points) == 6
+    assert points[0][0] == "rate=1,max_num_seqs=8"
+    assert {(p.workload.arrival.rate, p.engine.max_num_seqs) for _, p in points} == {
+        (rate, seqs) for rate in (1, 2) for seqs in (8, 16, 32)
+    }
+
+
+def test_sweep_labels_tell_equal_leaf_names_apart(raw_workload):
+    raw_workload["workload"]["output_len"] = {"type": "uniform", "min": 1, "max": 32}
+    raw_workload["sweep"] = {"workload.prompt_len.max": [64, 128], "workload.output_len.max": [32]}
+    labels = [label for label, _ in load_workload(raw_workload).sweep_points()]
+    assert labels == ["prompt_len.max=64,output_len.max=32", "prompt_len.max=128,output_len.max=32"]
+
+
+def test_sweep_over_whole_sections_has_readable_labels(raw_workload):
+    raw_workload["sweep"] = {
+        "workload.prompt_len": [{"type": "constant", "value": 5}, {"type": "uniform", "min": 1, "max": 3}]
+    }
+    points = load_workload(raw_workload).sweep_points()
+    assert [label for label, _ in points] == ["prompt_len=constant-5", "prompt_len=uniform-1-3"]
+    assert points[1][1].workload.prompt_len.type == "uniform"
+
+
+def test_no_sweep_gives_one_base_point(raw_workload):
+    config = load_workload(raw_workload)
+    assert config.sweep_points() == [("base", config)]
+
+
+def test_relative_trace_path_resolves_against_the_yaml_directory(tmp_path, data_dir):
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "workloads").mkdir()
+    shutil.copy(data_dir / "splitwise_code_sample.csv", tmp_path / "traces" / "code.csv")
+    workload = {
+        "name": "relative",
+        "workload": {
+            "num_requests": 10,
+            "arrival": {"type": "trace"},
+            "prompt_len": {"type": "trace"},
+            "output_len": {"type": "trace"},
+            "trace": {"path": "../traces/code.csv"},
+        },
+    }
+    path = tmp_path / "workloads" / "relative.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    config = load_workload(path)
+    assert config.workload.trace.path == str((tmp_path / "traces" / "code.csv").resolve())
+    assert len(generate_requests(config, vocab_size=1000)) == 10

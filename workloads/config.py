@@ -1,0 +1,161 @@
+"""``WorkloadConfig``: one validated workload file (model, hardware, engine limits, traffic, SLOs, sweep).
+
+The model and hardware stay names (or, for hardware, an inline mapping) here: the simulator owns the
+presets and validates them. Everything else is checked at load time, including the checks that span
+sections, so that a run never starts on a workload that cannot be generated or scheduled.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from workloads.errors import NO_VALUE, WorkloadError, format_value, problems_error, problems_from_validation_error
+from workloads.overrides import Override, apply_overrides
+from workloads.schema_base import SchemaModel
+from workloads.sections import EngineSection, SLOSection
+from workloads.sweep import expand_sweep
+from workloads.workload_section import WorkloadSection
+
+NAME_PATTERN = r"[A-Za-z0-9_.-]+"
+
+
+class WorkloadConfig(SchemaModel):
+    name: str
+    description: str = ""
+    # Fixes the whole request stream, token ids included (see generator.py).
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    # A preset name or a path; resolved by the simulator / model loader.
+    model: str = Field(default="llama-3-8b", min_length=1)
+    # A preset name, or an inline spec {name, peak_tflops, memory_bandwidth_gbs, memory_gb, ...}.
+    hardware: str | dict[str, float | str] = "h100-sxm"
+    dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
+    engine: EngineSection = Field(default_factory=EngineSection)
+    workload: WorkloadSection
+    slo: SLOSection | None = None
+    # Dotted override path -> the values to try; several keys give their cartesian product.
+    sweep: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_safe(cls, value: str) -> str:
+        # The name becomes part of run directory and file names.
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError("must be letters, digits, '_', '.' or '-' only (it names run directories)")
+        return value
+
+    @field_validator("hardware", mode="wrap")
+    @classmethod
+    def _hardware_shape(cls, value: Any, handler: Any) -> Any:
+        # One clear message instead of pydantic's one-per-union-member report.
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError("must be a preset name or a mapping of names to numbers or strings") from None
+
+    @model_validator(mode="after")
+    def _consistent_across_sections(self) -> WorkloadConfig:
+        problems = self._length_problems()
+        if not problems and self.sweep:
+            problems = self._sweep_problems()
+        if problems:
+            raise problems_error(problems)
+        return self
+
+    def max_total_len(self) -> int | None:
+        """The cap on prompt + output tokens: workload.max_total_len, else engine.max_model_len."""
+        if self.workload.max_total_len is not None:
+            return self.workload.max_total_len
+        return self.engine.max_model_len
+
+    def longest_prompt(self) -> int | None:
+        """The longest prompt the workload can produce, when the configuration bounds it."""
+        bounds = [self.workload.prompt_len.upper_bound()]
+        cap = self.max_total_len()
+        if cap is not None:
+            bounds.append(cap - 1)  # every request generates at least one token
+        known = [bound for bound in bounds if bound is not None]
+        return min(known) if known else None
+
+    def _length_problems(self) -> list[tuple[str, str, Any]]:
+        problems: list[tuple[str, str, Any]] = []
+        workload, engine = self.workload, self.engine
+        if (
+            workload.max_total_len is not None
+            and engine.max_model_len is not None
+            and workload.max_total_len > engine.max_model_len
+        ):
+            problems.append(
+                (
+                    "workload.max_total_len",
+                    f"must be <= engine.max_model_len ({engine.max_model_len}), or longer requests would be rejected",
+                    workload.max_total_len,
+                )
+            )
+        longest = self.longest_prompt()
+        prefix = workload.shared_prefix
+        if prefix is not None and longest is not None and prefix.prefix_len >= longest:
+            problems.append(
+                (
+                    "workload.shared_prefix.prefix_len",
+                    f"must be < the longest prompt ({longest}, from prompt_len.max or the total length cap) "
+                    "so that every request has tokens of its own",
+                    prefix.prefix_len,
+                )
+            )
+        if not engine.enable_chunked_prefill and longest is not None and longest > engine.max_num_batched_tokens:
+            problems.append(
+                (
+                    "engine.max_num_batched_tokens",
+                    f"must be >= the longest prompt ({longest}) when enable_chunked_prefill is false, "
+                    "or that prompt could never be scheduled",
+                    engine.max_num_batched_tokens,
+                )
+            )
+        return problems
+
+    def _sweep_problems(self) -> list[tuple[str, str, Any]]:
+        # Each value is tried on its own against the base config: that finds misspelled paths and bad
+        # values early without building a possibly large cartesian product.
+        problems: list[tuple[str, str, Any]] = []
+        base = self.model_dump(exclude={"sweep"})
+        for key, values in (self.sweep or {}).items():
+            if key == "sweep" or key.startswith("sweep."):
+                problems.append((f"sweep.{key}", "a sweep cannot set the sweep itself", values))
+                continue
+            for value in values:
+                try:
+                    WorkloadConfig.model_validate(apply_overrides(base, [(key, value)], WorkloadConfig))
+                except WorkloadError as error:  # the path itself is wrong
+                    problems.append((f"sweep.{key}", "; ".join(problem.message for problem in error.problems), values))
+                    break
+                except ValidationError as error:
+                    inner = _joined(problems_from_validation_error(error, WorkloadConfig))
+                    problems.append(
+                        (f"sweep.{key}", f"value {format_value(value)} gives an invalid workload: {inner}", NO_VALUE)
+                    )
+                    break
+        return problems
+
+    def with_overrides(self, overrides: Iterable[str | Override]) -> WorkloadConfig:
+        """A new config with ``--set`` style overrides applied; raises WorkloadError when invalid."""
+        raw = apply_overrides(self.model_dump(), overrides, WorkloadConfig)
+        try:
+            return WorkloadConfig.model_validate(raw)
+        except ValidationError as error:
+            raise WorkloadError.from_validation_error(error, WorkloadConfig) from None
+
+    def sweep_points(self) -> list[tuple[str, WorkloadConfig]]:
+        """One (label, config) per sweep point, e.g. ``("rate=4", ...)``; ``[("base", self)]`` without a sweep."""
+        return expand_sweep(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of the whole configuration, for a run's summary.json."""
+        return self.model_dump(mode="json")
+
+
+def _joined(problems: Iterable[object]) -> str:
+    return "; ".join(str(problem) for problem in problems)

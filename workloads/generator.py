@@ -1,0 +1,190 @@
+"""``generate_requests``: a validated workload -> the list of timed requests, sorted by arrival.
+
+The seed fixes everything, token ids included. Each quantity draws from its own stream
+(random_streams.py) and every draw takes one value per request in request order, so:
+
+- changing the arrival process (a rate sweep) leaves every request's lengths, tokens, prefix group and
+  priority unchanged; with ``duration_s``, request i is the same request at every rate, only more or
+  fewer of them arrive;
+- changing the output-length distribution leaves the prompts unchanged (unless the total length cap
+  then trims them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from workloads.arrivals import TraceArrival
+from workloads.config import WorkloadConfig
+from workloads.distributions import LengthDistribution, TraceLength
+from workloads.errors import Problem, WorkloadError
+from workloads.random_streams import Stream, random_stream, stream_seed
+from workloads.request_spec import RequestSpec
+from workloads.sections import SharedPrefixSection
+from workloads.tokens import TokenVocabulary, assemble_prompts
+from workloads.trace_sampling import select_rows, synthetic_arrivals, trace_arrivals
+from workloads.traces import TraceRecords
+from workloads.workload_section import WorkloadSection
+
+NO_GROUP = -1
+
+
+def generate_requests(
+    config: WorkloadConfig,
+    vocab_size: int,
+    reserved_token_ids: Iterable[int] = (),
+) -> list[RequestSpec]:
+    """The workload's requests, sorted by arrival time, ids ``req-000000``, ``req-000001``, ... in that order."""
+    workload, seed = config.workload, config.seed
+    vocabulary = TokenVocabulary(vocab_size, reserved_token_ids)
+    arrival_times, trace_rows = _arrivals_and_rows(workload, seed)
+    count = len(arrival_times)
+    if count == 0:
+        raise WorkloadError(
+            Problem("workload.duration_s", "is too short for even one request to arrive", workload.duration_s)
+        )
+    records = workload.trace.records() if workload.trace is not None and trace_rows is not None else None
+
+    prompt_column = records.prompt_lens[trace_rows] if records is not None else None
+    output_column = records.output_lens[trace_rows] if records is not None else None
+    prompt_lens = _lengths(workload.prompt_len, random_stream(seed, Stream.PROMPT_LENGTHS), count, prompt_column)
+    output_lens = _lengths(workload.output_len, random_stream(seed, Stream.OUTPUT_LENGTHS), count, output_column)
+    groups = _prefix_groups(workload.shared_prefix, seed, count)
+    minimum_prompt = np.ones(count, dtype=np.int64)
+    if workload.shared_prefix is not None:
+        minimum_prompt[groups != NO_GROUP] = workload.shared_prefix.prefix_len + 1
+    prompt_lens = np.maximum(prompt_lens, minimum_prompt)
+    cap = config.max_total_len()
+    if cap is not None:
+        prompt_lens, output_lens = fit_total_length(prompt_lens, output_lens, cap, minimum_prompt)
+    priorities = _priorities(workload, seed, count)
+
+    leading = _leading_tokens(workload, seed, vocabulary, groups, prompt_lens, records, trace_rows)
+    token_rng = random_stream(seed, Stream.PROMPT_TOKENS)
+    prompts = assemble_prompts(prompt_lens, leading, lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
+
+    width = max(6, len(str(count - 1)))
+    return [
+        RequestSpec(
+            request_id=f"req-{index:0{width}d}",
+            arrival_time=arrival_time,
+            prompt_token_ids=prompt,
+            output_len=output_len,
+            priority=priority,
+            prefix_group=None if group == NO_GROUP else group,
+        )
+        for index, (arrival_time, prompt, output_len, priority, group) in enumerate(
+            zip(
+                arrival_times.tolist(), prompts, output_lens.tolist(), priorities.tolist(), groups.tolist(), strict=True
+            )
+        )
+    ]
+
+
+def fit_total_length(
+    prompt_lens: np.ndarray, output_lens: np.ndarray, cap: int, minimum_prompt: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Trim requests longer than ``cap`` tokens in total, prompt and output in proportion to their sizes.
+
+    Cutting both in proportion keeps the shape of both distributions (cutting only prompts would turn
+    long-context traffic into decode traffic, and vice versa). A prompt never drops below its minimum
+    (its shared prefix plus one token) and every request keeps at least one output token; validation
+    guarantees ``cap >= minimum_prompt + 1``.
+    """
+    total = prompt_lens + output_lens
+    too_long = total > cap
+    if not too_long.any():
+        return prompt_lens, output_lens
+    excess = np.where(too_long, total - cap, 0)
+    output_cut = (excess * output_lens) // total
+    trimmed_prompt = np.maximum(prompt_lens - (excess - output_cut), minimum_prompt)
+    prompt_lens = np.where(too_long, trimmed_prompt, prompt_lens)
+    output_lens = np.where(too_long, cap - prompt_lens, output_lens)
+    return prompt_lens, output_lens
+
+
+def _arrivals_and_rows(workload: WorkloadSection, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    if isinstance(workload.arrival, TraceArrival):
+        assert workload.trace is not None  # validation guarantees it
+        return trace_arrivals(workload.arrival, workload.trace, workload.num_requests, workload.duration_s)
+    times = synthetic_arrivals(
+        workload.arrival, stream_seed(seed, Stream.ARRIVALS), workload.num_requests, workload.duration_s
+    )
+    if workload.trace is None or not workload.uses_trace_lengths():
+        return times, None
+    return times, select_rows(workload.trace, len(times), random_stream(seed, Stream.TRACE_ROWS))
+
+
+def _lengths(
+    distribution: LengthDistribution, rng: np.random.Generator, count: int, trace_column: np.ndarray | None
+) -> np.ndarray:
+    """Sampled lengths, or the trace's (``trace_column``: the selected rows' lengths) clipped to min/max."""
+    if isinstance(distribution, TraceLength):
+        assert trace_column is not None  # validation guarantees a trace
+        return distribution.clip(trace_column)
+    return distribution.sample(rng, count)
+
+
+def _prefix_groups(shared_prefix: SharedPrefixSection | None, seed: int, count: int) -> np.ndarray:
+    if shared_prefix is None:
+        return np.full(count, NO_GROUP, dtype=np.int64)
+    # One (membership, group) pair of uniforms per request, row by row: request i's group does not
+    # depend on how many requests there are.
+    uniforms = random_stream(seed, Stream.PREFIX_GROUPS).random((count, 2))
+    groups = np.minimum((uniforms[:, 1] * shared_prefix.num_groups).astype(np.int64), shared_prefix.num_groups - 1)
+    return np.where(uniforms[:, 0] < shared_prefix.fraction, groups, NO_GROUP)
+
+
+def _priorities(workload: WorkloadSection, seed: int, count: int) -> np.ndarray:
+    if workload.priority is None:
+        return np.zeros(count, dtype=np.int64)
+    cumulative = np.cumsum(workload.priority.probabilities())
+    picks = np.searchsorted(cumulative, random_stream(seed, Stream.PRIORITIES).random(count), side="right")
+    return np.asarray(workload.priority.levels, dtype=np.int64)[np.minimum(picks, len(cumulative) - 1)]
+
+
+def _leading_tokens(
+    workload: WorkloadSection,
+    seed: int,
+    vocabulary: TokenVocabulary,
+    groups: np.ndarray,
+    prompt_lens: np.ndarray,
+    records: TraceRecords | None,
+    trace_rows: np.ndarray | None,
+) -> list[tuple[int, ...] | None]:
+    """Per request, the tokens its prompt starts with: its group's prefix, its trace blocks, or None."""
+    if workload.shared_prefix is not None:
+        prefix = workload.shared_prefix
+        prefixes = vocabulary.random_tokens(
+            random_stream(seed, Stream.PREFIX_TOKENS), prefix.num_groups * prefix.prefix_len
+        ).reshape(prefix.num_groups, prefix.prefix_len)
+        prefix_tuples = [tuple(row) for row in prefixes.tolist()]
+        return [None if group == NO_GROUP else prefix_tuples[group] for group in groups.tolist()]
+    if workload.uses_block_hashes() and records is not None and trace_rows is not None and records.has_block_hashes:
+        return _hashed_block_prompts(records, trace_rows, prompt_lens, vocabulary, seed)
+    return [None] * len(groups)
+
+
+def _hashed_block_prompts(
+    records: TraceRecords, trace_rows: np.ndarray, prompt_lens: np.ndarray, vocabulary: TokenVocabulary, seed: int
+) -> list[tuple[int, ...] | None]:
+    # Only the blocks a (possibly trimmed) prompt covers; each distinct block is hashed once and the
+    # requests gather their blocks' rows, the last block cut to the prompt length.
+    block_size = records.block_size
+    lengths = prompt_lens.tolist()
+    per_request = [
+        records.hash_ids_of(row)[: -(-length // block_size)]
+        for row, length in zip(trace_rows.tolist(), lengths, strict=True)
+    ]
+    all_ids = np.concatenate(per_request) if per_request else np.zeros(0, dtype=np.int64)
+    unique_ids, inverse = np.unique(all_ids, return_inverse=True)
+    blocks = vocabulary.hashed_blocks(seed, unique_ids, block_size)
+    leading: list[tuple[int, ...] | None] = []
+    start = 0
+    for ids, length in zip(per_request, lengths, strict=True):
+        rows = inverse[start : start + len(ids)]
+        start += len(ids)
+        leading.append(tuple(blocks[rows].reshape(-1)[:length].tolist()) if len(ids) else None)
+    return leading

@@ -1,0 +1,93 @@
+"""Loading a workload: YAML file (or text, or mapping) + ``--set`` overrides -> ``WorkloadConfig``.
+
+Every failure is a ``WorkloadError``: a YAML syntax error names the file, line and column; a schema
+problem names the dotted field path and the value. Relative trace paths are resolved against the YAML
+file's directory (against the working directory for a mapping), so a workload file and its trace can
+move together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from workloads.config import WorkloadConfig
+from workloads.errors import Problem, WorkloadError
+from workloads.overrides import Override, apply_overrides
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that rejects a key written twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+        reason = getattr(error, "problem", None) or str(error)
+        raise WorkloadError(Problem(source, f"malformed YAML at {where}: {reason}")) from None
+
+
+def load_workload(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Iterable[str | Override] = (),
+) -> WorkloadConfig:
+    """Load and validate a workload from a YAML file path or an already-parsed mapping."""
+    if isinstance(source, Mapping):
+        return _validate(dict(source), overrides, base_dir=Path.cwd(), label=None)
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise WorkloadError(Problem(str(path), f"cannot read the workload file ({error.strerror or error})")) from None
+    return _validate(parse_yaml(text, str(path)), overrides, base_dir=path.resolve().parent, label=str(path))
+
+
+def load_workload_text(
+    text: str,
+    overrides: Iterable[str | Override] = (),
+    base_dir: str | os.PathLike[str] | None = None,
+) -> WorkloadConfig:
+    """Load a workload from YAML text; relative trace paths resolve against ``base_dir`` (default: cwd)."""
+    raw = parse_yaml(text, "<text>")
+    return _validate(raw, overrides, base_dir=Path(base_dir) if base_dir else Path.cwd(), label="<text>")
+
+
+def _validate(raw: Any, overrides: Iterable[str | Override], base_dir: Path, label: str | None) -> WorkloadConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise WorkloadError(Problem("", "a workload must be a mapping of keys to values", raw), source=label)
+    try:
+        raw = apply_overrides(raw, overrides, WorkloadConfig)
+    except WorkloadError as error:
+        raise WorkloadError(error.problems, source=label) from None
+    _resolve_trace_path(raw, base_dir)
+    try:
+        return WorkloadConfig.model_validate(raw)
+    except ValidationError as error:
+        raise WorkloadError.from_validation_error(error, WorkloadConfig, source=label) from None
+
+
+def _resolve_trace_path(raw: dict[str, Any], base_dir: Path) -> None:
+    workload = raw.get("workload")
+    trace = workload.get("trace") if isinstance(workload, dict) else None
+    path = trace.get("path") if isinstance(trace, dict) else None
+    if isinstance(path, str) and path and not Path(path).expanduser().is_absolute():
+        trace["path"] = str((base_dir / path).resolve())

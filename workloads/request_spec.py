@@ -1,0 +1,30 @@
+"""``RequestSpec``: one request of a generated workload, the same object for the simulator and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A timed request. ``output_len`` is exact: the request runs with ignore_eos and max_tokens = output_len.
+
+    ``priority`` follows vLLM (lower is served first under priority scheduling); ``prefix_group`` is the
+    shared-prefix group the prompt starts with, or None (kept so analysis can relate prefix hits to groups).
+    """
+
+    request_id: str
+    arrival_time: float  # seconds from the run start
+    prompt_token_ids: tuple[int, ...]
+    output_len: int
+    priority: int = 0
+    prefix_group: int | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def total_len(self) -> int:
+        """Prompt plus output tokens: the sequence length the request reaches when it finishes."""
+        return len(self.prompt_token_ids) + self.output_len

@@ -1,0 +1,178 @@
+"""The small sections of a workload file: engine limits, SLOs, shared prefixes, priorities, the trace.
+
+Field names follow vLLM's engine arguments (``max_num_seqs``, ``max_num_batched_tokens``,
+``enable_chunked_prefill``, ...) so that a vLLM user can read a workload file without a glossary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from workloads.errors import problems_error
+from workloads.schema_base import SchemaModel
+from workloads.traces import TraceFormat, TraceFormatError, TraceRecords, infer_format, read_trace
+
+MAX_BLOCK_SIZE = 256
+
+
+class EngineSection(SchemaModel):
+    """The engine's cache and scheduler limits (vLLM's names and defaults)."""
+
+    block_size: int = 16
+    # None: derived by the executor from gpu_memory_utilization and the model's size.
+    num_gpu_blocks: int | None = Field(default=None, ge=2)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    # None: the model's own context length.
+    max_model_len: PositiveInt | None = None
+    enable_chunked_prefill: bool = True
+    # A prefill chunk is cut at this many tokens per step (0: no cut), so one long prompt cannot take
+    # the whole step budget from its peers.
+    long_prefill_token_threshold: NonNegativeInt = 0
+    enable_prefix_caching: bool = True
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_is_power_of_two(cls, value: int) -> int:
+        # Block tables index tokens with shifts and masks; a power of two keeps that exact.
+        if value < 1 or value & (value - 1):
+            raise ValueError("must be a positive power of two")
+        if value > MAX_BLOCK_SIZE:
+            raise ValueError(f"must be at most {MAX_BLOCK_SIZE}")
+        return value
+
+    @model_validator(mode="after")
+    def _unchunked_budget_fits_a_whole_prompt(self) -> EngineSection:
+        unchunked = not self.enable_chunked_prefill and self.max_model_len is not None
+        if unchunked and self.max_num_batched_tokens < self.max_model_len:
+            raise problems_error(
+                [
+                    (
+                        "max_num_batched_tokens",
+                        f"must be >= max_model_len ({self.max_model_len}) when enable_chunked_prefill is false, "
+                        "or a long prompt could never be scheduled in one step",
+                        self.max_num_batched_tokens,
+                    )
+                ]
+            )
+        return self
+
+
+class SLOSection(SchemaModel):
+    """Latency targets in milliseconds; a request meeting all that are set counts toward goodput."""
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+    def thresholds(self) -> dict[str, float]:
+        """Only the targets that are set, in the shape analysis.metrics takes."""
+        return {key: value for key, value in self.model_dump().items() if value is not None}
+
+
+class SharedPrefixSection(SchemaModel):
+    """``fraction`` of requests start with one of ``num_groups`` fixed prefixes of ``prefix_len`` tokens.
+
+    Models a shared system prompt or few-shot header: every request of a group has identical leading
+    tokens, so the prefix cache can reuse their KV blocks. The sampled prompt length is the total
+    prompt length, raised to at least ``prefix_len + 1`` so each request has a token of its own.
+    """
+
+    num_groups: PositiveInt
+    prefix_len: PositiveInt
+    fraction: float = Field(default=1.0, ge=0, le=1)
+
+
+class PrioritySection(SchemaModel):
+    """Each request draws a priority from ``levels`` with ``weights`` (uniform when absent).
+
+    As in vLLM, a lower value is served first under ``scheduling_policy: priority``. Under ``fcfs`` the
+    priorities are still drawn (and ignored by the scheduler), so a sweep over the policy compares the
+    very same requests.
+    """
+
+    levels: list[int] = Field(min_length=1)
+    weights: list[NonNegativeFloat] | None = None
+
+    @model_validator(mode="after")
+    def _weights_match_levels(self) -> PrioritySection:
+        problems = []
+        if len(set(self.levels)) != len(self.levels):
+            problems.append(("levels", "must not repeat a level", self.levels))
+        if self.weights is not None:
+            if len(self.weights) != len(self.levels):
+                problems.append(("weights", f"needs one entry per level ({len(self.levels)})", self.weights))
+            elif sum(self.weights) <= 0:
+                problems.append(("weights", "must not all be zero", self.weights))
+        if problems:
+            raise problems_error(problems)
+        return self
+
+    def probabilities(self) -> np.ndarray:
+        weights = np.ones(len(self.levels)) if self.weights is None else np.asarray(self.weights, dtype=np.float64)
+        return weights / weights.sum()
+
+
+class TraceSection(SchemaModel):
+    """A request trace to replay times and/or lengths from (see traces.py for the formats).
+
+    - ``path``: the file; relative paths in a YAML file are resolved against the YAML's directory.
+    - ``format``: ``csv`` or ``mooncake``; inferred from the suffix (.csv / .jsonl) when absent.
+    - ``time_scale``: multiplies the trace's inter-arrival times (0.5 replays it twice as fast).
+    - ``sample``: ``sequential`` takes rows in file order; ``random_with_replacement`` draws rows at
+      random, for more requests than the trace holds (arrivals must then be synthetic).
+    - ``start_offset``: rows to skip first; ``num_rows``: use only this many rows after them.
+    """
+
+    path: str = Field(min_length=1)
+    format: TraceFormat | None = None
+    time_scale: PositiveFloat = 1.0
+    sample: Literal["sequential", "random_with_replacement"] = "sequential"
+    start_offset: NonNegativeInt = 0
+    num_rows: PositiveInt | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _file_exists(cls, value: str) -> str:
+        if not Path(value).expanduser().is_file():
+            raise ValueError("trace file not found")
+        return value
+
+    @model_validator(mode="after")
+    def _trace_is_readable(self) -> TraceSection:
+        try:
+            records = self.records()
+        except TraceFormatError as error:
+            raise problems_error([("path", f"cannot read the trace: {error}", self.path)]) from None
+        if self.start_offset >= records.num_rows:
+            raise problems_error(
+                [("start_offset", f"must be < the trace's {records.num_rows} rows", self.start_offset)]
+            )
+        return self
+
+    def resolved_format(self) -> TraceFormat:
+        return self.format or infer_format(self.path)
+
+    def records(self) -> TraceRecords:
+        return read_trace(self.path, self.resolved_format())
+
+    def pool_rows(self) -> np.ndarray:
+        """Indices of the rows this workload may use: from start_offset, at most num_rows of them."""
+        end = self.records().num_rows
+        if self.num_rows is not None:
+            end = min(end, self.start_offset + self.num_rows)
+        return np.arange(self.start_offset, end)

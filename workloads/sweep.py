@@ -1,0 +1,73 @@
+"""Expanding ``sweep:`` into one validated config per point, each with a short label.
+
+A label names only what changes, by the last part of its path (``rate=4``), using more of the path
+where two keys would otherwise read the same (``prompt_len.max=512,output_len.max=512``). Labels are
+safe as directory names: the simulator writes one run directory per point.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from workloads.errors import WorkloadError
+from workloads.overrides import apply_overrides
+
+if TYPE_CHECKING:
+    from workloads.config import WorkloadConfig
+
+BASE_LABEL = "base"
+_UNSAFE_LABEL_CHARACTERS = re.compile(r"[^A-Za-z0-9_.=,+-]")
+
+
+def short_names(paths: list[str]) -> list[str]:
+    """The shortest dotted suffix of each path that tells it apart from the others."""
+    names = []
+    for path in paths:
+        parts = path.split(".")
+        for length in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-length:])
+            if all(other == path or not other.endswith("." + suffix) and other != suffix for other in paths):
+                break
+        names.append(suffix)
+    return names
+
+
+def format_label_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    # A whole section as the value, e.g. {type: uniform, min: 1, max: 3}: its values read "uniform-1-3".
+    if isinstance(value, dict):
+        return "-".join(format_label_value(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return "-".join(format_label_value(item) for item in value)
+    return str(value)
+
+
+def point_label(paths: list[str], values: tuple[Any, ...]) -> str:
+    pairs = [f"{name}={format_label_value(value)}" for name, value in zip(short_names(paths), values, strict=True)]
+    return _UNSAFE_LABEL_CHARACTERS.sub("_", ",".join(pairs))
+
+
+def expand_sweep(config: WorkloadConfig) -> list[tuple[str, WorkloadConfig]]:
+    """The cartesian product of the sweep's values, in the order written, validated point by point."""
+    if not config.sweep:
+        return [(BASE_LABEL, config)]
+    paths = list(config.sweep)
+    base = config.model_dump(exclude={"sweep"})
+    points = []
+    for values in itertools.product(*(config.sweep[path] for path in paths)):
+        label = point_label(paths, values)
+        raw = apply_overrides(base, list(zip(paths, values, strict=True)), type(config))
+        try:
+            points.append((label, type(config).model_validate(raw)))
+        except ValidationError as error:
+            raise WorkloadError.from_validation_error(error, type(config), source=f"sweep point {label}") from None
+    return points

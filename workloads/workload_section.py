@@ -1,0 +1,122 @@
+"""The ``workload:`` section: how many requests, when they arrive, how long they are, what they share.
+
+Checks that involve only this section live here; checks that need the engine section too (the total
+length cap, chunked prefill) live in config.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, TraceArrival
+from workloads.distributions import LengthSpec, TraceLength
+from workloads.errors import NO_VALUE, problems_error
+from workloads.schema_base import SchemaModel
+from workloads.sections import PrioritySection, SharedPrefixSection, TraceSection
+
+
+class WorkloadSection(SchemaModel):
+    """The request stream.
+
+    Exactly one of ``num_requests`` and ``duration_s`` is set: ``duration_s`` generates arrivals until
+    that many seconds have passed. ``max_total_len`` caps prompt + output tokens of every request
+    (defaults to ``engine.max_model_len`` when that is set); see generator.fit_total_length for how.
+    """
+
+    num_requests: PositiveInt | None = None
+    duration_s: PositiveFloat | None = None
+    arrival: ArrivalSpec
+    prompt_len: LengthSpec
+    output_len: LengthSpec
+    max_total_len: int | None = Field(default=None, ge=2)
+    shared_prefix: SharedPrefixSection | None = None
+    priority: PrioritySection | None = None
+    trace: TraceSection | None = None
+
+    def uses_trace_times(self) -> bool:
+        return isinstance(self.arrival, TraceArrival)
+
+    def uses_trace_lengths(self) -> bool:
+        return isinstance(self.prompt_len, TraceLength) or isinstance(self.output_len, TraceLength)
+
+    def uses_block_hashes(self) -> bool:
+        """Prompts built from a Mooncake trace's hash ids (prefix sharing carried by the trace)."""
+        return (
+            isinstance(self.prompt_len, TraceLength)
+            and self.trace is not None
+            and self.trace.resolved_format() == "mooncake"
+        )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSection:
+        problems = self._count_problems() + self._trace_problems() + self._size_problems()
+        if problems:
+            raise problems_error(problems)
+        return self
+
+    def _count_problems(self) -> list[tuple[str, str, Any]]:
+        if self.num_requests is not None and self.duration_s is not None:
+            return [("duration_s", "set either num_requests or duration_s, not both", self.duration_s)]
+        if self.num_requests is None and self.duration_s is None:
+            return [("num_requests", "set one of num_requests or duration_s", NO_VALUE)]
+        return []
+
+    def _size_problems(self) -> list[tuple[str, str, Any]]:
+        if self.duration_s is None or self.uses_trace_times():
+            return []
+        expected = self.arrival.mean_rate() * self.duration_s
+        if expected > MAX_GENERATED_REQUESTS:
+            return [
+                (
+                    "duration_s",
+                    f"would generate about {expected:,.0f} requests at a mean rate of {self.arrival.mean_rate():g}/s, "
+                    f"more than the {MAX_GENERATED_REQUESTS:,} a workload may hold",
+                    self.duration_s,
+                )
+            ]
+        return []
+
+    def _trace_problems(self) -> list[tuple[str, str, Any]]:
+        problems: list[tuple[str, str, Any]] = []
+        if self.trace is None:
+            for name in ("arrival", "prompt_len", "output_len"):
+                if getattr(self, name).type == "trace":
+                    problems.append((f"{name}.type", "needs a workload.trace section naming the trace file", "trace"))
+            return problems
+        if self.uses_trace_times():
+            if self.trace.sample != "sequential":
+                problems.append(
+                    (
+                        "trace.sample",
+                        "must be sequential when arrival.type is trace (sampled rows would repeat arrival times); "
+                        "use a synthetic arrival process to sample lengths with replacement",
+                        self.trace.sample,
+                    )
+                )
+            if self.arrival.rate is not None and self.trace.time_scale != 1.0:
+                problems.append(
+                    ("arrival.rate", "set either arrival.rate or trace.time_scale, not both", self.arrival.rate)
+                )
+        if self.uses_block_hashes() and self.shared_prefix is not None:
+            problems.append(
+                (
+                    "shared_prefix",
+                    "cannot be combined with Mooncake trace prompts, which carry their own prefix sharing (hash_ids)",
+                    NO_VALUE,
+                )
+            )
+        needs_rows = self.uses_trace_times() or self.uses_trace_lengths()
+        if needs_rows and self.trace.sample == "sequential" and self.num_requests is not None:
+            available = len(self.trace.pool_rows())
+            if self.num_requests > available:
+                problems.append(
+                    (
+                        "num_requests",
+                        f"exceeds the {available} trace rows available (from start_offset {self.trace.start_offset}); "
+                        "set workload.trace.sample: random_with_replacement (with a synthetic arrival process)",
+                        self.num_requests,
+                    )
+                )
+        return problems
