@@ -60,8 +60,8 @@ def assemble_prompts(
     """Every prompt: its leading tokens (a shared prefix or hashed blocks, cut to the prompt length),
     then fresh tokens. The fresh tokens of all prompts are drawn in one call, in request order.
 
-    Requests of one group share the very same prefix tuple object, and the fresh part of each prompt
-    becomes Python ints straight from a memoryview (no intermediate list): together that keeps
+    Requests of one group share the very same prefix tuple object, and the fresh tokens of all prompts
+    become Python ints in one ``tolist()`` call: together that keeps
     10,000 prompts of ~500 tokens to a fraction of a second.
     """
     lengths = np.asarray(prompt_lens, dtype=np.int64).tolist()
@@ -70,12 +70,12 @@ def assemble_prompts(
         for leading, length in zip(leading_tokens, lengths, strict=True)
     ]
     fresh_counts = [length - leading_len for length, leading_len in zip(lengths, leading_lens, strict=True)]
-    fresh = np.ascontiguousarray(draw_fresh_tokens(sum(fresh_counts)), dtype=np.int64)
-    view = memoryview(fresh)
+    # One tolist() turns every fresh token into a Python int at C speed; slicing the list is cheap.
+    fresh = draw_fresh_tokens(sum(fresh_counts)).tolist()
     prompts: list[tuple[int, ...]] = []
     position = 0
     for leading, leading_len, count in zip(leading_tokens, leading_lens, fresh_counts, strict=True):
-        tail = tuple(view[position : position + count])
+        tail = tuple(fresh[position : position + count])
         position += count
         prompts.append(leading[:leading_len] + tail if leading_len else tail)
     return prompts

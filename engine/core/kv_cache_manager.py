@@ -85,11 +85,18 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens!r}")
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
+        block_size = self.block_size
+        if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
+            # Fast path, the common decode step: the last block still has room and no block fills up.
+            num_tokens_after = request.num_computed_tokens + num_new_tokens
+            if num_tokens_after <= len(req_blocks) * block_size and (
+                    not self.enable_caching
+                    or min(num_tokens_after, request.num_tokens) // block_size == self.num_cached_block[request_id]):
+                return _NO_BLOCKS
         is_new_request = req_blocks is None
         if is_new_request:
             # Registered only once the allocation succeeds: a failure must leave no trace.
             req_blocks = []
-        block_size = self.block_size
         block_pool = self.block_pool
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens

@@ -17,6 +17,8 @@ from typing import Callable
 
 from engine.core.sampling_params import SamplingParams
 
+_NEVER = 1 << 62
+
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
@@ -51,13 +53,14 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority",
         "cache_salt", "status", "output_token_ids", "all_token_ids", "num_prompt_tokens", "num_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
-        "status_message", "block_hashes", "block_hasher", "arrival_order",
+        "status_message", "block_hashes", "block_hasher", "arrival_order", "next_hash_boundary",
+        "stop_token_set",
     )
 
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: list[int] | tuple[int, ...],
         sampling_params: SamplingParams | None = None,
         *,
         eos_token_id: int | None = None,
@@ -67,7 +70,9 @@ class Request:
         block_hasher: Callable[["Request"], list] | None = None,
     ) -> None:
         self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+        # Kept as given when already a list or tuple (a workload's 10,000 prompts need no extra copy).
+        self.prompt_token_ids = prompt_token_ids if isinstance(prompt_token_ids, (list, tuple)) \
+            else list(prompt_token_ids)
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
@@ -88,11 +93,20 @@ class Request:
         # Why a request ended as IGNORED or ERROR, for the user.
         self.status_message: str | None = None
         self.block_hashes: list = []
-        self.block_hasher = block_hasher
+        self.block_hasher = None
+        # The token count at which the next block fills and must be hashed (never, without a hasher).
+        self.next_hash_boundary = _NEVER
+        # Tokens that may end the request (EOS unless ignore_eos, and stop_token_ids): one set lookup
+        # per generated token tells whether the full stop check is needed.
+        params = self.sampling_params
+        stop_tokens = set(params.all_stop_token_ids)
+        if eos_token_id is not None and not params.ignore_eos:
+            stop_tokens.add(eos_token_id)
+        self.stop_token_set = frozenset(stop_tokens)
         # Set by the scheduler on admission: breaks priority ties by arrival order deterministically.
         self.arrival_order = 0
         if block_hasher is not None:
-            self.block_hashes.extend(block_hasher(self))
+            self.set_block_hasher(block_hasher)
 
     @property
     def num_output_tokens(self) -> int:
@@ -106,20 +120,25 @@ class Request:
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
 
-    def set_block_hasher(self, block_hasher: Callable[["Request"], list] | None) -> None:
+    def set_block_hasher(self, block_hasher) -> None:
+        """Attach a hasher (an object with ``block_size`` that hashes new full blocks) and hash the prompt."""
         self.block_hasher = block_hasher
         self.block_hashes = []
-        if block_hasher is not None:
-            self.block_hashes.extend(block_hasher(self))
+        if block_hasher is None:
+            self.next_hash_boundary = _NEVER
+        else:
+            self._hash_new_full_blocks()
+
+    def _hash_new_full_blocks(self) -> None:
+        self.block_hashes.extend(self.block_hasher(self))
+        self.next_hash_boundary = (len(self.block_hashes) + 1) * self.block_hasher.block_size
 
     def append_output_token_ids(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         self.num_tokens += 1
-        if self.block_hasher is not None:
-            new_hashes = self.block_hasher(self)
-            if new_hashes:
-                self.block_hashes.extend(new_hashes)
+        if self.num_tokens >= self.next_hash_boundary:
+            self._hash_new_full_blocks()
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "

@@ -136,11 +136,32 @@ class Scheduler:
         running_new_blocks: list = []
         preempted: list[Request] = []
 
-        # Phase 1: running requests.
+        # Phase 1: running requests. Each scheduled request's computed count advances at once (its
+        # value before the step is kept in running_computed_before for the SchedulerOutput).
+        req_to_blocks = kv_cache_manager.req_to_blocks
+        num_cached_block = kv_cache_manager.num_cached_block
+        caching = kv_cache_manager.enable_caching
+        block_size = self.block_size
+        running_computed_before: list[int] = []
         req_index = 0
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
-            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            num_computed = request.num_computed_tokens
+            num_new_tokens = request.num_tokens - num_computed
+            if num_new_tokens == 1:
+                # The decode fast path (allocate_slots' own fast path, inlined because it runs for every
+                # running request): the last block has room and no block fills, so nothing is allocated.
+                request_id = request.request_id
+                if num_computed < len(req_to_blocks[request_id]) * block_size and (
+                        not caching or request.num_tokens // block_size == num_cached_block[request_id]):
+                    scheduled_running.append(request)
+                    running_new_blocks.append(None)
+                    running_computed_before.append(num_computed)
+                    request.num_computed_tokens = num_computed + 1
+                    num_scheduled_tokens[request_id] = 1
+                    token_budget -= 1
+                    req_index += 1
+                    continue
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
             if num_new_tokens > token_budget:
@@ -156,6 +177,7 @@ class Scheduler:
                         position = scheduled_running.index(victim)
                         del scheduled_running[position]
                         del running_new_blocks[position]
+                        del running_computed_before[position]
                         token_budget += num_scheduled_tokens.pop(victim.request_id)
                         req_index -= 1
                 else:
@@ -168,6 +190,8 @@ class Scheduler:
                 break
             scheduled_running.append(request)
             running_new_blocks.append(new_blocks)
+            running_computed_before.append(num_computed)
+            request.num_computed_tokens = num_computed + num_new_tokens
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             req_index += 1
@@ -209,15 +233,17 @@ class Scheduler:
                 token_budget -= num_new_tokens
 
         return self._make_output(scheduled_new, scheduled_resumed, scheduled_running, running_new_blocks,
-                                 num_scheduled_tokens, preempted, num_prefix_query_tokens, num_prefix_hit_tokens)
+                                 running_computed_before, num_scheduled_tokens, preempted, num_prefix_query_tokens,
+                                 num_prefix_hit_tokens)
 
     def _make_output(self, scheduled_new, scheduled_resumed, scheduled_running, running_new_blocks,
-                     num_scheduled_tokens, preempted, num_prefix_query_tokens, num_prefix_hit_tokens
-                     ) -> SchedulerOutput:
-        """Describe the step to the runner, then advance every scheduled request's computed count.
+                     running_computed_before, num_scheduled_tokens, preempted, num_prefix_query_tokens,
+                     num_prefix_hit_tokens) -> SchedulerOutput:
+        """Describe the step to the runner, and advance the admitted requests' computed counts.
 
-        The counts in the output are the values *before* this step; advancing them here (not after
-        the model runs) lets the next schedule() see in-flight work as done, as vLLM does.
+        The counts in the output are the values *before* this step; advancing them at scheduling time
+        (not after the model runs) lets the next schedule() see in-flight work as done, as vLLM does.
+        Running requests were advanced in phase 1 already.
         """
         kv_cache_manager = self.kv_cache_manager
         new_reqs_data = []
@@ -228,29 +254,22 @@ class Scheduler:
                 request.eos_token_id))
             request.num_computed_tokens += num_scheduled_tokens[request.request_id]
 
-        cached = CachedRequestData()
-        req_ids = cached.req_ids
-        resumed_flags = cached.resumed_from_preemption
-        new_block_ids = cached.new_block_ids
-        computed_counts = cached.num_computed_tokens
-        output_counts = cached.num_output_tokens
-        for request, new_blocks in zip(scheduled_running, running_new_blocks):
-            request_id = request.request_id
-            req_ids.append(request_id)
-            resumed_flags.append(False)
-            new_block_ids.append([block.block_id for block in new_blocks] if new_blocks else None)
-            computed_counts.append(request.num_computed_tokens)
-            output_counts.append(len(request.output_token_ids))
-            request.num_computed_tokens += num_scheduled_tokens[request_id]
-        for request in scheduled_resumed:
-            request_id = request.request_id
-            req_ids.append(request_id)
-            resumed_flags.append(True)
-            new_block_ids.append(kv_cache_manager.get_block_ids(request_id))
-            computed_counts.append(request.num_computed_tokens)
-            output_counts.append(len(request.output_token_ids))
-            cached.resumed_token_ids[request_id] = list(request.all_token_ids)
-            request.num_computed_tokens += num_scheduled_tokens[request_id]
+        # Running requests, then resumed ones; built with comprehensions, this runs for every request.
+        resumed = scheduled_resumed
+        cached = CachedRequestData(
+            req_ids=[request.request_id for request in scheduled_running]
+            + [request.request_id for request in resumed],
+            resumed_from_preemption=[False] * len(scheduled_running) + [True] * len(resumed),
+            new_block_ids=[[block.block_id for block in blocks] if blocks else None
+                           for blocks in running_new_blocks]
+            + [kv_cache_manager.get_block_ids(request.request_id) for request in resumed],
+            num_computed_tokens=running_computed_before + [request.num_computed_tokens for request in resumed],
+            num_output_tokens=[len(request.output_token_ids) for request in scheduled_running]
+            + [len(request.output_token_ids) for request in resumed],
+            resumed_token_ids={request.request_id: list(request.all_token_ids) for request in resumed},
+        )
+        for request in resumed:
+            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
 
         running = self.running
         num_common_prefix_blocks = (kv_cache_manager.get_num_common_prefix_blocks(running[0].request_id, len(running))
@@ -285,7 +304,7 @@ class Scheduler:
         outputs, self._pending_outputs = self._pending_outputs, []
         requests = self.requests
         sampled_token_ids = model_runner_output.sampled_token_ids
-        req_id_to_index = model_runner_output.req_id_to_index
+        index_of = model_runner_output.req_id_to_index.get
         logprobs = model_runner_output.logprobs
         stopped: list[Request] = []
         for request_id in scheduler_output.num_scheduled_tokens:
@@ -293,22 +312,34 @@ class Scheduler:
             # Aborted after scheduling, or still in the middle of its prefill: nothing to append.
             if request is None or request.num_computed_tokens < request.num_tokens:
                 continue
-            index = req_id_to_index.get(request_id)
+            index = index_of(request_id)
             if index is None:
                 continue
             new_token_ids = sampled_token_ids[index]
-            if not new_token_ids:
-                continue
             finish_reason = None
-            for count, token_id in enumerate(new_token_ids, 1):
-                request.append_output_token_ids(token_id)
-                if finish_if_stopped(request):
-                    # Tokens sampled after the stop (speculative decoding) are not part of the output.
-                    if count < len(new_token_ids):
-                        new_token_ids = new_token_ids[:count]
+            if len(new_token_ids) == 1:
+                # The common case, inlined: one token that is neither a stop token nor the last allowed.
+                token_id = new_token_ids[0]
+                request.output_token_ids.append(token_id)
+                request.all_token_ids.append(token_id)
+                request.num_tokens += 1
+                if request.num_tokens >= request.next_hash_boundary:
+                    request._hash_new_full_blocks()
+                if (token_id in request.stop_token_set or len(request.output_token_ids) >= request.max_tokens) \
+                        and finish_if_stopped(request):
                     finish_reason = FINISH_REASONS[request.status]
                     stopped.append(request)
-                    break
+            elif new_token_ids:
+                for count, token_id in enumerate(new_token_ids, 1):
+                    request.append_output_token_ids(token_id)
+                    if finish_if_stopped(request):
+                        # Tokens sampled after the stop (speculative decoding) are not part of the output.
+                        new_token_ids = new_token_ids[:count]
+                        finish_reason = FINISH_REASONS[request.status]
+                        stopped.append(request)
+                        break
+            else:
+                continue
             outputs.append(EngineCoreOutput(
                 request_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens,
                 None, logprobs.get(request_id) if logprobs else None))

@@ -137,6 +137,10 @@ class AnalyticalCostModel:
     def step_time(self, batch: StepBatch) -> float:
         return sum(self.component_times(step_features(batch)))
 
+    def step_time_from_features(self, features: StepFeatures) -> float:
+        """The same as ``step_time`` for callers that already derived the features (the simulator)."""
+        return sum(self.component_times(features))
+
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per component of one step; the values sum to ``step_time(batch)``."""
         return dict(zip(COMPONENTS, self.component_times(step_features(batch)), strict=True))

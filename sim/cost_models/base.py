@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sim.cost_models.step_batch import StepBatch
+from sim.cost_models.step_batch import StepBatch, StepFeatures
 from sim.hardware import HardwareSpec, resolve_hardware
 from sim.model_shapes import ModelShape, resolve_model
 
@@ -21,6 +21,10 @@ class CostModel(Protocol):
 
     def step_time(self, batch: StepBatch) -> float:
         """Seconds for the whole engine step (forward + sampling + fixed overhead)."""
+        ...
+
+    def step_time_from_features(self, features: StepFeatures) -> float:
+        """``step_time`` for a caller that already derived the step's features (once per step)."""
         ...
 
     def describe(self) -> dict:

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from sim.cost_models.step_batch import FEATURE_NAMES, StepBatch, step_features
+from sim.cost_models.step_batch import FEATURE_NAMES, StepBatch, StepFeatures, step_features
 
 PROFILE_FORMAT = "servesim-step-profile/1"
 PROFILE_KINDS = ("linear", "piecewise_linear")
@@ -212,7 +212,10 @@ class CalibratedCostModel:
         return cls(load_profile(path), path=str(path))
 
     def step_time(self, batch: StepBatch) -> float:
-        features = step_features(batch)
+        return self.step_time_from_features(step_features(batch))
+
+    def step_time_from_features(self, features: StepFeatures) -> float:
+        """The same as ``step_time`` for callers that already derived the features (the simulator)."""
         seconds = self.profile.intercept_s
         for name, coefficient in self._terms:
             seconds += coefficient * getattr(features, name)

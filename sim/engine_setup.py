@@ -1,0 +1,84 @@
+"""From a validated workload to everything a run needs: model, hardware, core configs, cost model, requests.
+
+Derived values are computed here and only here: the KV-pool size from the memory budget when
+``num_gpu_blocks`` is null, and ``max_model_len`` from the model when it is null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.core import CacheConfig, SchedulerConfig
+from sim.cost_models import CostModel, load_cost_model
+from sim.hardware import HardwareSpec, resolve_hardware
+from sim.model_shapes import ModelShape, kv_cache_num_blocks, resolve_model
+from workloads import RequestSpec, WorkloadConfig, generate_requests
+
+
+class SetupError(ValueError):
+    """A workload that validates on its own but cannot run with the chosen model or hardware."""
+
+
+@dataclass
+class RunSetup:
+    workload: WorkloadConfig
+    model: ModelShape
+    hardware: HardwareSpec
+    scheduler_config: SchedulerConfig
+    cache_config: CacheConfig
+    cost_model: CostModel
+    requests: list[RequestSpec]
+
+    def describe(self) -> dict:
+        """The resolved configuration, for summary.json."""
+        return {
+            "workload": self.workload.to_dict(),
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "scheduler": {name: getattr(self.scheduler_config, name) for name in SchedulerConfig.__slots__},
+            "cache": {name: getattr(self.cache_config, name) for name in CacheConfig.__slots__},
+            "cost_model": self.cost_model.describe(),
+        }
+
+
+def _named(field: str, error: Exception) -> SetupError:
+    message = str(error)
+    return SetupError(message if message.startswith(field) else f"{field}: {message}")
+
+
+def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = None,
+                requests: list[RequestSpec] | None = None) -> RunSetup:
+    try:
+        model = resolve_model(workload.model)
+    except (ValueError, OSError) as error:
+        raise _named("model", error) from None
+    try:
+        hardware = resolve_hardware(workload.hardware)
+    except ValueError as error:
+        raise _named("hardware", error) from None
+    engine = workload.engine
+    if engine.num_gpu_blocks is not None:
+        num_gpu_blocks = engine.num_gpu_blocks
+    else:
+        try:
+            num_gpu_blocks = kv_cache_num_blocks(model, hardware, workload.dtype, engine.block_size,
+                                                 engine.gpu_memory_utilization)
+        except ValueError as error:
+            raise _named("engine.gpu_memory_utilization", error) from None
+    max_model_len = engine.max_model_len or model.max_position_embeddings
+    try:
+        cache_config = CacheConfig(block_size=engine.block_size, num_gpu_blocks=num_gpu_blocks,
+                                   enable_prefix_caching=engine.enable_prefix_caching)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
+            long_prefill_token_threshold=engine.long_prefill_token_threshold, policy=engine.scheduling_policy)
+    except ValueError as error:
+        raise _named("engine", error) from None
+    try:
+        cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype)
+    except (ValueError, OSError) as error:
+        raise _named("cost_model", error) from None
+    if requests is None:
+        requests = generate_requests(workload, vocab_size=model.vocab_size)
+    return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests)

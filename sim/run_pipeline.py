@@ -1,0 +1,57 @@
+"""One simulated run, start to finish: setup -> simulation -> run directory -> summary.
+
+Kept apart from the CLI so that sweeps (in worker processes), tests and benchmarks run exactly what
+``python -m sim.run`` runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis import compute_summary, requests_table, steps_table, write_run
+from engine.core import EngineCore, Scheduler
+from sim.engine_setup import RunSetup, build_setup
+from sim.sim_executor import SimulatedExecutor
+from sim.simulator import Simulation
+from sim.trace_recorder import TraceRecorder
+from workloads import WorkloadConfig
+
+
+@dataclass
+class RunResult:
+    summary: dict
+    out_dir: Path | None
+    wall_s: float               # simulation and writing, not setup
+    simulate_s: float           # the event loop alone
+    num_requests: int
+
+
+def simulate(setup: RunSetup, *, progress: bool = False, description: str = "simulating") -> TraceRecorder:
+    engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+    return Simulation(engine, setup.requests, progress=progress, description=description).run()
+
+
+def summarize(recorder: TraceRecorder, setup: RunSetup, mode: str = "sim"):
+    requests = requests_table(recorder.request_columns())
+    steps = steps_table(recorder.step_columns())
+    slo = setup.workload.slo.model_dump(exclude_none=True) if setup.workload.slo is not None else None
+    summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=setup.workload.name, mode=mode,
+                              config=setup.describe(), slo=slo)
+    return requests, steps, summary
+
+
+def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost_model: str | dict | None = None,
+                   progress: bool = False) -> RunResult:
+    setup = build_setup(workload, cost_model)
+    started = time.perf_counter()
+    recorder = simulate(setup, progress=progress, description=workload.name)
+    simulated = time.perf_counter()
+    requests, steps, summary = summarize(recorder, setup)
+    summary["simulation_wall_s"] = simulated - started
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        write_run(out_dir, requests, steps, summary)
+    finished = time.perf_counter()
+    return RunResult(summary, out_dir, finished - started, simulated - started, len(setup.requests))

@@ -1,0 +1,112 @@
+"""The discrete-event simulation: arrivals and the engine loop as SimPy processes, in virtual time.
+
+The engine loop is the real ``EngineCore`` with the real ``Scheduler`` and ``KVCacheManager``; only
+the executor differs (a cost model instead of a model). A step is scheduled at its start time, lasts
+what the cost model predicts, and its tokens are stamped with its end time. Requests that arrive
+while a step runs wait in the queue and are considered by the next ``schedule()``, exactly as in a
+real server.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import simpy
+from tqdm import tqdm
+
+from engine.core import EngineCore, Request, SamplingParams
+from sim.sim_executor import SimulatedExecutor
+from sim.trace_recorder import TraceRecorder
+from workloads import RequestSpec
+
+
+class SchedulerStalledError(RuntimeError):
+    """Requests are pending but the scheduler scheduled nothing: a bug, never a workload property."""
+
+
+def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingParams]) -> Request:
+    """The engine request for a workload request: exactly ``output_len`` tokens, EOS ignored."""
+    params = params_by_output_len.get(spec.output_len)
+    if params is None:
+        params = params_by_output_len[spec.output_len] = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+    return Request(spec.request_id, spec.prompt_token_ids, params, arrival_time=spec.arrival_time,
+                   priority=spec.priority)
+
+
+class Simulation:
+    def __init__(self, engine: EngineCore, requests: Sequence[RequestSpec], *, progress: bool = False,
+                 description: str = "simulating") -> None:
+        if not isinstance(engine.executor, SimulatedExecutor):
+            raise TypeError("Simulation needs an EngineCore whose executor is a SimulatedExecutor")
+        self.engine = engine
+        self.executor: SimulatedExecutor = engine.executor
+        self.requests = sorted(requests, key=lambda spec: spec.arrival_time)
+        self.recorder = TraceRecorder()
+        self.env = simpy.Environment()
+        self._idle: simpy.Event | None = None
+        self._arrivals_done = False
+        self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
+                              mininterval=0.5, leave=False)
+
+    def run(self) -> TraceRecorder:
+        self.env.process(self._arrivals())
+        engine_loop = self.env.process(self._engine_loop())
+        self.env.run(until=engine_loop)
+        self._progress.close()
+        return self.recorder
+
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def _arrivals(self):
+        env, engine, recorder = self.env, self.engine, self.recorder
+        params_by_output_len: dict[int, SamplingParams] = {}
+        for spec in self.requests:
+            if spec.arrival_time > env.now:
+                yield env.timeout(spec.arrival_time - env.now)
+            recorder.on_arrival(spec.request_id, env.now, len(spec.prompt_token_ids), spec.priority)
+            engine.add_request(make_request(spec, params_by_output_len))
+            if self._idle is not None and not self._idle.triggered:
+                self._idle.succeed()
+        self._arrivals_done = True
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def _engine_loop(self):
+        env, engine, executor, recorder = self.env, self.engine, self.executor, self.recorder
+        scheduler = engine.scheduler
+        progress = self._progress
+        finished_since_update = 0
+        while True:
+            if not engine.has_work():
+                if self._arrivals_done:
+                    progress.update(finished_since_update)
+                    return
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+                continue
+            start = env.now
+            result = engine.step()
+            scheduler_output = result.scheduler_output
+            if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
+                recorder.on_outputs(result.outputs, start)
+                finished_since_update += sum(output.finish_reason is not None for output in result.outputs)
+                if scheduler.has_unfinished_requests() and scheduler_output is not None:
+                    raise SchedulerStalledError(
+                        f"at t={start:.6f}s {len(scheduler.waiting)} requests wait and none was scheduled")
+                continue
+            duration = executor.last_duration
+            # The queue and pool as the step leaves them, before arrivals during the step join.
+            recorder.on_step(start, duration, scheduler_output, executor.last_features, scheduler)
+            yield env.timeout(duration)
+            now = env.now
+            outputs = result.outputs
+            recorder.on_outputs(outputs, now)
+            for output in outputs:
+                if output.finish_reason is not None:
+                    finished_since_update += 1
+            if finished_since_update >= 64:
+                progress.update(finished_since_update)
+                finished_since_update = 0

@@ -1,0 +1,68 @@
+"""A sweep: every point of ``sweep:`` run as its own simulation, optionally in parallel processes.
+
+Each point writes its own run directory ``<out>/<label>/``; the points' headline metrics go to
+``<out>/sweep.csv`` so a latency-throughput curve is one pandas call away.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from sim.run_pipeline import run_simulation
+from workloads import WorkloadConfig
+
+SWEEP_TABLE_COLUMNS = (
+    "request_throughput", "output_token_throughput", "goodput", "slo_attainment", "num_preemptions",
+    "prefix_cache_hit_rate", "kv_usage_mean",
+)
+
+
+@dataclass
+class SweepPointResult:
+    label: str
+    summary: dict
+    out_dir: Path
+
+
+def _run_point(label: str, point: WorkloadConfig, out_dir: Path, cost_model, progress: bool) -> SweepPointResult:
+    result = run_simulation(point, out_dir, cost_model=cost_model, progress=progress)
+    return SweepPointResult(label, result.summary, out_dir)
+
+
+def run_sweep(workload: WorkloadConfig, out_dir: Path, *, cost_model=None, jobs: int = 1,
+              progress: bool = False) -> list[SweepPointResult]:
+    points = workload.sweep_points()
+    directories = [out_dir / _safe_label(label) for label, _ in points]
+    if jobs > 1 and len(points) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_run_point, label, point, directory, cost_model, False)
+                       for (label, point), directory in zip(points, directories)]
+            results = [future.result() for future in futures]
+    else:
+        results = [_run_point(label, point, directory, cost_model, progress)
+                   for (label, point), directory in zip(points, directories)]
+    write_sweep_table(results, out_dir / "sweep.csv")
+    return results
+
+
+def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFrame:
+    rows = []
+    for result in results:
+        row = {"point": result.label, "run_dir": str(result.out_dir)}
+        row.update({name: result.summary.get(name) for name in SWEEP_TABLE_COLUMNS})
+        for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
+            for stat in ("p50", "p90", "p99"):
+                row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False)
+    return table
+
+
+def _safe_label(label: str) -> str:
+    return "".join(character if character.isalnum() or character in "._=-" else "_" for character in label)

@@ -1,0 +1,126 @@
+"""Collects a run's request and step traces as columns, in the run-directory schema of DESIGN.md.
+
+Both executors feed it the same events (arrivals, one call per step, the engine core's outputs) with
+their own clock: virtual time in the simulator, wall-clock time in a real run. Columns are plain lists
+appended once per event, so recording costs little next to the step itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from engine.core.outputs import EngineCoreOutput
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerOutput
+from sim.cost_models import StepFeatures
+
+NAN = math.nan
+
+
+class TraceRecorder:
+    def __init__(self) -> None:
+        self.request_ids: list[str] = []
+        self._index: dict[str, int] = {}
+        self.arrival_time: list[float] = []
+        self.scheduled_time: list[float] = []
+        self.finish_time: list[float] = []
+        self.num_prompt_tokens: list[int] = []
+        self.num_cached_tokens: list[int] = []
+        self.num_preemptions: list[int] = []
+        self.finish_reason: list[str | None] = []
+        self.priority: list[int] = []
+        self.token_times: dict[str, list[float]] = {}
+        self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+
+    def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0) -> None:
+        self._index[request_id] = len(self.request_ids)
+        self.request_ids.append(request_id)
+        self.arrival_time.append(now)
+        self.scheduled_time.append(NAN)
+        self.finish_time.append(NAN)
+        self.num_prompt_tokens.append(num_prompt_tokens)
+        self.num_cached_tokens.append(0)
+        self.num_preemptions.append(0)
+        self.finish_reason.append(None)
+        self.priority.append(priority)
+        self.token_times[request_id] = []
+
+    def on_step(self, start: float, duration: float, scheduler_output: SchedulerOutput,
+                features: StepFeatures, scheduler: Scheduler) -> None:
+        index = self._index
+        for new_request in scheduler_output.scheduled_new_reqs:
+            self.scheduled_time[index[new_request.req_id]] = start
+        for request_id in scheduler_output.preempted_req_ids:
+            self.num_preemptions[index[request_id]] += 1
+        manager = scheduler.kv_cache_manager
+        steps = self.steps
+        steps["step"].append(len(steps["step"]))
+        steps["start_time"].append(start)
+        steps["duration"].append(duration)
+        steps["num_prefill_reqs"].append(features.num_prefill_reqs)
+        steps["num_decode_reqs"].append(features.num_decode_reqs)
+        steps["num_scheduled_tokens"].append(features.num_tokens)
+        steps["num_prefill_tokens"].append(features.num_prefill_tokens)
+        steps["num_context_tokens"].append(features.decode_context_tokens + features.prefill_context_tokens)
+        steps["num_running"].append(len(scheduler.running))
+        steps["num_waiting"].append(len(scheduler.waiting))
+        num_used = manager.num_usable_blocks - manager.num_free_blocks
+        steps["kv_blocks_used"].append(num_used)
+        steps["kv_usage"].append(num_used / manager.num_usable_blocks)
+        steps["num_preemptions"].append(len(scheduler_output.preempted_req_ids))
+        steps["prefix_hit_tokens"].append(scheduler_output.num_prefix_hit_tokens)
+        steps["prefix_query_tokens"].append(scheduler_output.num_prefix_query_tokens)
+        steps["prefill_attention_work"].append(features.prefill_attention_work)
+        steps["decode_context_tokens"].append(features.decode_context_tokens)
+        steps["prefill_context_tokens"].append(features.prefill_context_tokens)
+        steps["num_reqs"].append(features.num_reqs)
+        steps["max_seq_len"].append(features.max_seq_len)
+
+    def on_outputs(self, outputs: Iterable[EngineCoreOutput], now: float) -> None:
+        token_times = self.token_times
+        for output in outputs:
+            new_token_ids = output.new_token_ids
+            if new_token_ids:
+                times = token_times[output.request_id]
+                if len(new_token_ids) == 1:
+                    times.append(now)
+                else:
+                    times.extend([now] * len(new_token_ids))
+            if output.finish_reason is not None:
+                position = self._index[output.request_id]
+                self.finish_time[position] = now
+                self.finish_reason[position] = output.finish_reason
+                self.num_cached_tokens[position] = output.num_cached_tokens
+
+    def request_columns(self) -> dict[str, list]:
+        token_times = [self.token_times[request_id] for request_id in self.request_ids]
+        return {
+            "request_id": self.request_ids,
+            "arrival_time": self.arrival_time,
+            "scheduled_time": self.scheduled_time,
+            "first_token_time": [times[0] if times else NAN for times in token_times],
+            "finish_time": self.finish_time,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_output_tokens": [len(times) for times in token_times],
+            "num_cached_tokens": self.num_cached_tokens,
+            "num_preemptions": self.num_preemptions,
+            "finish_reason": self.finish_reason,
+            "priority": self.priority,
+            "token_times": token_times,
+        }
+
+    def step_columns(self) -> dict[str, list]:
+        return self.steps
+
+    @property
+    def num_finished(self) -> int:
+        return sum(reason is not None for reason in self.finish_reason)
+
+
+STEP_COLUMNS = (
+    "step", "start_time", "duration", "num_prefill_reqs", "num_decode_reqs", "num_scheduled_tokens",
+    "num_prefill_tokens", "num_context_tokens", "num_running", "num_waiting", "kv_blocks_used", "kv_usage",
+    "num_preemptions", "prefix_hit_tokens", "prefix_query_tokens", "prefill_attention_work",
+    "decode_context_tokens", "prefill_context_tokens", "num_reqs", "max_seq_len",
+)
