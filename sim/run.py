@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cost-model", default=None,
                         help="'analytical' (default) or a calibrated step profile (.json)")
     parser.add_argument("--jobs", type=int, default=1, help="sweep points run in parallel processes")
+    parser.add_argument("--no-fast-forward", action="store_true",
+                        help="take every decode step one by one (same results, slower; for checking)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
     return parser.parse_args(argv)
@@ -57,13 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out or Path("runs") / workload.name
         progress = not (args.no_progress or args.quiet)
         if workload.sweep:
-            results = run_sweep(workload, out_dir, cost_model=args.cost_model, jobs=args.jobs, progress=progress)
+            results = run_sweep(workload, out_dir, cost_model=args.cost_model, jobs=args.jobs, progress=progress,
+                                fast_forward=not args.no_fast_forward)
             if not args.quiet:
                 print_comparison([result.summary for result in results], [result.label for result in results],
                                  console=console)
             console.print(f"sweep of {len(results)} points written to {out_dir}/ (table: {out_dir}/sweep.csv)")
             return 0
-        result = run_simulation(workload, out_dir, cost_model=args.cost_model, progress=progress)
+        result = run_simulation(workload, out_dir, cost_model=args.cost_model, progress=progress,
+                                fast_forward=not args.no_fast_forward)
     except (WorkloadError, SetupError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -28,9 +28,11 @@ class RunResult:
     num_requests: int
 
 
-def simulate(setup: RunSetup, *, progress: bool = False, description: str = "simulating") -> TraceRecorder:
+def simulate(setup: RunSetup, *, progress: bool = False, description: str = "simulating",
+             fast_forward: bool = True) -> TraceRecorder:
     engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
-    return Simulation(engine, setup.requests, progress=progress, description=description).run()
+    return Simulation(engine, setup.requests, progress=progress, description=description,
+                      fast_forward=fast_forward).run()
 
 
 def summarize(recorder: TraceRecorder, setup: RunSetup, mode: str = "sim"):
@@ -43,10 +45,10 @@ def summarize(recorder: TraceRecorder, setup: RunSetup, mode: str = "sim"):
 
 
 def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost_model: str | dict | None = None,
-                   progress: bool = False) -> RunResult:
+                   progress: bool = False, fast_forward: bool = True) -> RunResult:
     setup = build_setup(workload, cost_model)
     started = time.perf_counter()
-    recorder = simulate(setup, progress=progress, description=workload.name)
+    recorder = simulate(setup, progress=progress, description=workload.name, fast_forward=fast_forward)
     simulated = time.perf_counter()
     requests, steps, summary = summarize(recorder, setup)
     summary["simulation_wall_s"] = simulated - started

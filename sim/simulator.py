@@ -15,9 +15,15 @@ import simpy
 from tqdm import tqdm
 
 from engine.core import EngineCore, Request, SamplingParams
+from engine.core.decode_fast_forward import DecodeFastForward
+from sim.cost_models import StepFeatures
 from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
+
+
+# A fast-forward stops at the next arrival anyway; the cap bounds the work planned ahead of it.
+MAX_FAST_FORWARD_STEPS = 1024
 
 
 class SchedulerStalledError(RuntimeError):
@@ -35,7 +41,7 @@ def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingPara
 
 class Simulation:
     def __init__(self, engine: EngineCore, requests: Sequence[RequestSpec], *, progress: bool = False,
-                 description: str = "simulating") -> None:
+                 description: str = "simulating", fast_forward: bool = True) -> None:
         if not isinstance(engine.executor, SimulatedExecutor):
             raise TypeError("Simulation needs an EngineCore whose executor is a SimulatedExecutor")
         self.engine = engine
@@ -45,6 +51,11 @@ class Simulation:
         self.env = simpy.Environment()
         self._idle: simpy.Event | None = None
         self._arrivals_done = False
+        self._num_arrived = 0
+        # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
+        # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
+        self.fast_forward = fast_forward
+        self.num_fast_forwarded_steps = 0
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
 
@@ -67,6 +78,7 @@ class Simulation:
                 yield env.timeout(spec.arrival_time - env.now)
             recorder.on_arrival(spec.request_id, env.now, len(spec.prompt_token_ids), spec.priority)
             engine.add_request(make_request(spec, params_by_output_len))
+            self._num_arrived += 1
             if self._idle is not None and not self._idle.triggered:
                 self._idle.succeed()
         self._arrivals_done = True
@@ -87,6 +99,15 @@ class Simulation:
                 yield self._idle
                 self._idle = None
                 continue
+            if self.fast_forward:
+                plan = DecodeFastForward.try_plan(scheduler, executor.token_id)
+                if plan is not None:
+                    durations = self._plan_durations(plan)
+                    if durations:
+                        result = plan.apply(len(durations))
+                        if result.num_steps:
+                            finished_since_update += yield from self._fast_forward(result, durations)
+                            continue
             start = env.now
             result = engine.step()
             scheduler_output = result.scheduler_output
@@ -110,3 +131,47 @@ class Simulation:
             if finished_since_update >= 64:
                 progress.update(finished_since_update)
                 finished_since_update = 0
+
+    def _next_arrival_time(self) -> float:
+        if self._num_arrived < len(self.requests):
+            return self.requests[self._num_arrived].arrival_time
+        return float("inf")
+
+    def _plan_durations(self, plan: DecodeFastForward) -> list[float]:
+        """Durations of the decode-only steps that start before the next arrival."""
+        time_features = self.executor.cost_model_time
+        next_arrival = self._next_arrival_time()
+        now = self.env.now
+        durations: list[float] = []
+        self._planned_steps: list[StepFeatures] = []
+        while len(durations) < MAX_FAST_FORWARD_STEPS and now < next_arrival:
+            step = plan.step(len(durations))
+            if step.num_decode_reqs == 0:
+                break
+            features = StepFeatures(
+                num_reqs=step.num_decode_reqs, num_tokens=step.num_decode_reqs, num_prefill_reqs=0,
+                num_prefill_tokens=0, num_decode_reqs=step.num_decode_reqs,
+                decode_context_tokens=step.decode_context_tokens, prefill_context_tokens=0,
+                prefill_attention_work=0, max_seq_len=step.max_seq_len)
+            duration = time_features(features)
+            self._planned_steps.append(features)
+            durations.append(duration)
+            # The same float addition SimPy performs for each timeout, so times match ordinary steps.
+            now = now + duration
+        return durations
+
+    def _fast_forward(self, result, durations: list[float]):
+        """Advance virtual time through the fast-forwarded steps and record them as ordinary ones."""
+        env = self.env
+        starts, ends = [], []
+        now = env.now
+        for duration in durations[:result.num_steps]:
+            starts.append(now)
+            now = now + duration
+            ends.append(now)
+        self.recorder.on_fast_forward(starts, durations[:result.num_steps], self._planned_steps, result, ends,
+                                      self.engine.scheduler)
+        self.num_fast_forwarded_steps += result.num_steps
+        for duration in durations[:result.num_steps]:
+            yield env.timeout(duration)
+        return sum(step >= 0 for step in result.finish_step)

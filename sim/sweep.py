@@ -28,22 +28,23 @@ class SweepPointResult:
     out_dir: Path
 
 
-def _run_point(label: str, point: WorkloadConfig, out_dir: Path, cost_model, progress: bool) -> SweepPointResult:
-    result = run_simulation(point, out_dir, cost_model=cost_model, progress=progress)
+def _run_point(label: str, point: WorkloadConfig, out_dir: Path, cost_model, progress: bool,
+               fast_forward: bool = True) -> SweepPointResult:
+    result = run_simulation(point, out_dir, cost_model=cost_model, progress=progress, fast_forward=fast_forward)
     return SweepPointResult(label, result.summary, out_dir)
 
 
 def run_sweep(workload: WorkloadConfig, out_dir: Path, *, cost_model=None, jobs: int = 1,
-              progress: bool = False) -> list[SweepPointResult]:
+              progress: bool = False, fast_forward: bool = True) -> list[SweepPointResult]:
     points = workload.sweep_points()
     directories = [out_dir / _safe_label(label) for label, _ in points]
     if jobs > 1 and len(points) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_run_point, label, point, directory, cost_model, False)
+            futures = [pool.submit(_run_point, label, point, directory, cost_model, False, fast_forward)
                        for (label, point), directory in zip(points, directories)]
             results = [future.result() for future in futures]
     else:
-        results = [_run_point(label, point, directory, cost_model, progress)
+        results = [_run_point(label, point, directory, cost_model, progress, fast_forward)
                    for (label, point), directory in zip(points, directories)]
     write_sweep_table(results, out_dir / "sweep.csv")
     return results

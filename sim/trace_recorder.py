@@ -93,6 +93,44 @@ class TraceRecorder:
                 self.finish_reason[position] = output.finish_reason
                 self.num_cached_tokens[position] = output.num_cached_tokens
 
+    def on_fast_forward(self, starts: list[float], durations: list[float], features: list[StepFeatures],
+                        result, ends: list[float], scheduler: Scheduler) -> None:
+        """Record fast-forwarded decode steps exactly as the ordinary steps would have been recorded."""
+        steps = self.steps
+        usable = scheduler.kv_cache_manager.num_usable_blocks
+        first_step = len(steps["step"])
+        for offset in range(result.num_steps):
+            step = features[offset]
+            num_used = usable - result.num_free_blocks_after[offset]
+            steps["step"].append(first_step + offset)
+            steps["start_time"].append(starts[offset])
+            steps["duration"].append(durations[offset])
+            steps["num_prefill_reqs"].append(0)
+            steps["num_decode_reqs"].append(step.num_decode_reqs)
+            steps["num_scheduled_tokens"].append(step.num_tokens)
+            steps["num_prefill_tokens"].append(0)
+            steps["num_context_tokens"].append(step.decode_context_tokens)
+            steps["num_running"].append(result.num_running_after[offset])
+            steps["num_waiting"].append(0)
+            steps["kv_blocks_used"].append(num_used)
+            steps["kv_usage"].append(num_used / usable)
+            steps["num_preemptions"].append(0)
+            steps["prefix_hit_tokens"].append(0)
+            steps["prefix_query_tokens"].append(0)
+            steps["prefill_attention_work"].append(0)
+            steps["decode_context_tokens"].append(step.decode_context_tokens)
+            steps["prefill_context_tokens"].append(0)
+            steps["num_reqs"].append(step.num_reqs)
+            steps["max_seq_len"].append(step.max_seq_len)
+        token_times = self.token_times
+        for request, num_new_tokens, finish_step in zip(result.requests, result.num_new_tokens, result.finish_step):
+            token_times[request.request_id].extend(ends[:num_new_tokens])
+            if finish_step >= 0:
+                position = self._index[request.request_id]
+                self.finish_time[position] = ends[finish_step]
+                self.finish_reason[position] = "length"
+                self.num_cached_tokens[position] = max(request.num_cached_tokens, 0)
+
     def request_columns(self) -> dict[str, list]:
         token_times = [self.token_times[request_id] for request_id in self.request_ids]
         return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 
@@ -15,7 +16,8 @@ class RequestSpec:
 
     request_id: str
     arrival_time: float  # seconds from the run start
-    prompt_token_ids: tuple[int, ...]
+    # array('q'): compact (no Python int per token); compares equal to another array of the same ids.
+    prompt_token_ids: array
     output_len: int
     priority: int = 0
     prefix_group: int | None = None

@@ -9,6 +9,7 @@ so equal ids give equal tokens in any request, in any order, in any subset of th
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -54,28 +55,29 @@ class TokenVocabulary:
 
 def assemble_prompts(
     prompt_lens: np.ndarray,
-    leading_tokens: Sequence[tuple[int, ...] | None],
+    leading_tokens: Sequence[Sequence[int] | None],
     draw_fresh_tokens: Callable[[int], np.ndarray],
-) -> list[tuple[int, ...]]:
+) -> list[array]:
     """Every prompt: its leading tokens (a shared prefix or hashed blocks, cut to the prompt length),
     then fresh tokens. The fresh tokens of all prompts are drawn in one call, in request order.
 
-    Requests of one group share the very same prefix tuple object, and the fresh tokens of all prompts
-    become Python ints in one ``tolist()`` call: together that keeps
-    10,000 prompts of ~500 tokens to a fraction of a second.
+    Prompts are ``array('q')``: eight bytes a token and no Python int object per token, so 10,000
+    prompts of ~1,000 tokens take a fraction of a second and a tenth of the memory of tuples. The
+    engine core keeps token ids in the same type and hashes blocks straight from its bytes.
     """
     lengths = np.asarray(prompt_lens, dtype=np.int64).tolist()
+    leading_arrays = [None if leading is None else array("q", leading) for leading in leading_tokens]
     leading_lens = [
         0 if leading is None else min(len(leading), length)
-        for leading, length in zip(leading_tokens, lengths, strict=True)
+        for leading, length in zip(leading_arrays, lengths, strict=True)
     ]
     fresh_counts = [length - leading_len for length, leading_len in zip(lengths, leading_lens, strict=True)]
-    # One tolist() turns every fresh token into a Python int at C speed; slicing the list is cheap.
-    fresh = draw_fresh_tokens(sum(fresh_counts)).tolist()
-    prompts: list[tuple[int, ...]] = []
+    fresh = np.ascontiguousarray(draw_fresh_tokens(sum(fresh_counts)), dtype=np.int64).tobytes()
+    prompts: list[array] = []
     position = 0
-    for leading, leading_len, count in zip(leading_tokens, leading_lens, fresh_counts, strict=True):
-        tail = tuple(fresh[position : position + count])
+    for leading, leading_len, count in zip(leading_arrays, leading_lens, fresh_counts, strict=True):
+        prompt = leading[:leading_len] if leading_len else array("q")
+        prompt.frombytes(fresh[position * 8 : (position + count) * 8])
         position += count
-        prompts.append(leading[:leading_len] + tail if leading_len else tail)
+        prompts.append(prompt)
     return prompts

@@ -58,7 +58,7 @@ class BlockHasher:
         if num_full_blocks <= num_hashed:
             return []
         start = num_hashed * block_size
-        encoded = array("q", request.all_token_ids[start:num_full_blocks * block_size]).tobytes()
+        encoded = request.all_token_ids[start:num_full_blocks * block_size].tobytes()
         block_bytes = block_size * 8
         parent = known[-1] if num_hashed else ROOT_PARENT_HASH
         new_hashes = []

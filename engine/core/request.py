@@ -13,6 +13,7 @@ Invariants kept by the scheduler:
 from __future__ import annotations
 
 import enum
+from array import array
 from typing import Callable
 
 from engine.core.sampling_params import SamplingParams
@@ -60,7 +61,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int] | tuple[int, ...],
+        prompt_token_ids: list[int] | tuple[int, ...] | array,
         sampling_params: SamplingParams | None = None,
         *,
         eos_token_id: int | None = None,
@@ -70,8 +71,8 @@ class Request:
         block_hasher: Callable[["Request"], list] | None = None,
     ) -> None:
         self.request_id = request_id
-        # Kept as given when already a list or tuple (a workload's 10,000 prompts need no extra copy).
-        self.prompt_token_ids = prompt_token_ids if isinstance(prompt_token_ids, (list, tuple)) \
+        # Kept as given when already a list, tuple or array (a workload's prompts need no extra copy).
+        self.prompt_token_ids = prompt_token_ids if isinstance(prompt_token_ids, (list, tuple, array)) \
             else list(prompt_token_ids)
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.eos_token_id = eos_token_id
@@ -80,7 +81,8 @@ class Request:
         self.cache_salt = cache_salt
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
-        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        # array('q') rather than list: appends are as cheap, and block hashing reads its bytes directly.
+        self.all_token_ids = array("q", self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens
         self.num_computed_tokens = 0

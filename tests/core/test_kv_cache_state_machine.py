@@ -74,7 +74,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert num_hit_tokens % self.block_size == 0 and num_hit_tokens < request.num_tokens
         for index, block in enumerate(hits):
             # The cached content of each hit block is exactly the request's tokens for that block.
-            expected = request.all_token_ids[index * self.block_size:(index + 1) * self.block_size]
+            expected = list(request.all_token_ids[index * self.block_size:(index + 1) * self.block_size])
             assert [self.contents[block.block_id][offset] for offset in range(self.block_size)] == expected
             assert block.block_hash == request.block_hashes[index]
         num_new_tokens = min(chunk, request.num_tokens - num_hit_tokens)

@@ -79,11 +79,11 @@ def test_shared_prefix_groups_share_leading_tokens(raw_workload):
     prefixes = {}
     for request in members:
         assert request.num_prompt_tokens >= 25  # raised to prefix_len + 1
-        prefix = request.prompt_token_ids[:24]
+        prefix = tuple(request.prompt_token_ids[:24])
         assert prefixes.setdefault(request.prefix_group, prefix) == prefix
     assert len(set(prefixes.values())) == 4
     # Outside the prefix, prompts are fresh: no two members of a group continue identically.
-    group_zero = [r.prompt_token_ids[24:] for r in members if r.prefix_group == 0 and r.num_prompt_tokens >= 30]
+    group_zero = [tuple(r.prompt_token_ids[24:]) for r in members if r.prefix_group == 0 and r.num_prompt_tokens >= 30]
     assert len(set(group_zero)) == len(group_zero)
     assert all(r.num_prompt_tokens <= 40 for r in requests if r.prefix_group is None)
 

@@ -116,7 +116,7 @@ def test_mooncake_equal_hash_ids_give_equal_blocks(data_dir):
     blocks = {}
     for request, line in zip(requests, lines):
         for index, hash_id in enumerate(line["hash_ids"]):
-            block = request.prompt_token_ids[index * MOONCAKE_BLOCK_SIZE : (index + 1) * MOONCAKE_BLOCK_SIZE]
+            block = tuple(request.prompt_token_ids[index * MOONCAKE_BLOCK_SIZE : (index + 1) * MOONCAKE_BLOCK_SIZE])
             if len(block) == MOONCAKE_BLOCK_SIZE:
                 assert blocks.setdefault(hash_id, block) == block
     # Every request of the sample starts with block 0 (a shared system prompt): one block, many users.

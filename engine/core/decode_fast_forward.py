@@ -1,0 +1,193 @@
+"""Fast-forwarding decode-only steps: k rounds of ``schedule()`` + ``update_from_output()`` in one call.
+
+When every running request is decoding, nothing waits, no request can stop early, and the pool holds
+every block the next k steps allocate, the scheduler's decisions over those k steps are already fixed:
+every running request decodes one token per step until it reaches its length cap, then it is freed.
+A simulator, whose executor's tokens are known in advance, can then advance the scheduler and the
+KV-cache manager through the k steps at once, with Python work proportional to the requests and the
+blocks touched instead of requests x steps.
+
+The result is exactly the state k ordinary steps leave behind (tokens, block tables, free-queue order,
+prefix-cache entries, KV events): the pool-changing events of the k steps (block allocations, blocks
+filling up and entering the cache, frees of finished requests) are replayed in the order the ordinary
+steps would perform them, ``(step, schedule-before-update, running order)``.
+tests/core/test_decode_fast_forward.py checks the equivalence on random workloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.core.request import Request, RequestStatus
+
+# Event kinds, in the order one request's events of one step happen in an ordinary step.
+_ALLOCATE, _CACHE, _FREE = 0, 1, 2
+# Phases of a step: schedule() touches the pool for every request before update_from_output frees any.
+_SCHEDULE_PHASE, _UPDATE_PHASE = 0, 1
+
+
+@dataclass(slots=True)
+class FastForwardStep:
+    """What one fast-forwarded step scheduled (all decodes), and the pool after it."""
+    num_decode_reqs: int
+    decode_context_tokens: int   # sum of (num_computed_tokens + 1) over the step's requests
+    max_seq_len: int
+
+
+@dataclass(slots=True)
+class FastForwardResult:
+    num_steps: int
+    # Running order at the start; each request decoded num_new_tokens[i] tokens, one per step from step 0.
+    requests: list[Request]
+    num_new_tokens: list[int]
+    # The step (0-based) in which each request produced its last token and was freed, or -1.
+    finish_step: list[int]
+    # Free blocks after each step (after that step's frees).
+    num_free_blocks_after: list[int]
+    num_running_after: list[int]
+
+
+class DecodeFastForward:
+    """Plan, then apply, a run of decode-only steps. Build it only through ``try_plan``."""
+
+    def __init__(self, scheduler, token_id: int) -> None:
+        self.scheduler = scheduler
+        self.token_id = token_id
+        self.requests: list[Request] = list(scheduler.running)
+        self.context_lengths = [request.num_computed_tokens for request in self.requests]
+        # Request i gets its last token in step remaining_i - 1.
+        self.last_steps = [request.max_tokens - len(request.output_token_ids) - 1 for request in self.requests]
+        self._order = sorted(range(len(self.requests)), key=self.last_steps.__getitem__)
+        self._next_leaver = 0
+        self._num_active = len(self.requests)
+        self._context_sum = sum(self.context_lengths) + len(self.requests)
+        self._active_max_lengths = sorted(((context + 1, index) for index, context in enumerate(self.context_lengths)),
+                                          reverse=True)
+
+    @classmethod
+    def try_plan(cls, scheduler, token_id: int) -> "DecodeFastForward | None":
+        """A plan when the next steps are decode-only and fixed, else None (take ordinary steps)."""
+        running = scheduler.running
+        if not running or scheduler.waiting or scheduler.has_pending_outputs():
+            return None
+        if len(running) > scheduler.max_num_batched_tokens:
+            return None
+        manager = scheduler.kv_cache_manager
+        block_size = manager.block_size
+        caching = manager.enable_caching
+        for request in running:
+            computed = request.num_computed_tokens
+            if request.num_tokens - computed != 1 or token_id in request.stop_token_set:
+                return None
+            # The layout k ordinary steps would extend: exactly the blocks the computed tokens need,
+            # and every full block registered.
+            if len(manager.req_to_blocks[request.request_id]) != -(-computed // block_size):
+                return None
+            if caching and manager.num_cached_block[request.request_id] != computed // block_size:
+                return None
+        return cls(scheduler, token_id)
+
+    def step(self, step_index: int) -> FastForwardStep:
+        """The batch of step ``step_index``; call with 0, 1, 2, ... in order."""
+        # Requests whose last token came in an earlier step have left the batch.
+        order, last_steps = self._order, self.last_steps
+        while self._next_leaver < len(order) and last_steps[order[self._next_leaver]] < step_index:
+            leaver = order[self._next_leaver]
+            self._num_active -= 1
+            self._context_sum -= self.context_lengths[leaver] + 1
+            self._next_leaver += 1
+        lengths = self._active_max_lengths
+        while lengths and last_steps[lengths[0][1]] < step_index:
+            lengths.pop(0)
+        active = self._num_active
+        return FastForwardStep(active, self._context_sum + step_index * active,
+                               (lengths[0][0] + step_index) if lengths else 0)
+
+    def apply(self, num_steps: int) -> FastForwardResult:
+        """Advance the scheduler through ``num_steps`` steps (fewer if the pool would run short)."""
+        scheduler = self.scheduler
+        manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        block_size = manager.block_size
+        caching = manager.enable_caching
+        num_steps = min(num_steps, max(self.last_steps) + 1)
+        num_steps = self._steps_within_pool(num_steps, pool.get_num_free_blocks(), block_size)
+        if num_steps <= 0:
+            return FastForwardResult(0, [], [], [], [], [])
+
+        # (step, phase, running index, kind, block index): sorting gives the ordinary steps' order.
+        events: list[tuple[int, int, int, int, int]] = []
+        num_new_tokens, finish_step = [], []
+        for index, request in enumerate(self.requests):
+            context = self.context_lengths[index]
+            last = min(self.last_steps[index], num_steps - 1)
+            # A new block when the token computed in step j starts one: (context + j) % block_size == 0.
+            for step in range((-context) % block_size, last + 1, block_size):
+                events.append((step, _SCHEDULE_PHASE, index, _ALLOCATE, 0))
+            if caching:
+                # A block enters the cache in the step after its last token was sampled.
+                for step in range((-(context + 1)) % block_size, last + 1, block_size):
+                    events.append((step, _SCHEDULE_PHASE, index, _CACHE, (context + step + 1) // block_size))
+            finished = self.last_steps[index] < num_steps
+            if finished:
+                events.append((last, _UPDATE_PHASE, index, _FREE, 0))
+            num_new_tokens.append(last + 1)
+            finish_step.append(last if finished else -1)
+            # Tokens first: block hashes are a pure function of the tokens, and the cache events
+            # below need the hash of every block that fills during the run.
+            tokens = [self.token_id] * (last + 1)
+            request.output_token_ids.extend(tokens)
+            request.all_token_ids.extend(tokens)
+            request.num_tokens += last + 1
+            request.num_computed_tokens = context + last + 1
+            if request.num_tokens >= request.next_hash_boundary:
+                request._hash_new_full_blocks()
+        events.sort()
+
+        requests = self.requests
+        req_to_blocks = manager.req_to_blocks
+        num_free_after: list[int] = []
+        num_running_after: list[int] = []
+        running = len(requests)
+        finished_requests: list[Request] = []
+        event_index = 0
+        for step in range(num_steps):
+            while event_index < len(events) and events[event_index][0] == step:
+                _, _, index, kind, block_index = events[event_index]
+                request = requests[index]
+                request_id = request.request_id
+                if kind == _ALLOCATE:
+                    req_to_blocks[request_id].extend(pool.get_new_blocks(1))
+                elif kind == _CACHE:
+                    pool.cache_full_blocks(request.block_hashes, req_to_blocks[request_id], block_index - 1,
+                                           block_index, request.all_token_ids, block_size)
+                    manager.num_cached_block[request_id] = block_index
+                else:
+                    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                    scheduler._free_request(request)
+                    finished_requests.append(request)
+                    running -= 1
+                event_index += 1
+            num_free_after.append(pool.get_num_free_blocks())
+            num_running_after.append(running)
+        if finished_requests:
+            gone = {id(request) for request in finished_requests}
+            scheduler.running = [request for request in scheduler.running if id(request) not in gone]
+        # Blocks handed out here were never shown to an executor: nothing needs zeroing for them.
+        pool.take_newly_allocated_block_ids()
+        scheduler.last_step_num_preemptions = 0
+        return FastForwardResult(num_steps, requests, num_new_tokens, finish_step, num_free_after, num_running_after)
+
+    def _steps_within_pool(self, num_steps: int, num_free: int, block_size: int) -> int:
+        """The longest prefix of the run whose allocations fit the free blocks (frees not counted)."""
+        per_step = [0] * num_steps
+        for index, context in enumerate(self.context_lengths):
+            last = min(self.last_steps[index], num_steps - 1)
+            for step in range((-context) % block_size, last + 1, block_size):
+                per_step[step] += 1
+        used = 0
+        for step, count in enumerate(per_step):
+            used += count
+            if used > num_free:
+                return step
+        return num_steps

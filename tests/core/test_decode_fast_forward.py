@@ -1,0 +1,118 @@
+"""Fast-forwarded decode steps leave exactly the state that ordinary steps leave.
+
+Random pools, block sizes, prefix sharing and length caps; the same scheduler state is advanced k
+steps by ``schedule()`` + ``update_from_output()`` on one copy and by ``DecodeFastForward`` on the
+other, and everything the core holds is compared: tokens, statuses, block tables, reference counts,
+the free queue's order, the prefix-cache map, KV events, and the per-step batch figures.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.core import ModelRunnerOutput
+from engine.core.decode_fast_forward import DecodeFastForward
+
+from tests.core.helpers import check_scheduler_invariants, make_core, make_request
+
+TOKEN = 11
+
+
+def constant_output(scheduler_output):
+    return ModelRunnerOutput([], dict.fromkeys(scheduler_output.num_scheduled_tokens, 0), [[TOKEN]])
+
+
+def snapshot(scheduler):
+    manager = scheduler.kv_cache_manager
+    pool = manager.block_pool
+    return {
+        "running": [(r.request_id, r.status, r.num_computed_tokens, r.num_tokens, tuple(r.output_token_ids),
+                     tuple(r.block_hashes)) for r in scheduler.running],
+        "requests": sorted(scheduler.requests),
+        "tables": {rid: [b.block_id for b in blocks] for rid, blocks in manager.req_to_blocks.items()},
+        "cached_counts": dict(manager.num_cached_block),
+        "free_order": [b.block_id for b in pool.free_block_queue],
+        "hash_map": {h: b.block_id for h, b in pool.cached_block_hash_to_block.items()},
+        "ref_counts": [b.ref_cnt for b in pool.blocks],
+        "finished": sorted(scheduler.finished_req_ids),
+        "events": pool.take_events(),
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(num_blocks=st.integers(12, 80), block_size=st.sampled_from([1, 2, 4, 16]), caching=st.booleans(),
+       prompts=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(1, 60)), min_size=1,
+                        max_size=8),
+       num_steps=st.integers(1, 80), warmup=st.integers(0, 5))
+def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup):
+    core = make_core(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching,
+                     enable_kv_cache_events=True, max_model_len=400)
+    scheduler = core.scheduler
+    shared = [list(range(100, 120)), list(range(200, 207)), []]
+    for index, (group, suffix, max_tokens) in enumerate(prompts):
+        prompt = shared[group] + [(index * 31 + i) % 97 for i in range(suffix)]
+        scheduler.add_request(make_request(f"r{index}", prompt, max_tokens=max_tokens))
+    # Ordinary steps until the batch is decode-only (and a few more), as a simulation would reach it.
+    for _ in range(200):
+        if not scheduler.has_unfinished_requests():
+            return
+        plan = DecodeFastForward.try_plan(scheduler, TOKEN)
+        if plan is not None and warmup <= 0:
+            break
+        warmup -= plan is not None
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, constant_output(output))
+    else:
+        return
+    ordinary = copy.deepcopy(scheduler)
+    snapshot(ordinary)  # drain events recorded so far in both copies
+    snapshot(scheduler)
+
+    planned = [plan.step(step) for step in range(num_steps)]
+    result = plan.apply(num_steps)
+    assert 0 <= result.num_steps <= num_steps
+    if result.num_steps == 0:  # the pool could not hold even one step's blocks: nothing may change
+        assert snapshot(scheduler) == snapshot(ordinary)
+        return
+
+    expected_steps = []
+    for step in range(result.num_steps):
+        output = ordinary.schedule()
+        assert not output.preempted_req_ids and not output.scheduled_new_reqs
+        assert all(count == 1 for count in output.num_scheduled_tokens.values())
+        cached = output.scheduled_cached_reqs
+        expected_steps.append((len(cached.req_ids), sum(c + 1 for c in cached.num_computed_tokens),
+                               max(c + 1 for c in cached.num_computed_tokens)))
+        ordinary.update_from_output(output, constant_output(output))
+        assert result.num_free_blocks_after[step] == ordinary.kv_cache_manager.num_free_blocks
+        assert result.num_running_after[step] == len(ordinary.running)
+    assert [(s.num_decode_reqs, s.decode_context_tokens, s.max_seq_len) for s in planned[:result.num_steps]] == \
+        expected_steps
+    mine, theirs = snapshot(scheduler), snapshot(ordinary)
+    assert set(theirs.pop("finished")) <= set(mine.pop("finished"))
+    assert mine == theirs
+    check_scheduler_invariants(scheduler)
+
+
+def test_no_plan_while_requests_wait_or_prefill():
+    core = make_core(max_num_seqs=1)
+    scheduler = core.scheduler
+    scheduler.add_request(make_request("a", range(20), max_tokens=5))
+    scheduler.add_request(make_request("b", range(20), max_tokens=5))
+    assert DecodeFastForward.try_plan(scheduler, TOKEN) is None  # nothing running yet
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, constant_output(output))
+    assert DecodeFastForward.try_plan(scheduler, TOKEN) is None  # b waits
+
+
+def test_no_plan_when_the_token_could_stop_a_request():
+    core = make_core()
+    scheduler = core.scheduler
+    scheduler.add_request(make_request("a", range(20), max_tokens=5, stop_token_ids=[TOKEN]))
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, ModelRunnerOutput([], {"a": 0}, [[3]]))
+    assert DecodeFastForward.try_plan(scheduler, TOKEN) is None
+    assert DecodeFastForward.try_plan(scheduler, TOKEN + 1) is not None

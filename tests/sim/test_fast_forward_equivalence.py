@@ -1,0 +1,43 @@
+"""The simulator's decode fast-forward changes nothing but speed: traces are identical without it."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis import requests_table, steps_table
+from engine.core import EngineCore, Scheduler
+from sim.engine_setup import build_setup
+from sim.sim_executor import SimulatedExecutor
+from sim.simulator import Simulation
+from workloads import example_path, load_workload
+
+
+def traces(workload, fast_forward):
+    setup = build_setup(workload)
+    engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+    simulation = Simulation(engine, setup.requests, fast_forward=fast_forward)
+    recorder = simulation.run()
+    manager = engine.scheduler.kv_cache_manager
+    final_pool = ([b.block_id for b in manager.block_pool.free_block_queue],
+                  {h: b.block_id for h, b in manager.block_pool.cached_block_hash_to_block.items()})
+    return (requests_table(recorder.request_columns()).to_pandas(), steps_table(recorder.step_columns()).to_pandas(),
+            final_pool, simulation.num_fast_forwarded_steps)
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("chat", ["workload.num_requests=250"]),
+    ("chat", ["workload.num_requests=250", "engine.num_gpu_blocks=160", "engine.max_model_len=2048",
+              "workload.arrival.rate=30"]),                      # preemption
+    ("chat", ["workload.num_requests=200", "engine.block_size=1", "workload.arrival.rate=3"]),
+    ("priority", ["workload.num_requests=200"]),
+    ("code_trace", ["workload.num_requests=150", "engine.enable_prefix_caching=false"]),
+])
+def test_traces_are_identical_with_and_without_fast_forward(name, overrides):
+    workload = load_workload(example_path(name), overrides=overrides)
+    requests_on, steps_on, pool_on, fast_forwarded = traces(workload, True)
+    requests_off, steps_off, pool_off, none = traces(workload, False)
+    assert none == 0 and fast_forwarded > 0
+    pd.testing.assert_frame_equal(requests_on, requests_off, check_exact=True)
+    pd.testing.assert_frame_equal(steps_on, steps_off, check_exact=True)
+    assert pool_on == pool_off
