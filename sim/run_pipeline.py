@@ -36,11 +36,16 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
 
 
 def summarize(recorder: TraceRecorder, setup: RunSetup, mode: str = "sim"):
+    return summarize_traces(recorder, setup.workload, setup.describe(), mode)
+
+
+def summarize_traces(recorder: TraceRecorder, workload: WorkloadConfig, config: dict, mode: str):
+    """Tables and summary of a recorded run, whatever executor produced it."""
     requests = requests_table(recorder.request_columns())
     steps = steps_table(recorder.step_columns())
-    slo = setup.workload.slo.model_dump(exclude_none=True) if setup.workload.slo is not None else None
-    summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=setup.workload.name, mode=mode,
-                              config=setup.describe(), slo=slo)
+    slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else None
+    summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=workload.name, mode=mode,
+                              config=config, slo=slo)
     return requests, steps, summary
 
 

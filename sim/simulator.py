@@ -41,13 +41,13 @@ def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingPara
 
 class Simulation:
     def __init__(self, engine: EngineCore, requests: Sequence[RequestSpec], *, progress: bool = False,
-                 description: str = "simulating", fast_forward: bool = True) -> None:
+                 description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False) -> None:
         if not isinstance(engine.executor, SimulatedExecutor):
             raise TypeError("Simulation needs an EngineCore whose executor is a SimulatedExecutor")
         self.engine = engine
         self.executor: SimulatedExecutor = engine.executor
         self.requests = sorted(requests, key=lambda spec: spec.arrival_time)
-        self.recorder = TraceRecorder()
+        self.recorder = TraceRecorder(record_schedule=record_schedule)
         self.env = simpy.Environment()
         self._idle: simpy.Event | None = None
         self._arrivals_done = False
@@ -71,14 +71,22 @@ class Simulation:
         return self.env.now
 
     def _arrivals(self):
-        env, engine, recorder = self.env, self.engine, self.recorder
+        """Add each request at its arrival time. Requests arriving at the same instant are added
+        together before the engine can wake, as a real driver injects them (see wall_clock_driver.py)."""
+        env, engine, recorder, requests = self.env, self.engine, self.recorder, self.requests
         params_by_output_len: dict[int, SamplingParams] = {}
-        for spec in self.requests:
-            if spec.arrival_time > env.now:
-                yield env.timeout(spec.arrival_time - env.now)
-            recorder.on_arrival(spec.request_id, env.now, len(spec.prompt_token_ids), spec.priority)
-            engine.add_request(make_request(spec, params_by_output_len))
-            self._num_arrived += 1
+        index = 0
+        while index < len(requests):
+            arrival_time = requests[index].arrival_time
+            if arrival_time > env.now:
+                yield env.timeout(arrival_time - env.now)
+            while index < len(requests) and requests[index].arrival_time <= arrival_time:
+                spec = requests[index]
+                # The workload's own time, not env.now (which may differ from it in the last bit).
+                recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
+                engine.add_request(make_request(spec, params_by_output_len))
+                index += 1
+                self._num_arrived = index
             if self._idle is not None and not self._idle.triggered:
                 self._idle.succeed()
         self._arrivals_done = True

@@ -19,7 +19,11 @@ NAN = math.nan
 
 
 class TraceRecorder:
-    def __init__(self) -> None:
+    """``record_schedule`` adds two list columns to the step trace, the ids of the requests scheduled
+    in each step and their token counts, so that two runs can be compared decision by decision."""
+
+    def __init__(self, record_schedule: bool = False) -> None:
+        self.record_schedule = record_schedule
         self.request_ids: list[str] = []
         self._index: dict[str, int] = {}
         self.arrival_time: list[float] = []
@@ -32,6 +36,9 @@ class TraceRecorder:
         self.priority: list[int] = []
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        if record_schedule:
+            self.steps["scheduled_request_ids"] = []
+            self.steps["scheduled_token_counts"] = []
 
     def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0) -> None:
         self._index[request_id] = len(self.request_ids)
@@ -76,6 +83,9 @@ class TraceRecorder:
         steps["prefill_context_tokens"].append(features.prefill_context_tokens)
         steps["num_reqs"].append(features.num_reqs)
         steps["max_seq_len"].append(features.max_seq_len)
+        if self.record_schedule:
+            steps["scheduled_request_ids"].append(list(scheduler_output.num_scheduled_tokens))
+            steps["scheduled_token_counts"].append(list(scheduler_output.num_scheduled_tokens.values()))
 
     def on_outputs(self, outputs: Iterable[EngineCoreOutput], now: float) -> None:
         token_times = self.token_times
@@ -122,6 +132,12 @@ class TraceRecorder:
             steps["prefill_context_tokens"].append(0)
             steps["num_reqs"].append(step.num_reqs)
             steps["max_seq_len"].append(step.max_seq_len)
+            if self.record_schedule:
+                # A fast-forwarded step schedules, in running order, every request still decoding.
+                active = [request.request_id for request, finish in zip(result.requests, result.finish_step)
+                          if finish < 0 or finish >= offset]
+                steps["scheduled_request_ids"].append(active)
+                steps["scheduled_token_counts"].append([1] * len(active))
         token_times = self.token_times
         for request, num_new_tokens, finish_step in zip(result.requests, result.num_new_tokens, result.finish_step):
             token_times[request.request_id].extend(ends[:num_new_tokens])

@@ -14,7 +14,8 @@ from sim.cost_models import step_features
 from sim.engine_setup import build_setup
 from sim.run import main as sim_run_main
 from sim.run_pipeline import run_simulation, simulate
-from sim.sim_executor import SimulatedExecutor, scheduler_output_features, step_batch
+from sim.scheduled_batch import scheduler_output_features, step_batch
+from sim.sim_executor import SimulatedExecutor
 from workloads import example_path, load_workload
 
 SMALL_OVERRIDES = ["workload.num_requests=300"]

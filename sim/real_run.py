@@ -1,0 +1,54 @@
+"""A real run of a workload: the same request stream, replayed into an ``EngineCore`` whose executor
+runs a model, at wall-clock arrival times; the same run directory as a simulated run.
+
+Requests run with ``ignore_eos`` and ``max_tokens`` equal to their workload output length (as in the
+simulator), so both modes produce exactly the same number of tokens per request. The summary keeps
+everything a replay needs to rebuild the run: the workload, the resolved scheduler and cache
+configuration, and the vocabulary the token ids were drawn from.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+from analysis import write_run
+from engine.core import CacheConfig, EngineCore, SchedulerConfig
+from sim.run_pipeline import RunResult, summarize_traces
+from sim.wall_clock_driver import run_wall_clock
+from workloads import WorkloadConfig, generate_requests
+
+
+def real_run_config(workload: WorkloadConfig, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                    vocab_size: int, reserved_token_ids, executor_info: dict) -> dict:
+    return {
+        "workload": workload.to_dict(),
+        "scheduler": {name: getattr(scheduler_config, name) for name in SchedulerConfig.__slots__},
+        "cache": {name: getattr(cache_config, name) for name in CacheConfig.__slots__},
+        "vocab_size": int(vocab_size),
+        "reserved_token_ids": sorted(int(token) for token in reserved_token_ids),
+        "executor": executor_info,
+        "python": platform.python_version(),
+    }
+
+
+def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: EngineCore, *, vocab_size: int,
+             reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False) -> RunResult:
+    requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids)
+    started = time.perf_counter()
+    recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)")
+    finished = time.perf_counter()
+    scheduler = engine.scheduler
+    config = real_run_config(workload, scheduler.scheduler_config, scheduler.cache_config, vocab_size,
+                             reserved_token_ids, executor_info or {"kind": type(engine.executor).__name__})
+    tables = summarize_traces(recorder, workload, config, mode="real")
+    requests_table, steps_table, summary = tables
+    summary["num_preemptions_scheduler"] = scheduler.num_preemptions_total
+    if out_dir is not None:
+        write_run(Path(out_dir), requests_table, steps_table, summary)
+    return RunResult(summary, Path(out_dir) if out_dir else None, finished - started, finished - started,
+                     len(requests))
+
+
+__all__ = ["real_run_config", "run_real"]

@@ -1,0 +1,103 @@
+"""Replay a real run in the simulator: same requests, same configuration, the real step durations.
+
+The proof that the simulator and the real engine share one scheduler: with the real run's step
+timeline in place of a cost model, the simulated run must schedule the same requests with the same
+token counts in every step, preempt the same requests, and stamp every request with the same times
+up to float rounding. ``compare_replay`` checks all three and names the first difference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis import Run, read_run
+from engine.core import CacheConfig, EngineCore, Scheduler, SchedulerConfig
+from sim.cost_models.replay import ReplayCostModel
+from sim.sim_executor import SimulatedExecutor
+from sim.simulator import Simulation
+from sim.trace_recorder import TraceRecorder
+from workloads import RequestSpec, generate_requests, load_workload
+
+# Timestamps are sums of the same durations in a different association order: allow for rounding.
+TIME_TOLERANCE_S = 1e-6
+
+
+@dataclass
+class ReplayReport:
+    num_steps_real: int
+    num_steps_replay: int
+    first_divergent_step: int | None
+    max_time_difference_s: float
+    preemptions_equal: bool
+
+    @property
+    def identical(self) -> bool:
+        return (self.first_divergent_step is None and self.num_steps_real == self.num_steps_replay
+                and self.preemptions_equal and self.max_time_difference_s <= TIME_TOLERANCE_S)
+
+    def describe(self) -> str:
+        if self.identical:
+            return (f"replay identical: {self.num_steps_real} steps, same requests and token counts in every step, "
+                    f"same preemptions, timestamps within {self.max_time_difference_s:.1e} s")
+        return (f"replay DIVERGED: first different step {self.first_divergent_step}, steps real "
+                f"{self.num_steps_real} vs replay {self.num_steps_replay}, preemptions equal: "
+                f"{self.preemptions_equal}, largest timestamp difference {self.max_time_difference_s:.3g} s")
+
+
+def replay_inputs(run: Run) -> tuple[SchedulerConfig, CacheConfig, list[RequestSpec]]:
+    """The configuration and request stream a recorded run used, rebuilt from its summary."""
+    config = run.summary["config"]
+    missing = [key for key in ("workload", "scheduler", "cache", "vocab_size") if key not in config]
+    if missing:
+        raise ValueError(f"{run.path}: summary.json config lacks {missing}; only real runs can be replayed")
+    workload = load_workload(config["workload"])
+    requests = generate_requests(workload, vocab_size=config["vocab_size"],
+                                 reserved_token_ids=config.get("reserved_token_ids", ()))
+    return SchedulerConfig(**config["scheduler"]), CacheConfig(**config["cache"]), requests
+
+
+def replay(run_dir: str | Path) -> tuple[TraceRecorder, Run, ReplayCostModel]:
+    run = read_run(run_dir)
+    scheduler_config, cache_config, requests = replay_inputs(run)
+    cost_model = ReplayCostModel.from_steps(run.steps, source=str(run_dir))
+    engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
+    # Fast-forward plans durations ahead of time; a replay consumes them strictly in order.
+    recorder = Simulation(engine, requests, fast_forward=False, record_schedule=True).run()
+    return recorder, run, cost_model
+
+
+def compare_replay(real: Run, replay_requests, replay_steps) -> ReplayReport:
+    """Compare a recorded run with its replay (both as DataFrames in the run-directory schema)."""
+    real_steps = real.steps.sort_values("step").reset_index(drop=True)
+    replay_steps = replay_steps.sort_values("step").reset_index(drop=True)
+    first_divergent = None
+    for index in range(min(len(real_steps), len(replay_steps))):
+        if (list(real_steps.at[index, "scheduled_request_ids"]) != list(replay_steps.at[index, "scheduled_request_ids"])
+                or list(real_steps.at[index, "scheduled_token_counts"])
+                != list(replay_steps.at[index, "scheduled_token_counts"])):
+            first_divergent = index
+            break
+    if first_divergent is None and len(real_steps) != len(replay_steps):
+        first_divergent = min(len(real_steps), len(replay_steps))
+    real_requests = real.requests.set_index("request_id")
+    replay_requests = replay_requests.set_index("request_id").loc[real_requests.index]
+    preemptions_equal = bool((real_requests["num_preemptions"] == replay_requests["num_preemptions"]).all()
+                             and real_steps["num_preemptions"].tolist()[:len(replay_steps)]
+                             == replay_steps["num_preemptions"].tolist()[:len(real_steps)])
+    largest = 0.0
+    for column in ("scheduled_time", "first_token_time", "finish_time"):
+        difference = np.abs(real_requests[column].to_numpy(float) - replay_requests[column].to_numpy(float))
+        difference = difference[~np.isnan(difference)]
+        if difference.size:
+            largest = max(largest, float(difference.max()))
+    for real_times, replay_times in zip(real_requests["token_times"], replay_requests["token_times"]):
+        if len(real_times) != len(replay_times):
+            largest = math.inf
+            break
+        if len(real_times):
+            largest = max(largest, float(np.max(np.abs(np.asarray(real_times) - np.asarray(replay_times)))))
+    return ReplayReport(len(real_steps), len(replay_steps), first_divergent, largest, preemptions_equal)
