@@ -1,0 +1,77 @@
+"""Fit a step-time profile from real runs: ``python -m sim.calibrate RUN_DIR [RUN_DIR ...] -o profile.json``.
+
+Reads each run's ``steps.parquet``, fits step duration from the step's features (non-negative least
+squares, with hinge terms on the token count when they win on held-out steps), prints the
+coefficients and the error on held-out steps, and writes a profile that ``sim.run --cost-model`` reads.
+The profile records where it came from: hardware, model, dtype, attention backend, software versions
+and the source runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import read_run
+from sim.calibration_fit import FitResult, fit_step_model, step_feature_frame
+from sim.cost_models import make_provenance, save_profile
+
+
+def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
+    frames, executors = [], []
+    for run_dir in run_dirs:
+        run = read_run(run_dir)
+        if run.summary.get("mode") != "real":
+            raise ValueError(f"{run_dir}: mode is {run.summary.get('mode')!r}; calibrate from real runs")
+        frames.append(step_feature_frame(run.steps))
+        executors.append(run.summary.get("config", {}).get("executor", {}))
+    identities = {(e.get("model"), e.get("device"), e.get("dtype"), e.get("attention_backend")) for e in executors}
+    if len(identities) > 1:
+        raise ValueError(f"the runs come from different executors {sorted(map(str, identities))}: "
+                         "fit one profile per model, device, dtype and backend")
+    return pd.concat(frames, ignore_index=True), executors[0]
+
+
+def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 0.2, seed: int = 0) -> FitResult:
+    features, executor = load_steps(run_dirs)
+    fit = fit_step_model(features, held_out_fraction=held_out_fraction, seed=seed)
+    provenance = make_provenance(
+        hardware=str(executor.get("hardware", "unknown")), model=str(executor.get("model", "unknown")),
+        dtype=str(executor.get("dtype", "unknown")), attention_backend=executor.get("attention_backend"),
+        device=executor.get("device"), source_runs=[str(path) for path in run_dirs], fit_error=fit.error_summary())
+    provenance["num_steps"] = int(len(features))
+    save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,
+                 hinges=fit.hinges if fit.kind == "piecewise_linear" else None)
+    return fit
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.calibrate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="real run directories (sim.run --executor real)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the profile to write (.json)")
+    parser.add_argument("--held-out", type=float, default=0.2, help="fraction of steps held out of the fit")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{fit.kind} step-time model, fixed cost {fit.intercept_s * 1e3:.3f} ms per step:")
+    for name, value in fit.coefficients.items():
+        print(f"  {name:>24}: {value * 1e6:12.4f} us per unit")
+    for hinge in fit.hinges:
+        print(f"  {hinge['feature']:>14} above {hinge['knot']:>7.0f}: {hinge['coefficient'] * 1e6:12.4f} us per unit")
+    errors = fit.error_summary()
+    print(f"held-out steps: {errors['num_held_out_steps']}, median |error| {errors['median_ape']:.2%}, "
+          f"p90 {errors['p90_ape']:.2%} (train median {errors['train_median_ape']:.2%})")
+    print(f"profile written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Fitting a step-time model to measured steps: non-negative least squares, judged on held-out steps.
+
+A step's duration is modelled as a sum of non-negative costs, one per feature the cost model reads
+(tokens through the linear layers, requests sampled, KV tokens read by decodes, query-key pairs of
+prefill attention, ...) plus a fixed per-step cost. Non-negativity keeps every term physical (no
+feature makes a step faster) and the model readable: each coefficient is "seconds per unit".
+
+The fit minimises *relative* error (each row is divided by its duration), because step durations
+span orders of magnitude between a one-request decode and a long prefill and every one of them matters
+to latency. Candidates (a plain linear model; the same with hinge terms on the token count, for a
+small-batch regime with a different slope) are compared on steps held out of the fit, and the best
+one is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+# Step-trace column -> the cost-model feature of the same meaning (sim/cost_models/step_batch.py).
+FEATURE_COLUMNS = {
+    "num_scheduled_tokens": "num_tokens",
+    "num_reqs": "num_reqs",
+    "num_prefill_reqs": "num_prefill_reqs",
+    "num_prefill_tokens": "num_prefill_tokens",
+    "num_decode_reqs": "num_decode_reqs",
+    "decode_context_tokens": "decode_context_tokens",
+    "prefill_context_tokens": "prefill_context_tokens",
+    "prefill_attention_work": "prefill_attention_work",
+    "max_seq_len": "max_seq_len",
+}
+LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "decode_context_tokens",
+                   "prefill_context_tokens", "prefill_attention_work")
+HINGE_FEATURE = "num_tokens"
+
+
+@dataclass
+class FitResult:
+    kind: str
+    coefficients: dict[str, float]
+    intercept_s: float
+    hinges: list[dict] = field(default_factory=list)
+    held_out_errors: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    train_errors: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def predict(self, features: pd.DataFrame) -> np.ndarray:
+        seconds = np.full(len(features), self.intercept_s)
+        for name, coefficient in self.coefficients.items():
+            seconds += coefficient * features[name].to_numpy(float)
+        for hinge in self.hinges:
+            seconds += hinge["coefficient"] * np.maximum(0.0, features[hinge["feature"]].to_numpy(float) - hinge["knot"])
+        return seconds
+
+    def error_summary(self) -> dict[str, float]:
+        errors = np.abs(self.held_out_errors)
+        return {"median_ape": float(np.median(errors)), "p90_ape": float(np.percentile(errors, 90)),
+                "mean_ape": float(errors.mean()), "num_held_out_steps": int(errors.size),
+                "train_median_ape": float(np.median(np.abs(self.train_errors)))}
+
+
+def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """The cost-model features of each recorded step, named as the cost models name them."""
+    missing = [column for column in FEATURE_COLUMNS if column not in steps.columns]
+    if missing:
+        raise ValueError(f"steps.parquet lacks the feature columns {missing}: record it with this version")
+    frame = steps[list(FEATURE_COLUMNS)].rename(columns=FEATURE_COLUMNS).astype(float)
+    frame["duration"] = steps["duration"].astype(float)
+    return frame[frame["num_tokens"] > 0].reset_index(drop=True)
+
+
+def _design(features: pd.DataFrame, hinge_knots: list[float]) -> np.ndarray:
+    columns = [np.ones(len(features))] + [features[name].to_numpy(float) for name in LINEAR_FEATURES]
+    tokens = features[HINGE_FEATURE].to_numpy(float)
+    columns += [np.maximum(0.0, tokens - knot) for knot in hinge_knots]
+    return np.column_stack(columns)
+
+
+def fit_candidate(train: pd.DataFrame, hinge_knots: list[float]) -> FitResult:
+    design = _design(train, hinge_knots)
+    target = train["duration"].to_numpy(float)
+    # Relative error: scale each row by 1 / duration. Columns are scaled to unit size so that NNLS
+    # converges well on features whose magnitudes differ by orders of magnitude.
+    weights = 1.0 / target
+    scaled = design * weights[:, None]
+    column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
+    solution, _ = nnls(scaled / column_scale, target * weights, maxiter=50 * design.shape[1])
+    solution = solution / column_scale
+    coefficients = {name: float(value) for name, value in zip(LINEAR_FEATURES, solution[1:1 + len(LINEAR_FEATURES)])}
+    hinges = [{"feature": HINGE_FEATURE, "knot": float(knot), "coefficient": float(value)}
+              for knot, value in zip(hinge_knots, solution[1 + len(LINEAR_FEATURES):])]
+    kind = "piecewise_linear" if hinge_knots else "linear"
+    return FitResult(kind, coefficients, float(solution[0]), hinges)
+
+
+def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, seed: int = 0) -> FitResult:
+    """Fit every candidate on a random 80% of the steps and keep the best on the other 20%."""
+    if len(features) < 20:
+        raise ValueError(f"calibration needs at least 20 steps with scheduled tokens, got {len(features)}")
+    order = np.random.default_rng(seed).permutation(len(features))
+    cut = int(len(features) * (1 - held_out_fraction))
+    train, held_out = features.iloc[order[:cut]], features.iloc[order[cut:]]
+    tokens = train[HINGE_FEATURE].to_numpy(float)
+    candidates = [[]]
+    for quantiles in ((0.5,), (0.25, 0.75), (0.1, 0.5, 0.9)):
+        knots = sorted(set(float(np.quantile(tokens, q)) for q in quantiles))
+        candidates.append([knot for knot in knots if knot > tokens.min()])
+    best = None
+    for knots in candidates:
+        fit = fit_candidate(train, knots)
+        fit.held_out_errors = (fit.predict(held_out) - held_out["duration"].to_numpy()) / held_out["duration"].to_numpy()
+        fit.train_errors = (fit.predict(train) - train["duration"].to_numpy()) / train["duration"].to_numpy()
+        if best is None or np.median(np.abs(fit.held_out_errors)) < np.median(np.abs(best.held_out_errors)) * 0.98:
+            best = fit  # a more complex candidate must win clearly (2%) to be kept
+    return best

@@ -1,0 +1,78 @@
+"""Calibration recovers a known step-time law from synthetic steps and writes a loadable profile."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import steps_table, write_run, requests_table
+from sim.calibrate import main as calibrate_main
+from sim.calibration_fit import fit_step_model, step_feature_frame
+from sim.cost_models import StepFeatures, load_cost_model
+from sim.hardware import resolve_hardware
+from sim.model_shapes import resolve_model
+
+
+def synthetic_steps(num_steps=600, seed=0, noise=0.01):
+    rng = np.random.default_rng(seed)
+    decodes = rng.integers(0, 40, num_steps)
+    prefill_reqs = rng.integers(0, 3, num_steps) * (rng.random(num_steps) < 0.3)
+    prefill_tokens = prefill_reqs * rng.integers(20, 300, num_steps)
+    decodes[(decodes + prefill_reqs) == 0] = 1
+    context = decodes * rng.integers(50, 1500, num_steps)
+    work = prefill_tokens * (prefill_tokens / np.maximum(prefill_reqs, 1) / 2 + 100)
+    tokens = decodes + prefill_tokens
+    reqs = decodes + prefill_reqs
+    # The law: 2 ms per step, 30 us per token, 50 us per request, 0.01 us per KV token, 1e-4 us per pair.
+    duration = 2e-3 + 30e-6 * tokens + 50e-6 * reqs + 1e-8 * context + 1e-10 * work
+    duration *= 1 + noise * rng.standard_normal(num_steps)
+    return pd.DataFrame({
+        "step": np.arange(num_steps), "start_time": np.cumsum(duration) - duration, "duration": duration,
+        "num_prefill_reqs": prefill_reqs, "num_decode_reqs": decodes, "num_scheduled_tokens": tokens,
+        "num_prefill_tokens": prefill_tokens, "num_context_tokens": context, "num_running": reqs,
+        "num_waiting": 0, "kv_blocks_used": 10, "kv_usage": 0.1, "num_preemptions": 0, "prefix_hit_tokens": 0,
+        "prefix_query_tokens": 0, "prefill_attention_work": work, "decode_context_tokens": context,
+        "prefill_context_tokens": 0, "num_reqs": reqs, "max_seq_len": 1500})
+
+
+def test_fit_recovers_a_known_law():
+    fit = fit_step_model(step_feature_frame(synthetic_steps()))
+    assert fit.error_summary()["median_ape"] < 0.015
+    assert fit.intercept_s == pytest.approx(2e-3, rel=0.1)
+    assert fit.coefficients["num_tokens"] + fit.coefficients["num_reqs"] == pytest.approx(80e-6, rel=0.1)
+
+
+def test_cli_writes_a_profile_the_simulator_loads(tmp_path, capsys):
+    steps = synthetic_steps()
+    requests = {"request_id": ["r0"], "arrival_time": [0.0], "first_token_time": [0.1], "finish_time": [0.2],
+                "num_prompt_tokens": [10], "num_output_tokens": [2], "num_cached_tokens": [0], "num_preemptions": [0],
+                "finish_reason": ["length"], "token_times": [[0.1, 0.2]]}
+    executor = {"kind": "RealExecutor", "model": "tiny", "device": "cpu", "dtype": "float32",
+                "attention_backend": "torch", "hardware": "test-cpu"}
+    write_run(tmp_path / "run", requests_table(requests), steps_table(steps),
+              {"name": "t", "mode": "real", "config": {"executor": executor}})
+    assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
+    assert "held-out steps" in capsys.readouterr().out
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["provenance"]["hardware"] == "test-cpu" and profile["provenance"]["fit_error"]["median_ape"] < 0.02
+    with pytest.warns(UserWarning, match="fitted for hardware 'test-cpu'"):
+        model = load_cost_model(str(tmp_path / "profile.json"), resolve_model("tiny"), resolve_hardware("cpu"),
+                                "float32")
+    features = StepFeatures(num_reqs=10, num_tokens=10, num_prefill_reqs=0, num_prefill_tokens=0, num_decode_reqs=10,
+                            decode_context_tokens=5000, prefill_context_tokens=0, prefill_attention_work=0,
+                            max_seq_len=600)
+    expected = 2e-3 + 30e-6 * 10 + 50e-6 * 10 + 1e-8 * 5000
+    assert model.step_time_from_features(features) == pytest.approx(expected, rel=0.05)
+
+
+def test_calibration_refuses_simulated_runs(tmp_path, capsys):
+    write_run(tmp_path / "sim", requests_table({"request_id": [], "arrival_time": [], "first_token_time": [],
+                                                "finish_time": [], "num_prompt_tokens": [], "num_output_tokens": [],
+                                                "num_cached_tokens": [], "num_preemptions": [], "finish_reason": [],
+                                                "token_times": []}),
+              steps_table(synthetic_steps(30)), {"name": "s", "mode": "sim", "config": {}})
+    assert calibrate_main([str(tmp_path / "sim"), "-o", str(tmp_path / "p.json")]) == 2
+    assert "calibrate from real runs" in capsys.readouterr().err
