@@ -3,7 +3,8 @@
 Without a workload file it runs the embedded default (workloads/examples/chat.yaml): a chat service
 on Llama-3-8B / H100, simulated in seconds on a laptop with the project's real scheduler making every
 decision. A workload with a ``sweep`` runs every point (in parallel with ``--jobs``) and prints a table
-of all of them. Each run writes ``requests.parquet``, ``steps.parquet`` and ``summary.json``.
+of all of them. Each run writes ``requests.parquet``, ``steps.parquet`` and ``summary.json``, and
+``dashboard.html`` (a sweep: one page over all its points) unless ``--no-dashboard``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="take every decode step one by one (same results, slower; for checking)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
+    parser.add_argument("--no-dashboard", action="store_true", help="do not write dashboard.html")
     return parser.parse_args(argv)
 
 
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                 print_comparison([result.summary for result in results], [result.label for result in results],
                                  console=console)
             console.print(f"sweep of {len(results)} points written to {out_dir}/ (table: {out_dir}/sweep.csv)")
+            if not args.no_dashboard:
+                write_dashboard(out_dir, None if args.quiet else console)
             return 0
         result = run_simulation(workload, out_dir, cost_model=args.cost_model, progress=progress,
                                 fast_forward=not args.no_fast_forward)
@@ -75,7 +79,20 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(result.summary, console=console)
     console.print(f"simulated {result.num_requests} requests in {result.wall_s:.2f} s wall-clock "
                   f"({result.num_requests / max(result.wall_s, 1e-9):,.0f} requests/s); run written to {out_dir}/")
+    if not args.no_dashboard:
+        write_dashboard(out_dir, None if args.quiet else console)
     return 0
+
+
+# --- dashboard (issue 6) ---------------------------------------------------------------------------
+def write_dashboard(out_dir: Path, console: Console | None) -> None:
+    """<out_dir>/dashboard.html: of the run, or of every point when out_dir is a sweep directory."""
+    # Imported here: plotly costs a noticeable fraction of a second, which --no-dashboard skips.
+    from analysis.dashboard import DASHBOARD_FILE, build_dashboard
+
+    path = build_dashboard([out_dir], Path(out_dir) / DASHBOARD_FILE)
+    if console is not None:
+        console.print(f"dashboard: {path}")
 
 
 if __name__ == "__main__":

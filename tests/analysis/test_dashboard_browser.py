@@ -1,0 +1,37 @@
+"""Pages render in a real browser: every figure drawn, no JavaScript error. Skipped without Chromium.
+
+One page covers every kind of figure: three runs where two simulations differ only in arrival rate
+(a sweep) and a real run beside them (fidelity pairs, one with steps that correspond one to one and
+one without), so a single browser load checks them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis import read_run, write_run
+from analysis.dashboard import assemble_dashboard, prepare_runs, write_dashboard
+from analysis.dashboard.browser import find_chromium, probe_page
+from analysis.dashboard.synthetic_run import synthetic_run
+
+pytestmark = pytest.mark.skipif(find_chromium() is None, reason="no Chromium installed (.ci/install-chromium)")
+
+
+def test_every_kind_of_figure_renders_without_javascript_errors(tmp_path: Path) -> None:
+    sim = synthetic_run(tmp_path / "sim", num_requests=150, rate=20.0, seed=7, name="sim", mode="sim")
+    real = synthetic_run(tmp_path / "real", num_requests=150, rate=20.0, seed=7, name="real", mode="real",
+                         step_noise=0.1)
+    faster = synthetic_run(tmp_path / "sim-fast", num_requests=150, rate=40.0, seed=7, name="sim-fast", mode="sim")
+    diverged = read_run(faster)
+    write_run(faster, diverged.requests, diverged.steps.iloc[:-3], diverged.summary)
+
+    dashboard = assemble_dashboard(prepare_runs([sim, real, faster]))
+    ids = {figure.figure_id for figure in dashboard.figures}
+    assert {"latency-throughput", "fidelity-step-duration", "fidelity-step-duration-2"} <= ids
+    page = write_dashboard(dashboard, tmp_path / "all.html", browser_probe=True)
+
+    result = probe_page(page, timeout_s=120)
+    assert result.errors == 0, result.error_text
+    assert result.rendered == result.expected == len(dashboard.figures)

@@ -1,0 +1,187 @@
+"""Dashboards built from small synthetic runs: one run, several, a sweep, and a real run beside its
+simulation. Each page must be self-contained and hold the figures its inputs call for."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import read_run, write_run
+from analysis.dashboard import assemble_dashboard, build_dashboard, prepare_runs, write_run_dashboard
+from analysis.dashboard.__main__ import main as dashboard_main
+from analysis.dashboard.page import self_containment_problems
+from analysis.dashboard.run_inputs import RUN_COLORS
+from analysis.dashboard.synthetic_run import synthetic_run
+
+ALWAYS_SHOWN = ("latency-cdf", "throughput-over-time", "scheduler-state", "kv-cache-usage", "prefix-cache-hit-rate",
+                "request-timeline")
+FIDELITY_FIGURES = ("fidelity-step-duration", "fidelity-error-histogram", "fidelity-request-latency")
+
+
+def figure_ids(page: str) -> set[str]:
+    return set(re.findall(r'<div id="([^"]+)" class="dashboard-figure"', page))
+
+
+def build(tmp_path: Path, inputs, **options) -> str:
+    out = build_dashboard(inputs, tmp_path / "report.html", **options)
+    page = out.read_text(encoding="utf-8")
+    assert self_containment_problems(page) == []
+    return page
+
+
+@pytest.fixture
+def one_run(tmp_path: Path) -> Path:
+    return synthetic_run(tmp_path / "one", num_requests=120, rate=30.0, name="chat")
+
+
+def test_one_run_has_every_single_run_figure_and_tables(tmp_path: Path, one_run: Path) -> None:
+    page = build(tmp_path, [one_run], title="My run")
+    assert figure_ids(page) == set(ALWAYS_SHOWN)
+    assert "<title>My run</title>" in page
+    assert "latency (ms)" in page and "goodput (req/s)" in page  # the summary tables
+    assert 'class="config"' in page and "max_num_seqs: 256" in page  # the configuration, readable
+    assert "Latency distributions" in page and "KV-cache usage over time" in page
+
+def test_every_axis_has_a_title_and_time_and_latency_axes_have_units(tmp_path: Path, one_run: Path) -> None:
+    dashboard = assemble_dashboard(prepare_runs([one_run]))
+    for figure in dashboard.figures:
+        layout = figure.figure.layout
+        assert layout.title.text, figure.figure_id
+        axes = [name for name in layout if re.fullmatch(r"[xy]axis\d*", name) and layout[name].domain is not None
+                or name in ("xaxis", "yaxis")]
+        for name in axes:
+            if layout[name].matches is not None:  # a shared time axis is titled once, under the last panel
+                continue
+            title = layout[name].title.text
+            assert title, (figure.figure_id, name)
+            if "time" in title or "latency" in title:
+                assert "(s)" in title or "(ms)" in title, (figure.figure_id, name, title)
+
+
+def test_single_path_and_loaded_run_are_accepted(tmp_path: Path, one_run: Path) -> None:
+    from_path = build(tmp_path, one_run)
+    from_run = build(tmp_path, [read_run(one_run)])
+    assert figure_ids(from_path) == figure_ids(from_run)
+
+
+def test_several_runs_are_overlaid_with_one_colour_each(tmp_path: Path) -> None:
+    first = synthetic_run(tmp_path / "a", num_requests=80, rate=10.0, seed=1, name="fcfs",
+                          config={"scheduler": {"policy": "fcfs"}, "model": "llama-3-8b"})
+    second = synthetic_run(tmp_path / "b", num_requests=80, rate=20.0, seed=2, name="priority",
+                           config={"scheduler": {"policy": "priority"}, "model": "qwen2-7b"})
+    dashboard = assemble_dashboard(prepare_runs([first, second]))
+    assert [run.color for run in dashboard.runs] == list(RUN_COLORS[:2])
+    # Not a sweep (two fields differ) and no real run: only the overlaid figures.
+    assert {figure.figure_id for figure in dashboard.figures} == set(ALWAYS_SHOWN)
+    for figure in dashboard.figures:
+        colours = {str(trace.line.color) for trace in figure.figure.data if getattr(trace, "line", None)} | \
+            {str(trace.marker.color) for trace in figure.figure.data if getattr(trace, "marker", None)}
+        for run in dashboard.runs:
+            if figure.figure_id != "request-timeline":  # one run at a time, picked from a menu
+                assert run.color in colours, (figure.figure_id, run.label)
+    page = dashboard.html()
+    assert "difference from fcfs" in page
+    assert re.search(r"\([+-]\d+\.\d%\)", page)  # a relative difference in the summary table
+    assert "Configuration fields that differ between runs" in page and "scheduler.policy" in page
+
+
+def test_runs_differing_in_one_field_form_a_sweep(tmp_path: Path) -> None:
+    points = [synthetic_run(tmp_path / f"rate={rate}", num_requests=80, rate=rate, seed=3, name="rate_sweep")
+              for rate in (40.0, 5.0, 15.0)]
+    dashboard = assemble_dashboard(prepare_runs(points))
+    assert "latency-throughput" in {figure.figure_id for figure in dashboard.figures}
+    # Same name everywhere: labels come from the directories.
+    assert [run.label for run in dashboard.runs] == ["rate=40.0", "rate=5.0", "rate=15.0"]
+    curve = next(figure for figure in dashboard.figures if figure.figure_id == "latency-throughput")
+    p50 = curve.figure.data[0]
+    assert list(p50.text) == ["rate=5.0", "rate=15.0", "rate=40.0"]  # drawn in sweep order
+    assert "workload.arrival.rate" in dashboard.title
+    page = dashboard.html()
+    assert "SLO 500 ms" in page
+    assert "Highest throughput meeting the SLO at p90" in page or "No run meets the SLO" in page
+
+
+def test_a_sweep_directory_stands_for_its_points(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    rows = []
+    for rate in (5.0, 10.0):
+        point = synthetic_run(sweep_dir / f"rate={rate}", num_requests=60, rate=rate, seed=4, name="rate_sweep")
+        # As sim.sweep writes it: the directory as given at the time, here relative and since moved.
+        rows.append({"point": f"rate={rate}", "run_dir": f"old/place/rate={rate}"})
+        assert point.is_dir()
+    pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
+    dashboard = assemble_dashboard(prepare_runs([sweep_dir]))
+    assert [run.label for run in dashboard.runs] == ["rate=5.0", "rate=10.0"]
+    assert "latency-throughput" in {figure.figure_id for figure in dashboard.figures}
+
+
+def test_sim_beside_real_adds_fidelity_figures_and_error_table(tmp_path: Path) -> None:
+    sim = synthetic_run(tmp_path / "sim", num_requests=100, rate=20.0, seed=5, name="chat-sim", mode="sim")
+    real = synthetic_run(tmp_path / "real", num_requests=100, rate=20.0, seed=5, name="chat-real", mode="real",
+                         step_noise=0.1)
+    page = build(tmp_path, [real, sim])
+    assert figure_ids(page) == set(ALWAYS_SHOWN) | set(FIDELITY_FIGURES)
+    assert "Step duration: predicted by chat-sim vs measured on chat-real" in page  # steps joined one to one
+    assert "ttft_ms.p90" in page and "relative error" in page  # compare_runs' table
+    assert "Fidelity: chat-sim (sim) vs chat-real (real)" in page
+
+
+def test_diverged_runs_compare_step_duration_distributions(tmp_path: Path) -> None:
+    sim = synthetic_run(tmp_path / "sim", num_requests=60, rate=20.0, seed=6, name="sim", mode="replay")
+    real_dir = synthetic_run(tmp_path / "real", num_requests=60, rate=20.0, seed=6, name="real", mode="real",
+                             step_noise=0.1)
+    real = read_run(real_dir)
+    write_run(real_dir, real.requests, real.steps.iloc[:-7], real.summary)  # different scheduling: fewer steps
+    page = build(tmp_path, [sim, real_dir])
+    assert "Step duration distributions" in page
+    assert "steps do not correspond one to one" in page
+
+
+def test_write_run_dashboard_writes_into_the_run_directory(one_run: Path) -> None:
+    path = write_run_dashboard(one_run)
+    assert path == one_run / "dashboard.html"
+    assert self_containment_problems(path.read_text(encoding="utf-8")) == []
+
+
+def test_a_run_without_completed_requests_or_steps_still_builds(tmp_path: Path) -> None:
+    requests = {
+        "request_id": ["a", "b"], "arrival_time": [0.0, 0.5], "first_token_time": [float("nan")] * 2,
+        "finish_time": [1.0, float("nan")], "num_prompt_tokens": [10, 10], "num_output_tokens": [0, 0],
+        "num_cached_tokens": [0, 0], "num_preemptions": [0, 0], "finish_reason": ["abort", None],
+        "token_times": [[], []],
+    }
+    steps = {name: [] for name in ("step", "start_time", "duration", "num_prefill_reqs", "num_decode_reqs",
+                                   "num_scheduled_tokens", "num_prefill_tokens", "num_context_tokens", "num_running",
+                                   "num_waiting", "kv_blocks_used", "num_preemptions", "prefix_hit_tokens")}
+    run_dir = write_run(tmp_path / "empty", requests, steps, {"name": "empty", "mode": "real", "config": {}})
+    page = build(tmp_path, [run_dir])
+    assert figure_ids(page) == set(ALWAYS_SHOWN)
+    assert "no engine steps recorded" in page
+
+
+def test_run_names_are_escaped(tmp_path: Path) -> None:
+    run_dir = synthetic_run(tmp_path / "odd", num_requests=30, name="</script><script>alert(1)</script>")
+    page = build(tmp_path, [run_dir])
+    assert "<script>alert(1)" not in page
+
+
+def test_cli_writes_the_page_and_reports_bad_input(tmp_path: Path, one_run: Path, capsys) -> None:
+    out = tmp_path / "cli.html"
+    assert dashboard_main([str(one_run), "-o", str(out), "--title", "CLI"]) == 0
+    assert "<title>CLI</title>" in out.read_text(encoding="utf-8")
+    assert "6 figures" in capsys.readouterr().out
+    assert dashboard_main([str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_png_export_is_skipped_with_a_message_without_kaleido(tmp_path: Path, one_run: Path, monkeypatch,
+                                                              capsys) -> None:
+    import analysis.dashboard.png_export as png_export
+
+    monkeypatch.setattr(png_export, "kaleido_available", lambda: False)
+    build_dashboard([one_run], tmp_path / "report.html", png_dir=tmp_path / "png")
+    assert "PNG export skipped" in capsys.readouterr().err
+    assert not (tmp_path / "png").exists()
