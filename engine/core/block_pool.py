@@ -124,6 +124,11 @@ class BlockPool:
         block_ids, self.newly_allocated_block_ids = self.newly_allocated_block_ids, []
         return block_ids
 
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Remove a block from the prefix cache (its content is not valid KV); the block stays held."""
+        if block.block_hash is not None:
+            self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash
         if self.cached_block_hash_to_block.get(block_hash) is block:

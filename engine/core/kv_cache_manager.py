@@ -139,11 +139,24 @@ class KVCacheManager:
         return new_blocks
 
     def free(self, request: Request) -> None:
+        """Drop the request's blocks, tail first.
+
+        Blocks are registered in the prefix cache when they are scheduled, before their KV is
+        computed. A request freed before that computation (preempted in the step that scheduled it)
+        must not leave such blocks findable: every cached block past ``num_computed_tokens`` leaves
+        the cache first. For any other request this finds nothing to remove.
+        """
         request_id = request.request_id
         blocks = self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
-        if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+        num_cached = self.num_cached_block.pop(request_id, 0)
+        if not blocks:
+            return
+        first_uncomputed = request.num_computed_tokens // self.block_size
+        if num_cached > first_uncomputed:
+            for block in blocks[first_uncomputed:num_cached]:
+                if block.block_hash is not None and block.ref_cnt == 1:
+                    self.block_pool.uncache_block(block)
+        self.block_pool.free_blocks(reversed(blocks))
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
         return self.req_to_blocks.get(request_id, _NO_BLOCKS)

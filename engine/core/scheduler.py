@@ -174,7 +174,9 @@ class Scheduler:
                     victim = max(running, key=_preemption_rank)
                     running.remove(victim)
                     if victim.request_id in num_scheduled_tokens:
+                        # Already scheduled in this step: its tokens of this step will not be computed.
                         position = scheduled_running.index(victim)
+                        victim.num_computed_tokens = running_computed_before[position]
                         del scheduled_running[position]
                         del running_new_blocks[position]
                         del running_computed_before[position]

@@ -39,6 +39,9 @@ class ScriptedExecutor:
     validate: bool = True
     states: dict[str, _RequestState] = field(default_factory=dict)
     num_steps: int = 0
+    # The slots whose KV this executor has computed since their block was last (re)allocated, so that
+    # tests can check every prefix-cached block really holds computed KV.
+    computed_slots: dict[int, set[int]] = field(default_factory=dict)
 
     def next_token(self, state: _RequestState) -> int:
         """A hash of (seed, request salt, position, last token): same history, same token."""
@@ -55,6 +58,8 @@ class ScriptedExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
         states = self.states
+        for block_id in scheduler_output.new_block_ids_to_zero:
+            self.computed_slots[block_id] = set()
         for request_id in scheduler_output.finished_req_ids:
             states.pop(request_id, None)
         for new_request in scheduler_output.scheduled_new_reqs:
@@ -90,6 +95,9 @@ class ScriptedExecutor:
                     raise ExecutorStateError(f"{request_id}: scheduled past its known tokens")
                 if len(state.block_ids) * block_size < end:
                     raise ExecutorStateError(f"{request_id}: {len(state.block_ids)} blocks cannot hold {end} tokens")
+            for position in range(end - num_scheduled, end):
+                block_id = state.block_ids[position // block_size]
+                self.computed_slots.setdefault(block_id, set()).add(position % block_size)
             state.num_computed_tokens = end
             if end == len(state.token_ids):
                 token = self.next_token(state)

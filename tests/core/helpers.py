@@ -72,6 +72,14 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
     assert set(manager.req_to_blocks) <= set(scheduler.requests)
 
 
+def check_cached_blocks_were_computed(scheduler: Scheduler, executor: ScriptedExecutor) -> None:
+    """A prefix-cache hit must only ever find KV that an executor really computed."""
+    full = set(range(scheduler.block_size))
+    for block in scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block.values():
+        assert executor.computed_slots.get(block.block_id) == full, \
+            f"{block} is in the prefix cache but its KV was never computed"
+
+
 def expected_tokens(executor: ScriptedExecutor, request_id: str, prompt, num_tokens: int) -> list[int]:
     """The tokens the scripted executor produces for a request run alone, without preemption."""
     import zlib

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from tests.core.helpers import check_scheduler_invariants, make_core, make_request
+from tests.core.helpers import check_cached_blocks_were_computed, check_scheduler_invariants, make_core, make_request
 
 
 def test_thousands_of_requests_end_finished_or_aborted_with_every_block_free():
@@ -36,6 +36,7 @@ def test_thousands_of_requests_end_finished_or_aborted_with_every_block_free():
                 finished[output.request_id] = output.finish_reason
         if steps % 500 == 0:
             check_scheduler_invariants(core.scheduler)
+            check_cached_blocks_were_computed(core.scheduler, core.executor)
     assert set(finished) == submitted
     assert set(finished.values()) <= {"stop", "length", "abort", "ignored"}
     assert {"stop", "length", "abort"} <= set(finished.values())

@@ -6,8 +6,8 @@ import pytest
 
 from engine.core import ModelRunnerOutput, RequestStatus
 
-from tests.core.helpers import (check_scheduler_invariants, expected_tokens, make_core, make_request,
-                                run_to_completion)
+from tests.core.helpers import (check_cached_blocks_were_computed, check_scheduler_invariants, expected_tokens,
+                                make_core, make_request, run_to_completion)
 
 
 def scripted_output(scheduler_output, tokens_by_request):
@@ -224,3 +224,30 @@ def test_common_prefix_blocks_and_blocks_to_zero():
     assert [new.num_computed_tokens for new in first.scheduled_new_reqs] == [0, 8, 8]
     assert first.num_common_prefix_blocks == 2
     assert len(first.new_block_ids_to_zero) == len(set(first.new_block_ids_to_zero)) == 4 + 2 + 2
+
+
+def test_priority_victim_scheduled_in_the_same_step_leaves_no_uncomputed_blocks_cached():
+    # The victim was scheduled (and its new full blocks registered in the prefix cache) earlier in the
+    # step that preempts it: those blocks' KV is never computed, so they must not be findable.
+    core = make_core(num_gpu_blocks=8, block_size=4, policy="priority", max_num_batched_tokens=64,
+                     max_model_len=64, long_prefill_token_threshold=8)
+    scheduler = core.scheduler
+    core.add_request(make_request("low", range(200, 228), max_tokens=4, priority=5))
+    core.step()
+    core.add_request(make_request("high", range(100, 104), max_tokens=20, priority=0))
+    preempted = False
+    for _ in range(5):
+        step = core.step()
+        check_cached_blocks_were_computed(scheduler, core.executor)
+        if "low" in step.scheduler_output.preempted_req_ids:
+            preempted = True
+            break
+    assert preempted
+    probe = make_request("probe", list(range(200, 228)) + [1, 2])
+    probe.set_block_hasher(scheduler.block_hasher)
+    _, num_hit_tokens = scheduler.kv_cache_manager.get_computed_blocks(probe)
+    computed_before_preemption = 16  # two 8-token chunks ran before the preempting step
+    assert num_hit_tokens <= computed_before_preemption
+    results = run_to_completion(core)
+    assert results["low"]["finish_reason"] == "length"
+    check_cached_blocks_were_computed(scheduler, core.executor)

@@ -16,7 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from engine.core import RequestStatus
 
-from tests.core.helpers import check_scheduler_invariants, expected_tokens, make_core, make_request
+from tests.core.helpers import (check_cached_blocks_were_computed, check_scheduler_invariants, expected_tokens,
+                                make_core, make_request)
 
 PREFIXES = [list(range(3000, 3000 + 40)), list(range(4000, 4000 + 13)), []]
 
@@ -80,6 +81,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_computed_tokens
         check_scheduler_invariants(scheduler)
         self.collect(scheduler.update_from_output(output, self.core.executor.execute_model(output)))
+        check_cached_blocks_were_computed(scheduler, self.core.executor)
 
     def collect(self, outputs):
         for output in outputs:
