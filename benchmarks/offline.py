@@ -66,7 +66,7 @@ def run_engine(model_path, workload: Workload, device: str, max_num_seqs: int) -
     # Room for every request at full length: the comparison is about batching, not about preemption.
     kv_bytes = bytes_per_token * (workload.num_prompt_tokens + workload.num_output_tokens + 64 * len(workload.prompts))
     llm = LLM(model=str(model_path), device=device, max_num_seqs=max_num_seqs, max_model_len=longest + 16,
-              kv_cache_memory_bytes=int(kv_bytes), skip_tokenizer_init=True, enable_prefix_caching=False)
+              kv_cache_memory_bytes=int(kv_bytes), skip_tokenizer_init=True)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
     llm.generate(workload.prompts[:4], params[:4], use_tqdm=False)  # warm-up
     started = time.perf_counter()

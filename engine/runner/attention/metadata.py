@@ -16,6 +16,8 @@ from functools import cached_property
 
 import torch
 
+from engine.runner.attention.decode_groups import DecodeGroup, make_decode_groups
+
 
 @dataclass
 class DecodePrefillSplit:
@@ -79,6 +81,14 @@ class AttentionMetadata:
             decode_seq_lens=torch.tensor([self.seq_lens_cpu[i] for i in decodes], dtype=torch.long, device=device),
             max_decode_seq_len=max((self.seq_lens_cpu[i] for i in decodes), default=0),
         )
+
+    def decode_groups(self, block_size: int) -> list[DecodeGroup]:
+        """The decodes grouped by context length (see decode_groups.py), computed once per step."""
+        cache = self.__dict__.setdefault("_decode_groups", {})
+        if block_size not in cache:
+            cache[block_size] = make_decode_groups(self.split.decode_req_indices, self.seq_lens_cpu,
+                                                   self.query_start_loc_cpu, self.block_table, block_size)
+        return cache[block_size]
 
     def get_seq_start_loc(self) -> torch.Tensor:
         if self.seq_start_loc is None:

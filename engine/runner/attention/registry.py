@@ -17,9 +17,15 @@ def _flash_attn() -> AttentionBackend:
     return FlashAttentionBackend()
 
 
+def _triton() -> AttentionBackend:
+    from engine.runner.attention.triton_backend import TritonAttentionBackend
+    return TritonAttentionBackend()
+
+
 _BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
     "torch": _torch,
     "flash_attn": _flash_attn,
+    "triton": _triton,
 }
 
 
@@ -28,7 +34,7 @@ def available_attention_backends() -> list[str]:
 
 
 def get_attention_backend(name: str | AttentionBackend) -> AttentionBackend:
-    """The backend called ``name`` ('torch' or 'flash_attn'); an instance is passed through."""
+    """The backend called ``name`` ('torch', 'flash_attn' or 'triton'); an instance is passed through."""
     if isinstance(name, AttentionBackend):
         return name
     try:

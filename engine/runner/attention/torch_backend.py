@@ -2,8 +2,9 @@
 
 Two paths, because the two kinds of request have different shapes of work:
 
-* Decodes (query length 1) are batched: their keys/values are gathered from the block table into a
-  padded ``[num_decodes, max_len, Hkv, D]`` tensor and attended in one SDPA call with a length mask.
+* Decodes (query length 1) are batched by similar context length (see decode_groups.py): a group's
+  keys/values are gathered from the block table into a padded ``[n, max_len, Hkv, D]`` scratch tensor and
+  attended in one SDPA call with a length mask.
   GQA is handled without repeating K/V: the query is viewed as ``[B, Hkv, group, D]``, i.e. the group's
   query heads play the role of a query sequence, which is exact because a single token has no causal
   structure among its heads.
@@ -12,6 +13,8 @@ Two paths, because the two kinds of request have different shapes of work:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +26,12 @@ from engine.runner.attention.metadata import AttentionMetadata
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self) -> None:
+        # Scratch for the gathered decode keys/values, reused by every layer and step: allocating tens
+        # of megabytes afresh per call costs more in page faults than the gather itself. Layers run one
+        # after another, so one pair of buffers per (device, dtype) is enough.
+        self._workspace: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
+
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
         split = metadata.split
@@ -31,29 +40,38 @@ class TorchAttentionBackend(AttentionBackend):
         for req in split.prefill_req_indices:
             self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output)
 
+    def _scratch(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        numel = math.prod(shape)
+        key = (like.device, like.dtype, name)
+        buffer = self._workspace.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._workspace[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buffer[:numel].view(shape)
+
     def _attend_decodes(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
-        split = metadata.split
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
-        num_decodes = len(split.decode_req_indices)
-        group = query.shape[1] // num_kv_heads
-        max_blocks = -(-split.max_decode_seq_len // block_size)
-
-        # [B, max_blocks] physical ids -> [B, max_blocks * block_size, Hkv, D] gathered keys/values.
-        block_ids = metadata.block_table[split.decode_req_index_tensor, :max_blocks].to(torch.long)
-        max_len = max_blocks * block_size
-        keys = key_cache[block_ids].view(num_decodes, max_len, num_kv_heads, head_size)
-        values = value_cache[block_ids].view(num_decodes, max_len, num_kv_heads, head_size)
-        valid = torch.arange(max_len, device=query.device)[None, :] < split.decode_seq_lens[:, None]  # [B, L]
-        # Slots past a request's length were never written for it and may hold anything, NaN included;
-        # a zero attention weight does not neutralize NaN (0 * NaN = NaN), so zero them explicitly.
-        keys = torch.where(valid[:, :, None, None], keys, 0).transpose(1, 2)  # [B, Hkv, L, D]
-        values = torch.where(valid[:, :, None, None], values, 0).transpose(1, 2)
-
-        q = query[split.decode_token_index_tensor].view(num_decodes, num_kv_heads, group, head_size)
-        out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=valid[:, None, None, :], scale=scale)
-        output[split.decode_token_index_tensor] = out.reshape(num_decodes, num_kv_heads * group, head_size)
+        group_size = query.shape[1] // num_kv_heads
+        for group in metadata.decode_groups(block_size):
+            num_decodes, max_len = group.num_reqs, group.num_blocks * block_size
+            # [n * blocks] physical ids -> [n, max_len, Hkv, D] gathered keys/values.
+            block_shape = (group.block_ids.shape[0], block_size, num_kv_heads, head_size)
+            keys = torch.index_select(key_cache, 0, group.block_ids, out=self._scratch("key", block_shape, key_cache))
+            values = torch.index_select(value_cache, 0, group.block_ids,
+                                        out=self._scratch("value", block_shape, value_cache))
+            keys = keys.view(num_decodes * max_len, num_kv_heads, head_size)
+            values = values.view(num_decodes * max_len, num_kv_heads, head_size)
+            if group.padding_indices.numel():
+                # Slots past a request's length were never written for it and may hold anything, NaN
+                # included; a zero attention weight does not neutralize NaN (0 * NaN = NaN).
+                keys.index_fill_(0, group.padding_indices, 0)
+                values.index_fill_(0, group.padding_indices, 0)
+            keys = keys.view(num_decodes, max_len, num_kv_heads, head_size).transpose(1, 2)  # [B, Hkv, L, D]
+            values = values.view(num_decodes, max_len, num_kv_heads, head_size).transpose(1, 2)
+            q = query[group.token_indices].view(num_decodes, num_kv_heads, group_size, head_size)
+            out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=group.attn_mask,
+                                                 scale=scale)
+            output[group.token_indices] = out.reshape(num_decodes, num_kv_heads * group_size, head_size)
 
     def _attend_prefill(self, req: int, query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,

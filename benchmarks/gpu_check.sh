@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# GPU check for the kernels: correctness on the device, then speed against each figure's ceiling.
+#
+#   bash benchmarks/gpu_check.sh            (from anywhere; one GPU; finishes within BUDGET_S, default 470 s)
+#
+# Environment: PYTHON (use this interpreter as is), VENV (default .venv), BUDGET_S (total seconds),
+# FLASH_ATTN_WHEEL (a local flash-attn wheel to install), GPU_CHECK_OUT (folder for the JSON results).
+#
+# Python, in this order: $PYTHON; $VENV if its torch sees a GPU; a machine image whose python3 already
+# has a CUDA torch (used in a --system-site-packages venv, installing nothing from the network, so it
+# works on machines without internet); otherwise a new $VENV with `pip install -e '.[test,triton]'`
+# (the pinned torch wheel for Linux x86-64 is a CUDA build). flash-attn is installed only from a
+# prebuilt wheel (PyPI ships source only, and building it takes far longer than this check's budget);
+# without it the flash-attn tests and comparisons are skipped and say so.
+#
+# Figures measured, and their targets:
+#   1. reshape_and_cache achieved bandwidth (bytes read + written / time), Triton and CUDA kernels,
+#      against a 1 GiB tensor.copy_ timed the same way: target >= 80% of copy bandwidth at 65536 tokens.
+#   2. paged decode (one query token per request, 32/8 heads x 128, bf16, 256-token blocks) Triton vs
+#      flash-attn's flash_attn_with_kvcache on the same inputs: target Triton <= 1.3x flash-attn's time.
+#   3. decode throughput with CUDA graphs vs without, batch 1, small default model, through
+#      `python -m benchmarks.offline --device cuda --cuda-graphs on|off`: target >= 1.5x. Run only when
+#      benchmarks/offline.py has that flag (the model runner's CUDA-graph support is pending).
+# Every step runs under `timeout`, capped by what is left of the budget; a summary ends the output.
+
+# shellcheck disable=SC2317  # the functions below also run through `bash -c`, which shellcheck cannot see
+set -u -o pipefail
+cd "$(dirname "$0")/.." || exit 1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "benchmarks/gpu_check.sh needs an NVIDIA GPU (nvidia-smi finds none): nothing checked, nothing installed."
+  exit 1
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-470}
+VENV=${VENV:-.venv}
+OUT_DIR=${GPU_CHECK_OUT:-/tmp/servesim_gpu_check}
+mkdir -p "$OUT_DIR"
+SUMMARY=()
+FAILED=0
+
+remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
+
+# step NAME LIMIT_S COMMAND...: run under timeout (capped by the budget left), record the verdict.
+step() {
+  local name=$1 limit=$2 left t0 rc verdict
+  shift 2
+  left=$(remaining)
+  if ((left < 15)); then
+    SUMMARY+=("$name: skipped, time budget spent")
+    echo "### $name: skipped, time budget spent"
+    return 124
+  fi
+  ((limit > left)) && limit=$left
+  echo
+  echo "### $name (limit ${limit}s)"
+  t0=$(date +%s)
+  if declare -F "$1" >/dev/null; then
+    # timeout runs programs, not shell functions: give the function to a child bash (see export -f below).
+    timeout --kill-after=5 "$limit" bash -c '"$@"' _ "$@"
+  else
+    timeout --kill-after=5 "$limit" "$@"
+  fi
+  rc=$?
+  case $rc in
+    0) verdict=ok ;;
+    124 | 137) verdict="TIMED OUT after ${limit}s" ;;
+    *) verdict="FAILED (exit $rc)" ;;
+  esac
+  SUMMARY+=("$name: $verdict in $(($(date +%s) - t0))s")
+  return $rc
+}
+
+cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
+
+# Runs in a child shell (under timeout), so it reports its choice through $OUT_DIR/python.
+choose_python() {
+  local py
+  if [[ -n ${PYTHON:-} ]]; then
+    py=$PYTHON
+  elif [[ -x $VENV/bin/python ]] && cuda_torch "$VENV/bin/python"; then
+    py=$VENV/bin/python
+  elif command -v python3 >/dev/null && cuda_torch python3; then
+    # The image's CUDA torch, triton, pytest... are reused; only the project itself is added.
+    local env_dir=${VENV}_system
+    [[ -x $env_dir/bin/python ]] || python3 -m venv --system-site-packages "$env_dir" || return 1
+    py=$env_dir/bin/python
+    "$py" -m pip install -q --no-deps --no-build-isolation -e . \
+      || echo "(editable install failed; the project is found through PYTHONPATH instead)"
+  else
+    [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV" || return 1
+    py=$VENV/bin/python
+    "$py" -m pip install -q -e '.[test,triton]' || return 1
+  fi
+  cuda_torch "$py" || { echo "$py has no torch that sees a GPU"; return 1; }
+  echo "using $py"
+  echo "$py" >"$OUT_DIR/python"
+}
+
+install_flash_attn() {
+  if "$PY" -c 'import flash_attn' 2>/dev/null; then
+    echo "flash-attn already installed"
+  elif [[ -n ${FLASH_ATTN_WHEEL:-} ]]; then
+    "$PY" -m pip install -q --no-deps "$FLASH_ATTN_WHEEL"
+  else
+    "$PY" -m pip install -q --only-binary=:all: --no-deps 'flash-attn==2.8.3' \
+      || { echo "no prebuilt flash-attn wheel for this machine: flash-attn tests and comparisons are skipped"; return 0; }
+  fi
+}
+
+report_environment() {
+  nvidia-smi -L || true
+  "$PY" - <<'EOF'
+import importlib.util, sys, torch
+print(f"python {sys.version.split()[0]}  torch {torch.__version__}  cuda {torch.version.cuda}  "
+      f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'NONE'}")
+for name in ("triton", "flash_attn", "ninja", "pytest", "transformers"):
+    spec = importlib.util.find_spec(name)
+    version = getattr(__import__(name), "__version__", "?") if spec else "missing"
+    print(f"  {name}: {version}")
+EOF
+}
+
+cuda_graph_throughput() {
+  if ! "$PY" -m benchmarks.offline --help 2>/dev/null | grep -q -- '--cuda-graphs'; then
+    echo "pending: benchmarks/offline.py has no --cuda-graphs flag yet (target: decode throughput with graphs"
+    echo "         >= 1.5x without, batch 1, small model)"
+    return 0
+  fi
+  local mode
+  for mode in off on; do
+    echo "--- cuda graphs $mode"
+    "$PY" -m benchmarks.offline --device cuda --cuda-graphs "$mode" --max-num-seqs 1 --num-requests 8 || return $?
+  done
+  echo "target: output-token throughput with graphs on >= 1.5x off"
+}
+
+export -f cuda_torch choose_python install_flash_attn report_environment cuda_graph_throughput
+export VENV OUT_DIR
+rm -f "$OUT_DIR/python"
+step "environment" 300 choose_python || { echo "no usable Python with a CUDA torch"; FAILED=1; }
+PY=$(cat "$OUT_DIR/python" 2>/dev/null || true)
+export PY
+if [[ -n $PY ]]; then
+  step "flash-attn install" 60 install_flash_attn
+  step "environment report" 30 report_environment
+  step "tests/kernels on the GPU" 150 "$PY" -m pytest tests/kernels -q -rs -p no:cacheprovider || FAILED=1
+  step "tests/runner (flash-attn and device tests)" 90 "$PY" -m pytest tests/runner -q -rs -p no:cacheprovider \
+    || FAILED=1
+  step "kernel benchmark" 150 "$PY" -m benchmarks.kernels --quick --save "$OUT_DIR/kernels.json" || FAILED=1
+  step "CUDA-graph decode throughput" 60 cuda_graph_throughput
+fi
+
+echo
+echo "=== gpu_check summary ($(($(date +%s) - START))s of ${BUDGET_S}s budget; JSON in $OUT_DIR)"
+printf '  %s\n' "${SUMMARY[@]}"
+exit $FAILED

@@ -1,0 +1,80 @@
+"""Everything a user can set about an engine, in one dataclass, mapped onto the typed config tree.
+
+``EngineArgs`` is flat (it mirrors ``LLM``'s keyword arguments, like vLLM's); the configs it creates
+are the ones each layer owns: ``RunnerConfig`` (engine/runner), ``SchedulerConfig`` and ``CacheConfig``
+(engine/core). Values that depend on the loaded model (``max_model_len``, the number of KV blocks) are
+resolved by the runner and passed in when the core's configs are created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.models import default_model_path
+from engine.runner.config import RunnerConfig
+
+# model=None means the generated "small" default; these names pick a generated default model.
+DEFAULT_MODEL_NAMES = ("tiny", "small")
+DEFAULT_MODEL = "small"
+
+
+@dataclass
+class EngineArgs:
+    model: str | Path | None = None
+    tokenizer: str | Path | None = None
+    skip_tokenizer_init: bool = False
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    num_gpu_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    attention_backend: str | None = None
+    seed: int = 0
+    scheduling_policy: str = "fcfs"
+
+    def resolve_model_path(self) -> Path:
+        """The checkpoint folder: a generated default model by name, or a local folder."""
+        model = DEFAULT_MODEL if self.model is None else self.model
+        if isinstance(model, str) and model in DEFAULT_MODEL_NAMES:
+            return default_model_path(model)
+        path = Path(model)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model must be one of {DEFAULT_MODEL_NAMES} or a local checkpoint folder with a "
+                             f"config.json, got {str(model)!r}")
+        return path
+
+    def resolve_tokenizer_path(self, model_path: Path) -> Path | None:
+        if self.skip_tokenizer_init:
+            return None
+        if self.tokenizer is None:
+            return model_path
+        if isinstance(self.tokenizer, str) and self.tokenizer in DEFAULT_MODEL_NAMES:
+            return default_model_path(self.tokenizer)
+        return Path(self.tokenizer)
+
+    def create_runner_config(self, model_path: Path) -> RunnerConfig:
+        return RunnerConfig(
+            model=model_path, dtype=self.dtype, device=self.device, attention_backend=self.attention_backend,
+            block_size=self.block_size, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
+            num_gpu_blocks=self.num_gpu_blocks, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed)
+
+    def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy)
+
+    def create_cache_config(self, num_gpu_blocks: int) -> CacheConfig:
+        return CacheConfig(block_size=self.block_size, num_gpu_blocks=num_gpu_blocks,
+                           enable_prefix_caching=self.enable_prefix_caching)

@@ -1,0 +1,274 @@
+"""``LLM``: offline batch generation, shaped like vLLM's (the seed's section 3.1 entry point).
+
+    llm = LLM(model="tiny")
+    outputs = llm.generate(["Hello", "The engine"], SamplingParams(max_tokens=32))
+
+``generate`` validates every prompt and its sampling parameters *before* adding any request, so a bad
+input raises ``ValueError`` (naming the prompt's index) and leaves nothing behind in the engine. Once
+requests are in, each step is: ``EngineCore.step()`` (schedule, run the model, update), then the output
+processor (detokenize, stop strings, logprobs); requests ended by a stop string are finished in the
+core at once. If the loop is interrupted (an exception, Ctrl-C), the call's unfinished requests are
+aborted, so their KV blocks return to the pool and the engine stays usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.core import EngineCore, Request, RequestStatus, SamplingParams, Scheduler
+from engine.engine_args import EngineArgs
+from engine.models import load_tokenizer
+from engine.output_processor import OutputProcessor
+from engine.outputs import RequestOutput
+from engine.runner.executor import RealExecutor
+from engine.runner.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(slots=True)
+class _Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        device: str = "cpu",
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        num_gpu_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        attention_backend: str | None = None,
+        seed: int = 0,
+        scheduling_policy: str = "fcfs",
+        skip_tokenizer_init: bool = False,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
+        args = EngineArgs(
+            model=model, tokenizer=tokenizer, skip_tokenizer_init=skip_tokenizer_init, dtype=dtype, device=device,
+            block_size=block_size, enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            num_gpu_blocks=num_gpu_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization, enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold, attention_backend=attention_backend,
+            seed=seed, scheduling_policy=scheduling_policy)
+        self.engine_args = args
+        model_path = args.resolve_model_path()
+        tokenizer_path = args.resolve_tokenizer_path(model_path)
+        self.tokenizer = None
+        if tokenizer_path is not None:
+            try:
+                self.tokenizer = load_tokenizer(tokenizer_path)
+            except (OSError, ValueError) as error:
+                raise ValueError(f"cannot load a tokenizer from {str(tokenizer_path)!r} ({error}); pass "
+                                 "tokenizer=<folder> or skip_tokenizer_init=True to use token-id prompts") from error
+        runner = ModelRunner(args.create_runner_config(model_path), tokenizer=self.tokenizer)
+        num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens)
+        runner.initialize_kv_cache(num_gpu_blocks)
+        self.model_runner = runner
+        self.executor = RealExecutor(runner)
+        scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
+                              args.create_cache_config(num_gpu_blocks))
+        self.engine_core = EngineCore(scheduler, self.executor)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.eos_token_ids = _eos_token_ids(runner.model_config, self.tokenizer)
+        self._request_counter = itertools.count()
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def llm_engine(self) -> EngineCore:
+        return self.engine_core
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.engine_core.scheduler
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order.
+
+        ``prompts``: a string, a list of strings, a list of token-id lists, or dicts with
+        ``prompt_token_ids`` (and optionally ``prompt`` text) or ``prompt``; one token-id list or dict
+        is one prompt. ``sampling_params``: one for all prompts, or one per prompt (default: vLLM's
+        defaults, i.e. 16 tokens at temperature 1).
+        """
+        parsed = self._parse_prompts(prompts)
+        params = self._expand_sampling_params(sampling_params, len(parsed))
+        for index, (prompt, request_params) in enumerate(zip(parsed, params)):
+            self._validate(index, prompt, request_params)
+        request_ids = [f"{next(self._request_counter)}" for _ in parsed]
+        added: list[str] = []
+        try:
+            for request_id, prompt, request_params in zip(request_ids, parsed, params):
+                added.append(request_id)  # before adding: aborting an id the core lacks is harmless
+                self._add_request(request_id, prompt, request_params)
+            finished = self._run_engine(set(added), use_tqdm)
+        except BaseException:
+            self._abort(added)
+            raise
+        return [finished[request_id] for request_id in request_ids]
+
+    def _add_request(self, request_id: str, prompt: _Prompt, params: SamplingParams) -> None:
+        eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
+        extra_eos = [t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids]
+        if extra_eos and not params.ignore_eos:
+            # A checkpoint with several EOS ids (Llama 3): the core checks one, the rest stop like stop tokens.
+            params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
+        arrival_time = time.monotonic()
+        self.output_processor.add_request(request_id, prompt.text, prompt.token_ids, params, arrival_time)
+        self.engine_core.add_request(Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id,
+                                             arrival_time=arrival_time))
+
+    def _run_engine(self, request_ids: set[str], use_tqdm: bool) -> dict[str, RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        engine_core, output_processor, scheduler = self.engine_core, self.output_processor, self.scheduler
+        progress = tqdm(total=len(request_ids), desc="Processed prompts", unit="req", disable=not use_tqdm,
+                        dynamic_ncols=True)
+        started, num_output_tokens = time.perf_counter(), 0
+        try:
+            while len(finished) < len(request_ids):
+                if not engine_core.has_work():
+                    missing = sorted(request_ids - finished.keys())
+                    raise RuntimeError(f"the engine has no work left but requests {missing[:5]} never finished")
+                result = engine_core.step()
+                if result.scheduler_output is not None and result.scheduler_output.scheduled_new_reqs:
+                    output_processor.mark_scheduled(r.req_id for r in result.scheduler_output.scheduled_new_reqs)
+                processed = output_processor.process_outputs(result.outputs, self.executor.take_prompt_logprobs)
+                if processed.reqs_to_abort:
+                    # Stopped by a stop string: the core must free them before it schedules again.
+                    scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+                for output in processed.request_outputs:
+                    if output.finished and output.request_id in request_ids:
+                        finished[output.request_id] = output
+                        num_output_tokens += len(output.outputs[0].token_ids)
+                        progress.update(1)
+                        elapsed = time.perf_counter() - started
+                        progress.set_postfix_str(f"output {num_output_tokens / max(elapsed, 1e-9):.1f} tok/s",
+                                                 refresh=False)
+        finally:
+            progress.close()
+        return finished
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self.engine_core.abort_requests(request_ids)
+        self.output_processor.abort_requests(request_ids)
+
+    # ------------------------------------------------------------------ input handling
+
+    def _parse_prompts(self, prompts: Any) -> list[_Prompt]:
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and all(_is_token_id(t) for t in prompts)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of strings, of token-id lists or of dicts, "
+                             f"got {type(prompts).__name__}")
+        return [self._parse_prompt(index, prompt) for index, prompt in enumerate(prompts)]
+
+    def _parse_prompt(self, index: int, prompt: Any) -> _Prompt:
+        text = None
+        if isinstance(prompt, dict):
+            text = prompt.get("prompt")
+            token_ids = prompt.get("prompt_token_ids")
+            if token_ids is None and text is None:
+                raise ValueError(f"prompt {index}: a dict prompt needs 'prompt_token_ids' or 'prompt', "
+                                 f"got keys {sorted(prompt)}")
+            if token_ids is None:
+                prompt = text
+            else:
+                return _Prompt(text, self._check_token_ids(index, token_ids))
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {index} is text but the engine has no tokenizer "
+                                 "(skip_tokenizer_init=True); pass token ids")
+            return _Prompt(prompt, list(self.tokenizer(prompt).input_ids) if prompt else [])
+        if isinstance(prompt, (list, tuple)):
+            return _Prompt(None, self._check_token_ids(index, prompt))
+        raise ValueError(f"prompt {index} must be a string, a list of token ids or a dict, got "
+                         f"{type(prompt).__name__}")
+
+    def _check_token_ids(self, index: int, token_ids: Sequence[Any]) -> list[int]:
+        vocab_size = self.model_runner.vocab_size
+        bad = [t for t in token_ids if not _is_token_id(t) or not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {index} has token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+        return [int(t) for t in token_ids]
+
+    @staticmethod
+    def _expand_sampling_params(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * num_prompts
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        params = list(sampling_params)
+        if len(params) != num_prompts:
+            raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts; pass one, or one per prompt")
+        for index, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params[{index}] must be a SamplingParams, got {type(p).__name__}")
+        return params
+
+    def _validate(self, index: int, prompt: _Prompt, params: SamplingParams) -> None:
+        """Everything that would otherwise fail inside a step, checked while nothing is added yet."""
+        num_tokens = len(prompt.token_ids)
+        if num_tokens == 0:
+            raise ValueError(f"prompt {index} is empty (0 tokens); every prompt needs at least one token")
+        scheduler = self.scheduler
+        limit = scheduler.max_model_len
+        if num_tokens > limit:
+            raise ValueError(f"prompt {index} has {num_tokens} tokens, more than the engine allows: {limit} "
+                             f"(max_model_len={scheduler.scheduler_config.max_model_len}, KV capacity "
+                             f"{scheduler.cache_config.capacity_tokens} tokens)")
+        vocab_size = self.model_runner.vocab_size
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab_size:
+                raise ValueError(f"prompt {index}: SamplingParams.{name} must be <= the vocabulary size "
+                                 f"{vocab_size}, got {value}")
+        for name, ids in (("allowed_token_ids", params.allowed_token_ids or []),
+                          ("logit_bias", list(params.logit_bias or {}))):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"prompt {index}: SamplingParams.{name} has token id(s) {bad[:5]} outside "
+                                 f"the vocabulary [0, {vocab_size})")
+        if self.tokenizer is None:
+            for name in ("bad_words", "stop"):
+                if getattr(params, name):
+                    raise ValueError(f"prompt {index}: SamplingParams.{name} needs a tokenizer (the engine was "
+                                     "created with skip_tokenizer_init=True)")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _eos_token_ids(model_config, tokenizer) -> list[int]:
+    """The checkpoint's EOS id(s): config.json's, else the tokenizer's."""
+    eos = model_config.eos_token_id
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)

@@ -1,0 +1,70 @@
+"""Decode requests grouped by context length, so a padded batched gather wastes little.
+
+The torch backend attends all decodes of a group with one gather of their blocks and one SDPA call,
+padding every request to the group's longest context. Padding everything to the batch's longest
+context (a batch mixing 50- and 800-token contexts) would gather and attend mostly padding: sorting by
+length and cutting a new group whenever a request is shorter than ``MIN_FILL`` of the group's longest
+keeps the padded fraction under ``1 - MIN_FILL`` while calls per layer stay few.
+
+Computed once per step (and block size) from host lists, then shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# A request joins the current group if it needs at least this fraction of the group's blocks, or at
+# most one block fewer (short contexts would otherwise split into many tiny groups).
+MIN_FILL = 0.8
+
+
+@dataclass
+class DecodeGroup:
+    req_indices: torch.Tensor  # [n] int64: the requests' rows in the batch
+    token_indices: torch.Tensor  # [n] int64: the row of each request's query token
+    block_ids: torch.Tensor  # [n * num_blocks] int64: each request's first num_blocks blocks, flattened
+    num_blocks: int
+    attn_mask: torch.Tensor  # [n, 1, 1, num_blocks * block_size] bool: True = a real key of the request
+    # Flat indices into the gathered [n * num_blocks * block_size] keys that lie past a request's
+    # length: zeroed after the gather, because a masked position still multiplies its (maybe NaN) value.
+    padding_indices: torch.Tensor
+
+    @property
+    def num_reqs(self) -> int:
+        return self.req_indices.shape[0]
+
+
+def make_decode_groups(decode_req_indices: list[int], seq_lens_cpu: list[int], query_start_loc_cpu: list[int],
+                       block_table: torch.Tensor, block_size: int) -> list[DecodeGroup]:
+    order = sorted(decode_req_indices, key=lambda req: seq_lens_cpu[req], reverse=True)
+    groups: list[list[int]] = []
+    group_blocks = 0
+    for req in order:
+        num_blocks = -(-seq_lens_cpu[req] // block_size)
+        if groups and (num_blocks >= MIN_FILL * group_blocks or num_blocks >= group_blocks - 1):
+            groups[-1].append(req)
+        else:
+            groups.append([req])
+            group_blocks = num_blocks
+    return [_make_group(reqs, seq_lens_cpu, query_start_loc_cpu, block_table, block_size) for reqs in groups]
+
+
+def _make_group(reqs: list[int], seq_lens_cpu: list[int], query_start_loc_cpu: list[int], block_table: torch.Tensor,
+                block_size: int) -> DecodeGroup:
+    device = block_table.device
+    num_blocks = -(-seq_lens_cpu[reqs[0]] // block_size)
+    max_len = num_blocks * block_size
+    req_indices = torch.tensor(reqs, dtype=torch.long, device=device)
+    seq_lens = torch.tensor([seq_lens_cpu[req] for req in reqs], dtype=torch.long, device=device)
+    positions = torch.arange(max_len, device=device)
+    valid = positions[None, :] < seq_lens[:, None]  # [n, max_len]
+    return DecodeGroup(
+        req_indices=req_indices,
+        token_indices=torch.tensor([query_start_loc_cpu[req] for req in reqs], dtype=torch.long, device=device),
+        block_ids=block_table[req_indices, :num_blocks].to(torch.long).reshape(-1),
+        num_blocks=num_blocks,
+        attn_mask=valid[:, None, None, :],
+        padding_indices=torch.nonzero(~valid.reshape(-1)).reshape(-1),
+    )

@@ -1,0 +1,50 @@
+"""Triton backend: one unified paged-attention kernel for the whole mixed batch (``kernels/triton_*``).
+
+Unlike the torch backend it never splits decodes from prefills on the host and reads no ``*_cpu``
+metadata, so a step costs two kernel launches per layer (cache write, attention) whatever the batch
+looks like, and a decode step can be captured in a CUDA graph (see ``kernels/cuda_graph_runner.py``).
+
+The cache write uses the Triton ``reshape_and_cache`` on CUDA and the torch reference otherwise: on
+CPU the kernels only run through Triton's interpreter (``TRITON_INTERPRET=1``), which exists for
+testing, and the reference is both faster there and the definition the kernel is tested against.
+
+triton is imported when the backend is created, never when the project is imported.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.runner.attention.backend import AttentionBackend
+from engine.runner.attention.metadata import AttentionMetadata
+from kernels.fp8 import Scale
+from kernels.reshape_and_cache import reshape_and_cache
+from kernels.triton_support import triton_unavailable_reason
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, k_scale: Scale = 1.0, v_scale: Scale = 1.0) -> None:
+        """``k_scale``/``v_scale`` apply to an fp8 (float8_e4m3fn) cache only; see ``kernels/fp8.py``."""
+        reason = triton_unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"attention backend 'triton' cannot run here: {reason}; "
+                               "use attention backend 'torch' instead")
+        from kernels.triton_paged_attention import triton_paged_attention
+        from kernels.triton_reshape_and_cache import triton_reshape_and_cache
+        self._paged_attention = triton_paged_attention
+        self._reshape_and_cache = triton_reshape_and_cache
+        self.k_scale, self.v_scale = k_scale, v_scale
+
+    def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+        write = self._reshape_and_cache if key.is_cuda else reshape_and_cache
+        write(key, value, key_cache, value_cache, metadata.slot_mapping, self.k_scale, self.v_scale)
+
+    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+        # Rows past the requests' tokens are left as the caller's zeros: the kernel only writes rows that
+        # a request owns, and reads the device tensors only (no host sync, graph-capturable).
+        self._paged_attention(query, key_cache, value_cache, output, metadata.query_start_loc, metadata.seq_lens,
+                              metadata.block_table, scale, metadata.max_query_len, self.k_scale, self.v_scale)

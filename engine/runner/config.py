@@ -1,0 +1,87 @@
+"""The runner's typed configuration, and the device / attention-backend / dtype defaults it resolves.
+
+Defaults: device "cpu"; attention backend "torch" on CPU, "flash_attn" on CUDA when the package imports
+(else "torch", with a warning); dtype "auto" = the checkpoint's dtype, except that a float32 checkpoint
+runs in bfloat16 under flash-attn (which has no float32 kernels).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# On the host there is nothing to measure free memory against; this is the default KV budget.
+DEFAULT_CPU_KV_CACHE_BYTES = 1 * GIB
+
+
+@dataclass(slots=True)
+class RunnerConfig:
+    model: str | Path
+    dtype: str | torch.dtype = "auto"
+    device: str = "cpu"
+    attention_backend: str | None = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None  # None: the model's own limit
+    num_gpu_blocks: int | None = None  # explicit pool size; wins over any memory budget
+    kv_cache_memory_bytes: int | None = None  # explicit KV budget in bytes
+    gpu_memory_utilization: float = 0.9  # CUDA only: fraction of the device the engine may fill
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def require(ok: bool, name: str, requirement: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {requirement}, got {getattr(self, name)!r}")
+
+        require(isinstance(self.block_size, int) and self.block_size > 0, "block_size", "a positive integer")
+        require(self.num_gpu_blocks is None or (isinstance(self.num_gpu_blocks, int) and self.num_gpu_blocks >= 2),
+                "num_gpu_blocks", "None or an integer >= 2")
+        require(self.kv_cache_memory_bytes is None
+                or (isinstance(self.kv_cache_memory_bytes, int) and self.kv_cache_memory_bytes > 0),
+                "kv_cache_memory_bytes", "None or a positive integer")
+        require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]")
+        require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 1),
+                "max_model_len", "None or an integer >= 1")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {str(device)!r} was requested but CUDA is not available; use device='cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    return device
+
+
+def flash_attn_importable() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_attention_backend(name: str | None, device: torch.device) -> str:
+    if name is not None:
+        if name == "flash_attn" and device.type != "cuda":
+            raise ValueError("attention_backend 'flash_attn' needs device='cuda'; use 'torch' on CPU")
+        return name
+    if device.type != "cuda":
+        return "torch"
+    if flash_attn_importable():
+        return "flash_attn"
+    logger.warning("flash-attn is not installed; using the (slower) torch attention backend on CUDA")
+    return "torch"
+
+
+def resolve_runtime_dtype(requested: str | torch.dtype, checkpoint_dtype: torch.dtype, backend: str) -> torch.dtype:
+    """The dtype to run in, given the loader's resolution of ``requested`` for this checkpoint."""
+    if backend == "flash_attn" and checkpoint_dtype == torch.float32:
+        if requested in (None, "auto"):
+            return torch.bfloat16
+        raise ValueError("attention_backend 'flash_attn' supports float16/bfloat16 only, got dtype float32")
+    return checkpoint_dtype

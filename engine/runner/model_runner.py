@@ -1,0 +1,240 @@
+"""The model runner: SchedulerOutput in, sampled tokens out (the seed's 5.1 and 7).
+
+One ``execute_model`` call:
+1. ``_update_states``: drop finished and preempted requests, zero newly allocated blocks, add new and
+   resumed requests, extend block tables, take unscheduled requests out of the batch, condense.
+2. ``prepare_inputs``: flat input_ids / positions / slot_mapping / query_start_loc / seq_lens, in numpy.
+3. The backend's metadata builder, then the model forward over every scheduled token.
+4. Logits only for the last token of each row that reaches its last known token, then the sampler.
+
+The scheduler is the source of truth for how many tokens of a request are computed: the runner takes
+``num_computed_tokens`` from every SchedulerOutput rather than advancing its own count, so the two
+can never drift apart (e.g. after a preemption, or a request that sat out a step).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.core.outputs import ModelRunnerOutput
+from engine.core.scheduler_output import SchedulerOutput
+from engine.models import load_model
+from engine.models.config import ModelConfig
+from engine.models.loader import resolve_dtype
+from engine.runner.attention import allocate_kv_caches
+from engine.runner.attention_builders import get_metadata_builder
+from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
+from engine.runner.input_batch import InputBatch
+from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
+from engine.runner.logprobs_lists import split_logprobs
+from engine.runner.prepare_inputs import prepare_inputs
+from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_logprobs
+from engine.runner.request_state import CachedRequestState
+from engine.runner.sampler import Sampler, make_generator
+from engine.runner.sampling_batch import SamplingMetadataCache
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig, tokenizer=None) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
+        model_config = ModelConfig.from_pretrained(config.model)
+        self.dtype = resolve_runtime_dtype(config.dtype, resolve_dtype(config.dtype, model_config),
+                                           self.attention_backend)
+        self.model, self.model_config = load_model(config.model, self.dtype, self.device,
+                                                   attention_backend=self.attention_backend)
+        limit = self.model.max_model_len_limit
+        if config.max_model_len is not None and config.max_model_len > limit:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds what model {str(config.model)!r} "
+                             f"supports ({limit})")
+        self.max_model_len = config.max_model_len or limit
+        self.block_size = config.block_size
+        self.max_num_reqs = config.max_num_seqs
+        self.vocab_size = self.model_config.vocab_size
+        # Only for SamplingParams.bad_words, which arrive as text.
+        self.tokenizer = tokenizer
+        # Unseeded random sampling draws from torch's global generator: seed it once per engine.
+        torch.manual_seed(config.seed)
+
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len,
+                                      -(-self.max_model_len // self.block_size), self.block_size)
+        self.metadata_builder = get_metadata_builder(self.attention_backend, self.device)
+        self.sampler = Sampler()
+        self.sampling_metadata_cache = SamplingMetadataCache(self.vocab_size, self.device)
+        self.prompt_logprobs = PromptLogprobsCollector()
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_gpu_blocks = 0
+        # Wall time of the last execute_model, including the device sync that reads the samples back.
+        self.last_step_duration_s = 0.0
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------ KV cache
+
+    def determine_num_gpu_blocks(self, max_num_batched_tokens: int) -> int:
+        config = self.config
+        return determine_num_gpu_blocks(
+            self.model_config, block_size=self.block_size, dtype=self.dtype, device=self.device,
+            max_num_seqs=self.max_num_reqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=config.num_gpu_blocks,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization)
+
+    def initialize_kv_cache(self, num_gpu_blocks: int) -> None:
+        model_config = self.model_config
+        self.kv_caches = allocate_kv_caches(model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
+                                            model_config.num_key_value_heads, model_config.head_dim, self.dtype,
+                                            self.device)
+        self.num_gpu_blocks = num_gpu_blocks
+
+    def _zero_blocks(self, block_ids: list[int]) -> None:
+        """Clear reused blocks so no kernel can read a previous owner's values (the seed's _zero_block_ids)."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        for key_cache, value_cache in self.kv_caches:
+            key_cache.index_fill_(0, index, 0)
+            value_cache.index_fill_(0, index, 0)
+
+    # ------------------------------------------------------------------ state sync
+
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        batch = self.input_batch
+        requests = self.requests
+        for req_id in scheduler_output.finished_req_ids:
+            requests.pop(req_id, None)
+            batch.remove_request(req_id)
+            self.prompt_logprobs.forget(req_id)
+        for req_id in scheduler_output.preempted_req_ids:
+            batch.remove_request(req_id)
+        if scheduler_output.new_block_ids_to_zero and self.kv_caches:
+            self._zero_blocks(scheduler_output.new_block_ids_to_zero)
+
+        scheduled = scheduler_output.num_scheduled_tokens
+        # Requests the scheduler skipped this step (token budget exhausted) sit out; their state stays.
+        for req_id in [req_id for req_id in batch.req_id_to_index if req_id not in scheduled]:
+            batch.remove_request(req_id)
+
+        for new_request in scheduler_output.scheduled_new_reqs:
+            params = new_request.sampling_params
+            generator = None
+            if params.seed is not None and not params.is_greedy:
+                generator = make_generator(params.seed, self.device)
+            state = CachedRequestState(
+                req_id=new_request.req_id,
+                prompt_token_ids=list(new_request.prompt_token_ids),
+                sampling_params=params,
+                generator=generator,
+                block_ids=list(new_request.block_ids),
+                num_computed_tokens=new_request.num_computed_tokens,
+                output_token_ids=[],
+                eos_token_id=new_request.eos_token_id,
+                bad_words_token_ids=self._tokenize_bad_words(params.bad_words) if params.bad_words else None,
+            )
+            requests[new_request.req_id] = state
+            batch.add_request(state)
+
+        cached = scheduler_output.scheduled_cached_reqs
+        for index, req_id in enumerate(cached.req_ids):
+            state = requests[req_id]
+            num_computed_tokens = cached.num_computed_tokens[index]
+            state.num_computed_tokens = num_computed_tokens
+            new_block_ids = cached.new_block_ids[index]
+            if cached.resumed_from_preemption[index]:
+                # Recomputed from scratch: new block table, and the scheduler's copy of every token.
+                state.block_ids = list(new_block_ids or ())
+                state.output_token_ids[:] = cached.resumed_token_ids[req_id][state.num_prompt_tokens:]
+                batch.remove_request(req_id)
+                batch.add_request(state)
+                continue
+            if new_block_ids:
+                state.block_ids.extend(new_block_ids)
+            num_output_tokens = cached.num_output_tokens[index]
+            if len(state.output_token_ids) > num_output_tokens:
+                # The scheduler kept fewer tokens than were sampled (it is the source of truth).
+                del state.output_token_ids[num_output_tokens:]
+                row = batch.req_id_to_index.get(req_id)
+                if row is not None:
+                    batch.truncate_output(row, num_output_tokens)
+            row = batch.req_id_to_index.get(req_id)
+            if row is None:
+                batch.add_request(state)  # back from sitting out a step
+            else:
+                batch.num_computed_tokens_cpu[row] = num_computed_tokens
+                if new_block_ids:
+                    batch.block_table.append_row(new_block_ids, row)
+        batch.condense()
+
+    def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
+        """Each word as token ids, bare and with a leading space (how it appears mid-sentence)."""
+        if self.tokenizer is None:
+            raise ValueError("SamplingParams.bad_words needs a tokenizer; the runner was created without one")
+        variants: list[list[int]] = []
+        for word in bad_words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in variants:
+                    variants.append(ids)
+        return variants
+
+    # ------------------------------------------------------------------ one step
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        started = time.perf_counter()
+        self._update_states(scheduler_output)
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        if scheduler_output.total_num_scheduled_tokens == 0 or num_reqs == 0:
+            self.last_step_duration_s = time.perf_counter() - started
+            return ModelRunnerOutput([], {}, [])
+        if not self.kv_caches:
+            raise RuntimeError("initialize_kv_cache() must be called before execute_model()")
+
+        req_ids = list(batch.req_ids)
+        scheduled = scheduler_output.num_scheduled_tokens
+        num_scheduled_tokens = np.fromiter((scheduled[req_id] for req_id in req_ids), dtype=np.int32,
+                                           count=num_reqs)
+        prepared = prepare_inputs(batch, num_scheduled_tokens)
+        attn_metadata = self.metadata_builder.build(prepared.common)
+        input_ids = torch.from_numpy(prepared.input_ids).to(self.device, non_blocking=True)
+        positions = torch.from_numpy(prepared.positions).to(self.device, non_blocking=True)
+        hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
+
+        states = batch.request_states[:num_reqs]
+        prompt_logprobs = None
+        if any_prompt_logprobs(states, prepared.common.is_prefilling):
+            prompt_logprobs = self.prompt_logprobs.collect(states, prepared, hidden_states,
+                                                           self.model.compute_logits) or None
+
+        sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
+        logprobs = None
+        sampled_rows = prepared.sampled_rows
+        if len(sampled_rows):
+            logits_indices = torch.from_numpy(prepared.logits_indices).to(self.device, non_blocking=True)
+            logits = self.model.compute_logits(hidden_states[logits_indices])
+            sampling_states = [states[row] for row in sampled_rows.tolist()]
+            metadata = self.sampling_metadata_cache.get(sampling_states)
+            sampler_output = self.sampler(logits, metadata)
+            tokens = sampler_output.sampled_token_ids.tolist()  # the step's one device sync
+            batch.append_token_ids(sampled_rows, np.asarray(tokens, dtype=np.int32))
+            for row, state, token in zip(sampled_rows.tolist(), sampling_states, tokens):
+                state.output_token_ids.append(token)
+                sampled_token_ids[row] = [token]
+            if sampler_output.logprobs is not None:
+                logprobs = split_logprobs(sampler_output.logprobs, metadata.num_logprobs,
+                                          [state.req_id for state in sampling_states])
+
+        self.num_steps += 1
+        self.last_step_duration_s = time.perf_counter() - started
+        return ModelRunnerOutput(req_ids, {req_id: row for row, req_id in enumerate(req_ids)}, sampled_token_ids,
+                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.config.model)

@@ -1,0 +1,40 @@
+"""What the runner remembers about one request for its whole life (vLLM's ``CachedRequestState``).
+
+A request leaves the persistent batch whenever it is not scheduled (preempted, or skipped because the
+token budget ran out) but its state stays here until the scheduler reports it finished, so that it
+can rejoin the batch later without the scheduler resending its tokens, and so that a seeded request
+keeps drawing from the same generator (its random stream must not depend on batch composition).
+
+Invariants: ``output_token_ids`` is mutated in place only (sampling metadata holds references to it);
+``len(block_ids) * block_size >= num_computed_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.core.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, eq=False)
+class CachedRequestState:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    # Created once from SamplingParams.seed when the request first arrives; None for unseeded rows.
+    generator: torch.Generator | None
+    block_ids: list[int]
+    num_computed_tokens: int
+    output_token_ids: list[int]
+    eos_token_id: int | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)

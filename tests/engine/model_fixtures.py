@@ -1,0 +1,52 @@
+"""Small generated checkpoints (with tokenizers) and transformers references, shared by the engine and
+runner tests. Generated into pytest's temporary directories: the tests never touch the user's cache."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from engine.models import default_model_path, make_test_model
+
+
+def make_tiny_llama(tmp_path_factory) -> Path:
+    """The project's default "tiny" Llama (GQA, untied head) with its byte-level BPE tokenizer."""
+    return default_model_path("tiny", cache_dir=tmp_path_factory.mktemp("servesim-cache"))
+
+
+def make_tiny_qwen2(tmp_path_factory) -> Path:
+    """A tiny Qwen2 (q/k/v biases) with its own generated tokenizer."""
+    return make_test_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=3, with_tokenizer=True)
+
+
+def load_hf_model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' greedy generate for one prompt (no padding), never stopping early on EOS."""
+    with torch.no_grad():
+        output = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                   do_sample=False, pad_token_id=0)
+    return output[0, len(prompt):].tolist()
+
+
+def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([token_ids])).logits[0]
+
+
+def mixed_prompts(vocab_size: int, seed: int = 0, num_prompts: int = 16) -> list[list[int]]:
+    """Prompts of 3..70 tokens; every other one starts with one of two shared 32-token prefixes."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(4, vocab_size) for _ in range(32)] for _ in range(2)]
+    prompts = []
+    for index in range(num_prompts):
+        tail = [rng.randrange(4, vocab_size) for _ in range(rng.randint(3, 38))]
+        prompts.append(prefixes[index % 4 // 2] + tail if index % 2 == 0 else tail + tail[:rng.randint(0, 30)])
+    return prompts

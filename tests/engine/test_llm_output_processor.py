@@ -1,0 +1,71 @@
+"""The output processor on synthetic core outputs: output kinds, stop strings across steps, finish
+reasons reported by the core, and outputs for requests it no longer tracks."""
+
+import pytest
+
+from engine.core import EngineCoreOutput, SamplingParams
+from engine.models import load_tokenizer
+from engine.output_processor import OutputProcessor
+from engine.runner.logprobs_lists import TokenLogprobs
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_path):
+    return load_tokenizer(tiny_llama_path)
+
+
+def pieces(tokenizer, text):
+    return [[t] for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def test_output_kinds(tokenizer):
+    processor = OutputProcessor(tokenizer)
+    params = SamplingParams(max_tokens=50)
+    for kind in ("final", "cumulative", "delta"):
+        processor.add_request(kind, "p", [1, 40], params, output_kind=kind)
+    steps = pieces(tokenizer, "ab 😀 cd")
+    seen = {kind: [] for kind in ("final", "cumulative", "delta")}
+    for index, token_ids in enumerate(steps):
+        finish = "length" if index == len(steps) - 1 else None
+        outputs = [EngineCoreOutput(kind, token_ids, finish) for kind in seen]
+        for request_output in processor.process_outputs(outputs).request_outputs:
+            seen[request_output.request_id].append(request_output)
+    assert len(seen["final"]) == 1 and seen["final"][0].outputs[0].text == "ab 😀 cd"
+    assert len(seen["cumulative"]) == len(steps) and seen["cumulative"][-1].outputs[0].text == "ab 😀 cd"
+    assert "".join(o.outputs[0].text for o in seen["delta"]) == "ab 😀 cd"
+    assert sum(len(o.outputs[0].token_ids) for o in seen["delta"]) == len(steps)
+    assert [o.finished for o in seen["delta"]][-2:] == [False, True]
+    assert not processor.has_unfinished_requests()
+
+
+def test_stop_string_across_steps_and_later_outputs_ignored(tokenizer):
+    processor = OutputProcessor(tokenizer)
+    processor.add_request("r", None, [1], SamplingParams(stop=["END"], max_tokens=50))
+    aborted = []
+    for token_ids in pieces(tokenizer, "one EN") + pieces(tokenizer, "D two"):
+        result = processor.process_outputs([EngineCoreOutput("r", token_ids)])
+        aborted += result.reqs_to_abort
+        if result.request_outputs:
+            (final,) = result.request_outputs
+            break
+    assert aborted == ["r"]
+    assert (final.outputs[0].text, final.outputs[0].finish_reason, final.outputs[0].stop_reason) == (
+        "one ", "stop", "END")
+    # The core's confirmation of the abort (and anything else for that id) is ignored.
+    assert processor.process_outputs([EngineCoreOutput("r", [], "stop")]).request_outputs == []
+
+
+def test_core_finish_reasons_and_messages(tokenizer):
+    processor = OutputProcessor(tokenizer)
+    processor.add_request("ignored", None, [1], SamplingParams())
+    processor.add_request("aborted", None, [1], SamplingParams(logprobs=1))
+    outputs = processor.process_outputs([
+        EngineCoreOutput("ignored", [], "ignored", status_message="the prompt is empty"),
+        EngineCoreOutput("aborted", [50], None, logprobs=TokenLogprobs([50, 60], [-1.5, -0.5], 2)),
+    ]).request_outputs
+    assert [(o.outputs[0].finish_reason, o.status_message) for o in outputs] == [("ignored", "the prompt is empty")]
+    (aborted,) = processor.process_outputs([EngineCoreOutput("aborted", [], "abort")]).request_outputs
+    completion = aborted.outputs[0]
+    assert completion.finish_reason == "abort" and completion.token_ids == [50]
+    assert completion.cumulative_logprob == -1.5
+    assert {t: (lp.logprob, lp.rank) for t, lp in completion.logprobs[0].items()} == {50: (-1.5, 2), 60: (-0.5, 1)}

@@ -1,0 +1,83 @@
+"""Device, attention backend and dtype selection; the CUDA path runs where a GPU exists and is skipped
+cleanly elsewhere, with clear errors when CUDA or flash-attn is asked for but unusable."""
+
+import logging
+
+import pytest
+import torch
+
+from engine.runner import config as runner_config
+from engine.runner.config import resolve_attention_backend, resolve_device, resolve_runtime_dtype
+
+HAVE_CUDA = torch.cuda.is_available()
+HAVE_FLASH_ATTN = HAVE_CUDA and runner_config.flash_attn_importable()
+
+
+def test_defaults_on_cpu():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_attention_backend(None, torch.device("cpu")) == "torch"
+    assert resolve_runtime_dtype("auto", torch.float32, "torch") == torch.float32
+
+
+def test_cuda_default_backend(monkeypatch, caplog):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(runner_config, "flash_attn_importable", lambda: True)
+    assert resolve_attention_backend(None, cuda) == "flash_attn"
+    monkeypatch.setattr(runner_config, "flash_attn_importable", lambda: False)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_attention_backend(None, cuda) == "torch"
+    assert "flash-attn is not installed" in caplog.text
+    # flash-attn has no float32 kernels: "auto" runs a float32 checkpoint in bfloat16, float32 is refused.
+    assert resolve_runtime_dtype("auto", torch.float32, "flash_attn") == torch.bfloat16
+    assert resolve_runtime_dtype("auto", torch.float16, "flash_attn") == torch.float16
+    with pytest.raises(ValueError, match="float16/bfloat16"):
+        resolve_runtime_dtype("float32", torch.float32, "flash_attn")
+
+
+@pytest.mark.skipif(HAVE_CUDA, reason="CUDA is available here")
+def test_clear_errors_without_cuda(tiny_llama_path):
+    from engine import LLM
+
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        LLM(model=str(tiny_llama_path), device="cuda")
+    with pytest.raises(ValueError, match="attention_backend 'flash_attn' needs device='cuda'"):
+        LLM(model=str(tiny_llama_path), attention_backend="flash_attn")
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA device")
+def test_cuda_torch_backend_matches_transformers(tiny_llama_path):
+    from engine import LLM, SamplingParams
+    from tests.engine.model_fixtures import hf_greedy, load_hf_model, mixed_prompts
+
+    hf_model = load_hf_model(tiny_llama_path)
+    prompts = mixed_prompts(hf_model.config.vocab_size, seed=11, num_prompts=8)
+    llm = LLM(model=str(tiny_llama_path), device="cuda", attention_backend="torch", dtype="float32",
+              max_num_seqs=8, max_num_batched_tokens=48)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == hf_greedy(hf_model, prompt, 6)
+
+
+@pytest.mark.skipif(not HAVE_FLASH_ATTN, reason="needs CUDA and flash-attn")
+def test_cuda_flash_attn_matches_torch_backend(tiny_llama_path):
+    """Same device and dtype, two backends: the first step's logits agree to bfloat16 precision."""
+    from engine import LLM, SamplingParams
+    from tests.engine.model_fixtures import mixed_prompts
+
+    prompts = mixed_prompts(512, seed=11, num_prompts=8)
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    results = {}
+    for backend in ("flash_attn", "torch"):
+        llm = LLM(model=str(tiny_llama_path), device="cuda", attention_backend=backend, dtype="bfloat16",
+                  max_num_seqs=8)
+        assert llm.model_runner.attention_backend == backend
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        results[backend] = [o.outputs[0].logprobs[0] for o in outputs]
+        manager = llm.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_usable_blocks
+    for flash, reference in zip(results["flash_attn"], results["torch"]):
+        common = set(flash) & set(reference)
+        assert common
+        for token_id in common:
+            assert flash[token_id].logprob == pytest.approx(reference[token_id].logprob, abs=5e-2)
+
