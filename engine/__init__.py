@@ -7,10 +7,11 @@ in installs that have no torch at all.
 
 from engine.core.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs"]
 
 _LAZY = {
     "LLM": ("engine.llm", "LLM"),
+    "AsyncLLM": ("engine.async_llm", "AsyncLLM"),
     "RequestOutput": ("engine.outputs", "RequestOutput"),
     "CompletionOutput": ("engine.outputs", "CompletionOutput"),
     "EngineArgs": ("engine.engine_args", "EngineArgs"),

@@ -13,7 +13,6 @@ aborted, so their KV blocks return to the pool and the engine stays usable.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -22,21 +21,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from engine.core import EngineCore, Request, RequestStatus, SamplingParams, Scheduler
+from engine.core import EngineCore, RequestStatus, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
-from engine.models import load_tokenizer
+from engine.engine_components import build_engine
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.runner.executor import RealExecutor
-from engine.runner.model_runner import ModelRunner
+from engine.request_inputs import Prompt, is_token_id, make_core_request, parse_prompt, validate_request
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(slots=True)
-class _Prompt:
-    text: str | None
-    token_ids: list[int]
 
 
 class LLM:
@@ -70,25 +62,13 @@ class LLM:
             long_prefill_token_threshold=long_prefill_token_threshold, attention_backend=attention_backend,
             seed=seed, scheduling_policy=scheduling_policy)
         self.engine_args = args
-        model_path = args.resolve_model_path()
-        tokenizer_path = args.resolve_tokenizer_path(model_path)
-        self.tokenizer = None
-        if tokenizer_path is not None:
-            try:
-                self.tokenizer = load_tokenizer(tokenizer_path)
-            except (OSError, ValueError) as error:
-                raise ValueError(f"cannot load a tokenizer from {str(tokenizer_path)!r} ({error}); pass "
-                                 "tokenizer=<folder> or skip_tokenizer_init=True to use token-id prompts") from error
-        runner = ModelRunner(args.create_runner_config(model_path), tokenizer=self.tokenizer)
-        num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens)
-        runner.initialize_kv_cache(num_gpu_blocks)
-        self.model_runner = runner
-        self.executor = RealExecutor(runner)
-        scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
-                              args.create_cache_config(num_gpu_blocks))
-        self.engine_core = EngineCore(scheduler, self.executor)
+        components = build_engine(args)
+        self.tokenizer = components.tokenizer
+        self.model_runner = components.model_runner
+        self.executor = components.executor
+        self.engine_core = components.engine_core
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.eos_token_ids = _eos_token_ids(runner.model_config, self.tokenizer)
+        self.eos_token_ids = components.eos_token_ids
         self._request_counter = itertools.count()
 
     # ------------------------------------------------------------------ accessors
@@ -131,16 +111,12 @@ class LLM:
             raise
         return [finished[request_id] for request_id in request_ids]
 
-    def _add_request(self, request_id: str, prompt: _Prompt, params: SamplingParams) -> None:
-        eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
-        extra_eos = [t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids]
-        if extra_eos and not params.ignore_eos:
-            # A checkpoint with several EOS ids (Llama 3): the core checks one, the rest stop like stop tokens.
-            params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
+    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
         arrival_time = time.monotonic()
-        self.output_processor.add_request(request_id, prompt.text, prompt.token_ids, params, arrival_time)
-        self.engine_core.add_request(Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id,
-                                             arrival_time=arrival_time))
+        request = make_core_request(request_id, prompt, params, self.eos_token_ids, arrival_time)
+        self.output_processor.add_request(request_id, prompt.text, prompt.token_ids, request.sampling_params,
+                                          arrival_time)
+        self.engine_core.add_request(request)
 
     def _run_engine(self, request_ids: set[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -178,43 +154,17 @@ class LLM:
 
     # ------------------------------------------------------------------ input handling
 
-    def _parse_prompts(self, prompts: Any) -> list[_Prompt]:
+    def _parse_prompts(self, prompts: Any) -> list[Prompt]:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and all(_is_token_id(t) for t in prompts)):
+                                                and all(is_token_id(t) for t in prompts)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a string, a list of strings, of token-id lists or of dicts, "
                              f"got {type(prompts).__name__}")
         return [self._parse_prompt(index, prompt) for index, prompt in enumerate(prompts)]
 
-    def _parse_prompt(self, index: int, prompt: Any) -> _Prompt:
-        text = None
-        if isinstance(prompt, dict):
-            text = prompt.get("prompt")
-            token_ids = prompt.get("prompt_token_ids")
-            if token_ids is None and text is None:
-                raise ValueError(f"prompt {index}: a dict prompt needs 'prompt_token_ids' or 'prompt', "
-                                 f"got keys {sorted(prompt)}")
-            if token_ids is None:
-                prompt = text
-            else:
-                return _Prompt(text, self._check_token_ids(index, token_ids))
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"prompt {index} is text but the engine has no tokenizer "
-                                 "(skip_tokenizer_init=True); pass token ids")
-            return _Prompt(prompt, list(self.tokenizer(prompt).input_ids) if prompt else [])
-        if isinstance(prompt, (list, tuple)):
-            return _Prompt(None, self._check_token_ids(index, prompt))
-        raise ValueError(f"prompt {index} must be a string, a list of token ids or a dict, got "
-                         f"{type(prompt).__name__}")
-
-    def _check_token_ids(self, index: int, token_ids: Sequence[Any]) -> list[int]:
-        vocab_size = self.model_runner.vocab_size
-        bad = [t for t in token_ids if not _is_token_id(t) or not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt {index} has token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
-        return [int(t) for t in token_ids]
+    def _parse_prompt(self, index: int, prompt: Any) -> Prompt:
+        return parse_prompt(f"prompt {index}", prompt, self.tokenizer, self.model_runner.vocab_size)
 
     @staticmethod
     def _expand_sampling_params(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
@@ -230,45 +180,6 @@ class LLM:
                 raise ValueError(f"sampling_params[{index}] must be a SamplingParams, got {type(p).__name__}")
         return params
 
-    def _validate(self, index: int, prompt: _Prompt, params: SamplingParams) -> None:
-        """Everything that would otherwise fail inside a step, checked while nothing is added yet."""
-        num_tokens = len(prompt.token_ids)
-        if num_tokens == 0:
-            raise ValueError(f"prompt {index} is empty (0 tokens); every prompt needs at least one token")
-        scheduler = self.scheduler
-        limit = scheduler.max_model_len
-        if num_tokens > limit:
-            raise ValueError(f"prompt {index} has {num_tokens} tokens, more than the engine allows: {limit} "
-                             f"(max_model_len={scheduler.scheduler_config.max_model_len}, KV capacity "
-                             f"{scheduler.cache_config.capacity_tokens} tokens)")
-        vocab_size = self.model_runner.vocab_size
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > vocab_size:
-                raise ValueError(f"prompt {index}: SamplingParams.{name} must be <= the vocabulary size "
-                                 f"{vocab_size}, got {value}")
-        for name, ids in (("allowed_token_ids", params.allowed_token_ids or []),
-                          ("logit_bias", list(params.logit_bias or {}))):
-            bad = [t for t in ids if t >= vocab_size]
-            if bad:
-                raise ValueError(f"prompt {index}: SamplingParams.{name} has token id(s) {bad[:5]} outside "
-                                 f"the vocabulary [0, {vocab_size})")
-        if self.tokenizer is None:
-            for name in ("bad_words", "stop"):
-                if getattr(params, name):
-                    raise ValueError(f"prompt {index}: SamplingParams.{name} needs a tokenizer (the engine was "
-                                     "created with skip_tokenizer_init=True)")
-
-
-def _is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _eos_token_ids(model_config, tokenizer) -> list[int]:
-    """The checkpoint's EOS id(s): config.json's, else the tokenizer's."""
-    eos = model_config.eos_token_id
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else list(eos)
+    def _validate(self, index: int, prompt: Prompt, params: SamplingParams) -> None:
+        validate_request(f"prompt {index}", prompt, params, self.scheduler, self.model_runner.vocab_size,
+                         self.tokenizer is not None)

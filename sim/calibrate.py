@@ -44,7 +44,8 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
         device=executor.get("device"), source_runs=[str(path) for path in run_dirs], fit_error=fit.error_summary())
     provenance["num_steps"] = int(len(features))
     save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,
-                 hinges=fit.hinges if fit.kind == "piecewise_linear" else None)
+                 hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
+                 token_count_offsets_s=fit.token_count_offsets_s)
     return fit
 
 
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:>24}: {value * 1e6:12.4f} us per unit")
     for hinge in fit.hinges:
         print(f"  {hinge['feature']:>14} above {hinge['knot']:>7.0f}: {hinge['coefficient'] * 1e6:12.4f} us per unit")
+    for count, offset in fit.token_count_offsets_s.items():
+        print(f"  {'steps of ' + str(count) + ' token(s)':>24}: {offset * 1e3:+12.4f} ms")
     errors = fit.error_summary()
     print(f"held-out steps: {errors['num_held_out_steps']}, median |error| {errors['median_ape']:.2%}, "
           f"p90 {errors['p90_ape']:.2%} (train median {errors['train_median_ape']:.2%})")

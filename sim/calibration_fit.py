@@ -7,9 +7,11 @@ feature makes a step faster) and the model readable: each coefficient is "second
 
 The fit minimises *relative* error (each row is divided by its duration), because step durations
 span orders of magnitude between a one-request decode and a long prefill and every one of them matters
-to latency. Candidates (a plain linear model; the same with hinge terms on the token count, for a
-small-batch regime with a different slope) are compared on steps held out of the fit, and the best
-one is kept.
+to latency. Candidates are compared on steps held out of the fit, and the best one is kept: a plain
+linear model; the same with hinge terms on the token count (a regime with a different slope); and
+either with a small-batch table, one offset per token count up to a few tokens, the only terms allowed
+to be negative (on a CPU, the matrix kernels for 1, 2 and 3 rows differ in kind and a 3-row step can
+take longer than a 4-row one, which no smooth term captures).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear
 
 # Step-trace column -> the cost-model feature of the same meaning (sim/cost_models/step_batch.py).
 FEATURE_COLUMNS = {
@@ -37,12 +39,17 @@ LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "decode_context
 HINGE_FEATURE = "num_tokens"
 
 
+# Token counts that may get their own offset: those with at least this many steps in the training set.
+MIN_STEPS_PER_OFFSET = 5
+
+
 @dataclass
 class FitResult:
     kind: str
     coefficients: dict[str, float]
     intercept_s: float
     hinges: list[dict] = field(default_factory=list)
+    token_count_offsets_s: dict[int, float] = field(default_factory=dict)
     held_out_errors: np.ndarray = field(default_factory=lambda: np.zeros(0))
     train_errors: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -52,6 +59,9 @@ class FitResult:
             seconds += coefficient * features[name].to_numpy(float)
         for hinge in self.hinges:
             seconds += hinge["coefficient"] * np.maximum(0.0, features[hinge["feature"]].to_numpy(float) - hinge["knot"])
+        if self.token_count_offsets_s:
+            tokens = features["num_tokens"].to_numpy()
+            seconds += np.array([self.token_count_offsets_s.get(int(count), 0.0) for count in tokens])
         return seconds
 
     def error_summary(self) -> dict[str, float]:
@@ -71,28 +81,34 @@ def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["num_tokens"] > 0].reset_index(drop=True)
 
 
-def _design(features: pd.DataFrame, hinge_knots: list[float]) -> np.ndarray:
+def _design(features: pd.DataFrame, hinge_knots: list[float], offset_counts: list[int]) -> np.ndarray:
     columns = [np.ones(len(features))] + [features[name].to_numpy(float) for name in LINEAR_FEATURES]
     tokens = features[HINGE_FEATURE].to_numpy(float)
     columns += [np.maximum(0.0, tokens - knot) for knot in hinge_knots]
+    columns += [(tokens == count).astype(float) for count in offset_counts]
     return np.column_stack(columns)
 
 
-def fit_candidate(train: pd.DataFrame, hinge_knots: list[float]) -> FitResult:
-    design = _design(train, hinge_knots)
+def fit_candidate(train: pd.DataFrame, hinge_knots: list[float], offset_counts: list[int] = ()) -> FitResult:
+    offset_counts = list(offset_counts)
+    design = _design(train, hinge_knots, offset_counts)
     target = train["duration"].to_numpy(float)
-    # Relative error: scale each row by 1 / duration. Columns are scaled to unit size so that NNLS
+    # Relative error: scale each row by 1 / duration. Columns are scaled to unit size so that the solver
     # converges well on features whose magnitudes differ by orders of magnitude.
     weights = 1.0 / target
     scaled = design * weights[:, None]
     column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
-    solution, _ = nnls(scaled / column_scale, target * weights, maxiter=50 * design.shape[1])
-    solution = solution / column_scale
+    num_physical = design.shape[1] - len(offset_counts)
+    lower = np.concatenate([np.zeros(num_physical), np.full(len(offset_counts), -np.inf)])
+    solution = lsq_linear(scaled / column_scale, target * weights, bounds=(lower, np.full(design.shape[1], np.inf)),
+                          method="bvls").x / column_scale
     coefficients = {name: float(value) for name, value in zip(LINEAR_FEATURES, solution[1:1 + len(LINEAR_FEATURES)])}
+    hinge_values = solution[1 + len(LINEAR_FEATURES):num_physical]
     hinges = [{"feature": HINGE_FEATURE, "knot": float(knot), "coefficient": float(value)}
-              for knot, value in zip(hinge_knots, solution[1 + len(LINEAR_FEATURES):])]
+              for knot, value in zip(hinge_knots, hinge_values)]
+    offsets = {count: float(value) for count, value in zip(offset_counts, solution[num_physical:])}
     kind = "piecewise_linear" if hinge_knots else "linear"
-    return FitResult(kind, coefficients, float(solution[0]), hinges)
+    return FitResult(kind, coefficients, float(solution[0]), hinges, offsets)
 
 
 def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, seed: int = 0) -> FitResult:
@@ -107,9 +123,12 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     for quantiles in ((0.5,), (0.25, 0.75), (0.1, 0.5, 0.9)):
         knots = sorted(set(float(np.quantile(tokens, q)) for q in quantiles))
         candidates.append([knot for knot in knots if knot > tokens.min()])
+    counts = train[HINGE_FEATURE].astype(int).value_counts()
+    small = [int(count) for count in sorted(counts.index) if count <= 16 and counts[count] >= MIN_STEPS_PER_OFFSET]
+    candidates = [(knots, offsets) for offsets in ([], small) for knots in candidates]
     best = None
-    for knots in candidates:
-        fit = fit_candidate(train, knots)
+    for knots, offsets in candidates:
+        fit = fit_candidate(train, knots, offsets)
         fit.held_out_errors = (fit.predict(held_out) - held_out["duration"].to_numpy()) / held_out["duration"].to_numpy()
         fit.train_errors = (fit.predict(train) - train["duration"].to_numpy()) / train["duration"].to_numpy()
         if best is None or np.median(np.abs(fit.held_out_errors)) < np.median(np.abs(best.held_out_errors)) * 0.98:

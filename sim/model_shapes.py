@@ -134,9 +134,14 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
-    # A toy shape for tests and CPU runs: cheap enough that every step takes microseconds.
-    _shape("tiny", 2, 64, 4, 2, 128, 512, 2048, tied=True),
+    # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
+    # what real runs on the CPU use, and what their calibrated profiles describe.
+    _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),
+    _shape("servesim-small", 8, 512, 8, 4, 1408, 8192, 4096),
 )}
+# Short names, as engine.LLM(model="tiny" | "small") spells them.
+MODEL_PRESETS["tiny"] = MODEL_PRESETS["servesim-tiny"]
+MODEL_PRESETS["small"] = MODEL_PRESETS["servesim-small"]
 
 # Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")

@@ -101,3 +101,20 @@ def compare_replay(real: Run, replay_requests, replay_steps) -> ReplayReport:
         if len(real_times):
             largest = max(largest, float(np.max(np.abs(np.asarray(real_times) - np.asarray(replay_times)))))
     return ReplayReport(len(real_steps), len(replay_steps), first_divergent, largest, preemptions_equal)
+
+
+def run_replay(real_run_dir: str | Path, out_dir: str | Path | None):
+    """Replay, write the replay's run directory (mode "replay"), and compare it with the recorded run."""
+    from analysis import write_run
+    from sim.run_pipeline import RunResult, summarize_traces
+
+    recorder, run, cost_model = replay(real_run_dir)
+    workload = load_workload(run.summary["config"]["workload"])
+    config = dict(run.summary["config"], replay_of=str(real_run_dir), cost_model=cost_model.describe())
+    requests, steps, summary = summarize_traces(recorder, workload, config, mode="replay")
+    report = compare_replay(run, requests.to_pandas(), steps.to_pandas())
+    summary["replay"] = {"identical": report.identical, "first_divergent_step": report.first_divergent_step,
+                         "max_time_difference_s": report.max_time_difference_s}
+    if out_dir is not None:
+        write_run(Path(out_dir), requests, steps, summary)
+    return RunResult(summary, Path(out_dir) if out_dir else None, 0.0, 0.0, len(requests)), report

@@ -1,9 +1,13 @@
-"""Simulate a workload: ``python -m sim.run [WORKLOAD.yaml] [--set PATH=VALUE ...] [--out DIR]``.
+"""Run a workload: ``python -m sim.run [WORKLOAD.yaml] [--set PATH=VALUE ...] [--out DIR]``.
 
 Without a workload file it runs the embedded default (workloads/examples/chat.yaml): a chat service
 on Llama-3-8B / H100, simulated in seconds on a laptop with the project's real scheduler making every
 decision. A workload with a ``sweep`` runs every point (in parallel with ``--jobs``) and prints a table
-of all of them. Each run writes ``requests.parquet``, ``steps.parquet`` and ``summary.json``, and
+of all of them.
+
+``--executor real`` runs the same request stream on the real model runner at wall-clock arrival times
+(default model: the project's generated "small" Llama on the CPU); ``--replay RUN_DIR`` re-simulates a
+real run with its recorded step durations and checks that every scheduling decision is the same. Each run writes ``requests.parquet``, ``steps.parquet`` and ``summary.json``, and
 ``dashboard.html`` (a sweep: one page over all its points) unless ``--no-dashboard``.
 """
 
@@ -40,6 +44,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
     parser.add_argument("--no-dashboard", action="store_true", help="do not write dashboard.html")
+    real = parser.add_argument_group("real runs")
+    real.add_argument("--executor", choices=("sim", "real", "server"), default="sim",
+                      help="sim (default): the simulator; real: the model runner in this process; "
+                           "server: an OpenAI-compatible server at --url")
+    real.add_argument("--model", default=None, help="real runs: 'tiny', 'small' (default) or a checkpoint folder")
+    real.add_argument("--device", default="cpu", help="real runs: cpu or cuda")
+    real.add_argument("--dtype", default="auto", help="real runs: auto, float32, bfloat16 or float16")
+    real.add_argument("--attention-backend", default=None, help="real runs: torch, flash_attn or triton")
+    real.add_argument("--threads", type=int, default=1, help="real runs on the CPU: torch threads (default 1)")
+    real.add_argument("--url", default="http://127.0.0.1:8000", help="--executor server: the server's base URL")
+    real.add_argument("--replay", type=Path, metavar="REAL_RUN_DIR",
+                      help="re-simulate a real run with its recorded step durations and compare decisions")
     return parser.parse_args(argv)
 
 
@@ -56,10 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(stderr=False)
     try:
+        progress = not (args.no_progress or args.quiet)
+        if args.replay is not None:
+            return _replay(args, console)
         path = resolve_workload_path(args.workload)
         workload = load_workload(path, overrides=args.overrides)
         out_dir = args.out or Path("runs") / workload.name
-        progress = not (args.no_progress or args.quiet)
+        if args.executor != "sim":
+            if workload.sweep:
+                raise SetupError("sweep: real runs take one point at a time (use --set to pick it)")
+            return _real(args, workload, out_dir, progress, console)
         if workload.sweep:
             results = run_sweep(workload, out_dir, cost_model=args.cost_model, jobs=args.jobs, progress=progress,
                                 fast_forward=not args.no_fast_forward)
@@ -72,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = run_simulation(workload, out_dir, cost_model=args.cost_model, progress=progress,
                                 fast_forward=not args.no_fast_forward)
-    except (WorkloadError, SetupError, FileNotFoundError) as error:
+    except (WorkloadError, SetupError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not args.quiet:
@@ -82,6 +104,47 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_dashboard:
         write_dashboard(out_dir, None if args.quiet else console)
     return 0
+
+
+def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> int:
+    if args.executor == "server":
+        from sim.server_run import run_against_server
+
+        summary = run_against_server(workload, args.url, out_dir, progress=progress)
+        wall = summary.get("duration_s") or 0.0
+    else:
+        from sim.real_engine import build_real_engine
+        from sim.real_run import run_real
+
+        real = build_real_engine(workload, model=args.model, device=args.device, dtype=args.dtype,
+                                 attention_backend=args.attention_backend, threads=args.threads)
+        result = run_real(workload, out_dir, real.engine, vocab_size=real.vocab_size,
+                          reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
+        summary, wall = result.summary, result.wall_s
+    if not args.quiet:
+        print_summary(summary, console=console)
+    console.print(f"ran {summary['num_requests']} requests for real in {wall:.1f} s; run written to {out_dir}/")
+    if not args.no_dashboard:
+        write_dashboard(out_dir, None if args.quiet else console)
+    return 0
+
+
+def _replay(args, console: Console) -> int:
+    from sim.replay import run_replay
+
+    out_dir = args.out or Path(str(args.replay).rstrip("/") + "-replay")
+    result, report = run_replay(args.replay, out_dir)
+    if not args.quiet:
+        print_summary(result.summary, console=console)
+    console.print(report.describe())
+    console.print(f"replay written to {out_dir}/")
+    if not args.no_dashboard:
+        from analysis.dashboard import build_dashboard
+
+        path = build_dashboard([args.replay, out_dir], Path(out_dir) / "dashboard.html")
+        if not args.quiet:
+            console.print(f"dashboard (real beside replay): {path}")
+    return 0 if report.identical else 1
 
 
 # --- dashboard (issue 6) ---------------------------------------------------------------------------

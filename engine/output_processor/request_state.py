@@ -6,7 +6,9 @@ step with the whole output or only what the step added (for streaming front ends
 
 A stop string found in the text ends the request here, before the core knows: the caller must then
 finish it in the core (``Scheduler.finish_requests(..., FINISHED_STOPPED)``). The token that completed
-the stop string stays in ``token_ids``; only the text is truncated.
+the stop string stays in ``token_ids``; only the text is truncated. Streaming kinds hold back trailing
+text that may be the start of a stop string until it is known not to be (``stop_string_hold_back``);
+token ids and logprobs are never held.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from engine.core.outputs import EngineCoreOutput
 from engine.core.sampling_params import SamplingParams
 from engine.output_processor.detokenizer import IncrementalDetokenizer
 from engine.output_processor.logprobs import LogprobsProcessor, TokenDecoder
-from engine.output_processor.stop_strings import find_stop_string
+from engine.output_processor.stop_strings import find_stop_string, stop_string_hold_back
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 OutputKind = Literal["final", "cumulative", "delta"]
@@ -93,12 +95,16 @@ class RequestState:
         finished = self.finished
         if self.output_kind == "final" and not finished:
             return None
+        visible = len(self._text)
+        params = self.sampling_params
+        if not finished and params.stop and not params.include_stop_str_in_output:
+            visible -= stop_string_hold_back(self._text, params.stop)
         if self.output_kind == "delta":
-            text, token_ids = self._text[self._sent_chars:], self.output_token_ids[self._sent_tokens:]
+            text, token_ids = self._text[self._sent_chars:visible], self.output_token_ids[self._sent_tokens:]
             logprobs = self.logprobs.logprobs[self._sent_tokens:] if self.logprobs.logprobs is not None else None
-            self._sent_chars, self._sent_tokens = len(self._text), len(self.output_token_ids)
+            self._sent_chars, self._sent_tokens = max(visible, self._sent_chars), len(self.output_token_ids)
         else:
-            text, token_ids, logprobs = self._text, list(self.output_token_ids), self.logprobs.logprobs
+            text, token_ids, logprobs = self._text[:visible], list(self.output_token_ids), self.logprobs.logprobs
         completion = CompletionOutput(
             index=0, text=text, token_ids=token_ids, cumulative_logprob=self.logprobs.cumulative_logprob,
             logprobs=logprobs, finish_reason=self.finish_reason, stop_reason=self.stop_reason)

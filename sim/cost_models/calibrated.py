@@ -25,8 +25,11 @@ PROFILE_KINDS = ("linear", "piecewise_linear")
 # No engine step, even of the tiny model on a CPU, is faster than this; a fit extrapolated far from its
 # data (a negative slope times a huge feature) must still give a positive duration.
 DEFAULT_MINIMUM_STEP_TIME_S = 1e-5
-_TOP_LEVEL_KEYS = ("format", "kind", "features", "coefficients", "intercept_s", "hinges", "minimum_step_time_s",
-                   "provenance")
+_TOP_LEVEL_KEYS = ("format", "kind", "features", "coefficients", "intercept_s", "hinges", "token_count_offsets_s",
+                   "minimum_step_time_s", "provenance")
+# Small-batch offsets apply to steps of at most this many tokens (a table, not a curve: on a CPU the
+# matmul kernels for 1, 2, 3 rows differ in kind, and step time is not even monotone there).
+MAX_OFFSET_TOKEN_COUNT = 64
 _REQUIRED_PROVENANCE = ("hardware", "model", "dtype", "created")
 
 
@@ -45,6 +48,8 @@ class StepProfile:
     provenance: dict
     hinges: tuple[Hinge, ...] = ()
     minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S
+    # Seconds added to steps of exactly this many scheduled tokens (small batches only; may be negative).
+    token_count_offsets_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def features(self) -> list[str]:
@@ -56,6 +61,8 @@ class StepProfile:
         if self.kind == "piecewise_linear":
             data["hinges"] = [{"feature": h.feature, "knot": h.knot, "coefficient": h.coefficient}
                               for h in self.hinges]
+        if self.token_count_offsets_s:
+            data["token_count_offsets_s"] = {str(count): value for count, value in self.token_count_offsets_s.items()}
         data["minimum_step_time_s"] = self.minimum_step_time_s
         data["provenance"] = self.provenance
         return data
@@ -123,12 +130,22 @@ class StepProfile:
         elif "hinges" in data:
             raise fail("hinges", "is only read with kind 'piecewise_linear'")
 
+        raw_offsets = data.get("token_count_offsets_s", {})
+        if not isinstance(raw_offsets, dict):
+            raise fail("token_count_offsets_s", f"must be an object mapping a token count to seconds, got {raw_offsets!r}")
+        offsets: dict[int, float] = {}
+        for count, value in raw_offsets.items():
+            key = f"token_count_offsets_s.{count}"
+            if not str(count).isdigit() or not 1 <= int(count) <= MAX_OFFSET_TOKEN_COUNT:
+                raise fail(key, f"must name a token count from 1 to {MAX_OFFSET_TOKEN_COUNT}")
+            offsets[int(count)] = number(key, value)
+
         minimum = number("minimum_step_time_s", data.get("minimum_step_time_s", DEFAULT_MINIMUM_STEP_TIME_S))
         if minimum <= 0:
             raise fail("minimum_step_time_s", f"must be positive, got {minimum!r}")
         return cls(kind=kind, coefficients=coefficients, intercept_s=number("intercept_s", data["intercept_s"]),
                    provenance=_validate_provenance(data["provenance"], fail), hinges=tuple(hinges),
-                   minimum_step_time_s=minimum)
+                   minimum_step_time_s=minimum, token_count_offsets_s=offsets)
 
 
 def _validate_provenance(provenance: object, fail) -> dict:
@@ -171,13 +188,16 @@ def make_provenance(*, hardware: str, model: str, dtype: str, attention_backend:
 
 def save_profile(path: str | Path, coefficients: dict[str, float], intercept_s: float, provenance: dict, *,
                  kind: str = "linear", hinges: list[dict] | None = None,
-                 minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S) -> StepProfile:
+                 minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S,
+                 token_count_offsets_s: dict[int, float] | None = None) -> StepProfile:
     """Validate and write a profile; return what a later ``load_profile`` will read back."""
     data = {"format": PROFILE_FORMAT, "kind": kind, "features": list(coefficients),
             "coefficients": dict(coefficients), "intercept_s": intercept_s,
             "minimum_step_time_s": minimum_step_time_s, "provenance": provenance}
     if hinges is not None:
         data["hinges"] = hinges
+    if token_count_offsets_s:
+        data["token_count_offsets_s"] = {str(count): value for count, value in token_count_offsets_s.items()}
     profile = StepProfile.from_dict(data, source=str(path))  # never write a file the loader would reject
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,10 +222,12 @@ class CalibratedCostModel:
     name: str = "calibrated"
     _terms: tuple[tuple[str, float], ...] = field(init=False, repr=False)
     _hinges: tuple[tuple[str, float, float], ...] = field(init=False, repr=False)
+    _offsets: dict[int, float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._terms = tuple(self.profile.coefficients.items())
         self._hinges = tuple((h.feature, h.knot, h.coefficient) for h in self.profile.hinges)
+        self._offsets = dict(self.profile.token_count_offsets_s)
 
     @classmethod
     def from_file(cls, path: str | Path) -> CalibratedCostModel:
@@ -223,6 +245,8 @@ class CalibratedCostModel:
             excess = getattr(features, name) - knot
             if excess > 0:
                 seconds += coefficient * excess
+        if self._offsets:
+            seconds += self._offsets.get(features.num_tokens, 0.0)
         return max(seconds, self.profile.minimum_step_time_s)
 
     def describe(self) -> dict:

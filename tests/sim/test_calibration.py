@@ -50,7 +50,7 @@ def test_cli_writes_a_profile_the_simulator_loads(tmp_path, capsys):
     requests = {"request_id": ["r0"], "arrival_time": [0.0], "first_token_time": [0.1], "finish_time": [0.2],
                 "num_prompt_tokens": [10], "num_output_tokens": [2], "num_cached_tokens": [0], "num_preemptions": [0],
                 "finish_reason": ["length"], "token_times": [[0.1, 0.2]]}
-    executor = {"kind": "RealExecutor", "model": "tiny", "device": "cpu", "dtype": "float32",
+    executor = {"kind": "RealExecutor", "model": "servesim-tiny", "device": "cpu", "dtype": "float32",
                 "attention_backend": "torch", "hardware": "test-cpu"}
     write_run(tmp_path / "run", requests_table(requests), steps_table(steps),
               {"name": "t", "mode": "real", "config": {"executor": executor}})

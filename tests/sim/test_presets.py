@@ -208,3 +208,16 @@ def test_kv_cache_sizing_rejects_bad_arguments(kwargs, message):
     arguments = {"block_size": 16, "gpu_memory_utilization": 0.9, **kwargs}
     with pytest.raises(ValueError, match=message):
         kv_cache_num_blocks(resolve_model("tiny"), resolve_hardware("cpu"), "float32", **arguments)
+
+
+def test_generated_default_model_presets_match_the_engine_generator():
+    from engine.models.default_model import DEFAULT_MODEL_SPECS
+
+    for size in ("tiny", "small"):
+        spec, shape = DEFAULT_MODEL_SPECS[size], resolve_model(f"servesim-{size}")
+        assert (shape.num_layers, shape.hidden_size, shape.num_attention_heads, shape.num_kv_heads,
+                shape.intermediate_size, shape.vocab_size, shape.max_position_embeddings) == (
+            spec["num_hidden_layers"], spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"],
+            spec["intermediate_size"], spec["vocab_size"], spec["max_position_embeddings"])
+        assert shape.tied_embeddings == spec.get("tie_word_embeddings", False)
+        assert resolve_model(size) is shape

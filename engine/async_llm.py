@@ -1,0 +1,164 @@
+"""``AsyncLLM``: the streaming front end (the seed's section 3, async path, and 9.2).
+
+    async with AsyncLLM(model="tiny") as llm:
+        async for output in llm.generate("Hello", SamplingParams(max_tokens=16), request_id="r1"):
+            print(output.outputs[0].text, end="")      # the new text of this step
+            # the last output has finished=True and a finish_reason
+
+``generate`` = vLLM's ``AsyncLLM.generate -> add_request``: the prompt is parsed and validated here, on
+the event loop (a bad prompt raises in that request's iterator, and nothing reaches the engine), then
+the request goes to the engine thread (``engine.engine_loop``), which steps the ``EngineCore`` and
+runs the output processor, and hands each step's outputs back with ``loop.call_soon_threadsafe``.
+
+Outputs are deltas by default (``output_kind="delta"``: each carries only the text, token ids and
+logprobs its step added; when the consumer falls behind, consecutive deltas are merged), or
+``"cumulative"`` (each carries everything so far). Either way the last one has ``finished=True``.
+
+Leaving the iterator early (``break``, a cancelled task, a client that disconnected) aborts the request
+in the engine, which frees its KV blocks. ``abort(request_id)`` from elsewhere ends the iterator with
+a final output whose finish_reason is ``abort``. ``shutdown()`` (or leaving ``async with``) aborts every
+request in flight and stops the engine thread.
+
+The front end tokenizes with its own tokenizer instance: Hugging Face tokenizers must not be used
+from two threads at once, and the engine thread detokenizes with the other one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from engine.core import SamplingParams, Scheduler
+from engine.engine_args import EngineArgs
+from engine.engine_components import build_engine, load_tokenizer_for_engine
+from engine.engine_loop import EngineDeadError, EngineLoop, EngineStepError
+from engine.engine_stats import EngineStats, EngineStatsSnapshot
+from engine.output_collector import RequestOutputCollector
+from engine.output_processor import OutputProcessor
+from engine.output_processor.request_state import OutputKind
+from engine.outputs import RequestOutput
+from engine.request_inputs import Prompt, make_core_request, parse_prompt, validate_request
+
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError"]
+
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class AsyncLLM:
+    def __init__(self, engine_args: EngineArgs | None = None, **kwargs: Any) -> None:
+        """``AsyncLLM(EngineArgs(...))`` or ``AsyncLLM(model="tiny", max_num_seqs=64, ...)`` (LLM's keywords)."""
+        if engine_args is None:
+            engine_args = EngineArgs(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either an EngineArgs or keyword arguments, not both")
+        components = build_engine(engine_args)
+        self.engine_args = engine_args
+        self.model_path = components.model_path
+        self.model_config = components.model_runner.model_config
+        self.vocab_size = components.model_runner.vocab_size
+        self.eos_token_ids = components.eos_token_ids
+        # Read-only after construction (configuration only): safe to consult from the event loop.
+        self._scheduler: Scheduler = components.scheduler
+        self.tokenizer = (load_tokenizer_for_engine(components.tokenizer_path)
+                          if components.tokenizer is not None else None)
+        self.stats = EngineStats(components.scheduler)
+        self._engine_loop = EngineLoop(components, OutputProcessor(components.tokenizer), self.stats)
+        self._active_request_ids: set[str] = set()
+        self._engine_loop.start()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
+        return cls(engine_args)
+
+    # ------------------------------------------------------------------ what the server needs to know
+
+    @property
+    def max_model_len(self) -> int:
+        return self._scheduler.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self._scheduler.block_size
+
+    @property
+    def is_running(self) -> bool:
+        return self._engine_loop.is_alive
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_stats(self) -> EngineStatsSnapshot:
+        return self.stats.snapshot()
+
+    def check_health(self) -> None:
+        if not self._engine_loop.is_alive:
+            raise self._engine_loop.dead_error or EngineDeadError("the engine thread is not running")
+
+    # ------------------------------------------------------------------ requests
+
+    def process_prompt(self, prompt: Any, sampling_params: SamplingParams) -> Prompt:
+        """Parse and validate a prompt as ``generate`` will (ValueError naming what is wrong)."""
+        parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
+        validate_request("prompt", parsed, sampling_params, self._scheduler, self.vocab_size,
+                         self.tokenizer is not None)
+        return parsed
+
+    async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, *,
+                       output_kind: OutputKind = "delta") -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs. ``prompt``: text, token ids, or a dict as ``LLM.generate`` takes."""
+        if output_kind not in ("delta", "cumulative"):
+            raise ValueError(f"output_kind must be 'delta' or 'cumulative', got {output_kind!r}")
+        self.check_health()
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        request_id = f"req-{uuid.uuid4().hex}" if request_id is None else request_id
+        if request_id in self._active_request_ids:
+            raise ValueError(f"request_id {request_id!r} is already being served")
+        if isinstance(prompt, Prompt):  # already parsed (the server tokenizes first, to answer 400s)
+            parsed = prompt
+            validate_request("prompt", parsed, params, self._scheduler, self.vocab_size, self.tokenizer is not None)
+        else:
+            parsed = self.process_prompt(prompt, params)
+        loop = asyncio.get_running_loop()
+        # time.monotonic(): the output processor's clock, so TTFT = first_token_time - arrival_time.
+        request = make_core_request(request_id, parsed, params, self.eos_token_ids, time.monotonic())
+        collector = RequestOutputCollector(loop, output_kind)
+        self._active_request_ids.add(request_id)
+        finished = False
+        try:
+            self._engine_loop.add_request(request, parsed.text, collector)
+            while not finished:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+        finally:
+            self._active_request_ids.discard(request_id)
+            if not finished:
+                # Cancelled, closed early, or failed: make sure the engine lets go of its blocks.
+                self._engine_loop.abort([request_id])
+
+    def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests (safe from any thread); their iterators end with finish_reason "abort"."""
+        request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if request_ids:
+            self._engine_loop.abort(request_ids)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> None:
+        """Abort every request in flight and stop the engine thread (blocks until it has stopped)."""
+        self._engine_loop.request_shutdown()
+        if not self._engine_loop.join(timeout):
+            raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+
+    async def __aenter__(self) -> "AsyncLLM":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        # Joined from a worker thread: the event loop keeps running and delivers the final outputs.
+        await asyncio.to_thread(self.shutdown)

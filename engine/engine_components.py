@@ -1,0 +1,72 @@
+"""Building an engine from ``EngineArgs``: the setup shared by ``LLM`` and ``AsyncLLM``.
+
+Both front ends need the same pieces, built in the same order: the tokenizer (unless skipped), the
+model runner and its KV cache sized from the memory budget, the real executor, the scheduler sized
+from what the runner resolved (``max_model_len``, the number of blocks), and the EOS ids the core and
+the stop checks use. The front ends differ only in how they drive ``EngineCore.step()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.core import EngineCore, Scheduler
+from engine.engine_args import EngineArgs
+from engine.models import load_tokenizer
+from engine.runner.executor import RealExecutor
+from engine.runner.model_runner import ModelRunner
+
+
+@dataclass
+class EngineComponents:
+    engine_args: EngineArgs
+    model_path: Path
+    tokenizer_path: Path | None  # None with skip_tokenizer_init
+    tokenizer: Any
+    model_runner: ModelRunner
+    executor: RealExecutor
+    engine_core: EngineCore
+    eos_token_ids: list[int]
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.engine_core.scheduler
+
+
+def load_tokenizer_for_engine(tokenizer_path: Path | None):
+    """The tokenizer at ``tokenizer_path`` (None: none), with an error that says what to do instead."""
+    if tokenizer_path is None:
+        return None
+    try:
+        return load_tokenizer(tokenizer_path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot load a tokenizer from {str(tokenizer_path)!r} ({error}); pass "
+                         "tokenizer=<folder> or skip_tokenizer_init=True to use token-id prompts") from error
+
+
+def build_engine(args: EngineArgs) -> EngineComponents:
+    model_path = args.resolve_model_path()
+    tokenizer_path = args.resolve_tokenizer_path(model_path)
+    tokenizer = load_tokenizer_for_engine(tokenizer_path)
+    runner = ModelRunner(args.create_runner_config(model_path), tokenizer=tokenizer)
+    num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens)
+    runner.initialize_kv_cache(num_gpu_blocks)
+    executor = RealExecutor(runner)
+    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
+                          args.create_cache_config(num_gpu_blocks))
+    return EngineComponents(
+        engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,
+        model_runner=runner, executor=executor, engine_core=EngineCore(scheduler, executor),
+        eos_token_ids=eos_token_ids(runner.model_config, tokenizer))
+
+
+def eos_token_ids(model_config, tokenizer) -> list[int]:
+    """The checkpoint's EOS id(s): config.json's, else the tokenizer's."""
+    eos = model_config.eos_token_id
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)

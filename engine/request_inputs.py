@@ -1,0 +1,99 @@
+"""Turning a user's prompt and sampling parameters into a core ``Request``, checked first.
+
+Shared by ``LLM`` and ``AsyncLLM``. Everything that would otherwise fail inside a step (a token id
+outside the vocabulary, a prompt longer than the engine can ever hold, logprobs beyond the vocabulary)
+is rejected here with a ``ValueError`` that names the prompt (``label``, e.g. "prompt 3") and the
+field, before anything reaches the engine: a bad request never leaves a trace in the scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from engine.core import Request, SamplingParams, Scheduler
+
+
+@dataclasses.dataclass(slots=True)
+class Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+def is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int) -> Prompt:
+    """A string, a token-id list, or a dict with ``prompt_token_ids`` and/or ``prompt`` (text)."""
+    text = None
+    if isinstance(prompt, dict):
+        text = prompt.get("prompt")
+        token_ids = prompt.get("prompt_token_ids")
+        if token_ids is None and text is None:
+            raise ValueError(f"{label}: a dict prompt needs 'prompt_token_ids' or 'prompt', "
+                             f"got keys {sorted(prompt)}")
+        if token_ids is None:
+            prompt = text
+        else:
+            return Prompt(text, check_token_ids(label, token_ids, vocab_size))
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError(f"{label} is text but the engine has no tokenizer "
+                             "(skip_tokenizer_init=True); pass token ids")
+        return Prompt(prompt, list(tokenizer(prompt).input_ids) if prompt else [])
+    if isinstance(prompt, (list, tuple)):
+        return Prompt(None, check_token_ids(label, prompt, vocab_size))
+    raise ValueError(f"{label} must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
+def check_token_ids(label: str, token_ids: Sequence[Any], vocab_size: int) -> list[int]:
+    bad = [t for t in token_ids if not is_token_id(t) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{label} has token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    return [int(t) for t in token_ids]
+
+
+def validate_request(label: str, prompt: Prompt, params: SamplingParams, scheduler: Scheduler, vocab_size: int,
+                     has_tokenizer: bool) -> None:
+    """Everything that would otherwise fail inside a step, checked while nothing is added yet.
+
+    Reads only the scheduler's configuration (fixed after construction), so any thread may call it.
+    """
+    num_tokens = len(prompt.token_ids)
+    if num_tokens == 0:
+        raise ValueError(f"{label} is empty (0 tokens); every prompt needs at least one token")
+    limit = scheduler.max_model_len
+    if num_tokens > limit:
+        raise ValueError(f"{label} has {num_tokens} tokens, more than the engine allows: {limit} "
+                         f"(max_model_len={scheduler.scheduler_config.max_model_len}, KV capacity "
+                         f"{scheduler.cache_config.capacity_tokens} tokens)")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and value > vocab_size:
+            raise ValueError(f"{label}: SamplingParams.{name} must be <= the vocabulary size "
+                             f"{vocab_size}, got {value}")
+    for name, ids in (("allowed_token_ids", params.allowed_token_ids or []),
+                      ("logit_bias", list(params.logit_bias or {}))):
+        bad = [t for t in ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"{label}: SamplingParams.{name} has token id(s) {bad[:5]} outside "
+                             f"the vocabulary [0, {vocab_size})")
+    if not has_tokenizer:
+        for name in ("bad_words", "stop"):
+            if getattr(params, name):
+                raise ValueError(f"{label}: SamplingParams.{name} needs a tokenizer (the engine was "
+                                 "created with skip_tokenizer_init=True)")
+
+
+def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, eos_token_ids: list[int],
+                      arrival_time: float) -> Request:
+    """The core's Request; its ``sampling_params`` carry the extra EOS ids (hand those to the output
+    processor too, so both sides agree on what stops the request)."""
+    eos_token_id = eos_token_ids[0] if eos_token_ids else None
+    extra_eos = [t for t in eos_token_ids[1:] if t not in params.stop_token_ids]
+    if extra_eos and not params.ignore_eos:
+        # A checkpoint with several EOS ids (Llama 3): the core checks one, the rest stop like stop tokens.
+        params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
+    return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time)

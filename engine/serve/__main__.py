@@ -1,0 +1,7 @@
+"""``python -m engine.serve --help``."""
+
+import sys
+
+from engine.serve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,83 @@
+"""The FastAPI application: OpenAI's routes over one ``AsyncLLM``.
+
+    GET  /v1/models            the served model (with max_model_len, vocab_size, reserved_token_ids)
+    POST /v1/completions       text or token-id prompt, streaming (SSE) or not
+    POST /v1/chat/completions  messages through the model's chat template, streaming or not
+    GET  /health               200 while the engine thread runs, 503 otherwise
+    GET  /metrics              Prometheus text format
+
+The app does not own the engine unless asked (``shutdown_engine=True``, what ``python -m engine.serve``
+does): then leaving the server's lifespan shuts the engine down, aborting requests still in flight.
+``on_shutdown`` runs last (uvicorn re-raises SIGTERM after its shutdown, so code after
+``uvicorn.run`` may never run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from engine.async_llm import AsyncLLM
+from engine.serve.chat import create_chat_completion
+from engine.serve.completions import create_completion
+from engine.serve.errors import OpenAIError, install_error_handlers
+from engine.serve.prometheus import CONTENT_TYPE, render_metrics
+from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
+from engine.serve.state import ServerState
+
+
+def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = None, *,
+              shutdown_engine: bool = False, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    if served_model_names is None:
+        served_model_names = [str(engine.engine_args.model or engine.model_path.name)]
+    elif isinstance(served_model_names, str):
+        served_model_names = [served_model_names]
+    state = ServerState(engine, list(served_model_names))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if shutdown_engine:
+            await asyncio.to_thread(engine.shutdown)
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = FastAPI(title="servesim OpenAI-compatible server", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        tokenizer = engine.get_tokenizer()
+        reserved = sorted(int(t) for t in tokenizer.all_special_ids) if tokenizer is not None else []
+        cards = [{"id": name, "object": "model", "created": state.created, "owned_by": "servesim",
+                  "root": str(engine.model_path), "parent": None, "max_model_len": engine.max_model_len,
+                  "vocab_size": engine.vocab_size, "reserved_token_ids": reserved}
+                 for name in state.served_model_names]
+        return JSONResponse({"object": "list", "data": cards})
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw_request: Request) -> Response:
+        return await create_completion(body, raw_request, state)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await create_chat_completion(body, raw_request, state)
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            engine.check_health()
+        except Exception as error:
+            return OpenAIError(str(error), status=503, code="engine_unavailable").to_response()
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(engine.get_stats(), state.model_name), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,92 @@
+"""``python -m engine.serve``: load a model, then serve OpenAI's API on it until interrupted.
+
+    python -m engine.serve --model tiny --port 8000
+    python -m engine.serve --model /path/to/checkpoint --max-num-seqs 64 --served-model-name my-model
+
+Engine options map one to one onto ``EngineArgs``; their defaults are ``EngineArgs``' defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import uvicorn
+
+from engine.async_llm import AsyncLLM
+from engine.engine_args import DEFAULT_MODEL, EngineArgs
+from engine.serve.app import build_app
+
+logger = logging.getLogger("engine.serve")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    defaults = EngineArgs()
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.serve", description="An OpenAI-compatible server (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics) over the servesim engine.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="'tiny' or 'small' (generated locally) or a local checkpoint folder")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+    parser.add_argument("--served-model-name", nargs="+", default=None,
+                        help="name(s) clients use in 'model' (default: the --model value)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    engine.add_argument("--block-size", type=int, default=defaults.block_size)
+    engine.add_argument("--num-gpu-blocks", type=int, default=None,
+                        help="KV blocks in the pool (default: from the memory budget)")
+    engine.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=defaults.enable_prefix_caching)
+    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                        default=defaults.enable_chunked_prefill)
+    engine.add_argument("--scheduling-policy", default=defaults.scheduling_policy, choices=["fcfs", "priority"])
+    engine.add_argument("--device", default=defaults.device)
+    engine.add_argument("--dtype", default=defaults.dtype)
+    engine.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
+    engine.add_argument("--attention-backend", default=None)
+    engine.add_argument("--seed", type=int, default=defaults.seed)
+    return parser
+
+
+def engine_args_from(args: argparse.Namespace) -> EngineArgs:
+    return EngineArgs(
+        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
+        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, num_gpu_blocks=args.num_gpu_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
+        attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    started = time.perf_counter()
+    try:
+        engine = AsyncLLM(engine_args_from(args))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    names = args.served_model_name or [args.model]
+    stats = engine.get_stats()
+    logger.info("loaded %s in %.1f s: max_model_len %d, %d KV blocks of %d tokens; serving it as %s",
+                engine.model_path, time.perf_counter() - started, engine.max_model_len,
+                stats.kv_cache_usable_blocks, engine.block_size, ", ".join(names))
+    app = build_app(engine, names, shutdown_engine=True, on_shutdown=lambda: _print_summary(engine))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+def _print_summary(engine) -> None:
+    stats = engine.get_stats()
+    by_reason = ", ".join(f"{reason} {count}" for reason, count in stats.finished_requests.items() if count)
+    print(f"served {sum(stats.finished_requests.values())} requests ({by_reason or 'none'}), "
+          f"{stats.generation_tokens} tokens generated in {stats.num_steps} engine steps", file=sys.stderr)

@@ -1,0 +1,96 @@
+"""OpenAI-shaped errors: every failure the server reports is ``{"error": {message, type, param, code}}``.
+
+Bad input is a 400 that names the parameter (pydantic's validation errors, ``SamplingParams``'s
+ValueErrors, a prompt the engine cannot take, malformed JSON); an unknown route is a 404 and a wrong
+method a 405 in the same shape; anything unexpected is a 500 that says so, never a bare traceback.
+FastAPI's default 422 for validation errors becomes a 400, as OpenAI's API answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                405: "invalid_request_error", 503: "service_unavailable_error"}
+
+
+class OpenAIError(Exception):
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None,
+                 error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.error_type = error_type or _ERROR_TYPES.get(status, "server_error" if status >= 500 else
+                                                         "invalid_request_error")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
+                          "code": self.code}}
+
+    def to_response(self) -> JSONResponse:
+        return JSONResponse(self.to_dict(), status_code=self.status)
+
+
+def validation_error(exc: RequestValidationError) -> OpenAIError:
+    """The first pydantic error, as a 400 naming its parameter (``messages[0].content``)."""
+    errors = exc.errors()
+    if not errors:
+        return OpenAIError("invalid request body", code="invalid_request")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return OpenAIError(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+                           code="invalid_json")
+    location = [part for part in first.get("loc", ()) if part != "body"]
+    # Union members add their type name to the location (prompt.str, prompt.list[int]); keep the field.
+    location = [part for part in location if not (isinstance(part, str) and ("[" in part or part in
+                                                                              ("str", "int", "float", "bool")))]
+    param = None
+    for part in location:
+        if isinstance(part, int):
+            param = f"{param}[{part}]"
+        else:
+            param = part if param is None else f"{param}.{part}"
+    if first.get("type") == "missing":
+        message = f"missing required parameter: {param!r}" if param else "the request has no JSON body"
+        return OpenAIError(message, param=param, code="missing_required_parameter")
+    value = first.get("input")
+    shown = repr(value) if not isinstance(value, (dict, list)) or len(repr(value)) < 200 else type(value).__name__
+    where = f"{param}: " if param else ""
+    return OpenAIError(f"{where}{first['msg']} (got {shown})", param=param, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc).to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        if status == 404:
+            message = f"no route {request.method} {request.url.path}"
+        else:
+            message = str(exc.detail) if exc.detail else HTTPStatus(status).phrase
+        return OpenAIError(message, status=status, code=HTTPStatus(status).phrase.lower().replace(" ", "_")
+                           ).to_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error in %s %s", request.method, request.url.path)
+        return OpenAIError(f"internal server error: {exc!r}", status=500, error_type="internal_server_error",
+                           code="internal_error").to_response()

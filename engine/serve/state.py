@@ -1,0 +1,65 @@
+"""What every endpoint shares: the engine, the served model names, and the checks a request passes
+before it reaches the engine (model name, prompt, context length)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.async_llm import AsyncLLM
+from engine.core import SamplingParams
+from engine.engine_loop import EngineDeadError, EngineStepError
+from engine.request_inputs import Prompt
+from engine.serve.errors import OpenAIError
+
+
+@dataclass
+class ServerState:
+    engine: AsyncLLM
+    served_model_names: list[str]
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise OpenAIError(f"the model {model!r} does not exist; this server serves "
+                              f"{', '.join(repr(name) for name in self.served_model_names)}",
+                              param="model", code="model_not_found")
+
+    def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str) -> Prompt:
+        """Tokenize and validate; a prompt the engine cannot take is a 400 naming ``param``."""
+        try:
+            parsed = self.engine.process_prompt(prompt, params)
+        except ValueError as error:
+            message = str(error)
+            code = "context_length_exceeded" if "more than the engine allows" in message else "invalid_value"
+            raise OpenAIError(message, param=param, code=code) from None
+        max_model_len = self.engine.max_model_len
+        if params.max_tokens is not None and len(parsed.token_ids) + params.max_tokens > max_model_len:
+            raise OpenAIError(
+                f"this model's maximum context length is {max_model_len} tokens, but {len(parsed.token_ids) + params.max_tokens} "
+                f"were requested ({len(parsed.token_ids)} in the prompt, {params.max_tokens} to generate); "
+                "reduce the prompt or max_tokens", param="max_tokens", code="context_length_exceeded")
+        return parsed
+
+
+def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+            "total_tokens": num_prompt_tokens + num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": num_cached_tokens}}
+
+
+def engine_error(error: Exception) -> OpenAIError:
+    """An error raised by a request's iterator, as the OpenAI error to report."""
+    if isinstance(error, EngineDeadError):
+        return OpenAIError(str(error), status=503, code="engine_unavailable")
+    if isinstance(error, EngineStepError):
+        return OpenAIError(str(error), status=500, error_type="internal_server_error", code="engine_step_failed")
+    if isinstance(error, ValueError):
+        return OpenAIError(str(error), code="invalid_value")
+    return OpenAIError(f"internal server error: {error!r}", status=500, error_type="internal_server_error",
+                       code="internal_error")

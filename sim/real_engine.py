@@ -1,0 +1,86 @@
+"""Build the real engine for a workload: the model runner as executor, the workload's engine limits.
+
+Imported only when a real run is asked for (it loads torch). The engine's scheduler and cache
+configuration come from the workload's ``engine:`` section exactly as in a simulated run; the model
+is the given checkpoint (default: the project's generated "small" model), not the workload's
+simulated ``model:`` preset, which names a shape for the cost model.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+from engine.core import EngineCore
+from workloads import WorkloadConfig
+
+
+@dataclass
+class RealEngine:
+    engine: EngineCore
+    vocab_size: int
+    reserved_token_ids: list[int]
+    info: dict
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _warm_up(llm) -> None:
+    """Run a few requests before the clock starts, as a serving engine does at start-up.
+
+    The first forward passes pay one-time costs (allocator growth, lazy initialisation, kernel
+    selection) that would otherwise land on the workload's first steps and distort its trace. The
+    prefix cache is emptied afterwards, so the workload starts from the state a fresh engine has as
+    far as any scheduling decision can tell.
+    """
+    from engine.core import SamplingParams
+
+    vocab = llm.model_runner.vocab_size
+    prompts = [[(7 * index + 3 * length) % vocab for index in range(length)] for length in (8, 96, 300, 40)]
+    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0), use_tqdm=False)
+    scheduler = llm.engine_core.scheduler
+    if not scheduler.reset_prefix_cache():
+        raise RuntimeError("warm-up left KV blocks in use")
+    scheduler.kv_cache_manager.make_prefix_cache_stats()
+    scheduler.num_preemptions_total = 0
+
+
+def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
+                      dtype: str = "auto", attention_backend: str | None = None, threads: int = 1) -> RealEngine:
+    import torch
+
+    from engine.llm import LLM
+
+    if device == "cpu":
+        # One thread: steady, reproducible step times on a shared machine (and what calibration assumes).
+        torch.set_num_threads(threads)
+    section = workload.engine
+    llm = LLM(model=model, dtype=dtype, device=device, block_size=section.block_size,
+              enable_prefix_caching=section.enable_prefix_caching, max_num_seqs=section.max_num_seqs,
+              max_num_batched_tokens=section.max_num_batched_tokens, max_model_len=section.max_model_len,
+              num_gpu_blocks=section.num_gpu_blocks, enable_chunked_prefill=section.enable_chunked_prefill,
+              long_prefill_token_threshold=section.long_prefill_token_threshold, attention_backend=attention_backend,
+              seed=workload.seed, scheduling_policy=section.scheduling_policy,
+              gpu_memory_utilization=section.gpu_memory_utilization)
+    _warm_up(llm)
+    runner = llm.model_runner
+    reserved = sorted(set(llm.tokenizer.all_special_ids)) if llm.tokenizer is not None else []
+    hardware = cpu_name() + (f" ({threads} thread{'s' if threads > 1 else ''})" if device == "cpu" else "")
+    if device != "cpu":
+        hardware = torch.cuda.get_device_name(runner.device)
+    model_path = llm.engine_args.resolve_model_path()
+    # A generated default model is named as the simulator's presets name it, so profiles match.
+    model_name = f"servesim-{model or 'small'}" if model in (None, "tiny", "small") else str(model_path)
+    info = {"kind": "real", "model": model_name, "model_path": str(model_path), "device": str(runner.device),
+            "dtype": str(runner.dtype).removeprefix("torch."), "attention_backend": runner.attention_backend,
+            "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__}
+    return RealEngine(llm.engine_core, runner.vocab_size, reserved, info)

@@ -1,0 +1,199 @@
+"""A workload against a running OpenAI-compatible server, measured from the client side.
+
+The same request stream as a simulated or in-process real run (``workloads.generate_requests`` with
+the server model's vocabulary) is sent over HTTP at its arrival times: one streaming
+``/v1/completions`` request per workload request, the prompt as token ids, ``max_tokens`` = its
+output length and ``ignore_eos`` (so every request produces exactly its output length, as in the
+other modes). Each token's time is the arrival of the SSE chunk that carried it (``return_token_ids``
+says how many a chunk carries; a server without that extension is assumed to send one per chunk),
+and the token count is the final ``usage`` when the server sends one.
+
+The run directory has the usual files. ``steps.parquet`` is empty: a client cannot see engine steps,
+so step metrics (KV usage, prefix-hit rate, step counts) are absent from the summary; preemptions
+are unknown (0). Client-side latencies include HTTP and SSE overhead, which is the point: compare them
+with an in-process real run of the same workload to see what serving costs.
+
+    summary = run_against_server(load_workload("cpu_chat.yaml"), "http://127.0.0.1:8000", "runs/served")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from analysis import compute_summary, write_run
+from analysis.trace_schema import FINISH_REASONS, REQUIRED_STEP_COLUMNS, requests_table, steps_table
+from workloads import RequestSpec, WorkloadConfig, generate_requests
+
+# Long enough for any request of a sane workload; a stuck server still ends the run eventually.
+REQUEST_TIMEOUT_S = 600.0
+MAX_ERRORS_KEPT = 5
+
+
+@dataclass
+class _Record:
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    first_token_time: float = math.nan
+    finish_time: float = math.nan
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    token_times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: str | Path | None = None
+                      ) -> tuple[str, int, list[int], dict[str, Any]]:
+    """(model name, vocab size, reserved token ids, model card) of the server's model.
+
+    The vocabulary comes from ``tokenizer_path`` when given, else from the model card's
+    ``vocab_size`` / ``reserved_token_ids`` (fields this project's server adds to ``/v1/models``).
+    """
+    response = httpx.get(f"{url}/v1/models", timeout=30.0)
+    response.raise_for_status()
+    cards = response.json().get("data") or []
+    if not cards:
+        raise ValueError(f"{url}/v1/models lists no model")
+    card = next((c for c in cards if c.get("id") == model_name), None) if model_name else cards[0]
+    if card is None:
+        raise ValueError(f"model_name {model_name!r} is not served by {url} (it serves "
+                         f"{[c.get('id') for c in cards]})")
+    if tokenizer_path is not None:
+        from engine.models import load_tokenizer
+
+        tokenizer = load_tokenizer(Path(tokenizer_path))
+        return card["id"], len(tokenizer), sorted(int(t) for t in tokenizer.all_special_ids), card
+    if "vocab_size" not in card:
+        raise ValueError(f"{url}/v1/models does not say the vocabulary size; pass tokenizer_path")
+    return card["id"], int(card["vocab_size"]), sorted(int(t) for t in card.get("reserved_token_ids", [])), card
+
+
+def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path | None, *,
+                       model_name: str | None = None, tokenizer_path: str | Path | None = None,
+                       progress: bool = False) -> dict[str, Any]:
+    """Send the workload to the server at ``url``; write the run directory (if ``out_dir``); return the
+    summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``)."""
+    url = url.rstrip("/")
+    model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path)
+    specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved)
+    started = time.perf_counter()
+    records = asyncio.run(_send_all(specs, url, model, progress, workload.name))
+    wall_s = time.perf_counter() - started
+    requests = requests_table(_columns(records))
+    steps = steps_table({name: [] for name in REQUIRED_STEP_COLUMNS})
+    config = {
+        "workload": workload.to_dict(),
+        "vocab_size": vocab_size,
+        "reserved_token_ids": reserved,
+        "executor": {"kind": "server", "url": url, "model": model, "max_model_len": card.get("max_model_len")},
+        "python": platform.python_version(),
+    }
+    slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else None
+    summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=workload.name, mode="real",
+                              config=config, slo=slo)
+    errors = [f"{r.request_id}: {r.error}" for r in records if r.error]
+    summary["num_request_errors"] = len(errors)
+    summary["request_errors"] = errors[:MAX_ERRORS_KEPT]
+    summary["client_wall_s"] = wall_s
+    if out_dir is not None:
+        write_run(Path(out_dir), requests, steps, summary)
+    return summary
+
+
+async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bool, name: str) -> list[_Record]:
+    # No pool limit: a request queued inside the client would be charged the wait as server latency.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    bar = tqdm(total=len(specs), desc=f"{name} (server)", unit="req", disable=not progress, mininterval=0.5,
+               leave=False)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
+        origin = time.perf_counter()
+        tasks = []
+        for spec in sorted(specs, key=lambda s: s.arrival_time):
+            delay = origin + spec.arrival_time - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_send(client, model, spec, origin, bar)))
+        records = await asyncio.gather(*tasks)
+    bar.close()
+    return list(records)
+
+
+async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar) -> _Record:
+    def now() -> float:
+        return time.perf_counter() - origin
+
+    record = _Record(spec.request_id, now(), len(spec.prompt_token_ids))
+    body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}
+    num_counted = 0
+    usage = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", "replace")
+                raise RuntimeError(f"HTTP {response.status_code}: {text[:300]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(f"error event: {chunk['error'].get('message')}")
+                arrived = now()
+                for choice in chunk.get("choices") or []:
+                    token_ids = choice.get("token_ids")
+                    count = len(token_ids) if token_ids is not None else (1 if choice.get("text") else 0)
+                    if count and math.isnan(record.first_token_time):
+                        record.first_token_time = arrived
+                    record.token_times.extend([arrived] * count)
+                    num_counted += count
+                    if choice.get("finish_reason"):
+                        record.finish_reason = choice["finish_reason"]
+                        record.finish_time = arrived
+                usage = chunk.get("usage") or usage
+    except (httpx.HTTPError, RuntimeError, ValueError) as error:
+        record.error = str(error) or type(error).__name__
+        record.finish_reason = "error"
+    if math.isnan(record.finish_time):
+        record.finish_time = now()
+    if record.finish_reason not in FINISH_REASONS:
+        record.finish_reason = "error"
+    record.num_output_tokens = num_counted
+    if usage:
+        record.num_output_tokens = int(usage.get("completion_tokens", num_counted))
+        record.num_prompt_tokens = int(usage.get("prompt_tokens", record.num_prompt_tokens))
+        record.num_cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    bar.update(1)
+    return record
+
+
+def _columns(records: list[_Record]) -> dict[str, list]:
+    return {
+        "request_id": [r.request_id for r in records],
+        "arrival_time": [r.arrival_time for r in records],
+        "first_token_time": [r.first_token_time for r in records],
+        "finish_time": [r.finish_time for r in records],
+        "num_prompt_tokens": [r.num_prompt_tokens for r in records],
+        "num_output_tokens": [r.num_output_tokens for r in records],
+        "num_cached_tokens": [r.num_cached_tokens for r in records],
+        "num_preemptions": [0 for _ in records],
+        "finish_reason": [r.finish_reason for r in records],
+        "token_times": [r.token_times for r in records],
+    }
+
+
+__all__ = ["run_against_server", "server_vocabulary"]

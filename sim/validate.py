@@ -1,0 +1,104 @@
+"""Fidelity report: ``python -m sim.validate WORKLOAD.yaml [--profile profile.json]``.
+
+Runs the workload for real (the model runner, wall-clock arrivals), then simulates the very same
+request stream with the same engine configuration and a calibrated step-time profile, and compares
+the two runs metric by metric: p50 / p90 / p99 of TTFT, TPOT, ITL and end-to-end latency, and
+throughput, each with its relative error. Writes ``<out>/real``, ``<out>/sim``, ``<out>/comparison.json``
+and ``<out>/dashboard.html`` (the two runs side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from analysis import compare_runs, print_fidelity_report, read_run, write_run
+from engine.core import EngineCore, Scheduler
+from sim.cost_models import CalibratedCostModel
+from sim.replay import replay_inputs
+from sim.run_pipeline import summarize_traces
+from sim.sim_executor import SimulatedExecutor
+from sim.simulator import Simulation
+from workloads import WorkloadError, load_workload
+
+DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
+# The metrics the acceptance criteria name: p50 and p90 of TTFT, TPOT and E2E, and throughput.
+HEADLINE_METRICS = ("request_throughput", "output_token_throughput", "ttft_ms.p50", "ttft_ms.p90", "tpot_ms.p50",
+                    "tpot_ms.p90", "e2e_ms.p50", "e2e_ms.p90")
+
+
+def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path) -> dict:
+    """Simulate the request stream and engine configuration of a recorded run with a calibrated profile."""
+    run = read_run(real_run_dir)
+    scheduler_config, cache_config, requests = replay_inputs(run)
+    workload = load_workload(run.summary["config"]["workload"])
+    cost_model = CalibratedCostModel.from_file(profile)
+    engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
+    started = time.perf_counter()
+    recorder = Simulation(engine, requests).run()
+    config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(real_run_dir))
+    requests_table, steps_table, summary = summarize_traces(recorder, workload, config, mode="sim")
+    summary["simulation_wall_s"] = time.perf_counter() - started
+    write_run(out_dir, requests_table, steps_table, summary)
+    return summary
+
+
+def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE, overrides=(), model=None,
+             device: str = "cpu", threads: int = 1, progress: bool = True) -> dict:
+    from sim.real_engine import build_real_engine
+    from sim.real_run import run_real
+
+    workload = load_workload(workload_path, overrides=list(overrides))
+    real = build_real_engine(workload, model=model, device=device, threads=threads)
+    real_result = run_real(workload, out_dir / "real", real.engine, vocab_size=real.vocab_size,
+                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
+    sim_summary = simulate_like(out_dir / "real", profile, out_dir / "sim")
+    comparison = compare_runs(sim_summary, real_result.summary)
+    comparison["profile"] = str(profile)
+    comparison["workload"] = str(workload_path)
+    (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
+    return comparison
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", type=Path)
+    parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
+                        help=f"calibrated step profile (default: {DEFAULT_PROFILE.name}, the shipped CPU profile)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
+    parser.add_argument("--model", default=None, help="'tiny', 'small' (default) or a checkpoint folder")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="output directory (default: runs/validate-<name>)")
+    parser.add_argument("--no-dashboard", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        name = load_workload(args.workload, overrides=args.overrides).name
+        out_dir = args.out or Path("runs") / f"validate-{name}"
+        comparison = validate(args.workload, out_dir, profile=args.profile, overrides=args.overrides,
+                              model=args.model, device=args.device, threads=args.threads,
+                              progress=not args.no_progress)
+    except (WorkloadError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print_fidelity_report(comparison, console=console, tolerance=0.05)
+    headline = [abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS]
+    console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {max(headline):.1%}")
+    if not args.no_dashboard:
+        from analysis.dashboard import build_dashboard
+
+        build_dashboard([out_dir / "real", out_dir / "sim"], out_dir / "dashboard.html")
+    console.print(f"written to {out_dir}/ (real/, sim/, comparison.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

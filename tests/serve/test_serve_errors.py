@@ -1,0 +1,103 @@
+"""Bad requests get a 400 in OpenAI's error shape naming the parameter, unknown routes a 404 in the
+same shape; never a 500 or a hang, and the server keeps serving (every block free afterwards)."""
+
+import httpx
+import openai
+import pytest
+
+from tests.serve.serve_helpers import metric, wait_until_idle
+
+GOOD_COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+GOOD_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and body["error"]["param"] == param
+    return body["error"]
+
+
+@pytest.mark.parametrize("change,param,message", [
+    ({"model": "gpt-4"}, "model", "does not exist"),
+    ({"max_tokens": -1}, "max_tokens", "max_tokens must be an integer >= 1"),
+    ({"max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"max_tokens": "many"}, "max_tokens", "valid integer"),
+    ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+    ({"temperature": -0.5}, "temperature", "greater than or equal to 0"),
+    ({"top_p": 0}, "top_p", "greater than 0"),
+    ({"n": 2}, "n", "n must be 1"),
+    ({"prompt": ""}, "prompt", "empty"),
+    ({"prompt": []}, "prompt", "empty"),
+    ({"prompt": [7] * 600}, "prompt", "more than the engine allows"),
+    ({"prompt": [7] * 500, "max_tokens": 100}, "max_tokens", "maximum context length is 512"),
+    ({"prompt": [1, 2, 100_000]}, "prompt", "outside the vocabulary"),
+    ({"prompt": ["a", "b"]}, "prompt", "single prompt"),
+    ({"prompt": 12}, "prompt", "valid"),
+    ({"stop": [""]}, "stop", "non-empty string"),
+    ({"stream": "yes please"}, "stream", "valid boolean"),
+    ({"logprobs": 50}, "logprobs", "less than or equal to 20"),
+    ({"logit_bias": {"x": 1.0}}, "logit_bias", "token ids"),
+    ({"presence_penalty": 5}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+    ({"echo": True}, "echo", "not supported"),
+])
+def test_bad_completion_parameters(server, change, param, message):
+    response = httpx.post(f"{server.url}/v1/completions", json={**GOOD_COMPLETION, **change}, timeout=10)
+    error = assert_openai_error(response, 400, param)
+    assert error["type"] == "invalid_request_error" and message in error["message"], error
+
+
+@pytest.mark.parametrize("change,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"content": "no role"}]}, "messages[0].role"),
+    ({"messages": "hi"}, "messages"),
+    ({"max_completion_tokens": -3}, "max_completion_tokens"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
+    ({"model": "nope"}, "model"),
+])
+def test_bad_chat_parameters(server, change, param):
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={**GOOD_CHAT, **change}, timeout=10)
+    assert_openai_error(response, 400, param)
+
+
+@pytest.mark.parametrize("content", [b'{"prompt": "x",', b"not json at all", b"[1, 2, 3]", b""])
+def test_malformed_bodies(server, content):
+    response = httpx.post(f"{server.url}/v1/completions", content=content,
+                          headers={"Content-Type": "application/json"}, timeout=10)
+    assert_openai_error(response, 400, None if content != b"" else response.json()["error"]["param"])
+
+
+def test_unknown_routes_and_methods(server):
+    error = assert_openai_error(httpx.get(f"{server.url}/v1/engines", timeout=10), 404, None)
+    assert error["type"] == "not_found_error" and "/v1/engines" in error["message"]
+    assert_openai_error(httpx.get(f"{server.url}/v1/completions", timeout=10), 405, None)
+
+
+def test_the_openai_client_raises_bad_request(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=10) as client:
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.completions.create(model="tiny", prompt="x", max_tokens=-5)
+        assert raised.value.status_code == 400 and raised.value.body["param"] == "max_tokens"
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="unknown", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="tiny", prompt="x", n=3)
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="tiny", input="x")
+        # The server still serves, and nothing leaked.
+        assert client.completions.create(model="tiny", prompt="x", max_tokens=2).choices[0].finish_reason
+    samples = wait_until_idle(server.url)
+    assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_non_streaming_client_that_gives_up_is_aborted(server):
+    before = metric(wait_until_idle(server.url), "servesim_requests_finished_total", finished_reason="abort")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", timeout=0.2,
+                   json={"prompt": "a very long answer", "max_tokens": 500, "ignore_eos": True})
+    after = wait_until_idle(server.url)
+    assert metric(after, "servesim_requests_finished_total", finished_reason="abort") == before + 1
+    assert metric(after, "servesim_kv_cache_free_blocks") == metric(after, "servesim_kv_cache_usable_blocks")

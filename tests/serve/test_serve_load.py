@@ -1,0 +1,96 @@
+"""Load: 200 concurrent streaming requests, one in five closing its stream after two chunks.
+
+Every request that stays gets exactly its tokens; every one that leaves is aborted in the engine
+(the ``abort`` count rises by exactly the number that left: they asked for far more tokens than they
+read, so none can finish first); afterwards no request runs or waits and every KV block is free.
+Bounded: 200 requests, a 60 s ceiling on the whole exchange.
+"""
+
+import asyncio
+import time
+
+import httpx
+import openai
+
+from tests.serve.serve_helpers import metric, parse_metrics, wait_until_idle
+
+NUM_REQUESTS = 200
+DISCONNECT_EVERY = 5          # request i disconnects when i % 5 == 0: 40 of 200
+CHUNKS_BEFORE_DISCONNECT = 2
+LEAVER_MAX_TOKENS = 256       # never reached: the client leaves after two chunks
+LOAD_TIMEOUT_S = 60.0
+
+
+async def _one(client: openai.AsyncOpenAI, index: int) -> dict:
+    leaves = index % DISCONNECT_EVERY == 0
+    max_tokens = LEAVER_MAX_TOKENS if leaves else 8 + index % 9
+    stream = await client.completions.create(
+        model="tiny", prompt=f"request number {index} says", max_tokens=max_tokens,
+        temperature=0.0 if index % 2 else 1.0, seed=index, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True})
+    chunks, text, usage, finish_reason = 0, [], None, None
+    async for chunk in stream:
+        if chunk.choices:
+            chunks += 1
+            text.append(chunk.choices[0].text)
+            finish_reason = chunk.choices[0].finish_reason or finish_reason
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if leaves and chunks == CHUNKS_BEFORE_DISCONNECT:
+            await stream.close()
+            return {"left": True}
+    return {"left": False, "max_tokens": max_tokens, "usage": usage, "finish_reason": finish_reason,
+            "text": "".join(text)}
+
+
+async def _load(url: str) -> list:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=LOAD_TIMEOUT_S,
+                                http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=NUM_REQUESTS + 10)))
+    async with client:
+        return await asyncio.wait_for(
+            asyncio.gather(*(_one(client, index) for index in range(NUM_REQUESTS)), return_exceptions=True),
+            LOAD_TIMEOUT_S)
+
+
+def test_concurrent_streams_with_disconnects_leave_every_block_free(server):
+    before = wait_until_idle(server.url)
+    started = time.perf_counter()
+    results = asyncio.run(_load(server.url))
+    duration = time.perf_counter() - started
+    errors = [result for result in results if isinstance(result, BaseException)]
+    assert not errors, errors[:3]
+    stayed = [result for result in results if not result["left"]]
+    left = [result for result in results if result["left"]]
+    assert len(left) == NUM_REQUESTS // DISCONNECT_EVERY and len(stayed) == NUM_REQUESTS - len(left)
+    for result in stayed:
+        assert result["finish_reason"] == "length"
+        assert result["usage"].completion_tokens == result["max_tokens"]
+        assert result["usage"].total_tokens == result["usage"].prompt_tokens + result["max_tokens"]
+
+    after = wait_until_idle(server.url)
+    assert metric(after, "servesim_kv_cache_free_blocks") == metric(after, "servesim_kv_cache_usable_blocks")
+    assert metric(after, "servesim_kv_cache_usage_perc") == 0.0
+
+    def finished(samples, reason):
+        return metric(samples, "servesim_requests_finished_total", finished_reason=reason)
+
+    assert finished(after, "abort") - finished(before, "abort") == len(left)
+    assert finished(after, "length") - finished(before, "length") == len(stayed)
+    # The leavers stopped early: far fewer tokens than the 256 each one asked for.
+    generated = metric(after, "servesim_generation_tokens_total") - metric(before, "servesim_generation_tokens_total")
+    assert generated < sum(r["max_tokens"] for r in stayed) + len(left) * LEAVER_MAX_TOKENS // 2
+    print(f"\nload: {NUM_REQUESTS} streams, {len(left)} disconnects, {duration:.2f} s, "
+          f"{int(generated)} tokens generated")
+
+
+def test_metrics_text_is_prometheus_shaped(server):
+    text = httpx.get(f"{server.url}/metrics").text
+    samples = parse_metrics(text)
+    assert "# TYPE servesim_time_to_first_token_seconds histogram" in text
+    assert "# TYPE servesim_prefix_cache_hits_total counter" in text
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        count = metric(samples, f"servesim_{name}_count")
+        assert metric(samples, f"servesim_{name}_bucket", le="+Inf") == count
+    for name in ("servesim_num_requests_running", "servesim_num_requests_waiting", "servesim_kv_cache_usage_perc",
+                 "servesim_prefix_cache_queries_total", "servesim_prefix_cache_hits_total"):
+        assert metric(samples, name, model_name="tiny") >= 0

@@ -1,0 +1,53 @@
+"""``sim.server_run.run_against_server``: a small workload over HTTP -> a run directory like any other."""
+
+import math
+
+from analysis import read_run
+from sim.server_run import run_against_server
+from workloads import generate_requests, load_workload_text
+
+WORKLOAD = """
+name: served-small
+seed: 3
+model: servesim-tiny
+hardware: cpu
+dtype: float32
+engine: {block_size: 16, num_gpu_blocks: 1024, max_num_seqs: 64, max_model_len: 512}
+workload:
+  num_requests: 20
+  arrival: {type: poisson, rate: 40}
+  prompt_len: {type: uniform, min: 4, max: 40}
+  output_len: {type: uniform, min: 2, max: 12}
+  shared_prefix: {num_groups: 2, prefix_len: 16, fraction: 0.5}
+"""
+
+
+def test_run_against_server_writes_a_run_directory(server, tmp_path):
+    workload = load_workload_text(WORKLOAD)
+    summary = run_against_server(workload, server.url, tmp_path / "run", progress=False)
+    specs = generate_requests(workload, vocab_size=512, reserved_token_ids=[0, 1, 2, 3])
+
+    assert summary["mode"] == "real" and summary["name"] == "served-small"
+    assert summary["num_requests"] == 20 and summary["num_finished"] == 20 and summary["num_request_errors"] == 0
+    assert summary["total_output_tokens"] == sum(spec.output_len for spec in specs)
+    assert summary["total_prompt_tokens"] == sum(len(spec.prompt_token_ids) for spec in specs)
+    assert summary["config"]["executor"] == {"kind": "server", "url": server.url, "model": "tiny",
+                                             "max_model_len": 512}
+    assert summary["config"]["vocab_size"] == 512 and summary["config"]["reserved_token_ids"] == [0, 1, 2, 3]
+    assert summary["ttft_ms"]["p50"] > 0 and summary["e2e_ms"]["p99"] >= summary["ttft_ms"]["p99"]
+
+    run = read_run(tmp_path / "run")
+    assert run.summary["num_finished"] == 20 and len(run.steps) == 0
+    requests = run.requests.set_index("request_id")
+    for spec in specs:
+        row = requests.loc[spec.request_id]
+        assert row["finish_reason"] == "length" and row["num_output_tokens"] == spec.output_len
+        assert row["num_prompt_tokens"] == len(spec.prompt_token_ids)
+        times = list(row["token_times"])
+        assert len(times) == spec.output_len and times == sorted(times)
+        assert math.isclose(times[0], row["first_token_time"])
+        assert row["arrival_time"] <= row["first_token_time"] <= row["finish_time"]
+        # Sent at its arrival time (within scheduling slack on a busy machine).
+        assert abs(row["arrival_time"] - spec.arrival_time) < 0.5
+    # Requests of one shared-prefix group find the group's first full block cached (after the first one).
+    assert requests["num_cached_tokens"].sum() > 0

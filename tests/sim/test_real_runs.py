@@ -1,0 +1,94 @@
+"""Real runs on the model runner (the generated tiny model, CPU) and what the simulator makes of them.
+
+The replay equality is exact and deterministic whatever the machine's speed; the calibrated
+comparison is asserted only loosely (CI shares two cores), the figures that matter come from
+`python -m sim.validate` runs recorded in the README.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from analysis import compare_runs, read_run, requests_table, steps_table  # noqa: E402
+from sim.calibrate import calibrate  # noqa: E402
+from sim.real_engine import build_real_engine  # noqa: E402
+from sim.real_run import run_real  # noqa: E402
+from sim.replay import compare_replay, replay  # noqa: E402
+from sim.run import main as sim_run_main  # noqa: E402
+from sim.validate import simulate_like  # noqa: E402
+from workloads import load_workload  # noqa: E402
+
+# Chunked prefill (a 64-token budget, 32-token chunks), shared prefixes (prefix caching), and a pool
+# of 40 blocks for up to 12 concurrent requests of up to ~200 tokens (preemption).
+WORKLOAD = {
+    "name": "tiny-real", "seed": 5, "model": "tiny", "hardware": "cpu", "dtype": "float32",
+    "engine": {"block_size": 16, "num_gpu_blocks": 40, "max_num_seqs": 12, "max_num_batched_tokens": 64,
+               "long_prefill_token_threshold": 32, "max_model_len": 512, "enable_prefix_caching": True},
+    "workload": {"num_requests": 40, "arrival": {"type": "poisson", "rate": 150},
+                 "prompt_len": {"type": "uniform", "min": 20, "max": 140},
+                 "output_len": {"type": "uniform", "min": 8, "max": 60},
+                 "shared_prefix": {"num_groups": 2, "prefix_len": 32, "fraction": 0.6}},
+}
+
+
+@pytest.fixture(scope="module")
+def real_run_dir(tmp_path_factory):
+    workload = load_workload(WORKLOAD)
+    real = build_real_engine(workload, model="tiny", threads=1)
+    out = tmp_path_factory.mktemp("real") / "run"
+    result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
+                      reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
+    assert result.summary["num_finished"] == 40
+    manager = real.engine.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+    return out
+
+
+def test_the_real_run_exercises_chunking_prefix_caching_and_preemption(real_run_dir):
+    run = read_run(real_run_dir)
+    steps = run.steps
+    assert run.summary["mode"] == "real"
+    # Chunked: some prompt is computed over several steps, more than one token at a time.
+    chunks: dict[str, int] = {}
+    for ids, counts in zip(steps["scheduled_request_ids"], steps["scheduled_token_counts"]):
+        for request_id, count in zip(ids, counts):
+            if count > 1:
+                chunks[request_id] = chunks.get(request_id, 0) + 1
+    assert max(chunks.values()) >= 3 and steps["num_scheduled_tokens"].max() == 64
+    assert steps["prefix_hit_tokens"].sum() > 0
+    assert steps["num_preemptions"].sum() > 0
+    assert run.summary["config"]["executor"]["model"] == "servesim-tiny"
+
+
+def test_replay_of_a_real_run_takes_exactly_the_same_decisions(real_run_dir):
+    recorder, run, cost_model = replay(real_run_dir)
+    report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
+                            steps_table(recorder.step_columns()).to_pandas())
+    assert cost_model.finished
+    assert report.identical, report.describe()
+
+
+def test_calibrated_simulation_lands_near_the_real_run(real_run_dir, tmp_path):
+    fit = calibrate([real_run_dir], tmp_path / "profile.json")
+    assert fit.error_summary()["num_held_out_steps"] > 0
+    sim_summary = simulate_like(real_run_dir, tmp_path / "profile.json", tmp_path / "sim")
+    comparison = compare_runs(sim_summary, read_run(real_run_dir).summary)
+    # Loose on purpose: the real run shares two cores with the rest of the suite.
+    assert abs(comparison["metrics"]["output_token_throughput"]["relative_error"]) < 0.5
+    assert abs(comparison["metrics"]["e2e_ms.p50"]["relative_error"]) < 1.0
+    assert sim_summary["num_finished"] == 40
+
+
+def test_cli_real_run_then_replay(tmp_path, capsys):
+    workload_file = tmp_path / "w.yaml"
+    workload_file.write_text(json.dumps(dict(WORKLOAD, workload=dict(WORKLOAD["workload"], num_requests=12))))
+    assert sim_run_main([str(workload_file), "--executor", "real", "--model", "tiny", "--out", str(tmp_path / "real"),
+                         "--no-progress", "--no-dashboard"]) == 0
+    assert sim_run_main(["--replay", str(tmp_path / "real"), "--out", str(tmp_path / "replay"), "--no-progress",
+                         "--no-dashboard"]) == 0
+    assert "replay identical" in capsys.readouterr().out
+    assert read_run(tmp_path / "replay").summary["mode"] == "replay"
