@@ -33,10 +33,12 @@ FEATURE_COLUMNS = {
     "prefill_context_tokens": "prefill_context_tokens",
     "prefill_attention_work": "prefill_attention_work",
     "max_seq_len": "max_seq_len",
+    "prefill_attention_dense_work": "prefill_attention_dense_work",
 }
 LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "decode_context_tokens",
-                   "prefill_context_tokens", "prefill_attention_work")
+                   "prefill_context_tokens", "prefill_attention_work", "prefill_attention_dense_work")
 HINGE_FEATURE = "num_tokens"
+OPTIONAL_COLUMNS = ("prefill_attention_dense_work",)
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.
@@ -73,6 +75,10 @@ class FitResult:
 
 def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
     """The cost-model features of each recorded step, named as the cost models name them."""
+    steps = steps.copy()
+    for column in OPTIONAL_COLUMNS:
+        if column not in steps.columns:
+            steps[column] = 0  # recorded before the column existed: the term simply drops out of the fit
     missing = [column for column in FEATURE_COLUMNS if column not in steps.columns]
     if missing:
         raise ValueError(f"steps.parquet lacks the feature columns {missing}: record it with this version")
@@ -81,17 +87,23 @@ def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["num_tokens"] > 0].reset_index(drop=True)
 
 
-def _design(features: pd.DataFrame, hinge_knots: list[float], offset_counts: list[int]) -> np.ndarray:
-    columns = [np.ones(len(features))] + [features[name].to_numpy(float) for name in LINEAR_FEATURES]
+def _design(features: pd.DataFrame, knots: list[float], offset_counts: list[int]) -> np.ndarray:
+    """Columns: 1, the linear features other than the token count, the token count split into segments
+    at the knots (one column per segment, so each segment gets its own non-negative slope: the cost
+    may grow more slowly with batch size as matrix kernels grow more efficient, but never shrink), and
+    the small-batch indicators."""
+    columns = [np.ones(len(features))]
+    columns += [features[name].to_numpy(float) for name in LINEAR_FEATURES if name != HINGE_FEATURE]
     tokens = features[HINGE_FEATURE].to_numpy(float)
-    columns += [np.maximum(0.0, tokens - knot) for knot in hinge_knots]
+    edges = [0.0, *knots, np.inf]
+    columns += [np.clip(tokens - low, 0.0, high - low) for low, high in zip(edges, edges[1:])]
     columns += [(tokens == count).astype(float) for count in offset_counts]
     return np.column_stack(columns)
 
 
-def fit_candidate(train: pd.DataFrame, hinge_knots: list[float], offset_counts: list[int] = ()) -> FitResult:
+def fit_candidate(train: pd.DataFrame, knots: list[float], offset_counts: list[int] = ()) -> FitResult:
     offset_counts = list(offset_counts)
-    design = _design(train, hinge_knots, offset_counts)
+    design = _design(train, knots, offset_counts)
     target = train["duration"].to_numpy(float)
     # Relative error: scale each row by 1 / duration. Columns are scaled to unit size so that the solver
     # converges well on features whose magnitudes differ by orders of magnitude.
@@ -102,13 +114,18 @@ def fit_candidate(train: pd.DataFrame, hinge_knots: list[float], offset_counts: 
     lower = np.concatenate([np.zeros(num_physical), np.full(len(offset_counts), -np.inf)])
     solution = lsq_linear(scaled / column_scale, target * weights, bounds=(lower, np.full(design.shape[1], np.inf)),
                           method="bvls").x / column_scale
-    coefficients = {name: float(value) for name, value in zip(LINEAR_FEATURES, solution[1:1 + len(LINEAR_FEATURES)])}
-    hinge_values = solution[1 + len(LINEAR_FEATURES):num_physical]
-    hinges = [{"feature": HINGE_FEATURE, "knot": float(knot), "coefficient": float(value)}
-              for knot, value in zip(hinge_knots, hinge_values)]
+    others = [name for name in LINEAR_FEATURES if name != HINGE_FEATURE]
+    coefficients = {name: float(value) for name, value in zip(others, solution[1:1 + len(others)])}
+    slopes = solution[1 + len(others):num_physical]
+    # Segment slopes as the profile's terms: the first slope per token, then a hinge at each knot
+    # carrying the change of slope there (negative where the cost grows more slowly).
+    coefficients[HINGE_FEATURE] = float(slopes[0])
+    hinges = [{"feature": HINGE_FEATURE, "knot": float(knot), "coefficient": float(after - before)}
+              for knot, before, after in zip(knots, slopes, slopes[1:])]
     offsets = {count: float(value) for count, value in zip(offset_counts, solution[num_physical:])}
-    kind = "piecewise_linear" if hinge_knots else "linear"
-    return FitResult(kind, coefficients, float(solution[0]), hinges, offsets)
+    kind = "piecewise_linear" if knots else "linear"
+    return FitResult(kind, {name: coefficients[name] for name in LINEAR_FEATURES}, float(solution[0]), hinges,
+                     offsets)
 
 
 def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, seed: int = 0) -> FitResult:
@@ -123,6 +140,8 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     for quantiles in ((0.5,), (0.25, 0.75), (0.1, 0.5, 0.9)):
         knots = sorted(set(float(np.quantile(tokens, q)) for q in quantiles))
         candidates.append([knot for knot in knots if knot > tokens.min()])
+    # Powers of two: where matrix kernels change regime.
+    candidates.append([float(knot) for knot in (8, 32, 128, 512) if tokens.min() < knot < tokens.max()])
     counts = train[HINGE_FEATURE].astype(int).value_counts()
     small = [int(count) for count in sorted(counts.index) if count <= 16 and counts[count] >= MIN_STEPS_PER_OFFSET]
     candidates = [(knots, offsets) for offsets in ([], small) for knots in candidates]

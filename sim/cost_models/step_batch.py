@@ -30,6 +30,10 @@ class StepFeatures:
     prefill_context_tokens: int   # sum of num_computed_tokens over prefill chunks: earlier KV the chunks read
     prefill_attention_work: int   # query-key pairs under the causal mask over prefill chunks
     max_seq_len: int              # longest num_computed_tokens + num_scheduled_tokens in the batch
+    # Query-key pairs of a chunk's dense score matrix, q * (ctx + q): what an attention kernel that
+    # masks a full matrix (the torch backend on a CPU) computes, where a causal kernel skips the
+    # masked half (prefill_attention_work). Calibration keeps whichever the measured steps follow.
+    prefill_attention_dense_work: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in FEATURE_NAMES}
@@ -52,6 +56,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
                          f"num_computed_tokens {len(computed)}")
     num_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
+    prefill_attention_dense_work = 0
     num_decode_reqs = decode_context_tokens = 0
     max_seq_len = 0
     for q, ctx in zip(scheduled, computed, strict=True):
@@ -64,6 +69,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
             num_prefill_tokens += q
             prefill_context_tokens += ctx
             prefill_attention_work += q * ctx + q * (q + 1) // 2  # q(q+1) is even: the division is exact
+            prefill_attention_dense_work += q * (ctx + q)
         else:
             raise ValueError(f"StepBatch.num_scheduled_tokens must be >= 1 for every scheduled request, got {q}")
         num_tokens += q
@@ -79,4 +85,5 @@ def step_features(batch: StepBatch) -> StepFeatures:
         prefill_context_tokens=prefill_context_tokens,
         prefill_attention_work=prefill_attention_work,
         max_seq_len=max_seq_len,
+        prefill_attention_dense_work=prefill_attention_dense_work,
     )
