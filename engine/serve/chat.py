@@ -22,7 +22,7 @@ from engine.serve.errors import OpenAIError
 from engine.serve.logprobs_format import chat_logprobs
 from engine.serve.protocol import ChatCompletionRequest, chat_sampling_params
 from engine.serve.state import ServerState, engine_error, usage
-from engine.serve.streaming import DONE_EVENT, ClientDisconnected, run_unless_disconnected, sse_event, sse_response
+from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
 
 def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -82,7 +82,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     outputs = state.engine.generate(prompt, params, request_id)
     message = _Message(params, body)
     if body.stream:
-        return sse_response(_stream(outputs, message, header, body.include_usage, state, request_id))
+        chunk_header = {**header, "object": "chat.completion.chunk"}
+        return sse_response(stream_chunks(outputs, message, chunk_header, body.include_usage, state.engine.abort,
+                                          request_id))
     try:
         choice = await run_unless_disconnected(raw_request, _collect(outputs, message))
     except ClientDisconnected:
@@ -110,27 +112,3 @@ async def _collect(outputs: AsyncIterator[RequestOutput], message: _Message) -> 
     if message.return_token_ids:
         choice["token_ids"] = token_ids
     return choice
-
-
-async def _stream(outputs: AsyncIterator[RequestOutput], message: _Message, header: dict[str, Any],
-                  include_usage: bool, state: ServerState, request_id: str) -> AsyncIterator[bytes]:
-    header = {**header, "object": "chat.completion.chunk"}
-    finished = False
-    try:
-        async for output in outputs:
-            # Every output carries new tokens or the finish (the core reports nothing else).
-            finished = output.finished
-            delta = message.delta(output)
-            chunk = {**header, "choices": [delta]}
-            if include_usage:
-                chunk["usage"] = None
-            yield sse_event(chunk)
-        if include_usage:
-            yield sse_event({**header, "choices": [], "usage": message.usage()})
-        yield DONE_EVENT
-    except Exception as error:
-        yield sse_event(engine_error(error).to_dict())
-        yield DONE_EVENT
-    finally:
-        if not finished:
-            state.engine.abort(request_id)

@@ -21,7 +21,7 @@ from engine.outputs import RequestOutput
 from engine.serve.logprobs_format import completion_logprobs
 from engine.serve.protocol import CompletionRequest, completion_sampling_params, single_prompt
 from engine.serve.state import ServerState, engine_error, usage
-from engine.serve.streaming import DONE_EVENT, ClientDisconnected, run_unless_disconnected, sse_event, sse_response
+from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
 
 class _Choice:
@@ -67,7 +67,8 @@ async def create_completion(body: CompletionRequest, raw_request: Request, state
     outputs = state.engine.generate(prompt, params, request_id)
     choice = _Choice(params, body)
     if body.stream:
-        return sse_response(_stream(outputs, choice, header, body.include_usage, state, request_id))
+        return sse_response(stream_chunks(outputs, choice, header, body.include_usage, state.engine.abort,
+                                          request_id))
     try:
         final = await run_unless_disconnected(raw_request, _collect(outputs, choice))
     except ClientDisconnected:
@@ -94,27 +95,3 @@ async def _collect(outputs: AsyncIterator[RequestOutput], choice: _Choice) -> di
             for key in merged["logprobs"]:
                 merged["logprobs"][key] += delta["logprobs"][key]
     return merged
-
-
-async def _stream(outputs: AsyncIterator[RequestOutput], choice: _Choice, header: dict[str, Any],
-                  include_usage: bool, state: ServerState, request_id: str) -> AsyncIterator[bytes]:
-    finished = False
-    try:
-        async for output in outputs:
-            # Every output carries new tokens or the finish (the core reports nothing else).
-            finished = output.finished
-            delta = choice.delta(output)
-            chunk = {**header, "choices": [delta]}
-            if include_usage:
-                chunk["usage"] = None
-            yield sse_event(chunk)
-        if include_usage:
-            yield sse_event({**header, "choices": [], "usage": choice.usage()})
-        yield DONE_EVENT
-    except Exception as error:
-        yield sse_event(engine_error(error).to_dict())
-        yield DONE_EVENT
-    finally:
-        if not finished:
-            # The client went away (the response was cancelled) or the request failed.
-            state.engine.abort(request_id)

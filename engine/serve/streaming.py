@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -34,6 +34,41 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class ChunkFormatter(Protocol):
+    """Turns each engine output into one response chunk's choice, and reports the usage at the end."""
+
+    def delta(self, output: Any) -> dict[str, Any]: ...
+
+    def usage(self) -> dict[str, Any]: ...
+
+
+async def stream_chunks(outputs: AsyncIterator[Any], formatter: ChunkFormatter, header: dict[str, Any],
+                        include_usage: bool, abort: Any, request_id: str) -> AsyncIterator[bytes]:
+    """The SSE body shared by completions and chat: one chunk per output, the usage chunk when asked,
+    ``[DONE]``; an error after the start becomes one more event. A request that did not finish (the
+    client went away and the response was cancelled, or it failed) is aborted on the way out."""
+    finished = False
+    try:
+        async for output in outputs:
+            # Every output carries new tokens or the finish (the core reports nothing else).
+            finished = output.finished
+            chunk = {**header, "choices": [formatter.delta(output)]}
+            if include_usage:
+                chunk["usage"] = None
+            yield sse_event(chunk)
+        if include_usage:
+            yield sse_event({**header, "choices": [], "usage": formatter.usage()})
+        yield DONE_EVENT
+    except Exception as error:
+        from engine.serve.state import engine_error
+
+        yield sse_event(engine_error(error).to_dict())
+        yield DONE_EVENT
+    finally:
+        if not finished:
+            abort(request_id)
 
 
 class ClientDisconnected(Exception):
