@@ -21,7 +21,7 @@ from engine.outputs import RequestOutput
 from engine.serve.errors import OpenAIError
 from engine.serve.logprobs_format import chat_logprobs
 from engine.serve.protocol import ChatCompletionRequest, chat_sampling_params
-from engine.serve.state import ServerState, engine_error, usage
+from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
 
@@ -39,21 +39,17 @@ def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> dict[
     return {"prompt": text, "prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
 
 
-class _Message:
+class _Message(UsageCounter):
     def __init__(self, params: SamplingParams, body: ChatCompletionRequest) -> None:
+        super().__init__()
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
         self.tokens_as_ids = body.return_tokens_as_token_ids
         self.sent_role = False
-        self.num_tokens = 0
-        self.num_prompt_tokens = 0
-        self.num_cached_tokens = 0
 
     def delta(self, output: RequestOutput) -> dict[str, Any]:
         completion = output.outputs[0]
-        self.num_tokens += len(completion.token_ids)
-        self.num_prompt_tokens = len(output.prompt_token_ids)
-        self.num_cached_tokens = output.num_cached_tokens
+        self.count(output)
         delta: dict[str, Any] = {"content": completion.text}
         if not self.sent_role:
             delta = {"role": "assistant", **delta}
@@ -68,9 +64,6 @@ class _Message:
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
         return choice
-
-    def usage(self) -> dict[str, Any]:
-        return usage(self.num_prompt_tokens, self.num_tokens, self.num_cached_tokens)
 
 
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:

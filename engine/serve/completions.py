@@ -20,27 +20,23 @@ from engine.core import SamplingParams
 from engine.outputs import RequestOutput
 from engine.serve.logprobs_format import completion_logprobs
 from engine.serve.protocol import CompletionRequest, completion_sampling_params, single_prompt
-from engine.serve.state import ServerState, engine_error, usage
+from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
 
-class _Choice:
+class _Choice(UsageCounter):
     """The choice being built from delta outputs: text, token ids, logprobs, and where it ended."""
 
     def __init__(self, params: SamplingParams, body: CompletionRequest) -> None:
+        super().__init__()
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
         self.tokens_as_ids = body.return_tokens_as_token_ids
         self.text_offset = 0
-        self.num_tokens = 0
-        self.num_prompt_tokens = 0
-        self.num_cached_tokens = 0
 
     def delta(self, output: RequestOutput) -> dict[str, Any]:
         completion = output.outputs[0]
-        self.num_tokens += len(completion.token_ids)
-        self.num_prompt_tokens = len(output.prompt_token_ids)
-        self.num_cached_tokens = output.num_cached_tokens
+        self.count(output)
         logprobs = None
         if self.num_top_logprobs is not None and completion.logprobs is not None:
             logprobs, self.text_offset = completion_logprobs(completion.logprobs, completion.token_ids,
@@ -52,9 +48,6 @@ class _Choice:
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
         return choice
-
-    def usage(self) -> dict[str, Any]:
-        return usage(self.num_prompt_tokens, self.num_tokens, self.num_cached_tokens)
 
 
 async def create_completion(body: CompletionRequest, raw_request: Request, state: ServerState) -> Response:

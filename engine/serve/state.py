@@ -53,6 +53,23 @@ def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens:
             "prompt_tokens_details": {"cached_tokens": num_cached_tokens}}
 
 
+class UsageCounter:
+    """Counts a request's tokens from its outputs as they stream by, for the ``usage`` object."""
+
+    def __init__(self) -> None:
+        self.num_tokens = 0
+        self.num_prompt_tokens = 0
+        self.num_cached_tokens = 0
+
+    def count(self, output) -> None:
+        self.num_tokens += len(output.outputs[0].token_ids)
+        self.num_prompt_tokens = len(output.prompt_token_ids)
+        self.num_cached_tokens = output.num_cached_tokens
+
+    def usage(self) -> dict[str, Any]:
+        return usage(self.num_prompt_tokens, self.num_tokens, self.num_cached_tokens)
+
+
 def engine_error(error: Exception) -> OpenAIError:
     """An error raised by a request's iterator, as the OpenAI error to report."""
     if isinstance(error, EngineDeadError):
