@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "images", help="where the PNGs go")
     parser.add_argument("--work", type=Path, help="keep runs and pages here (default: a temporary directory)")
+    parser.add_argument("--fidelity", type=Path, nargs=2, metavar=("SIM_RUN", "REAL_RUN"),
+                        help="a simulated run and the real run of the same workload for the fidelity view "
+                             "(e.g. the sim/ and real/ folders of `python -m sim.validate`); default: a "
+                             "perturbed copy of the chat run stands in for the real one")
     args = parser.parse_args(argv)
     if find_chromium() is None:
         print("no Chromium found: install it (e.g. .ci/install-chromium) to take screenshots", file=sys.stderr)
@@ -124,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         simulate(["chat", "--set", "engine.num_gpu_blocks=1800", "--set", "workload.arrival.rate=12",
                   "--out", str(work / "chat")])
         simulate(["rate_sweep", "--out", str(work / "rate_sweep")])
-        make_real_stand_in(work / "chat", work / "chat-real")
+        fidelity_runs = list(args.fidelity) if args.fidelity else [work / "chat", work / "chat-real"]
+        if not args.fidelity:
+            make_real_stand_in(work / "chat", work / "chat-real")
         dashboards = {
             "single": assemble_dashboard(prepare_runs([work / "chat"])),
             "sweep": assemble_dashboard(prepare_runs([work / "rate_sweep"])),
-            "fidelity": assemble_dashboard(prepare_runs([work / "chat", work / "chat-real"])),
+            "fidelity": assemble_dashboard(prepare_runs(fidelity_runs)),
         }
         args.out.mkdir(parents=True, exist_ok=True)
         for view in VIEWS:
