@@ -1,17 +1,8 @@
-"""Single torch thread (the suite shares small CPU machines), and the generated test checkpoints."""
+"""The generated test checkpoints (one torch thread: tests/conftest.py)."""
 
 import pytest
-import torch
 
 from tests.engine.model_fixtures import make_tiny_llama, make_tiny_qwen2
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    torch.set_num_threads(1)
-    yield
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,6 @@
-"""Keep torch single-threaded: the suite runs on small CPU machines beside other work."""
+"""The tiny checkpoint shared with tests/engine (one torch thread: tests/conftest.py)."""
 
 import pytest
-import torch
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    torch.set_num_threads(1)
-    yield
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""One torch thread, the tiny model generated into pytest's temp dir, and one server for the session.
+"""The tiny model generated into pytest's temp dir, and one server for the session.
 
 The server runs as ``python -m engine.serve`` in a subprocess (the CLI is part of what is tested, and a
 second process lets the client and the server use both cores). It listens on a free loopback port and
@@ -14,22 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from engine.models import default_model_path
 from tests.serve.serve_helpers import REPO_ROOT
 
-torch.set_num_threads(1)
 
 SERVER_START_TIMEOUT_S = 90.0
 # Enough sequences and blocks for the load test's 200 concurrent requests to run at once.
 SERVER_ARGS = ["--max-num-seqs", "256", "--num-gpu-blocks", "1024", "--max-model-len", "512"]
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    torch.set_num_threads(1)
-    yield
 
 
 @pytest.fixture(scope="session")
