@@ -1,6 +1,7 @@
 """Offline throughput: our engine (continuous batching, paged KV) vs transformers' static batches.
 
     python -m benchmarks.offline [--num-requests 256] [--device cpu] [--model small] [--json]
+    python -m benchmarks.offline --device cuda --max-num-seqs 1 --no-baseline --cuda-graphs on|off
 
 One seeded workload of mixed prompt and output lengths (ignore_eos, fixed output lengths, greedy) runs
 through ``engine.LLM`` and through ``transformers``' batched ``generate`` on the same checkpoint, in one
@@ -58,21 +59,26 @@ def make_workload(num_requests: int, vocab_size: int, seed: int = 0, min_prompt:
     return Workload(prompts, output_lens)
 
 
-def run_engine(model_path, workload: Workload, device: str, max_num_seqs: int) -> tuple[float, list[list[int]]]:
+def run_engine(model_path, workload: Workload, device: str, max_num_seqs: int, *, dtype: str = "auto",
+               enforce_eager: bool = False) -> tuple[float, list[list[int]], bool]:
+    """Seconds, every request's output tokens, and whether decode steps replayed CUDA graphs."""
     from engine import LLM, SamplingParams
 
     longest = max(len(p) + n for p, n in zip(workload.prompts, workload.output_lens))
     bytes_per_token = _kv_bytes_per_token(model_path)
     # Room for every request at full length: the comparison is about batching, not about preemption.
     kv_bytes = bytes_per_token * (workload.num_prompt_tokens + workload.num_output_tokens + 64 * len(workload.prompts))
-    llm = LLM(model=str(model_path), device=device, max_num_seqs=max_num_seqs, max_model_len=longest + 16,
-              kv_cache_memory_bytes=int(kv_bytes), skip_tokenizer_init=True)
+    llm = LLM(model=str(model_path), device=device, dtype=dtype, max_num_seqs=max_num_seqs,
+              max_model_len=longest + 16, kv_cache_memory_bytes=int(kv_bytes), skip_tokenizer_init=True,
+              enforce_eager=enforce_eager)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
     llm.generate(workload.prompts[:4], params[:4], use_tqdm=False)  # warm-up
     started = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=sys.stderr.isatty())
+    if device == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
-    return elapsed, [o.outputs[0].token_ids for o in outputs]
+    return elapsed, [o.outputs[0].token_ids for o in outputs], llm.model_runner.decode_graphs is not None
 
 
 def run_transformers(model_path, workload: Workload, device: str, batch_size: int) -> tuple[float, int]:
@@ -154,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=256, help="the engine's max_num_seqs")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", help="the engine's dtype (auto: the checkpoint's)")
+    parser.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
+                        help="on (default): decode steps replay CUDA graphs where the device and attention "
+                             "backend allow; off: every step eager (vLLM's enforce_eager)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip transformers; report the engine alone (e.g. to compare --cuda-graphs on/off)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     args = parser.parse_args(argv)
     if args.num_requests < 1:
@@ -171,14 +183,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} thread(s)", file=sys.stderr)
 
     print("running the engine ...", file=sys.stderr)
-    engine_s, engine_outputs = run_engine(model_path, workload, args.device, args.max_num_seqs)
+    engine_s, engine_outputs, graphs_used = run_engine(model_path, workload, args.device, args.max_num_seqs,
+                                                       dtype=args.dtype, enforce_eager=args.cuda_graphs == "off")
     produced = sum(len(tokens) for tokens in engine_outputs)
     if produced != workload.num_output_tokens:
         raise RuntimeError(f"the engine produced {produced} tokens, the workload asked for {workload.num_output_tokens}")
+    engine_tps = workload.num_output_tokens / engine_s
+    if args.no_baseline:
+        result = {"engine_tokens_per_s": engine_tps, "engine_seconds": engine_s, "cuda_graphs": graphs_used,
+                  "num_requests": args.num_requests, "num_output_tokens": workload.num_output_tokens,
+                  "max_num_seqs": args.max_num_seqs, "device": args.device}
+        print(json.dumps(result) if args.json else
+              f"engine: {engine_tps:8.1f} output tokens/s ({engine_s:.2f} s; CUDA graphs "
+              f"{'used' if graphs_used else 'not used'})")
+        return 0
     print(f"running transformers (static batches of {args.hf_batch_size}) ...", file=sys.stderr)
     hf_s, hf_padded_outputs = run_transformers(model_path, workload, args.device, args.hf_batch_size)
 
-    engine_tps = workload.num_output_tokens / engine_s
     hf_tps = workload.num_output_tokens / hf_s
     flops_per_token = _model_flops_per_token(model_path)
     processed = workload.num_prompt_tokens + workload.num_output_tokens
@@ -187,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine_tokens_per_s": engine_tps,
         "hf_tokens_per_s": hf_tps,
         "ratio": engine_tps / hf_tps,
+        "cuda_graphs": graphs_used,
         "num_requests": args.num_requests,
         "num_prompt_tokens": workload.num_prompt_tokens,
         "num_output_tokens": workload.num_output_tokens,

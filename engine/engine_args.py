@@ -40,6 +40,7 @@ class EngineArgs:
     attention_backend: str | None = None
     seed: int = 0
     scheduling_policy: str = "fcfs"
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
 
     def resolve_model_path(self) -> Path:
         """The checkpoint folder: a generated default model by name, or a local folder."""
@@ -67,7 +68,7 @@ class EngineArgs:
             block_size=self.block_size, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_gpu_blocks=self.num_gpu_blocks, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed)
+            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed, enforce_eager=self.enforce_eager)
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(

@@ -124,19 +124,25 @@ class DecodeCudaGraphRunner:
 
     ``enabled=False`` (or a machine without CUDA, or a batch above the largest size) runs the forward
     eagerly on the unpadded inputs, so callers need a single code path.
+
+    ``emulate=True`` keeps everything a replay does except the graph: static buffers on ``device`` (the
+    CPU too), padding up the ladder, the forward on the padded views, the output sliced back. It is how
+    the padding contract is tested where no GPU is, and a way to tell a graph problem from a padding
+    problem on one.
     """
 
     def __init__(self, model_forward_fn: ForwardFn, max_batch_size: int, input_specs: Sequence[StaticInput],
                  batch_size_ladder: Sequence[int] | None = None, *, enabled: bool = True,
-                 device: torch.device | str = "cuda", num_warmup_runs: int = 2) -> None:
+                 device: torch.device | str = "cuda", num_warmup_runs: int = 2, emulate: bool = False) -> None:
         self.model_forward_fn = model_forward_fn
         self.ladder = normalize_ladder(batch_size_ladder, max_batch_size)
         self.input_specs = {spec.name: spec for spec in input_specs}
         self.device = torch.device(device)
-        self.enabled = enabled and self.device.type == "cuda" and torch.cuda.is_available()
+        self.emulate = emulate and enabled
+        self.enabled = self.emulate or (enabled and self.device.type == "cuda" and torch.cuda.is_available())
         self.num_warmup_runs = num_warmup_runs
         self._buffers: dict[str, torch.Tensor] = {}
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[int, torch.cuda.CUDAGraph | None] = {}  # None: emulated
         self._outputs: dict[int, torch.Tensor] = {}
 
     @property
@@ -153,6 +159,9 @@ class DecodeCudaGraphRunner:
                              device=self.device)
             for name, spec in self.input_specs.items()
         }
+        if self.emulate:
+            self._graphs = {size: None for size in self.ladder}
+            return
         # The buffers start as all padding (slot -1, no query tokens, seq_len 0): the warm-up runs execute
         # for real and must write nothing to the KV cache.
         pool = None
@@ -181,6 +190,8 @@ class DecodeCudaGraphRunner:
             raise KeyError(f"inputs {missing} are missing; the captured graphs read {sorted(self.input_specs)}")
         for name, spec in self.input_specs.items():
             pad_into(self._buffers[name], inputs[name], spec, batch_size, padded)
+        if self.emulate:
+            return self.model_forward_fn(self._views(padded))[:batch_size]
         self._graphs[padded].replay()
         return self._outputs[padded][:batch_size]
 

@@ -55,7 +55,8 @@ def _warm_up(llm) -> None:
 
 
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
-                      dtype: str = "auto", attention_backend: str | None = None, threads: int = 1) -> RealEngine:
+                      dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
+                      enforce_eager: bool = False) -> RealEngine:
     import torch
 
     from engine.llm import LLM
@@ -70,7 +71,7 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
               num_gpu_blocks=section.num_gpu_blocks, enable_chunked_prefill=section.enable_chunked_prefill,
               long_prefill_token_threshold=section.long_prefill_token_threshold, attention_backend=attention_backend,
               seed=workload.seed, scheduling_policy=section.scheduling_policy,
-              gpu_memory_utilization=section.gpu_memory_utilization)
+              gpu_memory_utilization=section.gpu_memory_utilization, enforce_eager=enforce_eager)
     _warm_up(llm)
     runner = llm.model_runner
     reserved = sorted(set(llm.tokenizer.all_special_ids)) if llm.tokenizer is not None else []
@@ -82,5 +83,6 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
     model_name = f"servesim-{model or 'small'}" if model in (None, "tiny", "small") else str(model_path)
     info = {"kind": "real", "model": model_name, "model_path": str(model_path), "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."), "attention_backend": runner.attention_backend,
-            "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__}
+            "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__,
+            "cuda_graphs": runner.decode_graphs is not None}
     return RealEngine(llm.engine_core, runner.vocab_size, reserved, info)

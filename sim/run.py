@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--device", default="cpu", help="real runs: cpu or cuda")
     real.add_argument("--dtype", default="auto", help="real runs: auto, float32, bfloat16 or float16")
     real.add_argument("--attention-backend", default=None, help="real runs: torch, flash_attn or triton")
+    real.add_argument("--enforce-eager", action="store_true", help="real runs on CUDA: no CUDA graphs for decodes")
     real.add_argument("--threads", type=int, default=1, help="real runs on the CPU: torch threads (default 1)")
     real.add_argument("--url", default="http://127.0.0.1:8000", help="--executor server: the server's base URL")
     real.add_argument("--replay", type=Path, metavar="REAL_RUN_DIR",
@@ -117,7 +118,8 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
         from sim.real_run import run_real
 
         real = build_real_engine(workload, model=args.model, device=args.device, dtype=args.dtype,
-                                 attention_backend=args.attention_backend, threads=args.threads)
+                                 attention_backend=args.attention_backend, threads=args.threads,
+                                 enforce_eager=args.enforce_eager)
         result = run_real(workload, out_dir, real.engine, vocab_size=real.vocab_size,
                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
         summary, wall = result.summary, result.wall_s

@@ -49,12 +49,14 @@ def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path) -> dict:
 
 
 def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE, overrides=(), model=None,
-             device: str = "cpu", threads: int = 1, progress: bool = True) -> dict:
+             device: str = "cpu", threads: int = 1, progress: bool = True, dtype: str = "auto",
+             attention_backend: str | None = None, enforce_eager: bool = False) -> dict:
     from sim.real_engine import build_real_engine
     from sim.real_run import run_real
 
     workload = load_workload(workload_path, overrides=list(overrides))
-    real = build_real_engine(workload, model=model, device=device, threads=threads)
+    real = build_real_engine(workload, model=model, device=device, threads=threads, dtype=dtype,
+                             attention_backend=attention_backend, enforce_eager=enforce_eager)
     real_result = run_real(workload, out_dir / "real", real.engine, vocab_size=real.vocab_size,
                            reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
     sim_summary = simulate_like(out_dir / "real", profile, out_dir / "sim")
@@ -73,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"calibrated step profile (default: {DEFAULT_PROFILE.name}, the shipped CPU profile)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     parser.add_argument("--model", default=None, help="'tiny', 'small' (default) or a checkpoint folder")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--attention-backend", default=None, help="torch, flash_attn or triton")
+    parser.add_argument("--enforce-eager", action="store_true", help="on CUDA: no CUDA graphs for decode steps")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, help="output directory (default: runs/validate-<name>)")
     parser.add_argument("--no-dashboard", action="store_true")
@@ -85,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out or Path("runs") / f"validate-{name}"
         comparison = validate(args.workload, out_dir, profile=args.profile, overrides=args.overrides,
                               model=args.model, device=args.device, threads=args.threads,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, dtype=args.dtype,
+                              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
     except (WorkloadError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """The runner's typed configuration, and the device / attention-backend / dtype defaults it resolves.
 
-Defaults: device "cpu"; attention backend "torch" on CPU, "flash_attn" on CUDA when the package imports
-(else "torch", with a warning); dtype "auto" = the checkpoint's dtype, except that a float32 checkpoint
+Defaults: device "cpu"; attention backend "torch" on CPU; on CUDA "flash_attn" when the package imports,
+else "triton" when it can launch kernels, else "torch" (with a warning); dtype "auto" = the checkpoint's dtype, except that a float32 checkpoint
 runs in bfloat16 under flash-attn (which has no float32 kernels).
 """
 
@@ -35,6 +35,10 @@ class RunnerConfig:
     kv_cache_memory_bytes: int | None = None  # explicit KV budget in bytes
     gpu_memory_utilization: float = 0.9  # CUDA only: fraction of the device the engine may fill
     seed: int = 0
+    # vLLM's switch: True runs every step eagerly; False captures CUDA graphs for decode-only steps where
+    # the device and attention backend allow it (engine/runner/decode_graphs.py).
+    enforce_eager: bool = False
+    cuda_graph_batch_sizes: list[int] | None = None  # None: 1, 2, 4, ... up to max_num_seqs
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, requirement: str) -> None:
@@ -48,6 +52,10 @@ class RunnerConfig:
                 or (isinstance(self.kv_cache_memory_bytes, int) and self.kv_cache_memory_bytes > 0),
                 "kv_cache_memory_bytes", "None or a positive integer")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]")
+        require(self.cuda_graph_batch_sizes is None
+                or (len(self.cuda_graph_batch_sizes) > 0
+                    and all(isinstance(n, int) and 1 <= n <= self.max_num_seqs for n in self.cuda_graph_batch_sizes)),
+                "cuda_graph_batch_sizes", f"None or a non-empty list of integers in [1, max_num_seqs={self.max_num_seqs}]")
         require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 1),
                 "max_model_len", "None or an integer >= 1")
 
@@ -74,7 +82,14 @@ def resolve_attention_backend(name: str | None, device: torch.device) -> str:
         return "torch"
     if flash_attn_importable():
         return "flash_attn"
-    logger.warning("flash-attn is not installed; using the (slower) torch attention backend on CUDA")
+    from kernels.triton_support import triton_unavailable_reason
+
+    reason = triton_unavailable_reason()
+    if reason is None:
+        logger.info("flash-attn is not installed; using the triton attention backend on CUDA")
+        return "triton"
+    logger.warning("neither flash-attn nor triton can run here (%s); using the (slower) torch attention backend "
+                   "on CUDA", reason)
     return "torch"
 
 

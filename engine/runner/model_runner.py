@@ -29,6 +29,7 @@ from engine.models.loader import resolve_dtype
 from engine.runner.attention import allocate_kv_caches
 from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
+from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
@@ -73,6 +74,10 @@ class ModelRunner:
         self.prompt_logprobs = PromptLogprobsCollector()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_gpu_blocks = 0
+        # Decode-only steps replay captured CUDA graphs when this is set (see decode_graphs.py).
+        self.decode_graphs: DecodeGraphs | None = None
+        self.cuda_graphs_off_reason = cuda_graphs_unavailable_reason(self.device, self.attention_backend,
+                                                                     config.enforce_eager)
         # Wall time of the last execute_model, including the device sync that reads the samples back.
         self.last_step_duration_s = 0.0
         self.num_steps = 0
@@ -93,6 +98,18 @@ class ModelRunner:
                                             model_config.num_key_value_heads, model_config.head_dim, self.dtype,
                                             self.device)
         self.num_gpu_blocks = num_gpu_blocks
+        if self.cuda_graphs_off_reason is None:
+            self.decode_graphs = self.make_decode_graphs()
+            self.decode_graphs.capture()
+        elif self.device.type == "cuda":
+            logger.info("decode steps run without CUDA graphs: %s", self.cuda_graphs_off_reason)
+
+    def make_decode_graphs(self, emulate: bool = False) -> DecodeGraphs:
+        """Graphs over this runner's model and KV caches (``emulate``: the padded forward, eagerly)."""
+        return DecodeGraphs(self.model, self.kv_caches, max_num_reqs=self.max_num_reqs,
+                            max_num_blocks_per_req=self.input_batch.block_table.block_table.shape[1],
+                            max_model_len=self.max_model_len, device=self.device,
+                            batch_size_ladder=self.config.cuda_graph_batch_sizes, emulate=emulate)
 
     def _zero_blocks(self, block_ids: list[int]) -> None:
         """Clear reused blocks so no kernel can read a previous owner's values (the seed's _zero_block_ids)."""
@@ -201,10 +218,14 @@ class ModelRunner:
         num_scheduled_tokens = np.fromiter((scheduled[req_id] for req_id in req_ids), dtype=np.int32,
                                            count=num_reqs)
         prepared = prepare_inputs(batch, num_scheduled_tokens)
-        attn_metadata = self.metadata_builder.build(prepared.common)
-        input_ids = torch.from_numpy(prepared.input_ids).to(self.device, non_blocking=True)
-        positions = torch.from_numpy(prepared.positions).to(self.device, non_blocking=True)
-        hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.handles(prepared):
+            hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs])
+        else:
+            attn_metadata = self.metadata_builder.build(prepared.common)
+            input_ids = torch.from_numpy(prepared.input_ids).to(self.device, non_blocking=True)
+            positions = torch.from_numpy(prepared.positions).to(self.device, non_blocking=True)
+            hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
 
         states = batch.request_states[:num_reqs]
         prompt_logprobs = None

@@ -52,6 +52,7 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype", default=defaults.dtype)
     engine.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
     engine.add_argument("--attention-backend", default=None)
+    engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     engine.add_argument("--seed", type=int, default=defaults.seed)
     return parser
 
@@ -63,7 +64,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, num_gpu_blocks=args.num_gpu_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
-        attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy)
+        attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
+        enforce_eager=args.enforce_eager)
 
 
 def main(argv: list[str] | None = None) -> int:

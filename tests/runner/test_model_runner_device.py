@@ -8,6 +8,7 @@ import torch
 
 from engine.runner import config as runner_config
 from engine.runner.config import resolve_attention_backend, resolve_device, resolve_runtime_dtype
+from kernels import triton_support
 
 HAVE_CUDA = torch.cuda.is_available()
 HAVE_FLASH_ATTN = HAVE_CUDA and runner_config.flash_attn_importable()
@@ -24,9 +25,13 @@ def test_cuda_default_backend(monkeypatch, caplog):
     monkeypatch.setattr(runner_config, "flash_attn_importable", lambda: True)
     assert resolve_attention_backend(None, cuda) == "flash_attn"
     monkeypatch.setattr(runner_config, "flash_attn_importable", lambda: False)
+    # Without flash-attn: the triton backend where its kernels can launch, else torch with a warning.
+    monkeypatch.setattr(triton_support, "triton_unavailable_reason", lambda: None)
+    assert resolve_attention_backend(None, cuda) == "triton"
+    monkeypatch.setattr(triton_support, "triton_unavailable_reason", lambda: "the triton package is not installed")
     with caplog.at_level(logging.WARNING):
         assert resolve_attention_backend(None, cuda) == "torch"
-    assert "flash-attn is not installed" in caplog.text
+    assert "neither flash-attn nor triton can run here (the triton package is not installed)" in caplog.text
     # flash-attn has no float32 kernels: "auto" runs a float32 checkpoint in bfloat16, float32 is refused.
     assert resolve_runtime_dtype("auto", torch.float32, "flash_attn") == torch.bfloat16
     assert resolve_runtime_dtype("auto", torch.float16, "flash_attn") == torch.float16
