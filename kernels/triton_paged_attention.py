@@ -57,7 +57,9 @@ def _find_request(query_start_loc_ptr, query_block, num_reqs, BLOCK_Q: tl.conste
     return low - 1
 
 
-@triton.jit
+# Integers that vary from step to step are not specialized on (Triton otherwise compiles a variant for
+# values equal to 1 or divisible by 16): a new variant mid-run costs a compilation of ~0.5 s inside a step.
+@triton.jit(do_not_specialize=["num_reqs", "block_table_stride"])
 def _paged_attention_kernel(
     output_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
@@ -155,7 +157,7 @@ def _paged_attention_kernel(
                  mask=row_valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs"])
 def _combine_splits_kernel(
     output_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, query_start_loc_ptr,
     num_reqs, head_size, output_stride_token, output_stride_head,

@@ -49,7 +49,7 @@ def round_to_fp8_e4m3(x, scale, FP8_MAX_VALUE: tl.constexpr):
     return (magnitude.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_elements"])  # varies every step: see triton_paged_attention.py
 def _reshape_and_cache_kernel(
     key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
     key_stride_token, key_stride_head, key_stride_dim,

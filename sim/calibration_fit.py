@@ -35,8 +35,9 @@ FEATURE_COLUMNS = {
     "max_seq_len": "max_seq_len",
     "prefill_attention_dense_work": "prefill_attention_dense_work",
 }
-LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "decode_context_tokens",
-                   "prefill_context_tokens", "prefill_attention_work", "prefill_attention_dense_work")
+LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", "decode_graph_batch",
+                   "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
+                   "prefill_attention_dense_work")
 HINGE_FEATURE = "num_tokens"
 OPTIONAL_COLUMNS = ("prefill_attention_dense_work",)
 
@@ -83,6 +84,11 @@ def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"steps.parquet lacks the feature columns {missing}: record it with this version")
     frame = steps[list(FEATURE_COLUMNS)].rename(columns=FEATURE_COLUMNS).astype(float)
+    # Step-level features derived as StepFeatures derives them (has_prefill, decode_graph_batch).
+    decode_only = frame["num_prefill_reqs"].to_numpy() == 0
+    frame["has_prefill"] = (~decode_only).astype(float)
+    padded = [1 << max(int(count) - 1, 0).bit_length() for count in frame["num_reqs"]]
+    frame["decode_graph_batch"] = np.where(decode_only, padded, 0).astype(float)
     frame["duration"] = steps["duration"].astype(float)
     return frame[frame["num_tokens"] > 0].reset_index(drop=True)
 

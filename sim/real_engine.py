@@ -45,8 +45,12 @@ def _warm_up(llm) -> None:
     from engine.core import SamplingParams
 
     vocab = llm.model_runner.vocab_size
-    prompts = [[(7 * index + 3 * length) % vocab for index in range(length)] for length in (8, 96, 300, 40)]
-    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0), use_tqdm=False)
+    prompts = [[(7 * index + 3 * length) % vocab for index in range(length)] for length in (8, 96, 300, 40, 17)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+    # A batch, then one request alone: kernels compiled for the shapes of both (on a GPU, Triton and
+    # cuBLAS pick per shape; a first compilation inside a measured step would cost it half a second).
+    llm.generate(prompts[:4], params, use_tqdm=False)
+    llm.generate(prompts[4:], params, use_tqdm=False)
     scheduler = llm.engine_core.scheduler
     if not scheduler.reset_prefix_cache():
         raise RuntimeError("warm-up left KV blocks in use")

@@ -35,11 +35,26 @@ class StepFeatures:
     # masked half (prefill_attention_work). Calibration keeps whichever the measured steps follow.
     prefill_attention_dense_work: int = 0
 
+    @property
+    def has_prefill(self) -> int:
+        """1 when some request has more than one query token, else 0 (a decode-only step).
+
+        A step-level switch, not a count: an engine that replays CUDA graphs for decode-only steps runs
+        every other step eagerly, which costs a fixed launch overhead however few prefill tokens it has.
+        """
+        return 1 if self.num_prefill_reqs else 0
+
+    @property
+    def decode_graph_batch(self) -> int:
+        """For a decode-only step, the batch size a CUDA-graph engine replays it at: the smallest power of
+        two >= num_reqs (the default capture ladder; padded rows cost like real ones); 0 otherwise."""
+        return 0 if self.num_prefill_reqs else 1 << max(self.num_reqs - 1, 0).bit_length()
+
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in FEATURE_NAMES}
 
 
-FEATURE_NAMES: tuple[str, ...] = tuple(StepFeatures.__slots__)
+FEATURE_NAMES: tuple[str, ...] = (*StepFeatures.__slots__, "has_prefill", "decode_graph_batch")
 
 
 def step_features(batch: StepBatch) -> StepFeatures:
