@@ -39,6 +39,9 @@ class RunnerConfig:
     # the device and attention backend allow it (engine/runner/decode_graphs.py).
     enforce_eager: bool = False
     cuda_graph_batch_sizes: list[int] | None = None  # None: 1, 2, 4, ... up to max_num_seqs
+    # Eager steps pad their token count to a multiple of this (engine/runner/eager_shapes.py).
+    # None: 64 on CUDA, 1 (no padding) on the CPU.
+    eager_token_padding: int | None = None
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, requirement: str) -> None:
@@ -56,6 +59,9 @@ class RunnerConfig:
                 or (len(self.cuda_graph_batch_sizes) > 0
                     and all(isinstance(n, int) and 1 <= n <= self.max_num_seqs for n in self.cuda_graph_batch_sizes)),
                 "cuda_graph_batch_sizes", f"None or a non-empty list of integers in [1, max_num_seqs={self.max_num_seqs}]")
+        require(self.eager_token_padding is None
+                or (isinstance(self.eager_token_padding, int) and self.eager_token_padding >= 1),
+                "eager_token_padding", "None or an integer >= 1")
         require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 1),
                 "max_model_len", "None or an integer >= 1")
 

@@ -30,6 +30,7 @@ from engine.runner.attention import allocate_kv_caches
 from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
+from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, warm_up_shapes
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
@@ -78,6 +79,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.cuda_graphs_off_reason = cuda_graphs_unavailable_reason(self.device, self.attention_backend,
                                                                      config.enforce_eager)
+        self.eager_token_padding = resolve_token_padding(config.eager_token_padding, self.device)
         # Wall time of the last execute_model, including the device sync that reads the samples back.
         self.last_step_duration_s = 0.0
         self.num_steps = 0
@@ -98,6 +100,11 @@ class ModelRunner:
                                             model_config.num_key_value_heads, model_config.head_dim, self.dtype,
                                             self.device)
         self.num_gpu_blocks = num_gpu_blocks
+        if self.device.type == "cuda":
+            runs = warm_up_shapes(self.model, self.kv_caches, self.device,
+                                  max_num_tokens=self.config.max_num_batched_tokens,
+                                  padding=self.eager_token_padding, max_num_reqs=self.max_num_reqs)
+            logger.info("warmed up %d padded token counts (multiples of %d)", runs, self.eager_token_padding)
         if self.cuda_graphs_off_reason is None:
             self.decode_graphs = self.make_decode_graphs()
             self.decode_graphs.capture()
@@ -222,9 +229,11 @@ class ModelRunner:
         if graphs is not None and graphs.handles(prepared):
             hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs])
         else:
-            attn_metadata = self.metadata_builder.build(prepared.common)
-            input_ids = torch.from_numpy(prepared.input_ids).to(self.device, non_blocking=True)
-            positions = torch.from_numpy(prepared.positions).to(self.device, non_blocking=True)
+            input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions, prepared.common,
+                                                           self.eager_token_padding)
+            attn_metadata = self.metadata_builder.build(common)
+            input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+            positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
             hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
 
         states = batch.request_states[:num_reqs]

@@ -1,4 +1,4 @@
-"""CUDA graphs for decode steps in the model runner: when they are used, and that padding changes nothing.
+"""The runner's GPU step fast paths: CUDA graphs for decode steps, padded eager steps and the shape warm-up.
 
 On the CPU the graph path runs emulated (``DecodeGraphs(emulate=True)``): the same static buffers, padding
 up the batch-size ladder and forward over the padded views as a replay, without the capture. The triton
@@ -92,3 +92,71 @@ def test_captured_graphs_give_the_eager_tokens_and_transformers_tokens(tiny_llam
     hf_model = load_hf_model(tiny_llama_path)
     for prompt, param, tokens in zip(prompts, params, expected):
         assert tokens == hf_greedy(hf_model, prompt, param.max_tokens)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_triton)])
+def test_padded_eager_steps_give_the_unpadded_tokens(tiny_llama_path, backend):
+    """Eager steps padded to a multiple of 64 tokens (the CUDA default, forced here on the CPU): padded rows
+    write no cache slot and belong to no request, so every token and every freed block is as without."""
+    from engine.runner.eager_shapes import pad_step_inputs, padded_token_count
+
+    kwargs = dict(model=str(tiny_llama_path), attention_backend=backend, num_gpu_blocks=64, max_num_seqs=8,
+                  max_num_batched_tokens=48, skip_tokenizer_init=True)
+    plain = LLM(**kwargs)
+    assert plain.model_runner.eager_token_padding == 1  # the CPU default
+    prompts, params = _workload(plain.model_runner.vocab_size)
+    expected = _generate(plain, prompts, params)
+
+    padded = LLM(**kwargs)
+    padded.model_runner.eager_token_padding = 64
+    padded_lengths = []
+    import engine.runner.model_runner as model_runner_module
+
+    def recording_pad(input_ids, positions, common, padding):
+        result = pad_step_inputs(input_ids, positions, common, padding)
+        padded_lengths.append((len(input_ids), len(result[0])))
+        return result
+
+    original = model_runner_module.pad_step_inputs
+    model_runner_module.pad_step_inputs = recording_pad
+    try:
+        assert _generate(padded, prompts, params) == expected
+    finally:
+        model_runner_module.pad_step_inputs = original
+    assert padded_lengths and all(after == padded_token_count(before, 64) for before, after in padded_lengths)
+    assert any(after > before for before, after in padded_lengths)
+    assert padded.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 63
+
+
+def test_token_padding_defaults_and_shapes():
+    import numpy as np
+
+    from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding
+    from engine.runner.prepare_inputs import CommonAttentionMetadata
+
+    assert resolve_token_padding(None, torch.device("cuda")) == 64
+    assert resolve_token_padding(None, torch.device("cpu")) == 1
+    assert resolve_token_padding(16, torch.device("cpu")) == 16
+    with pytest.raises(ValueError, match="eager_token_padding must be None or an integer >= 1, got 0"):
+        RunnerConfig(model="x", eager_token_padding=0)
+    common = CommonAttentionMetadata(
+        num_reqs=1, num_actual_tokens=3, query_start_loc=np.array([0, 3], np.int32), seq_lens=np.array([3], np.int32),
+        num_computed_tokens=np.array([0], np.int32), block_table=np.zeros((1, 1), np.int32),
+        slot_mapping=np.array([5, 6, 7]), is_prefilling=np.array([True]), max_query_len=3, max_seq_len=3)
+    ids, positions, padded = pad_step_inputs(np.array([9, 8, 7]), np.array([0, 1, 2]), common, 4)
+    assert ids.tolist() == [9, 8, 7, 0] and positions.tolist() == [0, 1, 2, 0]
+    assert padded.slot_mapping.tolist() == [5, 6, 7, -1] and padded.num_actual_tokens == 3
+    assert pad_step_inputs(np.array([1, 2, 3, 4]), np.arange(4), common, 4)[2] is common  # already a multiple
+
+
+def test_shape_warm_up_runs_every_padded_size_and_writes_nothing(tiny_llama_path):
+    from engine.runner.eager_shapes import warm_up_shapes
+
+    llm = LLM(model=str(tiny_llama_path), num_gpu_blocks=16, max_num_seqs=3, skip_tokenizer_init=True)
+    runner = llm.model_runner
+    before = [(key.clone(), value.clone()) for key, value in runner.kv_caches]
+    runs = warm_up_shapes(runner.model, runner.kv_caches, runner.device, max_num_tokens=130, padding=64,
+                          max_num_reqs=3)
+    assert runs == 3  # 64, 128, 192
+    for (key, value), (key_before, value_before) in zip(runner.kv_caches, before):
+        assert torch.equal(key, key_before) and torch.equal(value, value_before)
