@@ -48,7 +48,9 @@ class StepFeatures:
     def decode_graph_batch(self) -> int:
         """For a decode-only step, the batch size a CUDA-graph engine replays it at: the smallest power of
         two >= num_reqs (the default capture ladder; padded rows cost like real ones); 0 otherwise."""
-        return 0 if self.num_prefill_reqs else 1 << max(self.num_reqs - 1, 0).bit_length()
+        if self.num_prefill_reqs or not self.num_reqs:
+            return 0
+        return 1 << (self.num_reqs - 1).bit_length()
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in FEATURE_NAMES}

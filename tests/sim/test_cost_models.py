@@ -296,3 +296,13 @@ def test_a_profile_fitted_elsewhere_loads_with_a_warning(tmp_path):
 def test_an_empty_step_costs_only_the_engine_loop():
     model = analytical()
     assert model.step_time(StepBatch([], [])) == resolve_hardware("a100-80gb").step_overhead_s
+
+
+def test_step_level_features_for_graph_replaying_engines():
+    decode = step_features(StepBatch([1] * 5, [10] * 5))
+    assert (decode.has_prefill, decode.decode_graph_batch) == (0, 8)
+    assert step_features(StepBatch([1] * 8, [3] * 8)).decode_graph_batch == 8
+    assert step_features(StepBatch([1], [3])).decode_graph_batch == 1
+    mixed = step_features(StepBatch([1, 30], [10, 0]))
+    assert (mixed.has_prefill, mixed.decode_graph_batch) == (1, 0)
+    assert {"has_prefill", "decode_graph_batch"} <= set(decode.as_dict())
