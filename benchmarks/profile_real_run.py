@@ -19,6 +19,7 @@ import pstats
 import sys
 from pathlib import Path
 
+from sim.run import resolve_workload_path
 from workloads import load_workload
 
 
@@ -63,7 +64,7 @@ def torch_profile(workload, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload")
+    parser.add_argument("workload", help="a workload YAML file or the name of a shipped example")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-dir", type=Path, help="also write python_profile.txt and torch_profile.txt here")
     parser.add_argument("--only", choices=["python", "torch"], help="run one of the two profiles")
     args = parser.parse_args(argv)
-    workload = load_workload(args.workload, overrides=args.overrides)
+    workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
     for name, function in (("python", python_profile), ("torch", torch_profile)):
         if args.only and args.only != name:
             continue

@@ -43,6 +43,8 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
         dtype=str(executor.get("dtype", "unknown")), attention_backend=executor.get("attention_backend"),
         device=executor.get("device"), source_runs=[str(path) for path in run_dirs], fit_error=fit.error_summary())
     provenance["num_steps"] = int(len(features))
+    # How the measured runs were made (their torch version, CUDA graphs on or off, threads, ...).
+    provenance["executor"] = {key: value for key, value in executor.items() if key != "model_path"}
     save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,
                  hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
                  token_count_offsets_s=fit.token_count_offsets_s)

@@ -8,10 +8,11 @@ feature makes a step faster) and the model readable: each coefficient is "second
 The fit minimises *relative* error (each row is divided by its duration), because step durations
 span orders of magnitude between a one-request decode and a long prefill and every one of them matters
 to latency. Candidates are compared on steps held out of the fit, and the best one is kept: a plain
-linear model; the same with hinge terms on the token count (a regime with a different slope); and
-either with a small-batch table, one offset per token count up to a few tokens, the only terms allowed
-to be negative (on a CPU, the matrix kernels for 1, 2 and 3 rows differ in kind and a 3-row step can
-take longer than a 4-row one, which no smooth term captures).
+linear model; the same with hinge terms on the token count (a regime with a different slope) and on the
+KV tokens decodes read (on a CPU, reading KV costs more per token once a step's KV outgrows the
+last-level cache); and each with a small-batch table, one offset per token count up to a few tokens,
+the only terms allowed to be negative (on a CPU, the matrix kernels for 1, 2 and 3 rows differ in kind
+and a 3-row step can take longer than a 4-row one, which no smooth term captures).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", 
                    "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
                    "prefill_attention_dense_work")
 HINGE_FEATURE = "num_tokens"
+CONTEXT_HINGE_FEATURE = "decode_context_tokens"
 OPTIONAL_COLUMNS = ("prefill_attention_dense_work",)
 
 
@@ -93,21 +95,33 @@ def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["num_tokens"] > 0].reset_index(drop=True)
 
 
-def _design(features: pd.DataFrame, knots: list[float], offset_counts: list[int]) -> np.ndarray:
-    """Columns: 1, the linear features other than the token count, the token count split into segments
-    at the knots (one column per segment, so each segment gets its own non-negative slope: the cost
-    may grow more slowly with batch size as matrix kernels grow more efficient, but never shrink), and
-    the small-batch indicators."""
-    columns = [np.ones(len(features))]
-    columns += [features[name].to_numpy(float) for name in LINEAR_FEATURES if name != HINGE_FEATURE]
-    tokens = features[HINGE_FEATURE].to_numpy(float)
+def _segments(values: np.ndarray, knots: list[float]) -> list[np.ndarray]:
+    """``values`` split at the knots: one column per segment, so each segment gets its own slope."""
     edges = [0.0, *knots, np.inf]
-    columns += [np.clip(tokens - low, 0.0, high - low) for low, high in zip(edges, edges[1:])]
+    return [np.clip(values - low, 0.0, high - low) for low, high in zip(edges, edges[1:])]
+
+
+def _design(features: pd.DataFrame, knots: dict[str, list[float]], offset_counts: list[int]) -> np.ndarray:
+    """Columns: 1, the linear features without knots, each feature with knots split into segments (each
+    with its own non-negative slope: the cost per token may fall as matrix kernels grow more efficient,
+    or rise as the KV read outgrows a cache, but a step never gets cheaper with more work), and the
+    small-batch indicators."""
+    columns = [np.ones(len(features))]
+    columns += [features[name].to_numpy(float) for name in LINEAR_FEATURES if name not in knots]
+    for name, feature_knots in knots.items():
+        columns += _segments(features[name].to_numpy(float), feature_knots)
+    tokens = features[HINGE_FEATURE].to_numpy(float)
     columns += [(tokens == count).astype(float) for count in offset_counts]
     return np.column_stack(columns)
 
 
-def fit_candidate(train: pd.DataFrame, knots: list[float], offset_counts: list[int] = ()) -> FitResult:
+def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float]],
+                  offset_counts: list[int] = ()) -> FitResult:
+    """``knots``: per feature (the token count, the decode KV read), where its slope may change; a plain
+    list means knots on the token count only."""
+    if not isinstance(knots, dict):
+        knots = {HINGE_FEATURE: list(knots)}
+    knots = {name: list(values) for name, values in knots.items() if values}
     offset_counts = list(offset_counts)
     design = _design(train, knots, offset_counts)
     target = train["duration"].to_numpy(float)
@@ -120,16 +134,20 @@ def fit_candidate(train: pd.DataFrame, knots: list[float], offset_counts: list[i
     lower = np.concatenate([np.zeros(num_physical), np.full(len(offset_counts), -np.inf)])
     solution = lsq_linear(scaled / column_scale, target * weights, bounds=(lower, np.full(design.shape[1], np.inf)),
                           method="bvls").x / column_scale
-    others = [name for name in LINEAR_FEATURES if name != HINGE_FEATURE]
-    coefficients = {name: float(value) for name, value in zip(others, solution[1:1 + len(others)])}
-    slopes = solution[1 + len(others):num_physical]
-    # Segment slopes as the profile's terms: the first slope per token, then a hinge at each knot
-    # carrying the change of slope there (negative where the cost grows more slowly).
-    coefficients[HINGE_FEATURE] = float(slopes[0])
-    hinges = [{"feature": HINGE_FEATURE, "knot": float(knot), "coefficient": float(after - before)}
-              for knot, before, after in zip(knots, slopes, slopes[1:])]
+    plain = [name for name in LINEAR_FEATURES if name not in knots]
+    coefficients = {name: float(value) for name, value in zip(plain, solution[1:1 + len(plain)])}
+    hinges = []
+    column = 1 + len(plain)
+    for name, feature_knots in knots.items():
+        slopes = solution[column:column + len(feature_knots) + 1]
+        column += len(feature_knots) + 1
+        # Segment slopes as the profile's terms: the first slope per unit, then a hinge at each knot
+        # carrying the change of slope there (negative where the cost grows more slowly).
+        coefficients[name] = float(slopes[0])
+        hinges += [{"feature": name, "knot": float(knot), "coefficient": float(after - before)}
+                   for knot, before, after in zip(feature_knots, slopes, slopes[1:])]
     offsets = {count: float(value) for count, value in zip(offset_counts, solution[num_physical:])}
-    kind = "piecewise_linear" if knots else "linear"
+    kind = "piecewise_linear" if hinges else "linear"
     return FitResult(kind, {name: coefficients[name] for name in LINEAR_FEATURES}, float(solution[0]), hinges,
                      offsets)
 
@@ -142,15 +160,23 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     cut = int(len(features) * (1 - held_out_fraction))
     train, held_out = features.iloc[order[:cut]], features.iloc[order[cut:]]
     tokens = train[HINGE_FEATURE].to_numpy(float)
-    candidates = [[]]
+    token_knots = [[]]
     for quantiles in ((0.5,), (0.25, 0.75), (0.1, 0.5, 0.9)):
         knots = sorted(set(float(np.quantile(tokens, q)) for q in quantiles))
-        candidates.append([knot for knot in knots if knot > tokens.min()])
+        token_knots.append([knot for knot in knots if knot > tokens.min()])
     # Powers of two: where matrix kernels change regime.
-    candidates.append([float(knot) for knot in (8, 32, 128, 512) if tokens.min() < knot < tokens.max()])
+    token_knots.append([float(knot) for knot in (8, 32, 128, 512) if tokens.min() < knot < tokens.max()])
+    # The KV read of decodes may cost more per token once it outgrows a cache: knots at high quantiles
+    # of the steps that read any.
+    reads = train[CONTEXT_HINGE_FEATURE].to_numpy(float)
+    reads = reads[reads > 0]
+    context_knots = [[]]
+    if len(reads) >= 20:
+        context_knots += [[float(np.quantile(reads, q))] for q in (0.5, 0.75, 0.9)]
     counts = train[HINGE_FEATURE].astype(int).value_counts()
     small = [int(count) for count in sorted(counts.index) if count <= 16 and counts[count] >= MIN_STEPS_PER_OFFSET]
-    candidates = [(knots, offsets) for offsets in ([], small) for knots in candidates]
+    candidates = [({HINGE_FEATURE: knots, CONTEXT_HINGE_FEATURE: context}, offsets)
+                  for offsets in ([], small) for context in context_knots for knots in token_knots]
     best = None
     for knots, offsets in candidates:
         fit = fit_candidate(train, knots, offsets)

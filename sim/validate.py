@@ -70,7 +70,7 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", type=Path)
+    parser.add_argument("workload", help="a workload YAML file or the name of a shipped example (e.g. cpu_chat)")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                         help=f"calibrated step profile (default: {DEFAULT_PROFILE.name}, the shipped CPU profile)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     try:
+        from sim.run import resolve_workload_path
+
+        args.workload = resolve_workload_path(args.workload)
         name = load_workload(args.workload, overrides=args.overrides).name
         out_dir = args.out or Path("runs") / f"validate-{name}"
         comparison = validate(args.workload, out_dir, profile=args.profile, overrides=args.overrides,

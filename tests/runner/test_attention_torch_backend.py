@@ -162,3 +162,31 @@ def test_kv_cache_as_one_stacked_tensor(backend):
     assert torch.equal(kv_cache[0, 1, :5], key) and torch.equal(kv_cache[1, 1, :5], value)
     expected = backend.forward(query, key, value, (torch.zeros(3, 8, 2, 4), torch.zeros(3, 8, 2, 4)), metadata, 0.5)
     torch.testing.assert_close(out, expected)
+
+
+def test_decode_groups_are_capped_in_padded_tokens():
+    """Same-length decodes share a group until its padded tokens would pass the cap (decode_groups.py)."""
+    from engine.runner.attention.decode_groups import make_decode_groups
+
+    block_size, num_reqs = 16, 10
+    seq_lens = [100] * num_reqs  # 7 blocks = 112 padded tokens each
+    block_table = torch.arange(num_reqs * 8, dtype=torch.int32).view(num_reqs, 8)
+    query_start_loc = list(range(num_reqs + 1))
+    uncapped = make_decode_groups(list(range(num_reqs)), seq_lens, query_start_loc, block_table, block_size)
+    assert [group.num_reqs for group in uncapped] == [10]
+    capped = make_decode_groups(list(range(num_reqs)), seq_lens, query_start_loc, block_table, block_size,
+                                max_group_tokens=3 * 112)
+    assert [group.num_reqs for group in capped] == [3, 3, 3, 1]
+    assert sorted(int(i) for group in capped for i in group.req_indices) == list(range(num_reqs))
+    # A request longer than the cap still gets a group of its own.
+    alone = make_decode_groups([0, 1], [500, 500], [0, 1, 2], block_table.repeat(1, 4), block_size,
+                               max_group_tokens=100)
+    assert [group.num_reqs for group in alone] == [1, 1]
+
+
+def test_capped_groups_attend_like_the_reference(backend, monkeypatch):
+    """A tiny gather budget splits every decode into its own group: results stay the reference's."""
+    import engine.runner.attention.torch_backend as torch_backend
+
+    monkeypatch.setattr(torch_backend, "GROUP_GATHER_BYTES", 1)
+    run_case(backend, [(37, 1), (40, 1), (41, 1), (38, 1), (5, 1), (70, 9)], 16, 4, 2)

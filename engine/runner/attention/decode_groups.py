@@ -6,6 +6,13 @@ context (a batch mixing 50- and 800-token contexts) would gather and attend most
 length and cutting a new group whenever a request is shorter than ``MIN_FILL`` of the group's longest
 keeps the padded fraction under ``1 - MIN_FILL`` while calls per layer stay few.
 
+A group is also cut when its gathered keys and values would outgrow ``max_group_tokens`` (padded
+tokens): measured on a CPU with a 32 MiB last-level cache, decode steps whose groups gathered ~26,000
+tokens of K and V at once (dozens of requests over a shared 512-token prefix, all of one length) took
+up to 70% longer than steps reading the same number of KV tokens in smaller groups, because the gathered
+copy no longer stays in cache until attention reads it. Smaller groups cost a few more calls per layer
+and keep a step's time proportional to the KV it reads.
+
 Computed once per step (and block size) from host lists, then shared by every layer.
 """
 
@@ -37,13 +44,18 @@ class DecodeGroup:
 
 
 def make_decode_groups(decode_req_indices: list[int], seq_lens_cpu: list[int], query_start_loc_cpu: list[int],
-                       block_table: torch.Tensor, block_size: int) -> list[DecodeGroup]:
+                       block_table: torch.Tensor, block_size: int,
+                       max_group_tokens: int | None = None) -> list[DecodeGroup]:
+    """Groups of decodes in descending context length; ``max_group_tokens`` caps a group's padded tokens
+    (a group always takes at least one request)."""
     order = sorted(decode_req_indices, key=lambda req: seq_lens_cpu[req], reverse=True)
     groups: list[list[int]] = []
     group_blocks = 0
     for req in order:
         num_blocks = -(-seq_lens_cpu[req] // block_size)
-        if groups and (num_blocks >= MIN_FILL * group_blocks or num_blocks >= group_blocks - 1):
+        fits = bool(groups) and (max_group_tokens is None
+                                 or (len(groups[-1]) + 1) * group_blocks * block_size <= max_group_tokens)
+        if fits and (num_blocks >= MIN_FILL * group_blocks or num_blocks >= group_blocks - 1):
             groups[-1].append(req)
         else:
             groups.append([req])

@@ -82,13 +82,14 @@ class AttentionMetadata:
             max_decode_seq_len=max((self.seq_lens_cpu[i] for i in decodes), default=0),
         )
 
-    def decode_groups(self, block_size: int) -> list[DecodeGroup]:
+    def decode_groups(self, block_size: int, max_group_tokens: int | None = None) -> list[DecodeGroup]:
         """The decodes grouped by context length (see decode_groups.py), computed once per step."""
         cache = self.__dict__.setdefault("_decode_groups", {})
-        if block_size not in cache:
-            cache[block_size] = make_decode_groups(self.split.decode_req_indices, self.seq_lens_cpu,
-                                                   self.query_start_loc_cpu, self.block_table, block_size)
-        return cache[block_size]
+        key = (block_size, max_group_tokens)
+        if key not in cache:
+            cache[key] = make_decode_groups(self.split.decode_req_indices, self.seq_lens_cpu,
+                                            self.query_start_loc_cpu, self.block_table, block_size, max_group_tokens)
+        return cache[key]
 
     def get_seq_start_loc(self) -> torch.Tensor:
         if self.seq_start_loc is None:

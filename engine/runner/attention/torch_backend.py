@@ -23,6 +23,10 @@ from engine.runner.attention.backend import AttentionBackend
 from engine.runner.attention.metadata import AttentionMetadata
 
 
+# A decode group's gathered K and V stay within this many bytes, small enough to stay in a CPU's
+# last-level cache between the gather and the attention that reads it (decode_groups.py).
+GROUP_GATHER_BYTES = 8 * 2**20
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
@@ -52,7 +56,9 @@ class TorchAttentionBackend(AttentionBackend):
                         metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         group_size = query.shape[1] // num_kv_heads
-        for group in metadata.decode_groups(block_size):
+        # Gathered keys and values of one group: at most GROUP_GATHER_BYTES (see decode_groups.py).
+        max_group_tokens = GROUP_GATHER_BYTES // (2 * num_kv_heads * head_size * key_cache.element_size())
+        for group in metadata.decode_groups(block_size, max(max_group_tokens, block_size)):
             num_decodes, max_len = group.num_reqs, group.num_blocks * block_size
             # [n * blocks] physical ids -> [n, max_len, Hkv, D] gathered keys/values.
             block_shape = (group.block_ids.shape[0], block_size, num_kv_heads, head_size)
