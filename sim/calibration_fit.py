@@ -35,13 +35,14 @@ FEATURE_COLUMNS = {
     "prefill_attention_work": "prefill_attention_work",
     "max_seq_len": "max_seq_len",
     "prefill_attention_dense_work": "prefill_attention_dense_work",
+    "context_prefill_dense_work": "context_prefill_dense_work",
 }
 LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", "decode_graph_batch",
                    "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
-                   "prefill_attention_dense_work")
+                   "prefill_attention_dense_work", "context_prefill_dense_work")
 HINGE_FEATURE = "num_tokens"
 CONTEXT_HINGE_FEATURE = "decode_context_tokens"
-OPTIONAL_COLUMNS = ("prefill_attention_dense_work",)
+OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work")
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.

@@ -31,7 +31,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
     cached = scheduler_output.scheduled_cached_reqs
     num_decode_reqs = decode_context_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
-    prefill_attention_dense_work = 0
+    prefill_attention_dense_work = context_prefill_dense_work = 0
     max_seq_len = 0
     pairs = [(num_scheduled_tokens[new.req_id], new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs]
     for request_id, context in zip(cached.req_ids, cached.num_computed_tokens):
@@ -53,6 +53,8 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
             prefill_context_tokens += context
             prefill_attention_work += query * context + query * (query + 1) // 2
             prefill_attention_dense_work += query * (context + query)
+            if context:
+                context_prefill_dense_work += query * (context + query)
         if context + query > max_seq_len:
             max_seq_len = context + query
     return StepFeatures(
@@ -60,4 +62,5 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
         num_prefill_reqs=num_prefill_reqs, num_prefill_tokens=num_prefill_tokens, num_decode_reqs=num_decode_reqs,
         decode_context_tokens=decode_context_tokens, prefill_context_tokens=prefill_context_tokens,
         prefill_attention_work=prefill_attention_work, max_seq_len=max_seq_len,
-        prefill_attention_dense_work=prefill_attention_dense_work)
+        prefill_attention_dense_work=prefill_attention_dense_work,
+        context_prefill_dense_work=context_prefill_dense_work)

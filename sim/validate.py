@@ -5,6 +5,9 @@ request stream with the same engine configuration and a calibrated step-time pro
 the two runs metric by metric: p50 / p90 / p99 of TTFT, TPOT, ITL and end-to-end latency, and
 throughput, each with its relative error. Writes ``<out>/real``, ``<out>/sim``, ``<out>/comparison.json``
 and ``<out>/dashboard.html`` (the two runs side by side).
+
+``python -m sim.validate --real-run RUN_DIR [--profile P]`` compares with a real run recorded earlier
+(e.g. the shipped runs in ``sim/data/runs/``) and runs only the simulation: no model, no GPU.
 """
 
 from __future__ import annotations
@@ -67,10 +70,27 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
     return comparison
 
 
+def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE) -> dict:
+    """The comparison for a real run recorded earlier: only the simulation runs (no model, no GPU)."""
+    real_summary = read_run(real_run_dir).summary
+    if real_summary.get("mode") != "real":
+        raise ValueError(f"{real_run_dir}: mode is {real_summary.get('mode')!r}; --real-run needs a real run")
+    sim_summary = simulate_like(real_run_dir, profile, out_dir / "sim")
+    comparison = compare_runs(sim_summary, real_summary)
+    comparison["profile"] = str(profile)
+    comparison["real_run"] = str(real_run_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
+    return comparison
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", help="a workload YAML file or the name of a shipped example (e.g. cpu_chat)")
+    parser.add_argument("workload", nargs="?",
+                        help="a workload YAML file or the name of a shipped example (e.g. cpu_chat)")
+    parser.add_argument("--real-run", type=Path, metavar="RUN_DIR",
+                        help="compare with this recorded real run instead of running the workload (no model needed)")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                         help=f"calibrated step profile (default: {DEFAULT_PROFILE.name}, the shipped CPU profile)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
@@ -85,16 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     console = Console()
+    if (args.workload is None) == (args.real_run is None):
+        parser.error("give a workload to run for real, or --real-run RUN_DIR to compare with a recorded run")
     try:
-        from sim.run import resolve_workload_path
+        if args.real_run is not None:
+            out_dir = args.out or Path("runs") / f"validate-{args.real_run.name}"
+            comparison = validate_recorded(args.real_run, out_dir, profile=args.profile)
+            real_dir = args.real_run
+        else:
+            from sim.run import resolve_workload_path
 
-        args.workload = resolve_workload_path(args.workload)
-        name = load_workload(args.workload, overrides=args.overrides).name
-        out_dir = args.out or Path("runs") / f"validate-{name}"
-        comparison = validate(args.workload, out_dir, profile=args.profile, overrides=args.overrides,
-                              model=args.model, device=args.device, threads=args.threads,
-                              progress=not args.no_progress, dtype=args.dtype,
-                              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+            args.workload = resolve_workload_path(args.workload)
+            name = load_workload(args.workload, overrides=args.overrides).name
+            out_dir = args.out or Path("runs") / f"validate-{name}"
+            comparison = validate(args.workload, out_dir, profile=args.profile, overrides=args.overrides,
+                                  model=args.model, device=args.device, threads=args.threads,
+                                  progress=not args.no_progress, dtype=args.dtype,
+                                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+            real_dir = out_dir / "real"
     except (WorkloadError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -104,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_dashboard:
         from analysis.dashboard import build_dashboard
 
-        build_dashboard([out_dir / "real", out_dir / "sim"], out_dir / "dashboard.html")
-    console.print(f"written to {out_dir}/ (real/, sim/, comparison.json)")
+        build_dashboard([real_dir, out_dir / "sim"], out_dir / "dashboard.html")
+    console.print(f"written to {out_dir}/ ({'' if args.real_run else 'real/, '}sim/, comparison.json)")
     return 0
 
 

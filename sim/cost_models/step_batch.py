@@ -34,6 +34,10 @@ class StepFeatures:
     # masks a full matrix (the torch backend on a CPU) computes, where a causal kernel skips the
     # masked half (prefill_attention_work). Calibration keeps whichever the measured steps follow.
     prefill_attention_dense_work: int = 0
+    # The dense pairs of the chunks that follow a cached context only: kernels that take a causal
+    # shortcut for a fresh prompt (the torch backend's is_causal) fall back to an explicit mask, and a
+    # full score matrix, once the chunk has context. Zero on a step of fresh prompts and decodes.
+    context_prefill_dense_work: int = 0
 
     @property
     def has_prefill(self) -> int:
@@ -73,7 +77,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
                          f"num_computed_tokens {len(computed)}")
     num_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
-    prefill_attention_dense_work = 0
+    prefill_attention_dense_work = context_prefill_dense_work = 0
     num_decode_reqs = decode_context_tokens = 0
     max_seq_len = 0
     for q, ctx in zip(scheduled, computed, strict=True):
@@ -87,6 +91,8 @@ def step_features(batch: StepBatch) -> StepFeatures:
             prefill_context_tokens += ctx
             prefill_attention_work += q * ctx + q * (q + 1) // 2  # q(q+1) is even: the division is exact
             prefill_attention_dense_work += q * (ctx + q)
+            if ctx:
+                context_prefill_dense_work += q * (ctx + q)
         else:
             raise ValueError(f"StepBatch.num_scheduled_tokens must be >= 1 for every scheduled request, got {q}")
         num_tokens += q
@@ -103,4 +109,5 @@ def step_features(batch: StepBatch) -> StepFeatures:
         prefill_attention_work=prefill_attention_work,
         max_seq_len=max_seq_len,
         prefill_attention_dense_work=prefill_attention_dense_work,
+        context_prefill_dense_work=context_prefill_dense_work,
     )

@@ -39,6 +39,7 @@ def test_step_features_of_a_mixed_batch_by_hand():
         prefill_attention_work=5 * (0 + 6 / 2) + 3 * (7 + 4 / 2),  # 15 + 27
         max_seq_len=11,
         prefill_attention_dense_work=5 * (0 + 5) + 3 * (7 + 3),  # 25 + 30: the full score matrices
+        context_prefill_dense_work=3 * (7 + 3),  # only the chunk after a cached context
     )
 
 

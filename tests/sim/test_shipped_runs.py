@@ -1,0 +1,59 @@
+"""The shipped real runs (CPU and H200), used where no GPU and no model is: each shipped profile is what
+``sim.calibrate`` makes of its shipped calibration run, and ``sim.validate --real-run`` compares a recorded
+run with its simulation.
+
+The runs and where they were recorded: ``sim/data/runs/*/README.md``. Nothing here needs torch or a GPU:
+calibration and simulation read only the recorded step and request tables.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.calibrate import main as calibrate_main
+from sim.validate import main as validate_main
+
+DATA = Path(__file__).resolve().parents[2] / "sim" / "data"
+CASES = [("cpu-small-float32", "cpu-calibrate", "cpu-chat"), ("h200-small-bfloat16", "gpu-calibrate", "gpu-chat")]
+
+
+@pytest.mark.parametrize("name,calibration_run,_", CASES)
+def test_a_shipped_profile_is_what_calibrate_fits_on_its_shipped_run(tmp_path, name, calibration_run, _):
+    out = tmp_path / "profile.json"
+    assert calibrate_main([str(DATA / "runs" / name / calibration_run), "-o", str(out)]) == 0
+    fitted, shipped = json.loads(out.read_text()), json.loads((DATA / "profiles" / f"{name}.json").read_text())
+    assert fitted["features"] == shipped["features"]
+    assert fitted["coefficients"] == pytest.approx(shipped["coefficients"], rel=1e-6, abs=1e-12)
+    assert fitted["intercept_s"] == pytest.approx(shipped["intercept_s"], rel=1e-6)
+    hinges = [(hinge["feature"], hinge["knot"], hinge["coefficient"]) for hinge in shipped.get("hinges", [])]
+    assert [(hinge["feature"], hinge["knot"]) for hinge in fitted.get("hinges", [])] == [h[:2] for h in hinges]
+    assert [hinge["coefficient"] for hinge in fitted.get("hinges", [])] == pytest.approx([h[2] for h in hinges])
+
+
+def test_the_gpu_profile_records_its_hardware():
+    provenance = json.loads((DATA / "profiles" / "h200-small-bfloat16.json").read_text())["provenance"]
+    assert provenance["hardware"] == "NVIDIA H200"
+    assert provenance["attention_backend"] == "triton" and provenance["executor"]["cuda_graphs"] is True
+
+
+@pytest.mark.parametrize("name,_,real_run", CASES)
+def test_validate_against_a_recorded_run(tmp_path, capsys, name, _, real_run):
+    """A loose bound guarding the offline pipeline; the per-workload figures are in the README."""
+    out = tmp_path / "validate"
+    assert validate_main(["--real-run", str(DATA / "runs" / name / real_run), "--profile",
+                          str(DATA / "profiles" / f"{name}.json"), "--out", str(out), "--no-dashboard"]) == 0
+    metrics = json.loads((out / "comparison.json").read_text())["metrics"]
+    assert abs(metrics["request_throughput"]["relative_error"]) < 0.03
+    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
+        assert abs(metrics[key]["relative_error"]) < 0.25, (key, metrics[key])
+    assert "largest headline error" in capsys.readouterr().out
+
+
+def test_validate_needs_exactly_one_of_workload_and_real_run(capsys):
+    for argv in ([], ["cpu_chat", "--real-run", "somewhere"]):
+        with pytest.raises(SystemExit) as exit_info:
+            validate_main(argv)
+        assert exit_info.value.code == 2
+    assert "--real-run RUN_DIR" in capsys.readouterr().err
+    assert validate_main(["--real-run", str(DATA / "runs" / "missing-run")]) == 2
