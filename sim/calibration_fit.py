@@ -3,7 +3,9 @@
 A step's duration is modelled as a sum of non-negative costs, one per feature the cost model reads
 (tokens through the linear layers, requests sampled, KV tokens read by decodes, query-key pairs of
 prefill attention, ...) plus a fixed per-step cost. Non-negativity keeps every term physical (no
-feature makes a step faster) and the model readable: each coefficient is "seconds per unit".
+feature makes a step faster) and the model readable: each coefficient is "seconds per unit". The one
+exception is a discount: KV tokens read again from shared blocks, already charged as KV read, may cost
+less the second time.
 
 The fit minimises *relative* error (each row is divided by its duration), because step durations
 span orders of magnitude between a one-request decode and a long prefill and every one of them matters
@@ -36,13 +38,17 @@ FEATURE_COLUMNS = {
     "max_seq_len": "max_seq_len",
     "prefill_attention_dense_work": "prefill_attention_dense_work",
     "context_prefill_dense_work": "context_prefill_dense_work",
+    "shared_context_tokens": "shared_context_tokens",
 }
 LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", "decode_graph_batch",
                    "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
-                   "prefill_attention_dense_work", "context_prefill_dense_work")
+                   "prefill_attention_dense_work", "context_prefill_dense_work", "shared_context_tokens")
 HINGE_FEATURE = "num_tokens"
 CONTEXT_HINGE_FEATURE = "decode_context_tokens"
-OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work")
+# Features whose cost may be negative: shared KV tokens are also in decode_context_tokens, and a block
+# read again in the same step comes from cache, so its term is the discount on the second read.
+DISCOUNT_FEATURES = ("shared_context_tokens",)
+OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "shared_context_tokens")
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.
@@ -133,10 +139,15 @@ def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float
     column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
     num_physical = design.shape[1] - len(offset_counts)
     lower = np.concatenate([np.zeros(num_physical), np.full(len(offset_counts), -np.inf)])
+    plain = [name for name in LINEAR_FEATURES if name not in knots]
+    for name in DISCOUNT_FEATURES:
+        if name in plain:  # a discount on tokens another term already charges for: may be negative
+            lower[1 + plain.index(name)] = -np.inf
     solution = lsq_linear(scaled / column_scale, target * weights, bounds=(lower, np.full(design.shape[1], np.inf)),
                           method="bvls").x / column_scale
-    plain = [name for name in LINEAR_FEATURES if name not in knots]
-    coefficients = {name: float(value) for name, value in zip(plain, solution[1:1 + len(plain)])}
+    # A feature the runs never exercised (all zero) gets no cost: its coefficient is not determined.
+    coefficients = {name: float(value) if design[:, 1 + index].any() else 0.0
+                    for index, (name, value) in enumerate(zip(plain, solution[1:1 + len(plain)]))}
     hinges = []
     column = 1 + len(plain)
     for name, feature_knots in knots.items():

@@ -5,6 +5,8 @@ Invariants (checked by tests/core/test_block_pool_state_machine.py after every o
 - Every entry ``cached_block_hash_to_block[h]`` is a block whose ``block_hash`` is ``h``, and every
   block with a hash is that hash's entry: a block evicted for reuse loses its hash.
 - Free blocks + blocks in use = all blocks except the null block.
+- ``num_shared_refs`` = sum over blocks other than the null block of max(ref_cnt - 1, 0): how many
+  block-table entries point at a block another request holds too (after prefix-cache hits).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
+        # Kept exact in touch() and free_blocks(), the only places a held block's ref_cnt changes.
+        self.num_shared_refs = 0
         # Block 0 is a placeholder that is never allocated: runners pad block tables with it.
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -63,6 +67,8 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 free_block_queue.remove(block)
+            elif not block.is_null:
+                self.num_shared_refs += 1
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -72,6 +78,8 @@ class BlockPool:
         """
         free_block_queue = self.free_block_queue
         for block in ordered_blocks:
+            if block.ref_cnt > 1 and not block.is_null:
+                self.num_shared_refs -= 1
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
                 if block.block_hash is None:

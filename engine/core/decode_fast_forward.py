@@ -32,6 +32,7 @@ class FastForwardStep:
     num_decode_reqs: int
     decode_context_tokens: int   # sum of (num_computed_tokens + 1) over the step's requests
     max_seq_len: int
+    shared_kv_tokens: int = 0    # SchedulerOutput.num_shared_kv_tokens of the step
 
 
 @dataclass(slots=True)
@@ -63,6 +64,21 @@ class DecodeFastForward:
         self._context_sum = sum(self.context_lengths) + len(self.requests)
         self._active_max_lengths = sorted(((context + 1, index) for index, context in enumerate(self.context_lengths)),
                                           reverse=True)
+        # Shared blocks only lose holders during the run (new blocks are private): replay the frees on
+        # private counts, in the order update_from_output frees, to know each step's shared references.
+        manager = scheduler.kv_cache_manager
+        self._block_size = manager.block_size
+        self._shared_refs = manager.block_pool.num_shared_refs
+        self._shared_blocks: list[list[int]] = [[] for _ in self.requests]
+        self._holders: dict[int, int] = {}
+        if self._shared_refs:
+            for index, request in enumerate(self.requests):
+                # Sharing comes from prefix-cache hits, so a request's shared blocks lead its table.
+                for block in manager.req_to_blocks[request.request_id]:
+                    if block.ref_cnt < 2:
+                        break
+                    self._shared_blocks[index].append(block.block_id)
+                    self._holders[block.block_id] = block.ref_cnt
 
     @classmethod
     def try_plan(cls, scheduler, token_id: int) -> "DecodeFastForward | None":
@@ -95,13 +111,18 @@ class DecodeFastForward:
             leaver = order[self._next_leaver]
             self._num_active -= 1
             self._context_sum -= self.context_lengths[leaver] + 1
+            for block_id in self._shared_blocks[leaver]:
+                holders = self._holders[block_id]
+                if holders > 1:
+                    self._shared_refs -= 1
+                self._holders[block_id] = holders - 1
             self._next_leaver += 1
         lengths = self._active_max_lengths
         while lengths and last_steps[lengths[0][1]] < step_index:
             lengths.pop(0)
         active = self._num_active
         return FastForwardStep(active, self._context_sum + step_index * active,
-                               (lengths[0][0] + step_index) if lengths else 0)
+                               (lengths[0][0] + step_index) if lengths else 0, self._shared_refs * self._block_size)
 
     def apply(self, num_steps: int) -> FastForwardResult:
         """Advance the scheduler through ``num_steps`` steps (fewer if the pool would run short)."""

@@ -290,6 +290,7 @@ class Scheduler:
             new_block_ids_to_zero=kv_cache_manager.block_pool.take_newly_allocated_block_ids(),
             num_prefix_query_tokens=num_prefix_query_tokens,
             num_prefix_hit_tokens=num_prefix_hit_tokens,
+            num_shared_kv_tokens=kv_cache_manager.block_pool.num_shared_refs * kv_cache_manager.block_size,
         )
 
     def _preempt(self, request: Request) -> None:

@@ -58,6 +58,9 @@ class SchedulerOutput:
     # Prefix-cache tokens queried / hit by requests admitted in this step (true hits only).
     num_prefix_query_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    # Block-table entries pointing at a block another live request holds too, times the block size:
+    # KV tokens a batch reads more than once (shared prefixes), as of this schedule.
+    num_shared_kv_tokens: int = 0
 
     @property
     def num_scheduled_reqs(self) -> int:

@@ -17,6 +17,8 @@ class StepBatch:
     # one entry per scheduled request, same order in both lists
     num_scheduled_tokens: list[int]   # tokens computed for the request this step (1 for a decode)
     num_computed_tokens: list[int]    # tokens already in the KV cache for the request BEFORE this step (context)
+    # KV tokens of shared blocks the batch reads more than once (SchedulerOutput.num_shared_kv_tokens).
+    shared_context_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -38,6 +40,9 @@ class StepFeatures:
     # shortcut for a fresh prompt (the torch backend's is_causal) fall back to an explicit mask, and a
     # full score matrix, once the chunk has context. Zero on a step of fresh prompts and decodes.
     context_prefill_dense_work: int = 0
+    # KV tokens read again from blocks that another request of the batch holds too (shared prefixes
+    # after prefix-cache hits): a block read many times in a step is read from cache after the first.
+    shared_context_tokens: int = 0
 
     @property
     def has_prefill(self) -> int:
@@ -110,4 +115,5 @@ def step_features(batch: StepBatch) -> StepFeatures:
         max_seq_len=max_seq_len,
         prefill_attention_dense_work=prefill_attention_dense_work,
         context_prefill_dense_work=context_prefill_dense_work,
+        shared_context_tokens=batch.shared_context_tokens,
     )

@@ -46,6 +46,8 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
         assert block.ref_cnt == holders.get(block.block_id, 0), f"{block} held by {holders.get(block.block_id, 0)}"
         assert (block.ref_cnt == 0) == (block.block_id in free_set), f"{block} free-queue membership is wrong"
     assert len(free_set) + len(holders) == pool.num_blocks - 1
+    shared_refs = sum(count - 1 for count in holders.values() if count > 1)
+    assert pool.num_shared_refs == shared_refs, f"num_shared_refs {pool.num_shared_refs}, block tables say {shared_refs}"
     for block_hash, block in pool.cached_block_hash_to_block.items():
         assert block.block_hash == block_hash
     hashed = [block for block in pool.blocks if block.block_hash is not None]

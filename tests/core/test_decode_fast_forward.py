@@ -85,12 +85,12 @@ def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, pro
         assert all(count == 1 for count in output.num_scheduled_tokens.values())
         cached = output.scheduled_cached_reqs
         expected_steps.append((len(cached.req_ids), sum(c + 1 for c in cached.num_computed_tokens),
-                               max(c + 1 for c in cached.num_computed_tokens)))
+                               max(c + 1 for c in cached.num_computed_tokens), output.num_shared_kv_tokens))
         ordinary.update_from_output(output, constant_output(output))
         assert result.num_free_blocks_after[step] == ordinary.kv_cache_manager.num_free_blocks
         assert result.num_running_after[step] == len(ordinary.running)
-    assert [(s.num_decode_reqs, s.decode_context_tokens, s.max_seq_len) for s in planned[:result.num_steps]] == \
-        expected_steps
+    assert [(s.num_decode_reqs, s.decode_context_tokens, s.max_seq_len, s.shared_kv_tokens)
+            for s in planned[:result.num_steps]] == expected_steps
     mine, theirs = snapshot(scheduler), snapshot(ordinary)
     assert set(theirs.pop("finished")) <= set(mine.pop("finished"))
     assert mine == theirs
