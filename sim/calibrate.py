@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     errors = fit.error_summary()
     print(f"held-out steps: {errors['num_held_out_steps']}, median |error| {errors['median_ape']:.2%}, "
           f"p90 {errors['p90_ape']:.2%} (train median {errors['train_median_ape']:.2%})")
+    kinds = [f"{label} {errors[key + '_median_ape']:.2%} ({errors['num_' + key + '_steps']} steps)"
+             for key, label in (("decode_only", "decode-only"), ("with_prefill", "with a prefill chunk"))
+             if key + "_median_ape" in errors]
+    if kinds:
+        print(f"  median |error| by step: {', '.join(kinds)}; their total time: {errors['total_time_ape']:.2%} off")
     print(f"profile written to {args.output}")
     return 0
 

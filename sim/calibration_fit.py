@@ -64,6 +64,10 @@ class FitResult:
     token_count_offsets_s: dict[int, float] = field(default_factory=dict)
     held_out_errors: np.ndarray = field(default_factory=lambda: np.zeros(0))
     train_errors: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Which held-out steps had a prefill chunk, and their measured durations: the error by kind of step,
+    # and of the held-out steps' total time (what latency sums over), next to the per-step median.
+    held_out_has_prefill: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    held_out_durations: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         seconds = np.full(len(features), self.intercept_s)
@@ -78,9 +82,18 @@ class FitResult:
 
     def error_summary(self) -> dict[str, float]:
         errors = np.abs(self.held_out_errors)
-        return {"median_ape": float(np.median(errors)), "p90_ape": float(np.percentile(errors, 90)),
-                "mean_ape": float(errors.mean()), "num_held_out_steps": int(errors.size),
-                "train_median_ape": float(np.median(np.abs(self.train_errors)))}
+        summary = {"median_ape": float(np.median(errors)), "p90_ape": float(np.percentile(errors, 90)),
+                   "mean_ape": float(errors.mean()), "num_held_out_steps": int(errors.size),
+                   "train_median_ape": float(np.median(np.abs(self.train_errors)))}
+        if self.held_out_durations.size == errors.size and errors.size:
+            mixed = self.held_out_has_prefill
+            for name, selected in (("decode_only", ~mixed), ("with_prefill", mixed)):
+                if selected.any():
+                    summary[f"{name}_median_ape"] = float(np.median(errors[selected]))
+                    summary[f"num_{name}_steps"] = int(selected.sum())
+            durations = self.held_out_durations
+            summary["total_time_ape"] = float(abs((self.held_out_errors * durations).sum()) / durations.sum())
+        return summary
 
 
 def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
@@ -196,4 +209,6 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
         fit.train_errors = (fit.predict(train) - train["duration"].to_numpy()) / train["duration"].to_numpy()
         if best is None or np.median(np.abs(fit.held_out_errors)) < np.median(np.abs(best.held_out_errors)) * 0.98:
             best = fit  # a more complex candidate must win clearly (2%) to be kept
+    best.held_out_has_prefill = held_out["num_prefill_reqs"].to_numpy() > 0
+    best.held_out_durations = held_out["duration"].to_numpy(float)
     return best

@@ -45,6 +45,15 @@ def test_fit_recovers_a_known_law():
     assert fit.coefficients["num_tokens"] + fit.coefficients["num_reqs"] == pytest.approx(80e-6, rel=0.1)
 
 
+def test_held_out_error_by_kind_of_step():
+    summary = fit_step_model(step_feature_frame(synthetic_steps())).error_summary()
+    assert summary["num_decode_only_steps"] + summary["num_with_prefill_steps"] == summary["num_held_out_steps"]
+    assert summary["num_with_prefill_steps"] > 10
+    # 1% noise per step: medians near 0.7%, and errors on a sum of many steps mostly cancel.
+    assert summary["decode_only_median_ape"] < 0.015 and summary["with_prefill_median_ape"] < 0.015
+    assert 0 <= summary["total_time_ape"] < 0.005
+
+
 def test_cli_writes_a_profile_the_simulator_loads(tmp_path, capsys):
     steps = synthetic_steps()
     requests = {"request_id": ["r0"], "arrival_time": [0.0], "first_token_time": [0.1], "finish_time": [0.2],
@@ -55,7 +64,8 @@ def test_cli_writes_a_profile_the_simulator_loads(tmp_path, capsys):
     write_run(tmp_path / "run", requests_table(requests), steps_table(steps),
               {"name": "t", "mode": "real", "config": {"executor": executor}})
     assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
-    assert "held-out steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "held-out steps" in printed and "median |error| by step: decode-only" in printed
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["provenance"]["hardware"] == "test-cpu" and profile["provenance"]["fit_error"]["median_ape"] < 0.02
     with pytest.warns(UserWarning, match="fitted for hardware 'test-cpu'"):
