@@ -151,6 +151,9 @@ real_runs_on_cuda() {
     "$PY" -m sim.validate "workloads/examples/$workload.yaml" --profile "$profile" "${flags[@]}" \
       --out "$runs/validate-$workload" || return $?
   done
+  # Decode-only vs mixed step medians and the longest step of each run: a compilation or a new-shape
+  # surcharge inside a measured step shows up here.
+  "$PY" -m benchmarks.step_medians "$runs/gpu-calibrate" "$runs"/validate-*/real
 }
 
 export -f cuda_torch choose_python install_flash_attn report_environment cuda_graph_throughput real_runs_on_cuda
