@@ -23,7 +23,8 @@ from sim.run import resolve_workload_path
 from workloads import load_workload
 
 
-def _run(workload, args) -> None:
+def _run(workload, args):
+    """A real engine built for the workload, and a callable that runs the workload on it."""
     from sim.real_engine import build_real_engine
     from sim.real_run import run_real
 

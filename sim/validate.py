@@ -60,17 +60,13 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
     workload = load_workload(workload_path, overrides=list(overrides))
     real = build_real_engine(workload, model=model, device=device, threads=threads, dtype=dtype,
                              attention_backend=attention_backend, enforce_eager=enforce_eager)
-    real_result = run_real(workload, out_dir / "real", real.engine, vocab_size=real.vocab_size,
-                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
-    sim_summary = simulate_like(out_dir / "real", profile, out_dir / "sim")
-    comparison = compare_runs(sim_summary, real_result.summary)
-    comparison["profile"] = str(profile)
-    comparison["workload"] = str(workload_path)
-    (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
-    return comparison
+    run_real(workload, out_dir / "real", real.engine, vocab_size=real.vocab_size,
+             reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
+    return validate_recorded(out_dir / "real", out_dir, profile=profile, workload_path=workload_path)
 
 
-def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE) -> dict:
+def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE,
+                      workload_path: Path | None = None) -> dict:
     """The comparison for a real run recorded earlier: only the simulation runs (no model, no GPU)."""
     real_summary = read_run(real_run_dir).summary
     if real_summary.get("mode") != "real":
@@ -79,6 +75,8 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     comparison = compare_runs(sim_summary, real_summary)
     comparison["profile"] = str(profile)
     comparison["real_run"] = str(real_run_dir)
+    if workload_path is not None:
+        comparison["workload"] = str(workload_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
     return comparison

@@ -1,6 +1,7 @@
 """The pool of physical KV blocks: allocation, reference counts, and the prefix-cache hash map.
 
-Invariants (checked by tests/core/test_block_pool_state_machine.py after every operation):
+Invariants (checked by tests/core/helpers.py:check_kv_invariants after every rule of the KV-cache and
+scheduler state machines):
 - A block is in the free queue if and only if its ``ref_cnt`` is 0; the null block never is.
 - Every entry ``cached_block_hash_to_block[h]`` is a block whose ``block_hash`` is ``h``, and every
   block with a hash is that hash's entry: a block evicted for reuse loses its hash.

@@ -1,8 +1,8 @@
 """The runner's typed configuration, and the device / attention-backend / dtype defaults it resolves.
 
 Defaults: device "cpu"; attention backend "torch" on CPU; on CUDA "flash_attn" when the package imports,
-else "triton" when it can launch kernels, else "torch" (with a warning); dtype "auto" = the checkpoint's dtype, except that a float32 checkpoint
-runs in bfloat16 under flash-attn (which has no float32 kernels).
+else "triton" when it can launch kernels, else "torch" (with a warning); dtype "auto" = the checkpoint's
+dtype, except that a float32 checkpoint runs in bfloat16 under flash-attn (which has no float32 kernels).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ per-shape cost and padding would only add work, so the multiple is 1 there.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -44,12 +46,8 @@ def pad_step_inputs(input_ids: np.ndarray, positions: np.ndarray, common: Common
         return input_ids, positions, common
     zeros = np.zeros(extra, dtype=input_ids.dtype)
     slots = np.concatenate([common.slot_mapping, np.full(extra, PADDING_SLOT_ID, dtype=common.slot_mapping.dtype)])
-    padded = CommonAttentionMetadata(
-        num_reqs=common.num_reqs, num_actual_tokens=common.num_actual_tokens, query_start_loc=common.query_start_loc,
-        seq_lens=common.seq_lens, num_computed_tokens=common.num_computed_tokens, block_table=common.block_table,
-        slot_mapping=slots, is_prefilling=common.is_prefilling, max_query_len=common.max_query_len,
-        max_seq_len=common.max_seq_len)
-    return np.concatenate([input_ids, zeros]), np.concatenate([positions, zeros.astype(positions.dtype)]), padded
+    return (np.concatenate([input_ids, zeros]), np.concatenate([positions, zeros.astype(positions.dtype)]),
+            dataclasses.replace(common, slot_mapping=slots))
 
 
 @torch.inference_mode()

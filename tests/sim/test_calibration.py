@@ -86,3 +86,17 @@ def test_calibration_refuses_simulated_runs(tmp_path, capsys):
               steps_table(synthetic_steps(30)), {"name": "s", "mode": "sim", "config": {}})
     assert calibrate_main([str(tmp_path / "sim"), "-o", str(tmp_path / "p.json")]) == 2
     assert "calibrate from real runs" in capsys.readouterr().err
+
+
+def test_step_level_features_are_derived_alike_for_fitting_and_simulating():
+    """The fit derives has_prefill and decode_graph_batch on a whole table; the simulator reads the
+    StepFeatures properties: both must agree on every recorded step, or the fit prices the wrong thing."""
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[2] / "sim" / "data" / "runs" / "cpu-small-float32" / "cpu-calibrate"
+    frame = step_feature_frame(pd.read_parquet(run / "steps.parquet"))
+    names = StepFeatures.__slots__
+    for _, row in frame.iterrows():
+        features = StepFeatures(**{name: int(row[name]) for name in names})
+        assert (features.has_prefill, features.decode_graph_batch) == (row["has_prefill"], row["decode_graph_batch"])
+    assert set(frame["has_prefill"]) == {0.0, 1.0} and frame["decode_graph_batch"].max() >= 32

@@ -27,6 +27,7 @@ from engine.runner.attention.metadata import AttentionMetadata
 # last-level cache between the gather and the attention that reads it (decode_groups.py).
 GROUP_GATHER_BYTES = 8 * 2**20
 
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
