@@ -5,7 +5,6 @@
     cuda_reshape_and_cache.py      the same as a CUDA kernel (csrc/), built on first use
     paged_attention.py             paged attention over a mixed batch, torch reference
     triton_paged_attention.py      the same as one unified Triton kernel (+ split-KV combine)
-    cuda_graph_runner.py           capture/replay of decode steps for padded batch sizes
     paged_batch.py                 adversarial random batches for tests and benchmarks
 
 Only the references are imported here: triton and the CUDA toolchain are imported when a fast kernel is

@@ -12,7 +12,7 @@ When graphs are used, and why not otherwise:
   host and ``flash_attn`` gathers contiguous K/V with host-sized tensors; both run eagerly;
 - only for steps where every scheduled request has one query token and the batch fits the ladder.
 
-The padding contract is ``kernels/cuda_graph_runner.py``'s: padded rows write to slot -1 (nothing) and
+The padding contract is ``engine/runner/cuda_graph_runner.py``'s: padded rows write to slot -1 (nothing) and
 own no query tokens, so they change no cache entry and no real row's output.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from engine.runner.attention import AttentionMetadata, KVCache
 from engine.runner.prepare_inputs import PreparedInputs
-from kernels.cuda_graph_runner import DecodeCudaGraphRunner, decode_input_specs
+from engine.runner.cuda_graph_runner import DecodeCudaGraphRunner, decode_input_specs
 
 logger = logging.getLogger(__name__)
 

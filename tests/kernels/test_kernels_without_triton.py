@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     if HIDE:
         sys.modules["triton"] = None
     import torch
-    import kernels, kernels.paged_attention, kernels.paged_batch, kernels.cuda_graph_runner
+    import kernels, kernels.paged_attention, kernels.paged_batch, engine.runner.cuda_graph_runner
     import kernels.cuda_reshape_and_cache, kernels.triton_support
     from engine.runner.attention import get_attention_backend, available_attention_backends
     assert "triton" in available_attention_backends()

@@ -2,7 +2,7 @@
 
 Unlike the torch backend it never splits decodes from prefills on the host and reads no ``*_cpu``
 metadata, so a step costs two kernel launches per layer (cache write, attention) whatever the batch
-looks like, and a decode step can be captured in a CUDA graph (see ``kernels/cuda_graph_runner.py``).
+looks like, and a decode step can be captured in a CUDA graph (see ``engine/runner/cuda_graph_runner.py``).
 
 The cache write uses the Triton ``reshape_and_cache`` on CUDA and the torch reference otherwise: on
 CPU the kernels only run through Triton's interpreter (``TRITON_INTERPRET=1``), which exists for

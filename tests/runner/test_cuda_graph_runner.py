@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from kernels.cuda_graph_runner import (DecodeCudaGraphRunner, StaticInput, decode_input_specs,
+from engine.runner.cuda_graph_runner import (DecodeCudaGraphRunner, StaticInput, decode_input_specs,
                                        default_batch_size_ladder, normalize_ladder, pad_into, padded_batch_size)
 
 
