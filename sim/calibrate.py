@@ -18,6 +18,7 @@ import pandas as pd
 from analysis import read_run
 from sim.calibration_fit import FitResult, fit_step_model, step_feature_frame
 from sim.cost_models import make_provenance, save_profile
+from sim.cost_models.calibrated_range import calibrated_range
 
 
 def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
@@ -43,6 +44,8 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
         dtype=str(executor.get("dtype", "unknown")), attention_backend=executor.get("attention_backend"),
         device=executor.get("device"), source_runs=[str(path) for path in run_dirs], fit_error=fit.error_summary())
     provenance["num_steps"] = int(len(features))
+    # The region the fit saw: simulated runs that leave it are told so (calibrated_range.py).
+    provenance["calibrated_range"] = calibrated_range(features)
     # How the measured runs were made (their torch version, CUDA graphs on or off, threads, ...).
     provenance["executor"] = {key: value for key, value in executor.items() if key != "model_path"}
     save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,

@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from analysis import print_comparison, print_summary
+from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.engine_setup import SetupError
 from sim.sweep import run_sweep
 from sim.run_pipeline import run_simulation
@@ -102,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(result.summary, console=console)
     console.print(f"simulated {result.num_requests} requests in {result.wall_s:.2f} s wall-clock "
                   f"({result.num_requests / max(result.wall_s, 1e-9):,.0f} requests/s); run written to {out_dir}/")
+    note = describe_extrapolation(result.summary["cost_model_extrapolation"]) \
+        if "cost_model_extrapolation" in result.summary else None
+    if note:
+        console.print(f"[yellow]note:[/yellow] {note}")
     if not args.no_dashboard:
         write_dashboard(out_dir, None if args.quiet else console)
     return 0

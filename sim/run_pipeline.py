@@ -12,6 +12,7 @@ from pathlib import Path
 
 from analysis import compute_summary, requests_table, steps_table, write_run
 from engine.core import EngineCore, Scheduler
+from sim.cost_models.calibrated_range import extrapolation_report
 from sim.engine_setup import RunSetup, build_setup
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
@@ -49,6 +50,16 @@ def summarize_traces(recorder: TraceRecorder, workload: WorkloadConfig, config: 
     return requests, steps, summary
 
 
+def cost_model_extrapolation(cost_model, steps) -> dict | None:
+    """For a calibrated profile that records its calibrated range: the run's steps beyond it."""
+    calibrated = getattr(getattr(cost_model, "profile", None), "provenance", {}).get("calibrated_range")
+    if not calibrated:
+        return None
+    from sim.calibration_fit import step_feature_frame
+
+    return extrapolation_report(step_feature_frame(steps.to_pandas()), calibrated)
+
+
 def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost_model: str | dict | None = None,
                    progress: bool = False, fast_forward: bool = True) -> RunResult:
     setup = build_setup(workload, cost_model)
@@ -57,6 +68,9 @@ def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost
     simulated = time.perf_counter()
     requests, steps, summary = summarize(recorder, setup)
     summary["simulation_wall_s"] = simulated - started
+    extrapolation = cost_model_extrapolation(setup.cost_model, steps)
+    if extrapolation is not None:
+        summary["cost_model_extrapolation"] = extrapolation
     if out_dir is not None:
         out_dir = Path(out_dir)
         write_run(out_dir, requests, steps, summary)

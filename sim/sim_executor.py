@@ -21,14 +21,14 @@ class SimulatedExecutor:
         self.token_id = token_id
         self._time_features = getattr(cost_model, "step_time_from_features", None)
         self._sampled = [[token_id]]
+        self.last_duration = 0.0
+        self.last_features: StepFeatures | None = None
 
     def cost_model_time(self, features: StepFeatures) -> float:
         """The cost model's duration for a step described by its features."""
         if self._time_features is None:
             raise TypeError(f"cost model {self.cost_model!r} has no step_time_from_features")
         return self._time_features(features)
-        self.last_duration = 0.0
-        self.last_features: StepFeatures | None = None
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         features = scheduler_output_features(scheduler_output)

@@ -24,7 +24,8 @@ from analysis import compare_runs, print_fidelity_report, read_run, write_run
 from engine.core import EngineCore, Scheduler
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
-from sim.run_pipeline import summarize_traces
+from sim.cost_models.calibrated_range import describe_extrapolation
+from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
 from workloads import WorkloadError, load_workload
@@ -47,6 +48,9 @@ def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path) -> dict:
     config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(real_run_dir))
     requests_table, steps_table, summary = summarize_traces(recorder, workload, config, mode="sim")
     summary["simulation_wall_s"] = time.perf_counter() - started
+    extrapolation = cost_model_extrapolation(cost_model, steps_table)
+    if extrapolation is not None:
+        summary["cost_model_extrapolation"] = extrapolation
     write_run(out_dir, requests_table, steps_table, summary)
     return summary
 
@@ -75,6 +79,8 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     comparison = compare_runs(sim_summary, real_summary)
     comparison["profile"] = str(profile)
     comparison["real_run"] = str(real_run_dir)
+    if "cost_model_extrapolation" in sim_summary:
+        comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
         comparison["workload"] = str(workload_path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     print_fidelity_report(comparison, console=console, tolerance=0.05)
     headline = [abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS]
     console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {max(headline):.1%}")
+    note = describe_extrapolation(comparison["cost_model_extrapolation"]) \
+        if "cost_model_extrapolation" in comparison else None
+    if note:
+        console.print(f"[yellow]note:[/yellow] {note}")
     if not args.no_dashboard:
         from analysis.dashboard import build_dashboard
 

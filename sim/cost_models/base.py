@@ -6,6 +6,7 @@ that every simulated run records which model, and which figures, timed it.
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -77,6 +78,23 @@ def _warn_on_mismatch(provenance: dict, model: ModelShape, hardware: HardwareSpe
     asked = {"model": model.name, "hardware": hardware.name, "dtype": dtype}
     for key, wanted in asked.items():
         fitted = str(provenance.get(key, ""))
+        if key == "hardware" and hardware_matches(fitted, str(provenance.get("device", "")), wanted):
+            continue
         if fitted.lower() != wanted.lower() and not fitted.lower().endswith("/" + wanted.lower()):
             warnings.warn(f"cost_model: the profile was fitted for {key} {fitted!r}, but this run uses {wanted!r}",
                           stacklevel=3)
+
+
+def hardware_matches(fitted: str, fitted_device: str, preset: str) -> bool:
+    """Whether a profile measured on ``fitted`` (a device name as the runtime reports it, e.g. "NVIDIA
+    H200" or "AMD EPYC 7B13 (1 thread)") is the hardware a workload names by preset (``h200``, ``cpu``).
+
+    The generic ``cpu`` preset stands for whatever CPU the profile was measured on; a GPU preset matches
+    a device name that contains its chip (the part before the first dash: ``h100`` of ``h100-sxm``)."""
+    preset = preset.lower()
+    if fitted.lower() == preset:
+        return True
+    if preset == "cpu":
+        return fitted_device.lower() == "cpu"
+    chip = preset.split("-")[0]
+    return chip in re.split(r"[^a-z0-9]+", fitted.lower())

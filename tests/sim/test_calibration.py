@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ from analysis import steps_table, write_run, requests_table
 from sim.calibrate import main as calibrate_main
 from sim.calibration_fit import fit_step_model, step_feature_frame
 from sim.cost_models import StepFeatures, load_cost_model
+from sim.cost_models.calibrated_range import calibrated_range, describe_extrapolation, extrapolation_report
 from sim.hardware import resolve_hardware
 from sim.model_shapes import resolve_model
 
@@ -38,6 +40,13 @@ def synthetic_steps(num_steps=600, seed=0, noise=0.01):
         "prefill_context_tokens": 0, "num_reqs": reqs, "max_seq_len": 1500})
 
 
+ONE_REQUEST = {"request_id": ["r0"], "arrival_time": [0.0], "first_token_time": [0.1], "finish_time": [0.2],
+               "num_prompt_tokens": [10], "num_output_tokens": [2], "num_cached_tokens": [0], "num_preemptions": [0],
+               "finish_reason": ["length"], "token_times": [[0.1, 0.2]]}
+EXECUTOR = {"kind": "RealExecutor", "model": "servesim-tiny", "device": "cpu", "dtype": "float32",
+            "attention_backend": "torch", "hardware": "test-cpu"}
+
+
 def test_fit_recovers_a_known_law():
     fit = fit_step_model(step_feature_frame(synthetic_steps()))
     assert fit.error_summary()["median_ape"] < 0.015
@@ -56,21 +65,24 @@ def test_held_out_error_by_kind_of_step():
 
 def test_cli_writes_a_profile_the_simulator_loads(tmp_path, capsys):
     steps = synthetic_steps()
-    requests = {"request_id": ["r0"], "arrival_time": [0.0], "first_token_time": [0.1], "finish_time": [0.2],
-                "num_prompt_tokens": [10], "num_output_tokens": [2], "num_cached_tokens": [0], "num_preemptions": [0],
-                "finish_reason": ["length"], "token_times": [[0.1, 0.2]]}
-    executor = {"kind": "RealExecutor", "model": "servesim-tiny", "device": "cpu", "dtype": "float32",
-                "attention_backend": "torch", "hardware": "test-cpu"}
-    write_run(tmp_path / "run", requests_table(requests), steps_table(steps),
-              {"name": "t", "mode": "real", "config": {"executor": executor}})
+    write_run(tmp_path / "run", requests_table(ONE_REQUEST), steps_table(steps),
+              {"name": "t", "mode": "real", "config": {"executor": EXECUTOR}})
     assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
     printed = capsys.readouterr().out
     assert "held-out steps" in printed and "median |error| by step: decode-only" in printed
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["provenance"]["hardware"] == "test-cpu" and profile["provenance"]["fit_error"]["median_ape"] < 0.02
-    with pytest.warns(UserWarning, match="fitted for hardware 'test-cpu'"):
+    # The region the fit saw is recorded: the largest of each feature among the calibration steps.
+    assert profile["provenance"]["calibrated_range"]["decode_context_tokens"] == steps["decode_context_tokens"].max()
+    assert profile["provenance"]["calibrated_range"]["num_reqs"] == steps["num_reqs"].max()
+    with pytest.warns(UserWarning, match="fitted for hardware 'test-cpu', but this run uses 'h100-sxm'"):
+        load_cost_model(str(tmp_path / "profile.json"), resolve_model("tiny"), resolve_hardware("h100-sxm"), "float32")
+    # The generic "cpu" preset is whatever CPU the profile was measured on: no warning about hardware.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         model = load_cost_model(str(tmp_path / "profile.json"), resolve_model("tiny"), resolve_hardware("cpu"),
                                 "float32")
+    assert not [warning for warning in caught if "hardware" in str(warning.message)]
     features = StepFeatures(num_reqs=10, num_tokens=10, num_prefill_reqs=0, num_prefill_tokens=0, num_decode_reqs=10,
                             decode_context_tokens=5000, prefill_context_tokens=0, prefill_attention_work=0,
                             max_seq_len=600)
@@ -100,3 +112,36 @@ def test_step_level_features_are_derived_alike_for_fitting_and_simulating():
         features = StepFeatures(**{name: int(row[name]) for name in names})
         assert (features.has_prefill, features.decode_graph_batch) == (row["has_prefill"], row["decode_graph_batch"])
     assert set(frame["has_prefill"]) == {0.0, 1.0} and frame["decode_graph_batch"].max() >= 32
+
+
+def test_extrapolation_report_counts_the_steps_beyond_the_calibrated_range():
+    calibrated = calibrated_range(step_feature_frame(synthetic_steps()))
+    run = step_feature_frame(synthetic_steps(num_steps=50, seed=1))
+    inside = extrapolation_report(run, calibrated)
+    assert inside["steps_beyond"] == 0 and not inside["features"] and describe_extrapolation(inside) is None
+    wider = run.copy()
+    wider.loc[:9, "decode_context_tokens"] = 2 * calibrated["decode_context_tokens"]
+    wider.loc[:9, "duration"] = 1.0  # the ten steps beyond carry most of the step time
+    report = extrapolation_report(wider, calibrated)
+    assert report["steps_beyond"] == 10 and set(report["features"]) == {"decode_context_tokens"}
+    assert report["features"]["decode_context_tokens"]["run_max"] == 2 * calibrated["decode_context_tokens"]
+    assert report["time_fraction_beyond"] == pytest.approx(10 / (10 + run["duration"][10:].sum()))
+    assert "10 of 50 steps" in describe_extrapolation(report) and "decode_context_tokens" in describe_extrapolation(report)
+
+
+def test_a_simulated_run_beyond_its_profile_says_so(tmp_path):
+    from sim.run_pipeline import run_simulation
+    from workloads import example_path, load_workload
+
+    write_run(tmp_path / "run", requests_table(ONE_REQUEST), steps_table(synthetic_steps()),
+              {"name": "t", "mode": "real", "config": {"executor": EXECUTOR}})
+    assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
+    workload = load_workload(example_path("cpu_shared_prefix"), overrides=["workload.num_requests=40"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the synthetic profile names another model
+        summary = run_simulation(workload, None, cost_model=str(tmp_path / "profile.json")).summary
+    report = summary["cost_model_extrapolation"]
+    # Prompts of 560-900 tokens fill steps with more tokens than any synthetic step had (at most 624).
+    assert report["steps_beyond"] > 0 and report["features"]["num_tokens"]["calibrated_max"] == 624
+    # Features the calibration runs never recorded (all zero there) have no range to leave.
+    assert "prefill_attention_dense_work" not in report["features"]

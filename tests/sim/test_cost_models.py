@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sim.cost_models import (AnalyticalCostModel, CalibratedCostModel, CostModel, StepBatch, StepFeatures,
                              load_cost_model, load_profile, make_provenance, save_profile, step_features)
+from sim.cost_models.base import hardware_matches
 from sim.hardware import HARDWARE_PRESETS, resolve_hardware
 from sim.model_shapes import MODEL_PRESETS, resolve_model
 
@@ -307,3 +308,16 @@ def test_step_level_features_for_graph_replaying_engines():
     mixed = step_features(StepBatch([1, 30], [10, 0]))
     assert (mixed.has_prefill, mixed.decode_graph_batch) == (1, 0)
     assert {"has_prefill", "decode_graph_batch"} <= set(decode.as_dict())
+
+
+@pytest.mark.parametrize("fitted, device, preset, matches", [
+    ("NVIDIA H200", "cuda:0", "h200", True),
+    ("NVIDIA H100 80GB HBM3", "cuda:0", "h100-sxm", True),
+    ("NVIDIA H100 80GB HBM3", "cuda:0", "a100-80gb", False),
+    ("NVIDIA H200", "cuda:0", "cpu", False),
+    ("AMD EPYC 7B13 (1 thread)", "cpu", "cpu", True),
+    ("AMD EPYC 7B13 (1 thread)", "cpu", "h200", False),
+    ("a100-80gb", "", "a100-80gb", True),
+])
+def test_hardware_matches_a_preset_to_the_device_a_profile_was_measured_on(fitted, device, preset, matches):
+    assert hardware_matches(fitted, device, preset) is matches

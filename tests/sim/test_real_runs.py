@@ -17,7 +17,9 @@ from analysis import compare_runs, read_run, requests_table, steps_table  # noqa
 from sim.calibrate import calibrate  # noqa: E402
 from sim.real_engine import build_real_engine  # noqa: E402
 from sim.real_run import run_real  # noqa: E402
-from sim.replay import compare_replay, replay  # noqa: E402
+from sim.cost_models.replay import ReplayDivergedError  # noqa: E402
+from sim.replay import compare_replay, replay, replay_inputs  # noqa: E402
+from sim.retime import describe as describe_retiming, retime_run, retime_schedule  # noqa: E402
 from sim.run import main as sim_run_main  # noqa: E402
 from sim.validate import simulate_like  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -92,3 +94,28 @@ def test_cli_real_run_then_replay(tmp_path, capsys):
                          "--no-dashboard"]) == 0
     assert "replay identical" in capsys.readouterr().out
     assert read_run(tmp_path / "replay").summary["mode"] == "replay"
+
+
+def test_retiming_runs_the_recorded_schedule_again(real_run_dir, tmp_path):
+    table = retime_run(real_run_dir, tmp_path / "retimed")
+    recorded = read_run(real_run_dir)
+    retimed = read_run(tmp_path / "retimed")
+    assert len(table) == len(recorded.steps) and (table["measured_s"] > 0).all()
+    # The same schedule, step for step; only the durations are new.
+    for column in ("num_scheduled_tokens", "scheduled_request_ids", "num_preemptions"):
+        assert retimed.steps[column].astype(str).tolist() == recorded.steps[column].astype(str).tolist()
+    assert retimed.steps["duration"].tolist() == table["measured_s"].tolist()
+    assert retimed.summary["retimed_from"]["run"] == str(real_run_dir)
+    assert "measured / recorded" in describe_retiming(table)
+
+
+def test_retiming_refuses_a_schedule_it_cannot_reproduce(real_run_dir):
+    workload = load_workload(WORKLOAD)
+    run = read_run(real_run_dir)
+    _, _, requests = replay_inputs(run)
+    real = build_real_engine(workload, model="tiny", threads=1)
+    steps = run.steps.sort_values("step")
+    tokens = steps["num_scheduled_tokens"].tolist()
+    tokens[3] += 1
+    with pytest.raises(ReplayDivergedError, match="step 3"):
+        retime_schedule(real.engine, requests, steps["duration"].tolist(), tokens)
