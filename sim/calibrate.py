@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from analysis import read_run
 from sim.calibration_fit import FitResult, fit_step_model, step_feature_frame
 from sim.cost_models import make_provenance, save_profile
 from sim.cost_models.calibrated_range import calibrated_range
+from sim.machine_load import busy_machine_warning
 
 
 def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
@@ -29,6 +31,9 @@ def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
             raise ValueError(f"{run_dir}: mode is {run.summary.get('mode')!r}; calibrate from real runs")
         frames.append(step_feature_frame(run.steps))
         executors.append(run.summary.get("config", {}).get("executor", {}))
+        warning = busy_machine_warning(run.summary.get("machine_load"), str(run_dir))
+        if warning:
+            warnings.warn(warning, stacklevel=2)
     identities = {(e.get("model"), e.get("device"), e.get("dtype"), e.get("attention_backend")) for e in executors}
     if len(identities) > 1:
         raise ValueError(f"the runs come from different executors {sorted(map(str, identities))}: "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from analysis import write_run
 from engine.core import CacheConfig, EngineCore, SchedulerConfig
+from sim.machine_load import MachineLoad
 from sim.run_pipeline import RunResult, summarize_traces
 from sim.wall_clock_driver import run_wall_clock
 from workloads import WorkloadConfig, generate_requests
@@ -36,6 +37,7 @@ def real_run_config(workload: WorkloadConfig, scheduler_config: SchedulerConfig,
 def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: EngineCore, *, vocab_size: int,
              reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False) -> RunResult:
     requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids)
+    load = MachineLoad.start()
     started = time.perf_counter()
     recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)")
     finished = time.perf_counter()
@@ -45,6 +47,7 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     tables = summarize_traces(recorder, workload, config, mode="real")
     requests_table, steps_table, summary = tables
     summary["num_preemptions_scheduler"] = scheduler.num_preemptions_total
+    summary["machine_load"] = load.summary()
     if out_dir is not None:
         write_run(Path(out_dir), requests_table, steps_table, summary)
     return RunResult(summary, Path(out_dir) if out_dir else None, finished - started, finished - started,

@@ -29,6 +29,7 @@ import pandas as pd
 from analysis import read_run, write_run
 from engine.core import EngineCore, SamplingParams
 from sim.cost_models.replay import ReplayDivergedError
+from sim.machine_load import MachineLoad
 from sim.replay import replay_inputs
 from sim.scheduled_batch import scheduler_output_features
 from sim.simulator import make_request
@@ -104,13 +105,17 @@ def retime_run(run_dir: str | Path, out_dir: str | Path | None, *, model: str | 
                          f"{real.vocab_size}: re-time it on the same model")
     steps = run.steps.sort_values("step").reset_index(drop=True)
     recorded = steps["duration"].tolist()
+    load = MachineLoad.start()
     measured = retime_schedule(real.engine, requests, recorded, steps["num_scheduled_tokens"].tolist())
+    machine_load = load.summary()
     if out_dir is not None:
         retimed = steps.copy()
         retimed["duration"] = measured
         summary = dict(run.summary)
         summary["config"] = dict(config, executor=real.info)
-        summary["retimed_from"] = {"run": str(run_dir), "recorded_executor": executor}
+        summary["retimed_from"] = {"run": str(run_dir), "recorded_executor": executor,
+                                   "recorded_machine_load": run.summary.get("machine_load")}
+        summary["machine_load"] = machine_load
         write_run(Path(out_dir), run.requests, retimed, summary)
     return pd.DataFrame({"step": steps["step"], "has_prefill": steps["num_prefill_reqs"] > 0,
                          "recorded_s": recorded, "measured_s": measured})

@@ -18,7 +18,7 @@ from workloads.overrides import Override, apply_overrides
 from workloads.schema_base import SchemaModel
 from workloads.sections import EngineSection, SLOSection
 from workloads.sweep import expand_sweep
-from workloads.workload_section import WorkloadSection
+from workloads.workload_section import StreamSection, WorkloadSection
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]+"
 
@@ -65,16 +65,19 @@ class WorkloadConfig(SchemaModel):
             raise problems_error(problems)
         return self
 
-    def max_total_len(self) -> int | None:
-        """The cap on prompt + output tokens: workload.max_total_len, else engine.max_model_len."""
-        if self.workload.max_total_len is not None:
-            return self.workload.max_total_len
+    def max_total_len(self, stretch: StreamSection | None = None) -> int | None:
+        """The cap on prompt + output tokens of a stretch of the stream (default: the first):
+        its max_total_len, else engine.max_model_len."""
+        stretch = self.workload if stretch is None else stretch
+        if stretch.max_total_len is not None:
+            return stretch.max_total_len
         return self.engine.max_model_len
 
-    def longest_prompt(self) -> int | None:
-        """The longest prompt the workload can produce, when the configuration bounds it."""
-        bounds = [self.workload.prompt_len.upper_bound()]
-        cap = self.max_total_len()
+    def longest_prompt(self, stretch: StreamSection | None = None) -> int | None:
+        """The longest prompt a stretch of the stream (default: the first) can produce, when bounded."""
+        stretch = self.workload if stretch is None else stretch
+        bounds = [stretch.prompt_len.upper_bound()]
+        cap = self.max_total_len(stretch)
         if cap is not None:
             bounds.append(cap - 1)  # every request generates at least one token
         known = [bound for bound in bounds if bound is not None]
@@ -82,7 +85,13 @@ class WorkloadConfig(SchemaModel):
 
     def _length_problems(self) -> list[tuple[str, str, Any]]:
         problems: list[tuple[str, str, Any]] = []
-        workload, engine = self.workload, self.engine
+        for index, stretch in enumerate(self.workload.stretches()):
+            problems += self._stretch_length_problems(stretch, "workload" if index == 0 else f"workload.phases[{index - 1}]")
+        return problems
+
+    def _stretch_length_problems(self, workload: StreamSection, where: str) -> list[tuple[str, str, Any]]:
+        problems: list[tuple[str, str, Any]] = []
+        engine = self.engine
         if (
             workload.max_total_len is not None
             and engine.max_model_len is not None
@@ -90,17 +99,17 @@ class WorkloadConfig(SchemaModel):
         ):
             problems.append(
                 (
-                    "workload.max_total_len",
+                    f"{where}.max_total_len",
                     f"must be <= engine.max_model_len ({engine.max_model_len}), or longer requests would be rejected",
                     workload.max_total_len,
                 )
             )
-        longest = self.longest_prompt()
+        longest = self.longest_prompt(workload)
         prefix = workload.shared_prefix
         if prefix is not None and longest is not None and prefix.prefix_len >= longest:
             problems.append(
                 (
-                    "workload.shared_prefix.prefix_len",
+                    f"{where}.shared_prefix.prefix_len",
                     f"must be < the longest prompt ({longest}, from prompt_len.max or the total length cap) "
                     "so that every request has tokens of its own",
                     prefix.prefix_len,
@@ -110,7 +119,7 @@ class WorkloadConfig(SchemaModel):
             problems.append(
                 (
                     "engine.max_num_batched_tokens",
-                    f"must be >= the longest prompt ({longest}) when enable_chunked_prefill is false, "
+                    f"must be >= the longest prompt ({longest}, {where}) when enable_chunked_prefill is false, "
                     "or that prompt could never be scheduled",
                     engine.max_num_batched_tokens,
                 )

@@ -20,13 +20,13 @@ from workloads.arrivals import TraceArrival
 from workloads.config import WorkloadConfig
 from workloads.distributions import LengthDistribution, TraceLength
 from workloads.errors import Problem, WorkloadError
-from workloads.random_streams import Stream, random_stream, stream_seed
+from workloads.random_streams import Stream, phase_seed, random_stream, stream_seed
 from workloads.request_spec import RequestSpec
 from workloads.sections import SharedPrefixSection
 from workloads.tokens import TokenVocabulary, assemble_prompts
 from workloads.trace_sampling import select_rows, synthetic_arrivals, trace_arrivals
 from workloads.traces import TraceRecords
-from workloads.workload_section import WorkloadSection
+from workloads.workload_section import StreamSection
 
 NO_GROUP = -1
 
@@ -36,14 +36,39 @@ def generate_requests(
     vocab_size: int,
     reserved_token_ids: Iterable[int] = (),
 ) -> list[RequestSpec]:
-    """The workload's requests, sorted by arrival time, ids ``req-000000``, ``req-000001``, ... in that order."""
-    workload, seed = config.workload, config.seed
+    """The workload's requests, sorted by arrival time, ids ``req-000000``, ``req-000001``, ... in that order.
+
+    With ``workload.phases``, each stretch of the stream is generated on its own (its own seed, derived
+    from the workload's and the stretch's index, so adding a phase leaves the earlier ones unchanged)
+    and starts ``gap_s`` after the previous stretch's last arrival.
+    """
     vocabulary = TokenVocabulary(vocab_size, reserved_token_ids)
+    stretches = config.workload.stretches()
+    generated: list[tuple[float, list[int], int, int, int | None]] = []
+    offset = 0.0
+    for index, stretch in enumerate(stretches):
+        where = "workload" if index == 0 else f"workload.phases[{index - 1}]"
+        seed = config.seed if index == 0 else phase_seed(config.seed, index)
+        start = offset + (getattr(stretch, "gap_s", 0.0) if index else 0.0)
+        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch), vocabulary, where)
+        generated += [(start + arrival, *rest) for arrival, *rest in requests]
+        offset = start + requests[-1][0]
+    width = max(6, len(str(len(generated) - 1)))
+    return [
+        RequestSpec(request_id=f"req-{index:0{width}d}", arrival_time=arrival_time, prompt_token_ids=prompt,
+                    output_len=output_len, priority=priority, prefix_group=group)
+        for index, (arrival_time, prompt, output_len, priority, group) in enumerate(generated)
+    ]
+
+
+def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocabulary: TokenVocabulary,
+                      where: str) -> list[tuple[float, list[int], int, int, int | None]]:
+    """One stretch's requests as (arrival time, prompt, output length, priority, prefix group), in order."""
     arrival_times, trace_rows = _arrivals_and_rows(workload, seed)
     count = len(arrival_times)
     if count == 0:
         raise WorkloadError(
-            Problem("workload.duration_s", "is too short for even one request to arrive", workload.duration_s)
+            Problem(f"{where}.duration_s", "is too short for even one request to arrive", workload.duration_s)
         )
     records = workload.trace.records() if workload.trace is not None and trace_rows is not None else None
 
@@ -56,7 +81,6 @@ def generate_requests(
     if workload.shared_prefix is not None:
         minimum_prompt[groups != NO_GROUP] = workload.shared_prefix.prefix_len + 1
     prompt_lens = np.maximum(prompt_lens, minimum_prompt)
-    cap = config.max_total_len()
     if cap is not None:
         prompt_lens, output_lens = fit_total_length(prompt_lens, output_lens, cap, minimum_prompt)
     priorities = _priorities(workload, seed, count)
@@ -64,21 +88,10 @@ def generate_requests(
     leading = _leading_tokens(workload, seed, vocabulary, groups, prompt_lens, records, trace_rows)
     token_rng = random_stream(seed, Stream.PROMPT_TOKENS)
     prompts = assemble_prompts(prompt_lens, leading, lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
-
-    width = max(6, len(str(count - 1)))
     return [
-        RequestSpec(
-            request_id=f"req-{index:0{width}d}",
-            arrival_time=arrival_time,
-            prompt_token_ids=prompt,
-            output_len=output_len,
-            priority=priority,
-            prefix_group=None if group == NO_GROUP else group,
-        )
-        for index, (arrival_time, prompt, output_len, priority, group) in enumerate(
-            zip(
-                arrival_times.tolist(), prompts, output_lens.tolist(), priorities.tolist(), groups.tolist(), strict=True
-            )
+        (arrival_time, prompt, output_len, priority, None if group == NO_GROUP else group)
+        for arrival_time, prompt, output_len, priority, group in zip(
+            arrival_times.tolist(), prompts, output_lens.tolist(), priorities.tolist(), groups.tolist(), strict=True
         )
     ]
 
@@ -105,7 +118,7 @@ def fit_total_length(
     return prompt_lens, output_lens
 
 
-def _arrivals_and_rows(workload: WorkloadSection, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _arrivals_and_rows(workload: StreamSection, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
     if isinstance(workload.arrival, TraceArrival):
         assert workload.trace is not None  # validation guarantees it
         return trace_arrivals(workload.arrival, workload.trace, workload.num_requests, workload.duration_s)
@@ -137,7 +150,7 @@ def _prefix_groups(shared_prefix: SharedPrefixSection | None, seed: int, count: 
     return np.where(uniforms[:, 0] < shared_prefix.fraction, groups, NO_GROUP)
 
 
-def _priorities(workload: WorkloadSection, seed: int, count: int) -> np.ndarray:
+def _priorities(workload: StreamSection, seed: int, count: int) -> np.ndarray:
     if workload.priority is None:
         return np.zeros(count, dtype=np.int64)
     cumulative = np.cumsum(workload.priority.probabilities())
@@ -146,7 +159,7 @@ def _priorities(workload: WorkloadSection, seed: int, count: int) -> np.ndarray:
 
 
 def _leading_tokens(
-    workload: WorkloadSection,
+    workload: StreamSection,
     seed: int,
     vocabulary: TokenVocabulary,
     groups: np.ndarray,

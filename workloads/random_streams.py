@@ -22,6 +22,7 @@ class Stream(enum.IntEnum):
     PROMPT_TOKENS = 5
     PREFIX_TOKENS = 6
     TRACE_ROWS = 7
+    PHASES = 8
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:
@@ -30,3 +31,10 @@ def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:
 
 def random_stream(seed: int, stream: Stream) -> np.random.Generator:
     return np.random.default_rng(stream_seed(seed, stream))
+
+
+def phase_seed(seed: int, phase: int) -> int:
+    """The seed of a workload's ``phase``-th later stretch (1, 2, ...): its own streams, independent of
+    the first stretch's and of each other's, fixed by the workload's seed."""
+    state = np.random.SeedSequence(seed, spawn_key=(int(Stream.PHASES), phase)).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))  # below 2**63, as a workload seed is

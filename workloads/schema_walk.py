@@ -16,12 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-ShapeKind = Literal["model", "tagged_union", "mapping", "leaf"]
+ShapeKind = Literal["model", "model_list", "tagged_union", "mapping", "leaf"]
 
 
 @dataclass(frozen=True)
 class FieldShape:
-    """What a field holds: a nested model, a union selected by a tag key, a free mapping, or a value."""
+    """What a field holds: a nested model, a list of them, a union selected by a tag key, a free mapping,
+    or a value."""
 
     kind: ShapeKind
     model: type[BaseModel] | None = None
@@ -69,6 +70,8 @@ def field_shape(model: type[BaseModel], name: str) -> FieldShape | None:
         return FieldShape("tagged_union", members=tagged, discriminator=info.discriminator)
     if len(members) == 1 and _is_model(members[0]):
         return FieldShape("model", model=members[0])
+    if len(members) == 1 and typing.get_origin(members[0]) is list and _is_model(typing.get_args(members[0])[0]):
+        return FieldShape("model_list", model=typing.get_args(members[0])[0])
     if any(typing.get_origin(member) is dict or member is dict for member in members):
         return FieldShape("mapping")
     return FieldShape("leaf")
@@ -101,13 +104,15 @@ def walk_location(model: type[BaseModel], location: Sequence[str | int]) -> Loca
     shown: list[str] = []
     candidates: list[str] = []
     current: list[type[BaseModel]] = [model]
+    list_items: list[type[BaseModel]] = []
     index = 0
     while index < len(location):
         part = location[index]
         index += 1
         if isinstance(part, int):
             shown.append(f"[{part}]")
-            current = []
+            current = list_items  # the element model of a list of models, else nothing known
+            list_items = []
             continue
         shown.append(str(part))
         if not current:
@@ -124,6 +129,8 @@ def walk_location(model: type[BaseModel], location: Sequence[str | int]) -> Loca
                 index += 1  # the tag pydantic inserted; it is not a key in the file
             else:
                 current = list(shape.members.values())
+        elif shape.kind == "model_list":
+            list_items, current = [shape.model], []
         else:
             current = shape.models_for(None)
     return Location(shown, candidates)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, TraceArrival
 from workloads.distributions import LengthSpec, TraceLength
@@ -17,8 +17,8 @@ from workloads.schema_base import SchemaModel
 from workloads.sections import PrioritySection, SharedPrefixSection, TraceSection
 
 
-class WorkloadSection(SchemaModel):
-    """The request stream.
+class StreamSection(SchemaModel):
+    """One stretch of traffic: how many requests, when they arrive, how long they are, what they share.
 
     Exactly one of ``num_requests`` and ``duration_s`` is set: ``duration_s`` generates arrivals until
     that many seconds have passed. ``max_total_len`` caps prompt + output tokens of every request
@@ -50,7 +50,7 @@ class WorkloadSection(SchemaModel):
         )
 
     @model_validator(mode="after")
-    def _consistent(self) -> WorkloadSection:
+    def _consistent(self) -> StreamSection:
         problems = self._count_problems() + self._trace_problems() + self._size_problems()
         if problems:
             raise problems_error(problems)
@@ -120,3 +120,30 @@ class WorkloadSection(SchemaModel):
                     )
                 )
         return problems
+
+
+class WorkloadPhase(StreamSection):
+    """A later stretch of the stream (``workload.phases``), with its own arrivals, lengths and prefixes.
+
+    Its arrival times are its own arrival process's (which starts at 0) shifted to begin ``gap_s``
+    seconds after the previous stretch's last arrival.
+    """
+
+    gap_s: NonNegativeFloat = 0.0
+
+
+class WorkloadSection(StreamSection):
+    """The request stream: its first stretch, then each of ``phases`` in turn.
+
+    Phases let one workload hold traffic whose mix changes over time (a burst of short chats, then
+    long documents), which one set of distributions cannot: every request would be drawn from the
+    same mixture. A calibration run needs it, so that batch size and context per request vary apart.
+    """
+
+    phases: list[WorkloadPhase] | None = Field(default=None, min_length=1)
+
+    def stretches(self) -> list[StreamSection]:
+        """This section (without its phases) followed by each phase, in order."""
+        # Already validated field by field: copy them over without validating again.
+        first = StreamSection.model_construct(**{name: getattr(self, name) for name in StreamSection.model_fields})
+        return [first, *(self.phases or [])]

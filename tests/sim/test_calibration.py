@@ -145,3 +145,11 @@ def test_a_simulated_run_beyond_its_profile_says_so(tmp_path):
     assert report["steps_beyond"] > 0 and report["features"]["num_tokens"]["calibrated_max"] == 624
     # Features the calibration runs never recorded (all zero there) have no range to leave.
     assert "prefill_attention_dense_work" not in report["features"]
+
+
+def test_calibration_warns_about_a_run_recorded_on_a_busy_machine(tmp_path):
+    write_run(tmp_path / "run", requests_table(ONE_REQUEST), steps_table(synthetic_steps()),
+              {"name": "t", "mode": "real", "config": {"executor": EXECUTOR},
+               "machine_load": {"cpus": 2, "other_processes_cpus": 0.95}})
+    with pytest.warns(UserWarning, match="0.95 CPUs busy"):
+        assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
