@@ -9,7 +9,10 @@ Times one decode step's attention through all 8 layers of the generated small mo
   a group that gathers tens of thousands of tokens at once no longer fits the last-level cache between
   the gather and the attention that reads it;
 * every request sharing its first 512 tokens' blocks (a shared system prompt after prefix-cache hits)
-  against no sharing: a block read by many requests in one step is read from cache after the first.
+  against no sharing: a block read by many requests in one step is read from cache after the first;
+* each request's blocks scattered over the cache (as a long-running engine's shuffled free queue hands
+  them out) against consecutive: each run of consecutive blocks is a gather from a new place, and the
+  hardware prefetcher streams within a run only (the step-time feature ``kv_block_runs``).
 
 Best of ``--repeats`` runs each; the ratio column is what the comparison is about.
 """
@@ -29,13 +32,16 @@ from engine.runner.attention import allocate_kv_caches, build_attention_metadata
 NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 8, 4, 64, 16
 
 
-def decode_step_seconds(num_reqs: int, context: int, shared_tokens: int, gather_bytes: int, repeats: int) -> float:
-    """Best time of the decode attention of one step (every layer) with this group budget and sharing."""
+def decode_step_seconds(num_reqs: int, context: int, shared_tokens: int, gather_bytes: int, repeats: int,
+                        scattered: bool = True) -> float:
+    """Best time of the decode attention of one step (every layer) with this group budget, sharing and
+    block placement."""
     blocks_per_request = -(-(context + 1) // BLOCK_SIZE)
     shared_blocks = shared_tokens // BLOCK_SIZE
     num_blocks = shared_blocks + num_reqs * (blocks_per_request - shared_blocks) + 1
     ids = list(range(1, num_blocks))
-    random.Random(0).shuffle(ids)
+    if scattered:
+        random.Random(0).shuffle(ids)
     prefix, rest = ids[:shared_blocks], ids[shared_blocks:]
     own = blocks_per_request - shared_blocks
     block_ids = [prefix + rest[i * own:(i + 1) * own] for i in range(num_reqs)]
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         shared = decode_step_seconds(num_reqs, context, 512, capped, args.repeats)
         print(f"{batch:<18} {'512 shared prefix tokens vs none':<34} {1e3 * shared:>8.1f} {1e3 * with_cap:>12.1f} "
               f"{shared / with_cap:>6.2f}")
+        in_order = decode_step_seconds(num_reqs, context, 0, capped, args.repeats, scattered=False)
+        print(f"{batch:<18} {'blocks scattered vs consecutive':<34} {1e3 * with_cap:>8.1f} {1e3 * in_order:>12.1f} "
+              f"{with_cap / in_order:>6.2f}")
     return 0
 
 

@@ -18,7 +18,7 @@ def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
     cached = scheduler_output.scheduled_cached_reqs
     scheduled += [num_scheduled_tokens[request_id] for request_id in cached.req_ids]
     computed += cached.num_computed_tokens
-    return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens)
+    return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs)
 
 
 def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures:
@@ -64,4 +64,4 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
         prefill_attention_work=prefill_attention_work, max_seq_len=max_seq_len,
         prefill_attention_dense_work=prefill_attention_dense_work,
         context_prefill_dense_work=context_prefill_dense_work,
-        shared_context_tokens=scheduler_output.num_shared_kv_tokens)
+        shared_context_tokens=scheduler_output.num_shared_kv_tokens, kv_block_runs=scheduler_output.num_kv_block_runs)

@@ -161,7 +161,7 @@ class Simulation:
                 num_prefill_tokens=0, num_decode_reqs=step.num_decode_reqs,
                 decode_context_tokens=step.decode_context_tokens, prefill_context_tokens=0,
                 prefill_attention_work=0, max_seq_len=step.max_seq_len,
-                shared_context_tokens=step.shared_kv_tokens)
+                shared_context_tokens=step.shared_kv_tokens, kv_block_runs=step.kv_block_runs)
             duration = time_features(features)
             self._planned_steps.append(features)
             durations.append(duration)

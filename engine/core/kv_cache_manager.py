@@ -8,6 +8,8 @@ Contract (each method states what it may change):
 - ``free`` drops the request's references, tail block first, so its tail is evicted first.
 
 Invariant: ``ref_cnt`` of every block equals the number of live requests whose block table holds it.
+Invariant: ``num_block_runs`` equals the number of maximal runs of consecutive block ids summed over
+every live request's block table (``block_runs``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Number of leading blocks of each request already registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
+        # Runs of consecutive physical block ids per request, and their sum over all requests. Reading
+        # a request's KV gathers its blocks; on a CPU, blocks scattered over the cache gather much more
+        # slowly than consecutive ones (the prefetcher streams a run, not a jump), so cost models read it.
+        self.num_block_runs_of: dict[str, int] = {}
+        self.num_block_runs = 0
         self.prefix_cache_stats = PrefixCacheStats()
 
     @property
@@ -111,19 +118,25 @@ class KVCacheManager:
             if num_new_blocks + num_evictable_hits > num_free:
                 return None
             block_pool.touch(new_computed_blocks)
+            new_runs = block_runs(new_computed_blocks, req_blocks[-1].block_id if req_blocks else None)
             req_blocks.extend(new_computed_blocks)
         else:
             num_new_blocks = num_required_blocks - len(req_blocks)
             if num_new_blocks > num_free:
                 return None
+            new_runs = 0
         if num_new_blocks > 0:
             new_blocks = block_pool.get_new_blocks(num_new_blocks)
+            new_runs += block_runs(new_blocks, req_blocks[-1].block_id if req_blocks else None)
             req_blocks.extend(new_blocks)
         else:
             new_blocks = _NO_BLOCKS
         if is_new_request:
             self.req_to_blocks[request_id] = req_blocks
             self.num_cached_block[request_id] = 0
+            self.num_block_runs_of[request_id] = 0
+        self.num_block_runs_of[request_id] += new_runs
+        self.num_block_runs += new_runs
         if self.enable_caching:
             # Blocks whose every token is known are cached now, before they are computed: the runner
             # writes every token's KV before any attention of the same step reads it.
@@ -149,6 +162,7 @@ class KVCacheManager:
         request_id = request.request_id
         blocks = self.req_to_blocks.pop(request_id, None)
         num_cached = self.num_cached_block.pop(request_id, 0)
+        self.num_block_runs -= self.num_block_runs_of.pop(request_id, 0)
         if not blocks:
             return
         first_uncomputed = request.num_computed_tokens // self.block_size
@@ -157,6 +171,14 @@ class KVCacheManager:
                 if block.block_hash is not None and block.ref_cnt == 1:
                     self.block_pool.uncache_block(block)
         self.block_pool.free_blocks(reversed(blocks))
+
+    def append_block(self, request_id: str, block: KVCacheBlock) -> None:
+        """Add a freshly allocated block to a live request's table (the decode fast-forward's path)."""
+        req_blocks = self.req_to_blocks[request_id]
+        if not req_blocks or block.block_id != req_blocks[-1].block_id + 1:
+            self.num_block_runs_of[request_id] += 1
+            self.num_block_runs += 1
+        req_blocks.append(block)
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
         return self.req_to_blocks.get(request_id, _NO_BLOCKS)
@@ -186,3 +208,14 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()
+
+
+def block_runs(blocks: list[KVCacheBlock], previous_id: int | None = None) -> int:
+    """Maximal runs of consecutive block ids in ``blocks``, appended after a block ``previous_id``
+    (None: the start of a table). [7, 8, 9, 3, 4] holds two runs; after block 6, still two."""
+    runs = 0
+    for block in blocks:
+        if block.block_id != (previous_id if previous_id is not None else -2) + 1:
+            runs += 1
+        previous_id = block.block_id
+    return runs

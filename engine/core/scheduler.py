@@ -291,6 +291,7 @@ class Scheduler:
             num_prefix_query_tokens=num_prefix_query_tokens,
             num_prefix_hit_tokens=num_prefix_hit_tokens,
             num_shared_kv_tokens=kv_cache_manager.block_pool.num_shared_refs * kv_cache_manager.block_size,
+            num_kv_block_runs=kv_cache_manager.num_block_runs,
         )
 
     def _preempt(self, request: Request) -> None:

@@ -61,6 +61,9 @@ class SchedulerOutput:
     # Block-table entries pointing at a block another live request holds too, times the block size:
     # KV tokens a batch reads more than once (shared prefixes), as of this schedule.
     num_shared_kv_tokens: int = 0
+    # Runs of consecutive physical block ids over every live request's block table, as of this
+    # schedule (KVCacheManager.num_block_runs): how scattered the KV a step gathers lies.
+    num_kv_block_runs: int = 0
 
     @property
     def num_scheduled_reqs(self) -> int:

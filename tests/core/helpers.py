@@ -48,6 +48,12 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
     assert len(free_set) + len(holders) == pool.num_blocks - 1
     shared_refs = sum(count - 1 for count in holders.values() if count > 1)
     assert pool.num_shared_refs == shared_refs, f"num_shared_refs {pool.num_shared_refs}, block tables say {shared_refs}"
+    # Runs of consecutive block ids, per request and in total, as the block tables say.
+    runs_of = {request_id: sum(1 for position, block in enumerate(blocks)
+                               if position == 0 or block.block_id != blocks[position - 1].block_id + 1)
+               for request_id, blocks in manager.req_to_blocks.items()}
+    assert manager.num_block_runs_of == runs_of, f"num_block_runs_of {manager.num_block_runs_of}, tables say {runs_of}"
+    assert manager.num_block_runs == sum(runs_of.values())
     for block_hash, block in pool.cached_block_hash_to_block.items():
         assert block.block_hash == block_hash
     hashed = [block for block in pool.blocks if block.block_hash is not None]

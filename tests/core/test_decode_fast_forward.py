@@ -42,18 +42,20 @@ def snapshot(scheduler):
     }
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(num_blocks=st.integers(12, 80), block_size=st.sampled_from([1, 2, 4, 16]), caching=st.booleans(),
        prompts=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(1, 60)), min_size=1,
                         max_size=8),
-       num_steps=st.integers(1, 80), warmup=st.integers(0, 5))
-def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup):
+       num_steps=st.integers(1, 80), warmup=st.integers(0, 5), identical=st.booleans())
+def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup, identical):
     core = make_core(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching,
                      enable_kv_cache_events=True, max_model_len=400)
     scheduler = core.scheduler
     shared = [list(range(100, 120)), list(range(200, 207)), []]
     for index, (group, suffix, max_tokens) in enumerate(prompts):
-        prompt = shared[group] + [(index * 31 + i) % 97 for i in range(suffix)]
+        # identical: prompts of one group and length repeat, so blocks of equal content (not shared: the
+        # cache keeps one of them) fill at the same time, and freed ones go back to the queue unhashed.
+        prompt = shared[group] + [((0 if identical else index) * 31 + i) % 97 for i in range(suffix)]
         scheduler.add_request(make_request(f"r{index}", prompt, max_tokens=max_tokens))
     # Ordinary steps until the batch is decode-only (and a few more), as a simulation would reach it.
     for _ in range(200):
@@ -85,11 +87,12 @@ def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, pro
         assert all(count == 1 for count in output.num_scheduled_tokens.values())
         cached = output.scheduled_cached_reqs
         expected_steps.append((len(cached.req_ids), sum(c + 1 for c in cached.num_computed_tokens),
-                               max(c + 1 for c in cached.num_computed_tokens), output.num_shared_kv_tokens))
+                               max(c + 1 for c in cached.num_computed_tokens), output.num_shared_kv_tokens,
+                               output.num_kv_block_runs))
         ordinary.update_from_output(output, constant_output(output))
         assert result.num_free_blocks_after[step] == ordinary.kv_cache_manager.num_free_blocks
         assert result.num_running_after[step] == len(ordinary.running)
-    assert [(s.num_decode_reqs, s.decode_context_tokens, s.max_seq_len, s.shared_kv_tokens)
+    assert [(s.num_decode_reqs, s.decode_context_tokens, s.max_seq_len, s.shared_kv_tokens, s.kv_block_runs)
             for s in planned[:result.num_steps]] == expected_steps
     mine, theirs = snapshot(scheduler), snapshot(ordinary)
     assert set(theirs.pop("finished")) <= set(mine.pop("finished"))

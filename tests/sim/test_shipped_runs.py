@@ -15,13 +15,15 @@ from sim.calibrate import main as calibrate_main
 from sim.validate import main as validate_main
 
 DATA = Path(__file__).resolve().parents[2] / "sim" / "data"
-CASES = [("cpu-small-float32", "cpu-calibrate", "cpu-chat"), ("h200-small-bfloat16", "gpu-calibrate", "gpu-chat")]
+# Profile, its calibration runs (the CPU one: two recordings of cpu_calibrate), a recorded validation run.
+CASES = [("cpu-small-float32", ("cpu-calibrate", "cpu-calibrate-2"), "cpu-chat"),
+         ("h200-small-bfloat16", ("gpu-calibrate",), "gpu-chat")]
 
 
-@pytest.mark.parametrize("name,calibration_run,_", CASES)
-def test_a_shipped_profile_is_what_calibrate_fits_on_its_shipped_run(tmp_path, name, calibration_run, _):
+@pytest.mark.parametrize("name,calibration_runs,_", CASES)
+def test_a_shipped_profile_is_what_calibrate_fits_on_its_shipped_runs(tmp_path, name, calibration_runs, _):
     out = tmp_path / "profile.json"
-    assert calibrate_main([str(DATA / "runs" / name / calibration_run), "-o", str(out)]) == 0
+    assert calibrate_main([str(DATA / "runs" / name / run) for run in calibration_runs] + ["-o", str(out)]) == 0
     fitted, shipped = json.loads(out.read_text()), json.loads((DATA / "profiles" / f"{name}.json").read_text())
     assert fitted["features"] == shipped["features"]
     assert fitted["coefficients"] == pytest.approx(shipped["coefficients"], rel=1e-6, abs=1e-12)
@@ -57,3 +59,12 @@ def test_validate_needs_exactly_one_of_workload_and_real_run(capsys):
         assert exit_info.value.code == 2
     assert "--real-run RUN_DIR" in capsys.readouterr().err
     assert validate_main(["--real-run", str(DATA / "runs" / "missing-run")]) == 2
+
+
+def test_the_fidelity_table_covers_every_recording(capsys):
+    from benchmarks.fidelity_table import main as fidelity_main
+
+    assert fidelity_main([]) == 0
+    printed = capsys.readouterr().out
+    for workload in ("cpu-chat", "cpu-overload", "cpu-long-prompts", "cpu-shared-prefix"):
+        assert f"{workload}: simulated vs latest" in printed and f"{workload}: repeat 2 vs latest" in printed

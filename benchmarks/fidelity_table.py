@@ -1,0 +1,67 @@
+"""The CPU fidelity table of the README, from the shipped real runs: no model, no GPU.
+
+    python -m benchmarks.fidelity_table [--profile sim/data/profiles/cpu-small-float32.json]
+
+For each validation workload: the simulation's relative error against each recording of it (the
+latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``), and how far the
+recordings themselves differ from the latest one (the same workload, the same code, the same quiet
+machine, minutes apart): the floor under any simulator's error on that machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from analysis import compare_runs, read_run
+from sim.validate import validate_recorded
+
+RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
+PROFILE = Path(__file__).resolve().parents[1] / "sim" / "data" / "profiles" / "cpu-small-float32.json"
+WORKLOADS = ("cpu-chat", "cpu-overload", "cpu-long-prompts", "cpu-shared-prefix")
+COLUMNS = (("request_throughput", "throughput"), ("ttft_ms.p50", "TTFT p50"), ("ttft_ms.p90", "TTFT p90"),
+           ("tpot_ms.p50", "TPOT p50"), ("tpot_ms.p90", "TPOT p90"), ("e2e_ms.p50", "E2E p50"),
+           ("e2e_ms.p90", "E2E p90"))
+
+
+def recordings(workload: str) -> list[tuple[str, Path]]:
+    """(label, run directory) of every recording of ``workload``: the latest first."""
+    found = [("latest", RUNS / workload)]
+    repeats = RUNS / "repeats"
+    if repeats.is_dir():
+        found += [(f"repeat {folder.name}", folder / workload) for folder in sorted(repeats.iterdir())
+                  if (folder / workload).is_dir()]
+    return found
+
+
+def row(label: str, metrics: dict) -> str:
+    errors = [metrics[key]["relative_error"] for key, _ in COLUMNS]
+    worst = max(abs(error) for error in errors[1:])
+    return f"| {label} | " + " | ".join(f"{error:+.1%}" for error in errors) + f" | {worst:.1%} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", type=Path, default=PROFILE)
+    args = parser.parse_args(argv)
+    print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency |")
+    print("|---|" + "---|" * (len(COLUMNS) + 1))
+    with tempfile.TemporaryDirectory() as scratch:
+        for workload in WORKLOADS:
+            runs = recordings(workload)
+            for label, run_dir in runs:
+                comparison = validate_recorded(run_dir, Path(scratch) / workload / label.replace(" ", "-"),
+                                               profile=args.profile)
+                print(row(f"{workload}: simulated vs {label}", comparison["metrics"]))
+            latest = read_run(runs[0][1]).summary
+            for label, run_dir in runs[1:]:
+                print(row(f"{workload}: {label} vs latest (real vs real)",
+                          compare_runs(read_run(run_dir).summary, latest)["metrics"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
