@@ -16,7 +16,6 @@ tests/core/test_decode_fast_forward.py checks the equivalence on random workload
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 from engine.core.block_hash import ROOT_PARENT_HASH, encode_cache_salt, hash_block_tokens
@@ -255,18 +254,20 @@ class _PlannedBlockRuns:
         self._registered: set[bytes] = set()
         self._runs: dict[int, int] = {}  # runs gained in the run, per running index
         self.total = manager.num_block_runs
-        # (step, running index, kind): request i allocates when the token it computes starts a block,
-        # (context + step) % block_size == 0, and fills a block (it enters the cache) when the token it
-        # computes ends one, (context + step + 1) % block_size == 0; both up to its last step.
-        self._events: list[tuple[int, int, int]] = []
+        # Request i allocates when the token it computes starts a block, (context + step) % block_size
+        # == 0, and fills a block (it enters the cache) when the token it computes ends one,
+        # (context + step + 1) % block_size == 0; both up to its last step. So step j's events are
+        # those of the residue class j % block_size, run in (running index, kind) order.
+        self._by_residue: list[list[tuple[int, int]]] = [[] for _ in range(block_size)]
         for index, context in enumerate(context_lengths):
             first_allocation = (-context) % block_size
             if first_allocation <= last_steps[index]:
-                self._events.append((first_allocation, index, _ALLOCATE))
+                self._by_residue[first_allocation].append((index, _ALLOCATE))
             first_fill = (-(context + 1)) % block_size
             if self._caching and first_fill <= last_steps[index]:
-                self._events.append((first_fill, index, _CACHE))
-        heapq.heapify(self._events)
+                self._by_residue[first_fill].append((index, _CACHE))
+        for events in self._by_residue:
+            events.sort()
         self._contexts = context_lengths
         self._last_steps = last_steps
 
@@ -276,15 +277,15 @@ class _PlannedBlockRuns:
 
     def allocate(self, step: int) -> None:
         """Step ``step``'s allocations and fills (its schedule phase)."""
-        events, block_size = self._events, self._block_size
-        while events and events[0][0] == step:
-            _, index, kind = heapq.heappop(events)
+        block_size, last_steps = self._block_size, self._last_steps
+        events = self._by_residue[step % block_size]
+        if events and any(last_steps[index] < step for index, _ in events):
+            events[:] = [event for event in events if last_steps[event[0]] >= step]  # finished requests leave
+        for index, kind in events:
             if kind == _ALLOCATE:
                 self._allocate(index)
             else:
                 self._fill(index, (self._contexts[index] + step + 1) // block_size - 1)
-            if step + block_size <= self._last_steps[index]:
-                heapq.heappush(events, (step + block_size, index, kind))
 
     def _allocate(self, index: int) -> None:
         if self._front:
