@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
 from pathlib import Path
 
@@ -144,8 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-backend", help="default: the recorded run's")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    table = retime_run(args.run_dir, args.out, model=args.model, device=args.device, dtype=args.dtype,
-                       attention_backend=args.attention_backend, threads=args.threads)
+    try:
+        table = retime_run(args.run_dir, args.out, model=args.model, device=args.device, dtype=args.dtype,
+                           attention_backend=args.attention_backend, threads=args.threads)
+    except (ValueError, FileNotFoundError, ReplayDivergedError) as error:  # not a real run, no such directory, a diverged schedule
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(describe(table))
     if args.out:
         print(f"re-timed run written to {args.out}/")

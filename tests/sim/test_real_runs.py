@@ -121,3 +121,13 @@ def test_retiming_refuses_a_schedule_it_cannot_reproduce(real_run_dir):
     tokens[3] += 1
     with pytest.raises(ReplayDivergedError, match="step 3"):
         retime_schedule(real.engine, requests, steps["duration"].tolist(), tokens)
+
+
+def test_retime_refuses_what_is_not_a_recorded_real_run(tmp_path, capsys):
+    from sim.retime import main as retime_main
+
+    assert retime_main([str(tmp_path / "missing")]) == 2
+    assert sim_run_main(["cpu_chat", "--set", "workload.num_requests=5", "--out", str(tmp_path / "sim"),
+                         "--quiet", "--no-dashboard"]) == 0
+    assert retime_main([str(tmp_path / "sim")]) == 2
+    assert "only real runs can be replayed" in capsys.readouterr().err
