@@ -58,7 +58,9 @@ def set_path(raw: dict[str, Any], path: str, value: Any, root: type[BaseModel]) 
         raise WorkloadError(Problem(path, "not a valid setting path (empty part)", value))
     node: dict[str, Any] = raw
     models: list[type[BaseModel]] | None = [root]
-    for index, part in enumerate(parts):
+    index = 0
+    while index < len(parts):
+        part = parts[index]
         shown = ".".join(parts[: index + 1])
         if models is None:
             # Inside a free mapping (hardware, sweep): the rest of the path is one key.
@@ -75,12 +77,28 @@ def set_path(raw: dict[str, Any], path: str, value: Any, root: type[BaseModel]) 
         if shape.kind == "leaf":
             raise WorkloadError(Problem(shown, "is a single value, not a section with keys", node.get(part)))
         child = node.get(part)
+        if shape.kind == "model_list":
+            # A list of sections (workload.phases): the next part picks an existing element by position.
+            position = parts[index + 1]
+            items = child if isinstance(child, list) else []
+            if not position.isdigit() or int(position) >= len(items):
+                raise WorkloadError(Problem(f"{shown}.{position}", f"must be an index of the {len(items)} "
+                                            f"entries of {shown} (0 to {len(items) - 1})", value))
+            child = items[int(position)]
+            if index + 1 == len(parts) - 1:
+                items[int(position)] = value
+                return
+            index += 1
+            models, node = [shape.model], child
+            index += 1
+            continue
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
             raise WorkloadError(Problem(shown, "is not a mapping, so it has no keys to set", child))
         models = None if shape.kind == "mapping" else shape.models_for(child)
         node = child
+        index += 1
 
 
 def _unknown_message(part: str, models: list[type[BaseModel]]) -> str:

@@ -53,3 +53,18 @@ def test_a_misspelled_key_in_a_phase_is_an_error(raw_workload):
     raw_workload["workload"]["phases"] = []
     with pytest.raises(WorkloadError, match="phases"):
         load_workload(raw_workload)
+
+
+def test_overrides_and_sweeps_reach_into_a_phase(raw_workload):
+    raw_workload["workload"]["phases"] = [LONG_PHASE]
+    config = load_workload(raw_workload, overrides=["workload.phases.0.arrival.rate=4.0"])
+    assert config.workload.phases[0].arrival.rate == 4.0
+    with pytest.raises(WorkloadError, match=r"workload\.phases\.3: must be an index of the 1 entries"):
+        load_workload(raw_workload, overrides=["workload.phases.3.gap_s=1"])
+    with pytest.raises(WorkloadError, match=r"workload\.phases\.0\.gap: no such setting; did you mean 'gap_s'"):
+        load_workload(raw_workload, overrides=["workload.phases.0.gap=1"])
+    raw_workload["sweep"] = {"workload.phases.0.gap_s": [0.0, 30.0]}
+    points = load_workload(raw_workload).sweep_points()
+    assert [point.workload.phases[0].gap_s for _, point in points] == [0.0, 30.0]
+    first, later = (generate_requests(point, VOCAB_SIZE) for _, point in points)
+    assert later[200].arrival_time == pytest.approx(first[200].arrival_time + 30.0)
