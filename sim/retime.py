@@ -19,68 +19,27 @@ the recorded durations.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analysis import read_run, write_run
-from engine.core import EngineCore, SamplingParams
+from engine.core import EngineCore
 from sim.cost_models.replay import ReplayDivergedError
 from sim.machine_load import MachineLoad
 from sim.replay import replay_inputs
-from sim.scheduled_batch import scheduler_output_features
-from sim.simulator import make_request
-from sim.trace_recorder import TraceRecorder
+from sim.wall_clock_driver import RecordedTimeline, run_wall_clock
 
 
 def retime_schedule(engine: EngineCore, requests, recorded_durations: list[float],
                     recorded_tokens: list[int]) -> list[float]:
     """Run the engine on ``requests`` with a clock that advances by the recorded step durations; return
     each step's measured wall time (the same span a real run measures: the whole engine step)."""
-    specs = sorted(requests, key=lambda spec: spec.arrival_time)
-    params_by_output_len: dict[int, SamplingParams] = {}
-    # A recorder as in a real run: its bookkeeping, like the arrivals added before a step, falls inside
-    # the span a real run measures (from the end of one step to the end of the next).
-    recorder = TraceRecorder(record_schedule=False)
-    measured: list[float] = []
-    next_index = 0
-    now = 0.0
-    gc.collect()
-    gc.freeze()
-    span_start = time.perf_counter()
-    while next_index < len(specs) or engine.has_work():
-        while next_index < len(specs) and specs[next_index].arrival_time <= now:
-            spec = specs[next_index]
-            recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
-            engine.add_request(make_request(spec, params_by_output_len))
-            next_index += 1
-        if not engine.has_work():
-            now = specs[next_index].arrival_time
-            span_start = time.perf_counter()
-            continue
-        result = engine.step()
-        output = result.scheduler_output
-        if output is None or output.total_num_scheduled_tokens == 0:
-            recorder.on_outputs(result.outputs, now)
-            continue
-        step = len(measured)
-        if step >= len(recorded_durations) or output.total_num_scheduled_tokens != recorded_tokens[step]:
-            expected = recorded_tokens[step] if step < len(recorded_tokens) else "no step"
-            raise ReplayDivergedError(f"step {step}: scheduled {output.total_num_scheduled_tokens} tokens, "
-                                      f"the recorded run {expected}")
-        recorder.on_step(now, recorded_durations[step], output, scheduler_output_features(output), engine.scheduler)
-        recorder.on_outputs(result.outputs, now + recorded_durations[step])
-        span_end = time.perf_counter()
-        measured.append(span_end - span_start)
-        span_start = span_end
-        now += recorded_durations[step]
-    if len(measured) != len(recorded_durations):
-        raise ReplayDivergedError(f"re-timed run took {len(measured)} steps, the recorded run {len(recorded_durations)}")
-    return measured
+    timeline = RecordedTimeline(recorded_durations, recorded_tokens)
+    run_wall_clock(engine, requests, record_schedule=False, timeline=timeline)
+    return timeline.measured
 
 
 def retime_run(run_dir: str | Path, out_dir: str | Path | None, *, model: str | None = None, device: str = "cpu",

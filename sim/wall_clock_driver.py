@@ -6,27 +6,57 @@ The clock is kept on the same terms as the simulator's, so that a real run can b
 idle engine), its duration runs to the moment the next step can start (model time plus the engine's
 own overhead), and the requests added before a step are exactly those that arrived by its start.
 A request arriving while a step runs waits for the next one, as on a real server.
+
+With a ``RecordedTimeline`` (``sim.retime``) the same loop re-executes a recorded run: the logical
+clock advances by the recorded step durations instead of the wall clock, so every arrival joins at the
+step it joined before and the scheduler makes the same decisions (checked step by step), while each
+step's wall time is measured over the same span as in a real run.
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from tqdm import tqdm
 
 from engine.core import EngineCore, SamplingParams
+from sim.cost_models.replay import ReplayDivergedError
 from sim.scheduled_batch import scheduler_output_features
 from sim.simulator import make_request
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
 
 
+@dataclass
+class RecordedTimeline:
+    """A recorded run's step durations and scheduled token counts, to drive the logical clock by."""
+    durations: Sequence[float]
+    scheduled_tokens: Sequence[int]
+    measured: list[float] = field(default_factory=list)  # each step's wall time, filled in by the driver
+
+    def step_duration(self, num_scheduled_tokens: int, measured: float) -> float:
+        """Record a step's measured wall time; return its recorded duration (the schedule must match)."""
+        step = len(self.measured)
+        if step >= len(self.durations) or num_scheduled_tokens != self.scheduled_tokens[step]:
+            expected = self.scheduled_tokens[step] if step < len(self.scheduled_tokens) else "no step"
+            raise ReplayDivergedError(f"step {step}: scheduled {num_scheduled_tokens} tokens, the recorded run {expected}")
+        self.measured.append(measured)
+        return self.durations[step]
+
+    def check_finished(self) -> None:
+        if len(self.measured) != len(self.durations):
+            raise ReplayDivergedError(f"re-timed run took {len(self.measured)} steps, the recorded run "
+                                      f"{len(self.durations)}")
+
+
 def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, record_schedule: bool = True,
                    progress: bool = False, description: str = "running",
                    clock: Callable[[], float] = time.perf_counter,
-                   sleep: Callable[[float], None] = time.sleep) -> TraceRecorder:
+                   sleep: Callable[[float], None] = time.sleep,
+                   timeline: RecordedTimeline | None = None) -> TraceRecorder:
     recorder = TraceRecorder(record_schedule=record_schedule)
     specs = sorted(requests, key=lambda spec: spec.arrival_time)
     scheduler = engine.scheduler
@@ -39,6 +69,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     gc.freeze()
     origin = clock()
     now = 0.0  # the logical time: where the next step starts
+    span_start = 0.0  # the wall time (since origin) the next step's measured span starts at
     while next_index < len(specs) or engine.has_work():
         while next_index < len(specs) and specs[next_index].arrival_time <= now:
             spec = specs[next_index]
@@ -48,9 +79,11 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
         if not engine.has_work():
             # Idle until the next arrival; the step it triggers starts at that arrival.
             now = specs[next_index].arrival_time
-            remaining = now - (clock() - origin)
-            if remaining > 0:
-                sleep(remaining)
+            if timeline is None:
+                remaining = now - (clock() - origin)
+                if remaining > 0:
+                    sleep(remaining)
+            span_start = clock() - origin
             continue
         start = now
         result = engine.step()
@@ -60,10 +93,20 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
             recorder.on_outputs(result.outputs, start)
             bar.update(sum(output.finish_reason is not None for output in result.outputs))
             continue
-        end = clock() - origin
-        recorder.on_step(start, end - start, scheduler_output, scheduler_output_features(scheduler_output), scheduler)
+        wall_end = clock() - origin
+        if timeline is None:
+            duration, end = wall_end - start, wall_end
+        else:
+            # Re-timing: the recorded duration moves the logical clock; the measured span runs from
+            # the previous step's end (its bookkeeping included, as in a real run) to this one's.
+            duration = timeline.step_duration(scheduler_output.total_num_scheduled_tokens, wall_end - span_start)
+            end = start + duration
+        recorder.on_step(start, duration, scheduler_output, scheduler_output_features(scheduler_output), scheduler)
         recorder.on_outputs(result.outputs, end)
         bar.update(sum(output.finish_reason is not None for output in result.outputs))
         now = end
+        span_start = wall_end
     bar.close()
+    if timeline is not None:
+        timeline.check_finished()
     return recorder

@@ -138,11 +138,12 @@ class PlannedBlockRuns:
         self.total -= self._manager.num_block_runs_of[self._requests[index].request_id] + self._runs.get(index, 0)
         # Tail first, as KVCacheManager.free: a block without a hash goes to the queue's front (it is
         # the request's own; blocks shared with other requests are prefix hits, hashed, and go back).
-        blocks = self._table(index) + self._new_blocks.get(index, [])
+        table = self._table(index)
+        blocks = table + self._new_blocks.get(index, [])
         fills = self._fills
         for block_index in range(len(blocks) - 1, -1, -1):
             filled = fills.get((index, block_index))
             hashed = filled if filled is not None else (
-                block_index < len(self._table(index)) and blocks[block_index].block_hash is not None)
+                block_index < len(table) and blocks[block_index].block_hash is not None)
             if not hashed:
                 self._front.append(blocks[block_index])
