@@ -38,20 +38,21 @@ FEATURE_COLUMNS = {
     "max_seq_len": "max_seq_len",
     "prefill_attention_dense_work": "prefill_attention_dense_work",
     "context_prefill_dense_work": "context_prefill_dense_work",
+    "prefill_attention_sliced_work": "prefill_attention_sliced_work",
     "shared_context_tokens": "shared_context_tokens",
     "kv_block_runs": "kv_block_runs",
 }
 LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", "decode_graph_batch",
                    "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
-                   "prefill_attention_dense_work", "context_prefill_dense_work", "shared_context_tokens",
-                   "kv_block_runs")
+                   "prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
+                   "shared_context_tokens", "kv_block_runs")
 HINGE_FEATURE = "num_tokens"
 CONTEXT_HINGE_FEATURE = "decode_context_tokens"
 # Features whose cost may be negative: shared KV tokens are also in decode_context_tokens, and a block
 # read again in the same step comes from cache, so its term is the discount on the second read.
 DISCOUNT_FEATURES = ("shared_context_tokens",)
-OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "shared_context_tokens",
-                    "kv_block_runs")
+OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
+                    "shared_context_tokens", "kv_block_runs")
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from engine.core.scheduler_output import SchedulerOutput
 from sim.cost_models import StepBatch, StepFeatures
+from sim.cost_models.step_batch import sliced_prefill_pairs
 
 
 def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
@@ -31,7 +32,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
     cached = scheduler_output.scheduled_cached_reqs
     num_decode_reqs = decode_context_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
-    prefill_attention_dense_work = context_prefill_dense_work = 0
+    prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
     max_seq_len = 0
     pairs = [(num_scheduled_tokens[new.req_id], new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs]
     for request_id, context in zip(cached.req_ids, cached.num_computed_tokens):
@@ -55,6 +56,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
             prefill_attention_dense_work += query * (context + query)
             if context:
                 context_prefill_dense_work += query * (context + query)
+            prefill_attention_sliced_work += sliced_prefill_pairs(query, context)
         if context + query > max_seq_len:
             max_seq_len = context + query
     return StepFeatures(
@@ -64,4 +66,5 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
         prefill_attention_work=prefill_attention_work, max_seq_len=max_seq_len,
         prefill_attention_dense_work=prefill_attention_dense_work,
         context_prefill_dense_work=context_prefill_dense_work,
+        prefill_attention_sliced_work=prefill_attention_sliced_work,
         shared_context_tokens=scheduler_output.num_shared_kv_tokens, kv_block_runs=scheduler_output.num_kv_block_runs)

@@ -85,6 +85,7 @@ class TraceRecorder:
         steps["max_seq_len"].append(features.max_seq_len)
         steps["prefill_attention_dense_work"].append(features.prefill_attention_dense_work)
         steps["context_prefill_dense_work"].append(features.context_prefill_dense_work)
+        steps["prefill_attention_sliced_work"].append(features.prefill_attention_sliced_work)
         steps["shared_context_tokens"].append(features.shared_context_tokens)
         steps["kv_block_runs"].append(features.kv_block_runs)
         if self.record_schedule:
@@ -138,6 +139,7 @@ class TraceRecorder:
             steps["max_seq_len"].append(step.max_seq_len)
             steps["prefill_attention_dense_work"].append(0)
             steps["context_prefill_dense_work"].append(0)
+            steps["prefill_attention_sliced_work"].append(0)
             steps["shared_context_tokens"].append(step.shared_context_tokens)
             steps["kv_block_runs"].append(step.kv_block_runs)
             if self.record_schedule:
@@ -185,5 +187,5 @@ STEP_COLUMNS = (
     "num_prefill_tokens", "num_context_tokens", "num_running", "num_waiting", "kv_blocks_used", "kv_usage",
     "num_preemptions", "prefix_hit_tokens", "prefix_query_tokens", "prefill_attention_work",
     "decode_context_tokens", "prefill_context_tokens", "num_reqs", "max_seq_len", "prefill_attention_dense_work",
-    "context_prefill_dense_work", "shared_context_tokens", "kv_block_runs",
+    "context_prefill_dense_work", "prefill_attention_sliced_work", "shared_context_tokens", "kv_block_runs",
 )

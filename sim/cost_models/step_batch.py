@@ -42,6 +42,10 @@ class StepFeatures:
     # shortcut for a fresh prompt (the torch backend's is_causal) fall back to an explicit mask, and a
     # full score matrix, once the chunk has context. Zero on a step of fresh prompts and decodes.
     context_prefill_dense_work: int = 0
+    # Query-key pairs scored when each chunk is attended in slices of PREFILL_QUERY_SLICE query rows,
+    # each against the keys up to its own last row (the torch backend on a CPU, which materializes the
+    # score matrix and keeps it cache-sized that way). Between the causal and the dense count.
+    prefill_attention_sliced_work: int = 0
     # KV tokens read again from blocks that another request of the batch holds too (shared prefixes
     # after prefix-cache hits): a block read many times in a step is read from cache after the first.
     shared_context_tokens: int = 0
@@ -74,6 +78,21 @@ class StepFeatures:
 
 FEATURE_NAMES: tuple[str, ...] = (*StepFeatures.__slots__, "has_prefill", "decode_graph_batch")
 
+# The torch attention backend's prefill query slice (engine/runner/attention/torch_backend.py, which the
+# simulator does not import: it needs torch); a test keeps the two equal.
+PREFILL_QUERY_SLICE = 128
+
+
+def sliced_prefill_pairs(query: int, context: int) -> int:
+    """Query-key pairs a chunk of ``query`` tokens after ``context`` cached ones scores in slices of
+    PREFILL_QUERY_SLICE rows: the slice ending at row e (1-based) scores its rows against context + e keys."""
+    if query <= PREFILL_QUERY_SLICE:
+        return query * (context + query)
+    num_full, rest = divmod(query, PREFILL_QUERY_SLICE)
+    # Full slice i (1-based) ends at row i * S: S * (context + i * S), summed over i = 1..num_full.
+    pairs = PREFILL_QUERY_SLICE * (num_full * context + PREFILL_QUERY_SLICE * num_full * (num_full + 1) // 2)
+    return pairs + rest * (context + query)
+
 
 def step_features(batch: StepBatch) -> StepFeatures:
     """One pass over the batch.
@@ -89,7 +108,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
                          f"num_computed_tokens {len(computed)}")
     num_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
-    prefill_attention_dense_work = context_prefill_dense_work = 0
+    prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
     num_decode_reqs = decode_context_tokens = 0
     max_seq_len = 0
     for q, ctx in zip(scheduled, computed, strict=True):
@@ -105,6 +124,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
             prefill_attention_dense_work += q * (ctx + q)
             if ctx:
                 context_prefill_dense_work += q * (ctx + q)
+            prefill_attention_sliced_work += sliced_prefill_pairs(q, ctx)
         else:
             raise ValueError(f"StepBatch.num_scheduled_tokens must be >= 1 for every scheduled request, got {q}")
         num_tokens += q
@@ -122,6 +142,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
         max_seq_len=max_seq_len,
         prefill_attention_dense_work=prefill_attention_dense_work,
         context_prefill_dense_work=context_prefill_dense_work,
+        prefill_attention_sliced_work=prefill_attention_sliced_work,
         shared_context_tokens=batch.shared_context_tokens,
         kv_block_runs=batch.kv_block_runs,
     )

@@ -190,3 +190,14 @@ def test_capped_groups_attend_like_the_reference(backend, monkeypatch):
 
     monkeypatch.setattr(torch_backend, "GROUP_GATHER_BYTES", 1)
     run_case(backend, [(37, 1), (40, 1), (41, 1), (38, 1), (5, 1), (70, 9)], 16, 4, 2)
+
+
+def test_prefill_chunks_attend_in_query_slices(backend, monkeypatch):
+    """Slices of 4 query rows (each scoring keys up to its own last query only) attend like the reference,
+    across slice edges, after a context, with GQA; so does the default slice at chunks longer than it."""
+    import engine.runner.attention.torch_backend as torch_backend
+
+    run_case(backend, [(0, 300), (40, 1), (130, 150)], 16, 4, 2, head_size=8, seed=3)
+    monkeypatch.setattr(torch_backend, "PREFILL_QUERY_SLICE", 4)
+    run_case(backend, [(0, 23), (37, 1), (18, 9), (5, 4), (0, 3)], 16, 8, 2, seed=4)
+    run_case(backend, [(33, 17), (0, 8)], 32, 4, 4, seed=5)

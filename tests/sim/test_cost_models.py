@@ -41,7 +41,30 @@ def test_step_features_of_a_mixed_batch_by_hand():
         max_seq_len=11,
         prefill_attention_dense_work=5 * (0 + 5) + 3 * (7 + 3),  # 25 + 30: the full score matrices
         context_prefill_dense_work=3 * (7 + 3),  # only the chunk after a cached context
+        prefill_attention_sliced_work=5 * (0 + 5) + 3 * (7 + 3),  # chunks within one slice: the dense count
     )
+
+
+def test_sliced_prefill_pairs_sum_each_slice_against_the_keys_up_to_its_last_row():
+    from sim.cost_models.step_batch import PREFILL_QUERY_SLICE, sliced_prefill_pairs
+
+    for query in (2, 127, 128, 129, 256, 300, 1024, 1500):
+        for context in (0, 1, 512, 3000):
+            by_slice = sum((min(query, start + PREFILL_QUERY_SLICE) - start) * (context + min(query, start + PREFILL_QUERY_SLICE))
+                           for start in range(0, query, PREFILL_QUERY_SLICE))
+            assert sliced_prefill_pairs(query, context) == by_slice, (query, context)
+    # A 1024-token fresh prompt scores 8 slices: 128 * 128 * (1 + ... + 8), 56% of its dense matrix.
+    assert sliced_prefill_pairs(1024, 0) == 128 * 128 * 36
+    features = step_features(StepBatch(num_scheduled_tokens=[300, 1], num_computed_tokens=[40, 9]))
+    assert features.prefill_attention_sliced_work == 128 * 168 + 128 * 296 + 44 * 340
+
+
+def test_the_simulated_slice_is_the_torch_backends():
+    pytest.importorskip("torch")
+    from engine.runner.attention import torch_backend
+    from sim.cost_models import step_batch
+
+    assert step_batch.PREFILL_QUERY_SLICE == torch_backend.PREFILL_QUERY_SLICE
 
 
 def test_step_features_of_an_empty_batch_is_all_zero():
