@@ -5,7 +5,9 @@
 For each validation workload: the simulation's relative error against each recording of it (the
 latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``), and how far the
 recordings themselves differ from the latest one (the same workload, the same code, the same quiet
-machine, minutes apart): the floor under any simulator's error on that machine.
+machine, minutes apart): the floor under any simulator's error on that machine. Last, the simulation
+against the mean of all the recordings of each metric: the machine's drift between recordings averages
+out there, and what remains is mostly the cost model's own error.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from analysis import compare_runs, read_run
+from analysis.fidelity import relative_error
 from sim.validate import validate_recorded
 
 RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
@@ -42,6 +45,17 @@ def row(label: str, metrics: dict) -> str:
     return f"| {label} | " + " | ".join(f"{error:+.1%}" for error in errors) + f" | {worst:.1%} |"
 
 
+def against_mean(comparisons: list[dict]) -> dict:
+    """The simulation (the same in every comparison: one workload, one profile) against each metric's
+    mean over the recordings."""
+    metrics = {}
+    for key, _ in COLUMNS:
+        simulated = comparisons[0][key]["sim"]
+        mean = sum(comparison[key]["real"] for comparison in comparisons) / len(comparisons)
+        metrics[key] = {"sim": simulated, "real": mean, "relative_error": relative_error(simulated, mean)}
+    return metrics
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,10 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
             runs = recordings(workload)
+            comparisons = []
             for label, run_dir in runs:
                 comparison = validate_recorded(run_dir, Path(scratch) / workload / label.replace(" ", "-"),
                                                profile=args.profile)
+                comparisons.append(comparison["metrics"])
                 print(row(f"{workload}: simulated vs {label}", comparison["metrics"]))
+            if len(comparisons) > 1:
+                print(row(f"{workload}: simulated vs mean of {len(comparisons)} recordings",
+                          against_mean(comparisons)))
             latest = read_run(runs[0][1]).summary
             for label, run_dir in runs[1:]:
                 print(row(f"{workload}: {label} vs latest (real vs real)",

@@ -201,3 +201,12 @@ def test_prefill_chunks_attend_in_query_slices(backend, monkeypatch):
     monkeypatch.setattr(torch_backend, "PREFILL_QUERY_SLICE", 4)
     run_case(backend, [(0, 23), (37, 1), (18, 9), (5, 4), (0, 3)], 16, 8, 2, seed=4)
     run_case(backend, [(33, 17), (0, 8)], 32, 4, 4, seed=5)
+
+
+def test_prefill_benchmark_times_both_slicings_and_restores_the_slice():
+    """benchmarks.torch_prefill_attention on a tiny chunk: it runs, and leaves the backend's slice as it was."""
+    import engine.runner.attention.torch_backend as torch_backend
+    from benchmarks.torch_prefill_attention import prefill_seconds
+
+    assert prefill_seconds(20, 16, 4, repeats=1) > 0 and prefill_seconds(20, 16, 1 << 30, repeats=1) > 0
+    assert torch_backend.PREFILL_QUERY_SLICE == 128

@@ -68,3 +68,4 @@ def test_the_fidelity_table_covers_every_recording(capsys):
     printed = capsys.readouterr().out
     for workload in ("cpu-chat", "cpu-overload", "cpu-long-prompts", "cpu-shared-prefix"):
         assert f"{workload}: simulated vs latest" in printed and f"{workload}: repeat 2 vs latest" in printed
+        assert f"{workload}: simulated vs mean of 3 recordings" in printed
