@@ -5,7 +5,9 @@
 For each validation workload: the simulation's relative error against each recording of it (the
 latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``), and how far the
 recordings themselves differ from the latest one (the same workload, the same code, the same quiet
-machine, minutes apart): the floor under any simulator's error on that machine. Last, the simulation
+machine, minutes apart): the floor under any simulator's error on that machine. The last column is
+the profile's error on the total time of the recording's own steps (``sim/step_time_error.py``): the
+service-time error that the queues then amplify into latency error. Last, the simulation
 against the mean of all the recordings of each metric: the machine's drift between recordings averages
 out there, and what remains is mostly the cost model's own error.
 """
@@ -39,10 +41,12 @@ def recordings(workload: str) -> list[tuple[str, Path]]:
     return found
 
 
-def row(label: str, metrics: dict) -> str:
+def row(label: str, metrics: dict, step_time: float | None = None) -> str:
+    """One table row; ``step_time``: the profile's error on the recording's own steps' total time."""
     errors = [metrics[key]["relative_error"] for key, _ in COLUMNS]
     worst = max(abs(error) for error in errors[1:])
-    return f"| {label} | " + " | ".join(f"{error:+.1%}" for error in errors) + f" | {worst:.1%} |"
+    steps = "" if step_time is None else f"{step_time:+.1%}"
+    return f"| {label} | " + " | ".join(f"{error:+.1%}" for error in errors) + f" | {worst:.1%} | {steps} |"
 
 
 def against_mean(comparisons: list[dict]) -> dict:
@@ -61,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=Path, default=PROFILE)
     args = parser.parse_args(argv)
-    print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency |")
-    print("|---|" + "---|" * (len(COLUMNS) + 1))
+    print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency | step time |")
+    print("|---|" + "---|" * (len(COLUMNS) + 2))
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
             runs = recordings(workload)
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                 comparison = validate_recorded(run_dir, Path(scratch) / workload / label.replace(" ", "-"),
                                                profile=args.profile)
                 comparisons.append(comparison["metrics"])
-                print(row(f"{workload}: simulated vs {label}", comparison["metrics"]))
+                print(row(f"{workload}: simulated vs {label}", comparison["metrics"],
+                          comparison["step_time_error"]["total"]))
             if len(comparisons) > 1:
                 print(row(f"{workload}: simulated vs mean of {len(comparisons)} recordings",
                           against_mean(comparisons)))

@@ -28,6 +28,7 @@ from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
+from sim.step_time_error import describe_step_time_error, step_time_error
 from workloads import WorkloadError, load_workload
 
 DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
@@ -72,13 +73,16 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
 def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE,
                       workload_path: Path | None = None) -> dict:
     """The comparison for a real run recorded earlier: only the simulation runs (no model, no GPU)."""
-    real_summary = read_run(real_run_dir).summary
+    real_run = read_run(real_run_dir)
+    real_summary = real_run.summary
     if real_summary.get("mode") != "real":
         raise ValueError(f"{real_run_dir}: mode is {real_summary.get('mode')!r}; --real-run needs a real run")
     sim_summary = simulate_like(real_run_dir, profile, out_dir / "sim")
     comparison = compare_runs(sim_summary, real_summary)
     comparison["profile"] = str(profile)
     comparison["real_run"] = str(real_run_dir)
+    # The step-level error under the latency errors (sim/step_time_error.py).
+    comparison["step_time_error"] = step_time_error(CalibratedCostModel.from_file(profile), real_run.steps)
     if "cost_model_extrapolation" in sim_summary:
         comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
@@ -133,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     print_fidelity_report(comparison, console=console, tolerance=0.05)
     headline = [abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS]
     console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {max(headline):.1%}")
+    step_note = describe_step_time_error(comparison["step_time_error"])
+    if step_note:
+        console.print(step_note)
     note = describe_extrapolation(comparison["cost_model_extrapolation"]) \
         if "cost_model_extrapolation" in comparison else None
     if note:

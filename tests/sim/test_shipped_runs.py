@@ -15,8 +15,11 @@ from sim.calibrate import main as calibrate_main
 from sim.validate import main as validate_main
 
 DATA = Path(__file__).resolve().parents[2] / "sim" / "data"
-# Profile, its calibration runs (the CPU one: two recordings of cpu_calibrate), a recorded validation run.
-CASES = [("cpu-small-float32", ("cpu-calibrate", "cpu-calibrate-2"), "cpu-chat"),
+# Profile, its calibration runs (the CPU one: four recordings of cpu_calibrate), a recorded validation run
+# (on the CPU the one whose recordings agree best with one another: cpu_chat's differ by up to 25% in
+# TPOT p50, which would make a fixed bound here a statement about that machine, not the pipeline).
+CASES = [("cpu-small-float32", ("cpu-calibrate", "cpu-calibrate-2", "cpu-calibrate-3", "cpu-calibrate-4"),
+          "cpu-overload"),
          ("h200-small-bfloat16", ("gpu-calibrate",), "gpu-chat")]
 
 
@@ -45,11 +48,14 @@ def test_validate_against_a_recorded_run(tmp_path, capsys, name, _, real_run):
     out = tmp_path / "validate"
     assert validate_main(["--real-run", str(DATA / "runs" / name / real_run), "--profile",
                           str(DATA / "profiles" / f"{name}.json"), "--out", str(out), "--no-dashboard"]) == 0
-    metrics = json.loads((out / "comparison.json").read_text())["metrics"]
+    comparison = json.loads((out / "comparison.json").read_text())
+    metrics = comparison["metrics"]
     assert abs(metrics["request_throughput"]["relative_error"]) < 0.03
     for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
         assert abs(metrics[key]["relative_error"]) < 0.25, (key, metrics[key])
-    assert "largest headline error" in capsys.readouterr().out
+    assert abs(comparison["step_time_error"]["total"]) < 0.1
+    printed = capsys.readouterr().out
+    assert "largest headline error" in printed and "the real run's own" in printed
 
 
 def test_validate_needs_exactly_one_of_workload_and_real_run(capsys):

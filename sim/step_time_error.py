@@ -1,0 +1,57 @@
+"""How well a profile times a real run's own steps: the step-level error under the latency errors.
+
+A simulated run diverges from the real one in two ways: the cost model times a step wrong, and then
+the queues carry that error on (a service time 5% too long makes waiting time in a loaded queue far more
+than 5% too long). ``sim.validate`` compares latencies; this module isolates the first part by timing
+every step the real run recorded, with the features it recorded, and comparing with the measured
+durations. When the total is off by a few percent on every recording of a workload, the machine ran
+at another speed than during calibration (or the model lacks a feature: see by kind of step); when
+the step times are right but latencies are not, the difference is in the queueing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sim.calibration_fit import step_feature_frame
+from sim.cost_models import CalibratedCostModel, StepFeatures
+
+_FEATURE_FIELDS = StepFeatures.__slots__
+
+
+def predicted_step_times(model: CalibratedCostModel, steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """(predicted seconds, feature table) of each recorded step that scheduled tokens."""
+    features = step_feature_frame(steps)
+    records = features[list(_FEATURE_FIELDS)].astype(int).to_dict("records")
+    predicted = np.array([model.step_time_from_features(StepFeatures(**record)) for record in records])
+    return predicted, features
+
+
+def step_time_error(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str, float | int]:
+    """Relative error of the predicted total step time (all steps, decode-only, with a prefill chunk)
+    and the median absolute per-step error: (predicted - measured) / measured."""
+    predicted, features = predicted_step_times(model, steps)
+    measured = features["duration"].to_numpy(float)
+    if not len(measured):
+        return {"num_steps": 0}
+    with_prefill = features["num_prefill_reqs"].to_numpy() > 0
+    report: dict[str, float | int] = {
+        "num_steps": int(len(measured)),
+        "total": float(predicted.sum() / measured.sum() - 1),
+        "median_abs": float(np.median(np.abs(predicted - measured) / measured)),
+    }
+    for name, selected in (("decode_only_total", ~with_prefill), ("with_prefill_total", with_prefill)):
+        if selected.any():
+            report[name] = float(predicted[selected].sum() / measured[selected].sum() - 1)
+    return report
+
+
+def describe_step_time_error(report: dict) -> str | None:
+    if not report.get("num_steps"):
+        return None
+    parts = [f"{report[key]:+.1%} {label}" for key, label in (("decode_only_total", "decode-only"),
+                                                               ("with_prefill_total", "with a prefill chunk"))
+             if key in report]
+    return (f"the profile times the real run's own {report['num_steps']} steps {report['total']:+.1%} in total "
+            f"({', '.join(parts)}; median |error| per step {report['median_abs']:.1%})")
