@@ -10,6 +10,7 @@ and the source runs.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +23,10 @@ from sim.cost_models import make_provenance, save_profile
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
 
+# Recordings whose total step time the joint fit misses by more than this apart (max - min) draw a
+# warning: on a shared machine the same schedule ran ~8% slower in one half hour than in the next.
+RECORDING_SPREAD_WARNING = 0.03
+
 
 def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
     frames, executors = [], []
@@ -29,7 +34,7 @@ def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
         run = read_run(run_dir)
         if run.summary.get("mode") != "real":
             raise ValueError(f"{run_dir}: mode is {run.summary.get('mode')!r}; calibrate from real runs")
-        frames.append(step_feature_frame(run.steps))
+        frames.append(step_feature_frame(run.steps).assign(recording=len(frames)))
         executors.append(run.summary.get("config", {}).get("executor", {}))
         warning = busy_machine_warning(run.summary.get("machine_load"), str(run_dir))
         if warning:
@@ -49,6 +54,7 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
         dtype=str(executor.get("dtype", "unknown")), attention_backend=executor.get("attention_backend"),
         device=executor.get("device"), source_runs=[str(path) for path in run_dirs], fit_error=fit.error_summary())
     provenance["num_steps"] = int(len(features))
+    provenance["recording_errors"] = recording_errors(fit, features, run_dirs)
     # The region the fit saw: simulated runs that leave it are told so (calibrated_range.py).
     provenance["calibrated_range"] = calibrated_range(features)
     # How the measured runs were made (their torch version, CUDA graphs on or off, threads, ...).
@@ -57,6 +63,28 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
                  hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
                  token_count_offsets_s=fit.token_count_offsets_s)
     return fit
+
+
+def recording_errors(fit: FitResult, features: pd.DataFrame, run_dirs: list[Path]) -> dict[str, float]:
+    """Per calibration run, the fit's error on the total time of its steps, (predicted - measured) /
+    measured. Recordings of one workload that the same fit misses in opposite directions ran at
+    different machine speeds; a profile fitted on them predicts their average."""
+    predicted = fit.predict(features)
+    errors = {}
+    for index, run_dir in enumerate(run_dirs):
+        selected = (features["recording"] == index).to_numpy()
+        measured = features["duration"].to_numpy()[selected].sum()
+        errors[str(run_dir)] = float(predicted[selected].sum() / measured - 1)
+    return errors
+
+
+def recording_spread_warning(errors: dict[str, float]) -> str | None:
+    if len(errors) < 2 or max(errors.values()) - min(errors.values()) <= RECORDING_SPREAD_WARNING:
+        return None
+    slowest, fastest = min(errors, key=errors.get), max(errors, key=errors.get)
+    return (f"the fit times {slowest} {errors[slowest]:+.1%} and {fastest} {errors[fastest]:+.1%} in total: the "
+            "recordings ran at different speeds (a shared machine drifts), so the profile predicts their average. "
+            "Record more, at different times, and fit on all of them")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
              if key + "_median_ape" in errors]
     if kinds:
         print(f"  median |error| by step: {', '.join(kinds)}; their total time: {errors['total_time_ape']:.2%} off")
+    errors_by_run = json.loads(args.output.read_text())["provenance"]["recording_errors"]
+    if len(errors_by_run) > 1:
+        print("  total step time by recording: " + ", ".join(f"{Path(run).name} {error:+.1%}"
+                                                           for run, error in errors_by_run.items()))
+    warning = recording_spread_warning(errors_by_run)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"profile written to {args.output}")
     return 0
 

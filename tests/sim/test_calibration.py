@@ -153,3 +153,22 @@ def test_calibration_warns_about_a_run_recorded_on_a_busy_machine(tmp_path):
                "machine_load": {"cpus": 2, "other_processes_cpus": 0.95}})
     with pytest.warns(UserWarning, match="0.95 CPUs busy"):
         assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
+
+
+def test_calibration_reports_recordings_that_ran_at_different_speeds(tmp_path, capsys):
+    """Two recordings of the same law, one measured 8% slower throughout (a shared machine's drift): the
+    joint fit misses each by about half that in opposite directions, and the CLI says so."""
+    steps = synthetic_steps()
+    for name, factor in (("steady", 1.0), ("slow", 1.08)):
+        write_run(tmp_path / name, requests_table(ONE_REQUEST), steps_table(steps.assign(duration=steps["duration"] * factor)),
+                  {"name": name, "mode": "real", "config": {"executor": EXECUTOR}})
+    runs = [str(tmp_path / "steady"), str(tmp_path / "slow")]
+    assert calibrate_main(runs + ["-o", str(tmp_path / "profile.json")]) == 0
+    errors = json.loads((tmp_path / "profile.json").read_text())["provenance"]["recording_errors"]
+    assert errors[runs[0]] == pytest.approx(0.04, abs=0.015) and errors[runs[1]] == pytest.approx(-0.037, abs=0.015)
+    captured = capsys.readouterr()
+    assert "total step time by recording: steady +" in captured.out
+    assert "recordings ran at different speeds" in captured.err
+    # Recordings that agree draw no warning.
+    assert calibrate_main([runs[0], runs[0], "-o", str(tmp_path / "same.json")]) == 0
+    assert "different speeds" not in capsys.readouterr().err
