@@ -5,11 +5,12 @@
 For each validation workload: the simulation's relative error against each recording of it (the
 latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``), and how far the
 recordings themselves differ from the latest one (the same workload, the same code, the same quiet
-machine, minutes apart): the floor under any simulator's error on that machine. The last column is
-the profile's error on the total time of the recording's own steps (``sim/step_time_error.py``): the
-service-time error that the queues then amplify into latency error. Last, the simulation
-against the mean of all the recordings of each metric: the machine's drift between recordings averages
-out there, and what remains is mostly the cost model's own error.
+machine, minutes apart): the floor under any simulator's error on that machine. One more row per
+workload compares the simulation with each metric's mean over all its recordings, where the machine's
+drift between recordings partly averages out.
+
+The last column is the profile's error on the total time of the recording's own steps
+(``sim/step_time_error.py``): the service-time error that the queues then amplify into latency error.
 """
 
 from __future__ import annotations

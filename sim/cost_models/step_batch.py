@@ -40,7 +40,8 @@ class StepFeatures:
     prefill_attention_dense_work: int = 0
     # The dense pairs of the chunks that follow a cached context only: kernels that take a causal
     # shortcut for a fresh prompt (the torch backend's is_causal) fall back to an explicit mask, and a
-    # full score matrix, once the chunk has context. Zero on a step of fresh prompts and decodes.
+    # full score matrix, once the chunk has context (the torch backend before it sliced its queries).
+    # Zero on a step of fresh prompts and decodes.
     context_prefill_dense_work: int = 0
     # Query-key pairs scored when each chunk is attended in slices of PREFILL_QUERY_SLICE query rows,
     # each against the keys up to its own last row (the torch backend on a CPU, which materializes the
