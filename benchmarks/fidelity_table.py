@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from analysis import compare_runs, read_run
-from analysis.fidelity import relative_error
+from analysis.repeated_runs import compare_with_mean
 from sim.validate import validate_recorded
 
 RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
@@ -50,17 +50,6 @@ def row(label: str, metrics: dict, step_time: float | None = None) -> str:
     return f"| {label} | " + " | ".join(f"{error:+.1%}" for error in errors) + f" | {worst:.1%} | {steps} |"
 
 
-def against_mean(comparisons: list[dict]) -> dict:
-    """The simulation (the same in every comparison: one workload, one profile) against each metric's
-    mean over the recordings."""
-    metrics = {}
-    for key, _ in COLUMNS:
-        simulated = comparisons[0][key]["sim"]
-        mean = sum(comparison[key]["real"] for comparison in comparisons) / len(comparisons)
-        metrics[key] = {"sim": simulated, "real": mean, "relative_error": relative_error(simulated, mean)}
-    return metrics
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,16 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
             runs = recordings(workload)
-            comparisons = []
             for label, run_dir in runs:
                 comparison = validate_recorded(run_dir, Path(scratch) / workload / label.replace(" ", "-"),
                                                profile=args.profile)
-                comparisons.append(comparison["metrics"])
                 print(row(f"{workload}: simulated vs {label}", comparison["metrics"],
                           comparison["step_time_error"]["total"]))
-            if len(comparisons) > 1:
-                print(row(f"{workload}: simulated vs mean of {len(comparisons)} recordings",
-                          against_mean(comparisons)))
+            if len(runs) > 1:
+                # One workload, one profile: the simulation is the same whichever recording it was run for.
+                simulated = read_run(Path(scratch) / workload / "latest" / "sim").summary
+                print(row(f"{workload}: simulated vs mean of {len(runs)} recordings",
+                          compare_with_mean(simulated, [read_run(run_dir).summary for _, run_dir in runs])))
             latest = read_run(runs[0][1]).summary
             for label, run_dir in runs[1:]:
                 print(row(f"{workload}: {label} vs latest (real vs real)",

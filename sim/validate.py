@@ -8,6 +8,11 @@ and ``<out>/dashboard.html`` (the two runs side by side).
 
 ``python -m sim.validate --real-run RUN_DIR [--profile P]`` compares with a real run recorded earlier
 (e.g. the shipped runs in ``sim/data/runs/``) and runs only the simulation: no model, no GPU.
+
+``--repeats N`` records the workload N times (``<out>/real``, ``<out>/real-2``, ...; a fresh engine each
+time) and also compares the simulation with each metric's mean over the recordings, next to how far the
+recordings lie from that mean (``analysis/repeated_runs.py``): on a shared machine one recording's luck
+can exceed the simulator's error.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
+from analysis.repeated_runs import compare_with_mean, spread_about_mean
 from engine.core import EngineCore, Scheduler
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
@@ -56,18 +62,50 @@ def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path) -> dict:
     return summary
 
 
+def real_run_dirs(out_dir: Path, repeats: int) -> list[Path]:
+    """Where the recordings go: ``real`` (the one every single comparison uses), then ``real-2``, ..."""
+    return [out_dir / ("real" if index == 0 else f"real-{index + 1}") for index in range(repeats)]
+
+
 def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE, overrides=(), model=None,
              device: str = "cpu", threads: int = 1, progress: bool = True, dtype: str = "auto",
-             attention_backend: str | None = None, enforce_eager: bool = False) -> dict:
+             attention_backend: str | None = None, enforce_eager: bool = False, repeats: int = 1) -> dict:
     from sim.real_engine import build_real_engine
     from sim.real_run import run_real
 
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
     workload = load_workload(workload_path, overrides=list(overrides))
-    real = build_real_engine(workload, model=model, device=device, threads=threads, dtype=dtype,
-                             attention_backend=attention_backend, enforce_eager=enforce_eager)
-    run_real(workload, out_dir / "real", real.engine, vocab_size=real.vocab_size,
-             reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
-    return validate_recorded(out_dir / "real", out_dir, profile=profile, workload_path=workload_path)
+    real_dirs = real_run_dirs(out_dir, repeats)
+    for real_dir in real_dirs:
+        # A fresh engine per recording: one that served the workload already holds its prefixes cached.
+        real = build_real_engine(workload, model=model, device=device, threads=threads, dtype=dtype,
+                                 attention_backend=attention_backend, enforce_eager=enforce_eager)
+        run_real(workload, real_dir, real.engine, vocab_size=real.vocab_size,
+                 reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
+    comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path)
+    if repeats > 1:
+        comparison["repeats"] = compare_repeats(out_dir / "sim", real_dirs)
+        (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
+    return comparison
+
+
+def compare_repeats(sim_dir: Path, real_dirs: list[Path]) -> dict:
+    """The simulation against every recording and against each metric's mean over them, and the
+    recordings' own spread about that mean."""
+    simulated = read_run(sim_dir).summary
+    reals = [read_run(real_dir).summary for real_dir in real_dirs]
+    return {
+        "real_runs": [str(real_dir) for real_dir in real_dirs],
+        "worst_headline_error_each": [headline_error(compare_runs(simulated, real)) for real in reals],
+        "vs_mean": compare_with_mean(simulated, reals),
+        "real_spread_about_mean": spread_about_mean(reals),
+    }
+
+
+def headline_error(comparison: dict) -> float:
+    """The largest |relative error| among the headline metrics (p50/p90 TTFT, TPOT, E2E; throughput)."""
+    return max(abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS)
 
 
 def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE,
@@ -108,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-backend", default=None, help="torch, flash_attn or triton")
     parser.add_argument("--enforce-eager", action="store_true", help="on CUDA: no CUDA graphs for decode steps")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="record the workload this many times and compare with their mean too")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/validate-<name>)")
     parser.add_argument("--no-dashboard", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -117,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a workload to run for real, or --real-run RUN_DIR to compare with a recorded run")
     try:
         if args.real_run is not None:
+            if args.repeats != 1:
+                parser.error("--repeats records the workload again: give a workload, not --real-run")
             out_dir = args.out or Path("runs") / f"validate-{args.real_run.name}"
             comparison = validate_recorded(args.real_run, out_dir, profile=args.profile)
             real_dir = args.real_run
@@ -129,14 +171,21 @@ def main(argv: list[str] | None = None) -> int:
             comparison = validate(args.workload, out_dir, profile=args.profile, overrides=args.overrides,
                                   model=args.model, device=args.device, threads=args.threads,
                                   progress=not args.no_progress, dtype=args.dtype,
-                                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+                                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+                                  repeats=args.repeats)
             real_dir = out_dir / "real"
     except (WorkloadError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print_fidelity_report(comparison, console=console, tolerance=0.05)
-    headline = [abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS]
-    console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {max(headline):.1%}")
+    console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {headline_error(comparison):.1%}")
+    if "repeats" in comparison:
+        repeated = comparison["repeats"]
+        spread = max(abs(repeated["real_spread_about_mean"][key] or 0.0) for key in HEADLINE_METRICS)
+        console.print(f"over {len(repeated['real_runs'])} recordings: largest headline error against each "
+                      + ", ".join(f"{error:.1%}" for error in repeated["worst_headline_error_each"])
+                      + f"; against their mean {headline_error({'metrics': repeated['vs_mean']}):.1%}; "
+                      f"the recordings themselves lie up to {spread:.1%} from their mean")
     step_note = describe_step_time_error(comparison["step_time_error"])
     if step_note:
         console.print(step_note)
@@ -147,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_dashboard:
         from analysis.dashboard import build_dashboard
 
-        build_dashboard([real_dir, out_dir / "sim"], out_dir / "dashboard.html")
+        real_dirs = [Path(path) for path in comparison.get("repeats", {}).get("real_runs", [real_dir])]
+        build_dashboard([*real_dirs, out_dir / "sim"], out_dir / "dashboard.html")
     console.print(f"written to {out_dir}/ ({'' if args.real_run else 'real/, '}sim/, comparison.json)")
     return 0
 

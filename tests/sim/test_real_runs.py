@@ -131,3 +131,32 @@ def test_retime_refuses_what_is_not_a_recorded_real_run(tmp_path, capsys):
                          "--quiet", "--no-dashboard"]) == 0
     assert retime_main([str(tmp_path / "sim")]) == 2
     assert "only real runs can be replayed" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*CPUs busy")  # the suite's other worker runs beside this real run
+def test_validate_records_repeats_and_compares_with_their_mean(real_run_dir, tmp_path, capsys):
+    """--repeats 2: two recordings from fresh engines (the same schedule, since a fresh engine holds no
+    cached prefixes), the simulation against each and against their mean, and their spread about it."""
+    from sim.validate import main as validate_main
+
+    profile = tmp_path / "profile.json"
+    calibrate([real_run_dir], profile)
+    workload_file = tmp_path / "w.yaml"
+    workload_file.write_text(json.dumps(dict(WORKLOAD, workload=dict(WORKLOAD["workload"], num_requests=12))))
+    out = tmp_path / "validate"
+    assert validate_main([str(workload_file), "--model", "tiny", "--profile", str(profile), "--repeats", "2",
+                          "--out", str(out), "--no-progress", "--no-dashboard"]) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    repeated = comparison["repeats"]
+    assert repeated["real_runs"] == [str(out / "real"), str(out / "real-2")]
+    first, second = read_run(out / "real"), read_run(out / "real-2")
+    assert first.summary["num_finished"] == second.summary["num_finished"] == 12
+    assert first.requests["num_cached_tokens"].tolist() == second.requests["num_cached_tokens"].tolist()
+    assert len(repeated["worst_headline_error_each"]) == 2
+    mean_ttft = (first.summary["ttft_ms"]["p50"] + second.summary["ttft_ms"]["p50"]) / 2
+    assert repeated["vs_mean"]["ttft_ms.p50"]["real"] == pytest.approx(mean_ttft)
+    spread = repeated["real_spread_about_mean"]["ttft_ms.p50"]
+    assert spread == pytest.approx(abs(first.summary["ttft_ms"]["p50"] / mean_ttft - 1))
+    assert "over 2 recordings: largest headline error against each" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        validate_main(["--real-run", str(out / "real"), "--repeats", "2"])
