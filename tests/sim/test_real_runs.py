@@ -133,7 +133,7 @@ def test_retime_refuses_what_is_not_a_recorded_real_run(tmp_path, capsys):
     assert "only real runs can be replayed" in capsys.readouterr().err
 
 
-@pytest.mark.filterwarnings("ignore:.*CPUs busy")  # the suite's other worker runs beside this real run
+@pytest.mark.filterwarnings("ignore:.*other processes kept")  # as above: the suite runs in parallel
 def test_validate_records_repeats_and_compares_with_their_mean(real_run_dir, tmp_path, capsys):
     """--repeats 2: two recordings from fresh engines (the same schedule, since a fresh engine holds no
     cached prefixes), the simulation against each and against their mean, and their spread about it."""
