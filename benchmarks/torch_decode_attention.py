@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 
 import torch
 
 import engine.runner.attention.torch_backend as torch_backend
-from engine.runner.attention import allocate_kv_caches, build_attention_metadata, get_attention_backend
-
-NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 8, 4, 64, 16
+from benchmarks.torch_attention_timing import BLOCK_SIZE, best_step_seconds, random_kv_cache
+from engine.runner.attention import build_attention_metadata
 
 
 def decode_step_seconds(num_reqs: int, context: int, shared_tokens: int, gather_bytes: int, repeats: int,
@@ -45,26 +43,10 @@ def decode_step_seconds(num_reqs: int, context: int, shared_tokens: int, gather_
     prefix, rest = ids[:shared_blocks], ids[shared_blocks:]
     own = blocks_per_request - shared_blocks
     block_ids = [prefix + rest[i * own:(i + 1) * own] for i in range(num_reqs)]
-    ((key_cache, value_cache),) = allocate_kv_caches(1, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE,
-                                                     torch.float32, "cpu")
-    key_cache.normal_()
-    value_cache.normal_()
-    backend = get_attention_backend("torch")
-    saved, torch_backend.GROUP_GATHER_BYTES = torch_backend.GROUP_GATHER_BYTES, gather_bytes
-    try:
-        best = float("inf")
-        for _ in range(repeats):
-            metadata = build_attention_metadata([context] * num_reqs, [1] * num_reqs, block_ids, BLOCK_SIZE,
-                                                device="cpu")
-            query = torch.randn(num_reqs, NUM_HEADS, HEAD_SIZE)
-            key, value = torch.randn(num_reqs, NUM_KV_HEADS, HEAD_SIZE), torch.randn(num_reqs, NUM_KV_HEADS, HEAD_SIZE)
-            started = time.perf_counter()
-            for _ in range(NUM_LAYERS):
-                backend.forward(query, key, value, (key_cache, value_cache), metadata, HEAD_SIZE ** -0.5)
-            best = min(best, time.perf_counter() - started)
-        return best
-    finally:
-        torch_backend.GROUP_GATHER_BYTES = saved
+    return best_step_seconds(random_kv_cache(num_blocks),
+                             lambda: build_attention_metadata([context] * num_reqs, [1] * num_reqs, block_ids,
+                                                              BLOCK_SIZE, device="cpu"),
+                             num_reqs, repeats, "GROUP_GATHER_BYTES", gather_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

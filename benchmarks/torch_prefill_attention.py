@@ -21,15 +21,13 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 
 import torch
 
 import engine.runner.attention.torch_backend as torch_backend
-from engine.runner.attention import allocate_kv_caches, build_attention_metadata, get_attention_backend
+from benchmarks.torch_attention_timing import BLOCK_SIZE, NUM_LAYERS, best_step_seconds, random_kv_cache
+from engine.runner.attention import build_attention_metadata
 from sim.cost_models.step_batch import sliced_prefill_pairs
-
-NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 8, 4, 64, 16
 # (chunk tokens, cached context tokens): short and long fresh prompts, chunks after a shared prefix, the
 # second chunk of a long prompt, and a long chunk after a long context.
 CHUNKS = ((64, 0), (128, 0), (256, 512), (512, 0), (1024, 0), (476, 1024), (1024, 1024))
@@ -41,26 +39,9 @@ def prefill_seconds(query_len: int, context: int, query_slice: int, repeats: int
     num_blocks = -(-seq_len // BLOCK_SIZE) + 1
     ids = list(range(1, num_blocks))
     random.Random(0).shuffle(ids)  # blocks scattered over the cache, as a running engine hands them out
-    ((key_cache, value_cache),) = allocate_kv_caches(1, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE,
-                                                     torch.float32, "cpu")
-    key_cache.normal_()
-    value_cache.normal_()
-    backend = get_attention_backend("torch")
     metadata = build_attention_metadata([context], [query_len], [ids], BLOCK_SIZE, device="cpu")
-    query = torch.randn(query_len, NUM_HEADS, HEAD_SIZE)
-    key = torch.randn(query_len, NUM_KV_HEADS, HEAD_SIZE)
-    value = torch.randn(query_len, NUM_KV_HEADS, HEAD_SIZE)
-    saved, torch_backend.PREFILL_QUERY_SLICE = torch_backend.PREFILL_QUERY_SLICE, query_slice
-    try:
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            for _ in range(NUM_LAYERS):
-                backend.forward(query, key, value, (key_cache, value_cache), metadata, HEAD_SIZE ** -0.5)
-            best = min(best, time.perf_counter() - started)
-        return best
-    finally:
-        torch_backend.PREFILL_QUERY_SLICE = saved
+    return best_step_seconds(random_kv_cache(num_blocks), lambda: metadata, query_len, repeats,
+                             "PREFILL_QUERY_SLICE", query_slice)
 
 
 def main(argv: list[str] | None = None) -> int:
