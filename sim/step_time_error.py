@@ -7,6 +7,10 @@ every step the real run recorded, with the features it recorded, and comparing w
 durations. When the total is off by a few percent on every recording of a workload, the machine ran
 at another speed than during calibration (or the model lacks a feature: see by kind of step); when
 the step times are right but latencies are not, the difference is in the queueing.
+
+``step_time_error_by_kind`` splits the error by what the step did (decodes only; a prefill chunk of a
+given size, fresh or after a context already in the cache): the kinds that carry most of the time and
+are off in the same direction on every recording are where the model needs a term.
 """
 
 from __future__ import annotations
@@ -45,6 +49,40 @@ def step_time_error(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str
         if selected.any():
             report[name] = float(predicted[selected].sum() / measured[selected].sum() - 1)
     return report
+
+
+# Prefill tokens in a step: the edges of the size classes (on the CPU a step's cost per token changes
+# between a few rows, a few hundred and a full 1024-token budget).
+PREFILL_TOKEN_EDGES = (128, 512)
+
+
+def step_kind_labels(features: pd.DataFrame) -> np.ndarray:
+    """Each step's kind: "decode only", or "prefill <tokens in the step's chunks>, <fresh | after context>"."""
+    prefill_tokens = features["num_prefill_tokens"].to_numpy()
+    low, high = PREFILL_TOKEN_EDGES
+    size = np.where(prefill_tokens <= low, f"1-{low}", np.where(prefill_tokens <= high, f"{low + 1}-{high}",
+                                                                 f">{high}"))
+    context = np.where(features["prefill_context_tokens"].to_numpy() > 0, "after context", "fresh")
+    labels = np.char.add(np.char.add(np.char.add("prefill ", size), ", "), context)
+    return np.where(features["num_prefill_reqs"].to_numpy() > 0, labels, "decode only")
+
+
+def step_time_error_by_kind(model: CalibratedCostModel, steps: pd.DataFrame) -> list[dict]:
+    """Per kind of step (``step_kind_labels``), largest share of the measured time first: how many steps,
+    their share of the run's step time, the error of their total and the median |error| per step."""
+    predicted, features = predicted_step_times(model, steps)
+    if not len(predicted):
+        return []
+    table = pd.DataFrame({"kind": step_kind_labels(features), "predicted": predicted,
+                          "measured": features["duration"].to_numpy(float)})
+    table["abs_error"] = (table["predicted"] - table["measured"]).abs() / table["measured"]
+    grouped = table.groupby("kind").agg(num_steps=("measured", "size"), measured=("measured", "sum"),
+                                        predicted=("predicted", "sum"), median_abs=("abs_error", "median"))
+    grouped = grouped.sort_values("measured", ascending=False)
+    total = table["measured"].sum()
+    return [{"kind": kind, "num_steps": int(row.num_steps), "time_share": float(row.measured / total),
+             "total": float(row.predicted / row.measured - 1), "median_abs": float(row.median_abs)}
+            for kind, row in grouped.iterrows()]
 
 
 def describe_step_time_error(report: dict) -> str | None:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
 from analysis.repeated_runs import compare_with_mean, spread_about_mean
@@ -34,7 +35,7 @@ from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
-from sim.step_time_error import describe_step_time_error, step_time_error
+from sim.step_time_error import describe_step_time_error, step_time_error, step_time_error_by_kind
 from workloads import WorkloadError, load_workload
 
 DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
@@ -120,7 +121,9 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     comparison["profile"] = str(profile)
     comparison["real_run"] = str(real_run_dir)
     # The step-level error under the latency errors (sim/step_time_error.py).
-    comparison["step_time_error"] = step_time_error(CalibratedCostModel.from_file(profile), real_run.steps)
+    cost_model = CalibratedCostModel.from_file(profile)
+    comparison["step_time_error"] = step_time_error(cost_model, real_run.steps)
+    comparison["step_time_error"]["by_kind"] = step_time_error_by_kind(cost_model, real_run.steps)
     if "cost_model_extrapolation" in sim_summary:
         comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
@@ -128,6 +131,17 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
     return comparison
+
+
+def step_kind_table(rows: list[dict]) -> Table:
+    """The step-time error by kind of step: where the model mispredicts, weighted by the time it costs."""
+    table = Table(title="the profile on the real run's own steps, by kind of step (prefill: tokens per step)")
+    for column in ("kind of step", "steps", "time share", "total error", "median |error|"):
+        table.add_column(column, justify="left" if column == "kind of step" else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(row["kind"], str(row["num_steps"]), f"{row['time_share']:.0%}", f"{row['total']:+.1%}",
+                      f"{row['median_abs']:.1%}")
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     step_note = describe_step_time_error(comparison["step_time_error"])
     if step_note:
         console.print(step_note)
+        console.print(step_kind_table(comparison["step_time_error"].get("by_kind", [])))
     note = describe_extrapolation(comparison["cost_model_extrapolation"]) \
         if "cost_model_extrapolation" in comparison else None
     if note:

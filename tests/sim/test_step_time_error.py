@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from sim.cost_models import CalibratedCostModel
-from sim.step_time_error import describe_step_time_error, predicted_step_times, step_time_error
+from sim.step_time_error import (describe_step_time_error, predicted_step_times, step_kind_labels, step_time_error,
+                                  step_time_error_by_kind)
 
 DATA = Path(__file__).resolve().parents[2] / "sim" / "data"
 RUN = DATA / "runs" / "cpu-small-float32" / "cpu-overload"
@@ -40,3 +41,30 @@ def test_a_machine_running_slower_shows_in_the_total(model):
     assert "decode-only" in describe_step_time_error(report)
     assert step_time_error(model, steps.iloc[:0]) == {"num_steps": 0}
     assert describe_step_time_error({"num_steps": 0}) is None
+
+
+def test_the_error_by_kind_of_step_points_at_the_steps_that_are_off(model):
+    steps = pd.read_parquet(DATA / "runs" / "cpu-small-float32" / "cpu-long-prompts" / "steps.parquet")
+    rows = step_time_error_by_kind(model, steps)
+    assert sum(row["num_steps"] for row in rows) == step_time_error(model, steps)["num_steps"]
+    assert sum(row["time_share"] for row in rows) == pytest.approx(1.0)
+    shares = [row["time_share"] for row in rows]
+    assert shares == sorted(shares, reverse=True)
+    kinds = {row["kind"]: row for row in rows}
+    assert "decode only" in kinds and any(kind.startswith("prefill >512") for kind in kinds)
+    # Measure the long chunks 20% slower: only their rows move, by exactly that much.
+    long_chunks = steps["num_prefill_tokens"] > 512
+    slower = steps.assign(duration=steps["duration"].where(~long_chunks, steps["duration"] * 1.2))
+    for row in step_time_error_by_kind(model, slower):
+        before = kinds[row["kind"]]["total"]
+        expected = (1 + before) / 1.2 - 1 if row["kind"].startswith("prefill >512") else before
+        assert row["total"] == pytest.approx(expected), row["kind"]
+    assert step_time_error_by_kind(model, steps.iloc[:0]) == []
+
+
+def test_step_kinds_split_prefill_chunks_by_size_and_context():
+    features = pd.DataFrame({"num_prefill_reqs": [0, 1, 1, 2, 1], "num_prefill_tokens": [0, 128, 129, 1024, 600],
+                             "prefill_context_tokens": [0, 0, 300, 0, 16]})
+    assert list(step_kind_labels(features)) == [
+        "decode only", "prefill 1-128, fresh", "prefill 129-512, after context", "prefill >512, fresh",
+        "prefill >512, after context"]
