@@ -3,11 +3,10 @@
     python -m benchmarks.fidelity_table [--profile sim/data/profiles/cpu-small-float32.json]
 
 For each validation workload: the simulation's relative error against each recording of it (the
-latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``), and how far the
-recordings themselves differ from the latest one (the same workload, the same code, the same quiet
-machine, minutes apart): the floor under any simulator's error on that machine. One more row per
-workload compares the simulation with each metric's mean over all its recordings, where the machine's
-drift between recordings partly averages out.
+latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``) and against each
+metric's mean over all its recordings, where the machine's drift between recordings partly averages
+out; then each recording against the mean of the others (the same workload, the same code, the same
+quiet machine, minutes apart): the floor under any simulator's error on that machine.
 
 The last column is the profile's error on the total time of the recording's own steps
 (``sim/step_time_error.py``): the service-time error that the queues then amplify into latency error.
@@ -20,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from analysis import compare_runs, read_run
+from analysis import read_run
 from analysis.repeated_runs import compare_with_mean
 from sim.validate import validate_recorded
 
@@ -70,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
                 simulated = read_run(Path(scratch) / workload / "latest" / "sim").summary
                 print(row(f"{workload}: simulated vs mean of {len(runs)} recordings",
                           compare_with_mean(simulated, [read_run(run_dir).summary for _, run_dir in runs])))
-            latest = read_run(runs[0][1]).summary
-            for label, run_dir in runs[1:]:
-                print(row(f"{workload}: {label} vs latest (real vs real)",
-                          compare_runs(read_run(run_dir).summary, latest)["metrics"]))
+            # The floor: each recording against the mean of the others, as the simulation is compared above.
+            summaries = [read_run(run_dir).summary for _, run_dir in runs]
+            for index, (label, _) in enumerate(runs if len(runs) > 1 else []):
+                others = summaries[:index] + summaries[index + 1:]
+                print(row(f"{workload}: {label} vs mean of the other {len(others)} (real vs real)",
+                          compare_with_mean(summaries[index], others)))
     return 0
 
 
