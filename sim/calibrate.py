@@ -46,14 +46,17 @@ def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
     return pd.concat(frames, ignore_index=True), executors[0]
 
 
-def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 0.2, seed: int = 0) -> FitResult:
+def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 0.2, seed: int = 0,
+              fixed: dict[str, float] | None = None) -> FitResult:
     features, executor = load_steps(run_dirs)
-    fit = fit_step_model(features, held_out_fraction=held_out_fraction, seed=seed)
+    fit = fit_step_model(features, held_out_fraction=held_out_fraction, seed=seed, fixed=fixed)
     provenance = make_provenance(
         hardware=str(executor.get("hardware", "unknown")), model=str(executor.get("model", "unknown")),
         dtype=str(executor.get("dtype", "unknown")), attention_backend=executor.get("attention_backend"),
         device=executor.get("device"), source_runs=[str(path) for path in run_dirs], fit_error=fit.error_summary())
     provenance["num_steps"] = int(len(features))
+    if fixed:
+        provenance["fixed_coefficients"] = dict(fixed)  # taken as given, not fitted
     provenance["recording_errors"] = recording_errors(fit, features, run_dirs)
     # The region the fit saw: simulated runs that leave it are told so (calibrated_range.py).
     provenance["calibrated_range"] = calibrated_range(features)
@@ -87,6 +90,20 @@ def recording_spread_warning(errors: dict[str, float]) -> str | None:
             "Record more, at different times, and fit on all of them")
 
 
+def parse_fixed(pairs: list[str]) -> dict[str, float]:
+    """``["kv_block_runs=1.18e-5", ...]`` -> ``{"kv_block_runs": 1.18e-05}``; a bad pair is named."""
+    fixed = {}
+    for pair in pairs:
+        name, separator, value = pair.partition("=")
+        try:
+            if not separator:
+                raise ValueError
+            fixed[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--fix: expected FEATURE=SECONDS, got {pair!r}") from None
+    return fixed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,15 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="the profile to write (.json)")
     parser.add_argument("--held-out", type=float, default=0.2, help="fraction of steps held out of the fit")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fix", action="append", default=[], metavar="FEATURE=SECONDS",
+                        help="take this coefficient as given (seconds per unit, e.g. from a microbenchmark) "
+                             "and fit the rest; for costs the runs hardly vary apart (repeatable)")
     args = parser.parse_args(argv)
     try:
-        fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed)
+        fixed = parse_fixed(args.fix)
+        fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed, fixed=fixed)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"{fit.kind} step-time model, fixed cost {fit.intercept_s * 1e3:.3f} ms per step:")
     for name, value in fit.coefficients.items():
-        print(f"  {name:>24}: {value * 1e6:12.4f} us per unit")
+        print(f"  {name:>24}: {value * 1e6:12.4f} us per unit" + (" (fixed)" if name in fixed else ""))
     for hinge in fit.hinges:
         print(f"  {hinge['feature']:>14} above {hinge['knot']:>7.0f}: {hinge['coefficient'] * 1e6:12.4f} us per unit")
     for count, offset in fit.token_count_offsets_s.items():

@@ -125,13 +125,14 @@ def _segments(values: np.ndarray, knots: list[float]) -> list[np.ndarray]:
     return [np.clip(values - low, 0.0, high - low) for low, high in zip(edges, edges[1:])]
 
 
-def _design(features: pd.DataFrame, knots: dict[str, list[float]], offset_counts: list[int]) -> np.ndarray:
+def _design(features: pd.DataFrame, knots: dict[str, list[float]], offset_counts: list[int],
+            fixed: dict[str, float] | None = None) -> np.ndarray:
     """Columns: 1, the linear features without knots, each feature with knots split into segments (each
     with its own non-negative slope: the cost per token may fall as matrix kernels grow more efficient,
     or rise as the KV read outgrows a cache, but a step never gets cheaper with more work), and the
     small-batch indicators."""
     columns = [np.ones(len(features))]
-    columns += [features[name].to_numpy(float) for name in LINEAR_FEATURES if name not in knots]
+    columns += [features[name].to_numpy(float) for name in LINEAR_FEATURES if name not in knots and name not in (fixed or {})]
     for name, feature_knots in knots.items():
         columns += _segments(features[name].to_numpy(float), feature_knots)
     tokens = features[HINGE_FEATURE].to_numpy(float)
@@ -140,23 +141,29 @@ def _design(features: pd.DataFrame, knots: dict[str, list[float]], offset_counts
 
 
 def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float]],
-                  offset_counts: list[int] = ()) -> FitResult:
+                  offset_counts: list[int] = (), fixed: dict[str, float] | None = None) -> FitResult:
     """``knots``: per feature (the token count, the decode KV read), where its slope may change; a plain
-    list means knots on the token count only."""
+    list means knots on the token count only. ``fixed``: coefficients taken as given (seconds per unit,
+    e.g. measured by a microbenchmark) for costs the runs hardly vary apart; the rest is fitted to what
+    they leave of each step's duration."""
     if not isinstance(knots, dict):
         knots = {HINGE_FEATURE: list(knots)}
     knots = {name: list(values) for name, values in knots.items() if values}
+    fixed = dict(fixed or {})
     offset_counts = list(offset_counts)
-    design = _design(train, knots, offset_counts)
-    target = train["duration"].to_numpy(float)
-    # Relative error: scale each row by 1 / duration. Columns are scaled to unit size so that the solver
-    # converges well on features whose magnitudes differ by orders of magnitude.
-    weights = 1.0 / target
+    design = _design(train, knots, offset_counts, fixed)
+    duration = train["duration"].to_numpy(float)
+    target = duration - sum((value * train[name].to_numpy(float) for name, value in fixed.items()),
+                            np.zeros(len(train)))
+    # Relative error: scale each row by 1 / duration (the whole step's, fixed terms included). Columns are
+    # scaled to unit size so that the solver converges well on features whose magnitudes differ by orders
+    # of magnitude.
+    weights = 1.0 / duration
     scaled = design * weights[:, None]
     column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
     num_physical = design.shape[1] - len(offset_counts)
     lower = np.concatenate([np.zeros(num_physical), np.full(len(offset_counts), -np.inf)])
-    plain = [name for name in LINEAR_FEATURES if name not in knots]
+    plain = [name for name in LINEAR_FEATURES if name not in knots and name not in fixed]
     for name in DISCOUNT_FEATURES:
         if name in plain:  # a discount on tokens another term already charges for: may be negative
             lower[1 + plain.index(name)] = -np.inf
@@ -165,6 +172,7 @@ def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float
     # A feature the runs never exercised (all zero) gets no cost: its coefficient is not determined.
     coefficients = {name: float(value) if design[:, 1 + index].any() else 0.0
                     for index, (name, value) in enumerate(zip(plain, solution[1:1 + len(plain)]))}
+    coefficients.update(fixed)
     hinges = []
     column = 1 + len(plain)
     for name, feature_knots in knots.items():
@@ -181,8 +189,23 @@ def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float
                      offsets)
 
 
-def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, seed: int = 0) -> FitResult:
-    """Fit every candidate on a random 80% of the steps and keep the best on the other 20%."""
+def check_fixed_coefficients(fixed: dict[str, float]) -> None:
+    """A fixed coefficient must name a plain (hinge-free) feature and be a finite number of seconds per
+    unit, non-negative unless the feature is a discount."""
+    for name, value in fixed.items():
+        if name not in LINEAR_FEATURES or name in (HINGE_FEATURE, CONTEXT_HINGE_FEATURE):
+            plain = [feature for feature in LINEAR_FEATURES if feature not in (HINGE_FEATURE, CONTEXT_HINGE_FEATURE)]
+            raise ValueError(f"--fix: {name!r} is not a feature that can be fixed (one of: {', '.join(plain)})")
+        if not np.isfinite(value) or (value < 0 and name not in DISCOUNT_FEATURES):
+            raise ValueError(f"--fix: {name}={value!r} must be a finite, non-negative number of seconds per unit")
+
+
+def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, seed: int = 0,
+                   fixed: dict[str, float] | None = None) -> FitResult:
+    """Fit every candidate on a random 80% of the steps and keep the best on the other 20%. ``fixed``:
+    coefficients taken as given (``check_fixed_coefficients``)."""
+    fixed = dict(fixed or {})
+    check_fixed_coefficients(fixed)
     if len(features) < 20:
         raise ValueError(f"calibration needs at least 20 steps with scheduled tokens, got {len(features)}")
     order = np.random.default_rng(seed).permutation(len(features))
@@ -208,7 +231,7 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
                   for offsets in ([], small) for context in context_knots for knots in token_knots]
     best = None
     for knots, offsets in candidates:
-        fit = fit_candidate(train, knots, offsets)
+        fit = fit_candidate(train, knots, offsets, fixed)
         fit.held_out_errors = (fit.predict(held_out) - held_out["duration"].to_numpy()) / held_out["duration"].to_numpy()
         fit.train_errors = (fit.predict(train) - train["duration"].to_numpy()) / train["duration"].to_numpy()
         if best is None or np.median(np.abs(fit.held_out_errors)) < np.median(np.abs(best.held_out_errors)) * 0.98:

@@ -172,3 +172,32 @@ def test_calibration_reports_recordings_that_ran_at_different_speeds(tmp_path, c
     # Recordings that agree draw no warning.
     assert calibrate_main([runs[0], runs[0], "-o", str(tmp_path / "same.json")]) == 0
     assert "different speeds" not in capsys.readouterr().err
+
+
+def test_a_fixed_coefficient_is_taken_as_given_and_the_rest_fitted_around_it():
+    features = step_feature_frame(synthetic_steps())
+    right = fit_step_model(features, fixed={"num_reqs": 50e-6})  # the law's own value
+    assert right.coefficients["num_reqs"] == 50e-6
+    assert right.intercept_s == pytest.approx(2e-3, rel=0.1)
+    assert right.coefficients["num_tokens"] == pytest.approx(30e-6, rel=0.1)
+    assert np.median(np.abs(right.held_out_errors)) < 0.015
+    # Fixed three times too high: kept as given, and no other term can take the excess back.
+    wrong = fit_step_model(features, fixed={"num_reqs": 150e-6})
+    assert wrong.coefficients["num_reqs"] == 150e-6
+    assert np.median(np.abs(wrong.held_out_errors)) > 3 * np.median(np.abs(right.held_out_errors))
+
+
+def test_cli_fix_records_the_coefficient_and_rejects_bad_ones(tmp_path, capsys):
+    write_run(tmp_path / "run", requests_table(ONE_REQUEST), steps_table(synthetic_steps()),
+              {"name": "t", "mode": "real", "config": {"executor": EXECUTOR}})
+    out = tmp_path / "profile.json"
+    assert calibrate_main([str(tmp_path / "run"), "-o", str(out), "--fix", "kv_block_runs=1.18e-5"]) == 0
+    assert "(fixed)" in capsys.readouterr().out
+    profile = json.loads(out.read_text())
+    assert profile["coefficients"]["kv_block_runs"] == 1.18e-5
+    assert profile["provenance"]["fixed_coefficients"] == {"kv_block_runs": 1.18e-5}
+    for bad, named in (("num_tokens=1e-5", "'num_tokens' is not a feature that can be fixed"),
+                       ("bogus=1", "'bogus' is not a feature"), ("kv_block_runs", "expected FEATURE=SECONDS"),
+                       ("kv_block_runs=-1e-6", "kv_block_runs=-1e-06 must be a finite, non-negative")):
+        assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "bad.json"), "--fix", bad]) == 2
+        assert named in capsys.readouterr().err
