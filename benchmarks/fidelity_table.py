@@ -64,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                                                profile=args.profile)
                 print(row(f"{workload}: simulated vs {label}", comparison["metrics"],
                           comparison["step_time_error"]["total"]))
-            if len(runs) > 1:
-                # One workload, one profile: the simulation is the same whichever recording it was run for.
-                simulated = read_run(Path(scratch) / workload / "latest" / "sim").summary
-                print(row(f"{workload}: simulated vs mean of {len(runs)} recordings",
-                          compare_with_mean(simulated, [read_run(run_dir).summary for _, run_dir in runs])))
-            # The floor: each recording against the mean of the others, as the simulation is compared above.
+            if len(runs) < 2:
+                continue
             summaries = [read_run(run_dir).summary for _, run_dir in runs]
-            for index, (label, _) in enumerate(runs if len(runs) > 1 else []):
+            # One workload, one profile: the simulation is the same whichever recording it was run for.
+            simulated = read_run(Path(scratch) / workload / "latest" / "sim").summary
+            print(row(f"{workload}: simulated vs mean of {len(runs)} recordings", compare_with_mean(simulated, summaries)))
+            # The floor: each recording against the mean of the others, as the simulation is compared above.
+            for index, (label, _) in enumerate(runs):
                 others = summaries[:index] + summaries[index + 1:]
                 print(row(f"{workload}: {label} vs mean of the other {len(others)} (real vs real)",
                           compare_with_mean(summaries[index], others)))

@@ -6,6 +6,7 @@ Used by ``benchmarks.torch_decode_attention`` and ``benchmarks.torch_prefill_att
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -45,3 +46,14 @@ def best_step_seconds(kv_cache: tuple[torch.Tensor, torch.Tensor], make_metadata
         return best
     finally:
         setattr(torch_backend, setting, saved)
+
+
+def timing_arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The benchmarks' command line (``--threads``, ``--repeats``), parsed, with torch's thread count set."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return args

@@ -19,14 +19,12 @@ Best of ``--repeats`` runs each; the ratio column is what the comparison is abou
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 
-import torch
 
 import engine.runner.attention.torch_backend as torch_backend
-from benchmarks.torch_attention_timing import BLOCK_SIZE, best_step_seconds, random_kv_cache
+from benchmarks.torch_attention_timing import BLOCK_SIZE, best_step_seconds, random_kv_cache, timing_arguments
 from engine.runner.attention import build_attention_metadata
 
 
@@ -50,12 +48,7 @@ def decode_step_seconds(num_reqs: int, context: int, shared_tokens: int, gather_
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = timing_arguments(__doc__, argv)
     capped = torch_backend.GROUP_GATHER_BYTES
     print(f"{'batch':<18} {'comparison':<34} {'ms':>8} {'baseline ms':>12} {'ratio':>6}")
     for num_reqs, context in ((64, 700), (32, 800), (16, 1500)):

@@ -18,14 +18,13 @@ Best of ``--repeats`` runs each; the ratio column is what the comparison is abou
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 
-import torch
 
 import engine.runner.attention.torch_backend as torch_backend
-from benchmarks.torch_attention_timing import BLOCK_SIZE, NUM_LAYERS, best_step_seconds, random_kv_cache
+from benchmarks.torch_attention_timing import (BLOCK_SIZE, NUM_LAYERS, best_step_seconds, random_kv_cache,
+                                              timing_arguments)
 from engine.runner.attention import build_attention_metadata
 from sim.cost_models.step_batch import sliced_prefill_pairs
 # (chunk tokens, cached context tokens): short and long fresh prompts, chunks after a shared prefix, the
@@ -45,12 +44,7 @@ def prefill_seconds(query_len: int, context: int, query_slice: int, repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = timing_arguments(__doc__, argv)
     query_slice = torch_backend.PREFILL_QUERY_SLICE
     print(f"{'chunk':<24} {'sliced ms':>10} {'one slice ms':>13} {'ratio':>6} "
           f"{'sliced ns/pair':>15} {'one slice ns/pair':>18}")

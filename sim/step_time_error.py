@@ -33,8 +33,9 @@ def predicted_step_times(model: CalibratedCostModel, steps: pd.DataFrame) -> tup
 
 
 def step_time_error(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str, float | int]:
-    """Relative error of the predicted total step time (all steps, decode-only, with a prefill chunk)
-    and the median absolute per-step error: (predicted - measured) / measured."""
+    """Relative error of the predicted total step time (all steps, decode-only, with a prefill chunk),
+    the median absolute per-step error, (predicted - measured) / measured, and the rows of
+    ``step_time_error_by_kind`` under ``by_kind`` (one prediction per step serves both)."""
     predicted, features = predicted_step_times(model, steps)
     measured = features["duration"].to_numpy(float)
     if not len(measured):
@@ -48,6 +49,7 @@ def step_time_error(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str
     for name, selected in (("decode_only_total", ~with_prefill), ("with_prefill_total", with_prefill)):
         if selected.any():
             report[name] = float(predicted[selected].sum() / measured[selected].sum() - 1)
+    report["by_kind"] = _error_by_kind(predicted, features)
     return report
 
 
@@ -70,7 +72,10 @@ def step_kind_labels(features: pd.DataFrame) -> np.ndarray:
 def step_time_error_by_kind(model: CalibratedCostModel, steps: pd.DataFrame) -> list[dict]:
     """Per kind of step (``step_kind_labels``), largest share of the measured time first: how many steps,
     their share of the run's step time, the error of their total and the median |error| per step."""
-    predicted, features = predicted_step_times(model, steps)
+    return _error_by_kind(*predicted_step_times(model, steps))
+
+
+def _error_by_kind(predicted: np.ndarray, features: pd.DataFrame) -> list[dict]:
     if not len(predicted):
         return []
     table = pd.DataFrame({"kind": step_kind_labels(features), "predicted": predicted,

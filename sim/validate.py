@@ -35,7 +35,7 @@ from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
-from sim.step_time_error import describe_step_time_error, step_time_error, step_time_error_by_kind
+from sim.step_time_error import describe_step_time_error, step_time_error
 from workloads import WorkloadError, load_workload
 
 DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
@@ -121,9 +121,7 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     comparison["profile"] = str(profile)
     comparison["real_run"] = str(real_run_dir)
     # The step-level error under the latency errors (sim/step_time_error.py).
-    cost_model = CalibratedCostModel.from_file(profile)
-    comparison["step_time_error"] = step_time_error(cost_model, real_run.steps)
-    comparison["step_time_error"]["by_kind"] = step_time_error_by_kind(cost_model, real_run.steps)
+    comparison["step_time_error"] = step_time_error(CalibratedCostModel.from_file(profile), real_run.steps)
     if "cost_model_extrapolation" in sim_summary:
         comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
@@ -135,8 +133,9 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
 
 def step_kind_table(rows: list[dict]) -> Table:
     """The step-time error by kind of step: where the model mispredicts, weighted by the time it costs."""
-    table = Table(title="the profile on the real run's own steps, by kind of step (prefill: tokens per step)")
-    for column in ("kind of step", "steps", "time share", "total error", "median |error|"):
+    table = Table(title="the profile on the real run's own steps, by kind (prefill: tokens per step): share of "
+                        "step time, error of their total, median |error| per step")
+    for column in ("kind of step", "steps", "share", "total", "median"):
         table.add_column(column, justify="left" if column == "kind of step" else "right", no_wrap=True)
     for row in rows:
         table.add_row(row["kind"], str(row["num_steps"]), f"{row['time_share']:.0%}", f"{row['total']:+.1%}",
