@@ -13,10 +13,13 @@ import platform
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from analysis import write_run
 from engine.core import CacheConfig, EngineCore, SchedulerConfig
 from sim.machine_load import MachineLoad
 from sim.run_pipeline import RunResult, summarize_traces
+from sim.speed_probe import probe_summary, run_speed_probe, write_probe
 from sim.wall_clock_driver import run_wall_clock
 from workloads import WorkloadConfig, generate_requests
 
@@ -35,21 +38,38 @@ def real_run_config(workload: WorkloadConfig, scheduler_config: SchedulerConfig,
 
 
 def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: EngineCore, *, vocab_size: int,
-             reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False) -> RunResult:
+             reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False,
+             speed_probe: bool = False) -> RunResult:
+    """``speed_probe``: time the fixed probe steps of ``sim/speed_probe.py`` before the first request and
+    after the last (about 15 s on the CPU), so that a simulation can be run at the machine's speed of
+    the moment (``sim.validate``)."""
     requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids)
+    probes = []
+    if speed_probe:
+        probes.append(run_speed_probe(engine, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
+                                      phase="before"))
     load = MachineLoad.start()
     started = time.perf_counter()
     recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)")
     finished = time.perf_counter()
+    machine_load = load.summary()
+    if speed_probe:
+        probes.append(run_speed_probe(engine, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
+                                      phase="after"))
     scheduler = engine.scheduler
     config = real_run_config(workload, scheduler.scheduler_config, scheduler.cache_config, vocab_size,
                              reserved_token_ids, executor_info or {"kind": type(engine.executor).__name__})
     tables = summarize_traces(recorder, workload, config, mode="real")
     requests_table, steps_table, summary = tables
     summary["num_preemptions_scheduler"] = scheduler.num_preemptions_total
-    summary["machine_load"] = load.summary()
+    summary["machine_load"] = machine_load
+    if probes:
+        probe_steps = pd.concat(probes, ignore_index=True)
+        summary["speed_probe"] = probe_summary(probe_steps)
     if out_dir is not None:
         write_run(Path(out_dir), requests_table, steps_table, summary)
+        if probes:
+            write_probe(out_dir, probe_steps)
     return RunResult(summary, Path(out_dir) if out_dir else None, finished - started, finished - started,
                      len(requests))
 

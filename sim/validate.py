@@ -70,7 +70,8 @@ def real_run_dirs(out_dir: Path, repeats: int) -> list[Path]:
 
 def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE, overrides=(), model=None,
              device: str = "cpu", threads: int = 1, progress: bool = True, dtype: str = "auto",
-             attention_backend: str | None = None, enforce_eager: bool = False, repeats: int = 1) -> dict:
+             attention_backend: str | None = None, enforce_eager: bool = False, repeats: int = 1,
+             speed_probe: bool = True) -> dict:
     from sim.real_engine import build_real_engine
     from sim.real_run import run_real
 
@@ -83,7 +84,8 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
         real = build_real_engine(workload, model=model, device=device, threads=threads, dtype=dtype,
                                  attention_backend=attention_backend, enforce_eager=enforce_eager)
         run_real(workload, real_dir, real.engine, vocab_size=real.vocab_size,
-                 reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress)
+                 reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
+                 speed_probe=speed_probe)
     comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path)
     if repeats > 1:
         comparison["repeats"] = compare_repeats(out_dir / "sim", real_dirs)
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="record the workload this many times and compare with their mean too")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/validate-<name>)")
+    parser.add_argument("--no-speed-probe", action="store_true",
+                        help="record without the machine-speed probe (sim/speed_probe.py)")
     parser.add_argument("--no-dashboard", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                                   model=args.model, device=args.device, threads=args.threads,
                                   progress=not args.no_progress, dtype=args.dtype,
                                   attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-                                  repeats=args.repeats)
+                                  repeats=args.repeats, speed_probe=not args.no_speed_probe)
             real_dir = out_dir / "real"
     except (WorkloadError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
