@@ -3,6 +3,8 @@
     <run_dir>/requests.parquet   one row per request   (schema: analysis.trace_schema.REQUESTS_SCHEMA)
     <run_dir>/steps.parquet      one row per engine step (schema: analysis.trace_schema.STEPS_SCHEMA)
     <run_dir>/summary.json       headline metrics and the configuration (analysis.metrics)
+    <run_dir>/speed_probe.parquet   real runs only, optional: the machine-speed probe's steps
+                                    (sim/speed_probe.py; read there, not here)
 
 Both executors write through `write_run`, so a dashboard or a fidelity report never needs to know
 which executor produced a directory.

@@ -10,6 +10,15 @@ quiet machine, minutes apart): the floor under any simulator's error on that mac
 
 The last column is the profile's error on the total time of the recording's own steps
 (``sim/step_time_error.py``): the service-time error that the queues then amplify into latency error.
+
+Each recording also gets a diagnosis row: the simulation at the recording's own speed (the profile
+scaled by the measured total of the recording's steps, so not a prediction): what error is left there
+is the model's and the queues', the rest is the machine's speed during the recording.
+
+Recordings that carry a speed probe (``sim/speed_probe.py``) get a second row: the simulation at the
+machine's speed the probe measured around that recording, whose last column is the step-time error the
+probe's speed left (how well the probe caught the run's own speed); then the mean of those simulations
+against the mean of those recordings.
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 from analysis import read_run
-from analysis.repeated_runs import compare_with_mean
+from analysis.fidelity import relative_error
+from analysis.repeated_runs import compare_with_mean, mean_metrics
 from sim.validate import validate_recorded
 
 RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
@@ -49,6 +59,21 @@ def row(label: str, metrics: dict, step_time: float | None = None) -> str:
     return f"| {label} | " + " | ".join(f"{error:+.1%}" for error in errors) + f" | {worst:.1%} | {steps} |"
 
 
+def probed_rows(workload: str, probed: list[tuple[str, dict, dict]]) -> list[str]:
+    """Rows for the recordings that carry a speed probe: the simulation at each one's probed speed."""
+    rows = [row(f"{workload}: simulated at the probed speed ({comparison['machine_speed']['speed_factor'] - 1:+.1%})"
+                f" vs {label}", comparison["metrics"], comparison["machine_speed"]["residual_step_time_error"])
+            for label, comparison, _ in probed]
+    if len(probed) > 1:
+        # Each recording has its own simulation (its own speed): the mean of those against the mean of these.
+        simulated = mean_metrics([simulation for _, _, simulation in probed])
+        real = mean_metrics([read_run(comparison["real_run"]).summary for _, comparison, _ in probed])
+        metrics = {key: {"relative_error": relative_error(simulated[key], real[key])} for key, _ in COLUMNS}
+        rows.append(row(f"{workload}: mean of {len(probed)} simulations at the probed speed vs mean of those "
+                        f"{len(probed)} recordings", metrics))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,25 +81,45 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency | step time |")
     print("|---|" + "---|" * (len(COLUMNS) + 2))
+    sensitivities = {}
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
             runs = recordings(workload)
+            probed = []
             for label, run_dir in runs:
-                comparison = validate_recorded(run_dir, Path(scratch) / workload / label.replace(" ", "-"),
-                                               profile=args.profile)
-                print(row(f"{workload}: simulated vs {label}", comparison["metrics"],
+                out_dir = Path(scratch) / workload / label.replace(" ", "-")
+                comparison = validate_recorded(run_dir, out_dir, profile=args.profile, at_probed_speed=True,
+                                               sensitivity=label == "latest")
+                if "sensitivity_per_percent" in comparison:
+                    sensitivities[workload] = comparison["sensitivity_per_percent"]
+                at_profile_speed = comparison.get("at_profile_speed", comparison)
+                print(row(f"{workload}: simulated vs {label}", at_profile_speed["metrics"],
                           comparison["step_time_error"]["total"]))
+                own = comparison["at_run_speed"]
+                print(row(f"{workload}: simulated at its own speed ({own['speed_factor'] - 1:+.1%}, a diagnosis) vs {label}",
+                          own["metrics"]))
+                if "at_profile_speed" in comparison:
+                    probed.append((label, comparison, read_run(out_dir / "sim").summary))
+            print("\n".join(probed_rows(workload, probed)))
             if len(runs) < 2:
                 continue
             summaries = [read_run(run_dir).summary for _, run_dir in runs]
-            # One workload, one profile: the simulation is the same whichever recording it was run for.
-            simulated = read_run(Path(scratch) / workload / "latest" / "sim").summary
+            # One workload, one profile: at the profile's speed the simulation is the same whichever
+            # recording it was run for.
+            latest = Path(scratch) / workload / "latest"
+            simulated = read_run(latest / "sim-at-profile-speed" if (latest / "sim-at-profile-speed").is_dir()
+                                 else latest / "sim").summary
             print(row(f"{workload}: simulated vs mean of {len(runs)} recordings", compare_with_mean(simulated, summaries)))
             # The floor: each recording against the mean of the others, as the simulation is compared above.
             for index, (label, _) in enumerate(runs):
                 others = summaries[:index] + summaries[index + 1:]
                 print(row(f"{workload}: {label} vs mean of the other {len(others)} (real vs real)",
                           compare_with_mean(summaries[index], others)))
+    print("\nPercent each metric moves per 1% more time in every step (simulated at +/-2%, the latest recording):\n")
+    print("| workload | " + " | ".join(name for _, name in COLUMNS[1:]) + " |")
+    print("|---|" + "---|" * (len(COLUMNS) - 1))
+    for workload, gains in sensitivities.items():
+        print(f"| {workload} | " + " | ".join(f"{gains[key]:+.1f}" for key, _ in COLUMNS[1:]) + " |")
     return 0
 
 

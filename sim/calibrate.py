@@ -22,6 +22,7 @@ from sim.calibration_fit import FitResult, fit_step_model, step_feature_frame
 from sim.cost_models import make_provenance, save_profile
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
+from sim.speed_probe import calibration_reference
 
 # Recordings whose total step time the joint fit misses by more than this apart (max - min) draw a
 # warning: on a shared machine the same schedule ran ~8% slower in one half hour than in the next.
@@ -58,6 +59,11 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
     if fixed:
         provenance["fixed_coefficients"] = dict(fixed)  # taken as given, not fitted
     provenance["recording_errors"] = recording_errors(fit, features, run_dirs)
+    # What the speed probe measures at the profile's speed, for runs that recorded one (speed_probe.py).
+    reference = calibration_reference(fit.predict, run_dirs, {run: 1 / (1 + error) for run, error
+                                                              in provenance["recording_errors"].items()})
+    if reference is not None:
+        provenance["speed_probe"] = reference
     # The region the fit saw: simulated runs that leave it are told so (calibrated_range.py).
     provenance["calibrated_range"] = calibrated_range(features)
     # How the measured runs were made (their torch version, CUDA graphs on or off, threads, ...).

@@ -41,8 +41,8 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
              reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False,
              speed_probe: bool = False) -> RunResult:
     """``speed_probe``: time the fixed probe steps of ``sim/speed_probe.py`` before the first request and
-    after the last (about 15 s on the CPU), so that a simulation can be run at the machine's speed of
-    the moment (``sim.validate``)."""
+    after the last (about 15 s on the CPU): the machine's speed around the run, which ``sim.validate``
+    reports (and simulates at, with ``--at-probed-speed``)."""
     requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids)
     probes = []
     if speed_probe:

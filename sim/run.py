@@ -55,8 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--attention-backend", default=None, help="real runs: torch, flash_attn or triton")
     real.add_argument("--enforce-eager", action="store_true", help="real runs on CUDA: no CUDA graphs for decodes")
     real.add_argument("--threads", type=int, default=1, help="real runs on the CPU: torch threads (default 1)")
-    real.add_argument("--no-speed-probe", action="store_true",
-                      help="--executor real: skip the machine-speed probe before and after the run (sim/speed_probe.py)")
+    real.add_argument("--speed-probe", action="store_true",
+                      help="--executor real: time a fixed probe before and after the run (sim/speed_probe.py)")
     real.add_argument("--url", default="http://127.0.0.1:8000", help="--executor server: the server's base URL")
     real.add_argument("--replay", type=Path, metavar="REAL_RUN_DIR",
                       help="re-simulate a real run with its recorded step durations and compare decisions")
@@ -129,7 +129,7 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
                                  enforce_eager=args.enforce_eager)
         result = run_real(workload, out_dir, real.engine, vocab_size=real.vocab_size,
                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
-                          speed_probe=not args.no_speed_probe)
+                          speed_probe=args.speed_probe)
         summary, wall = result.summary, result.wall_s
     if not args.quiet:
         print_summary(summary, console=console)

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
+from analysis.report import summary_value
 from analysis.repeated_runs import compare_with_mean, spread_about_mean
 from engine.core import EngineCore, Scheduler
 from sim.cost_models import CalibratedCostModel
@@ -35,21 +36,26 @@ from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
+from sim.speed_probe import probed_speed
 from sim.step_time_error import describe_step_time_error, step_time_error
 from workloads import WorkloadError, load_workload
 
 DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
 # The metrics the acceptance criteria name: p50 and p90 of TTFT, TPOT and E2E, and throughput.
+# The speed change either side of the simulated one at which ``step_time_sensitivity`` simulates again:
+# the machine's own drift between recordings (2-6%), so the slope spans what a percentile really does.
+SENSITIVITY_STEP = 0.02
 HEADLINE_METRICS = ("request_throughput", "output_token_throughput", "ttft_ms.p50", "ttft_ms.p90", "tpot_ms.p50",
                     "tpot_ms.p90", "e2e_ms.p50", "e2e_ms.p90")
 
 
-def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path) -> dict:
-    """Simulate the request stream and engine configuration of a recorded run with a calibrated profile."""
+def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path, speed_factor: float = 1.0) -> dict:
+    """Simulate the request stream and engine configuration of a recorded run with a calibrated profile
+    (its step times scaled by ``speed_factor``)."""
     run = read_run(real_run_dir)
     scheduler_config, cache_config, requests = replay_inputs(run)
     workload = load_workload(run.summary["config"]["workload"])
-    cost_model = CalibratedCostModel.from_file(profile)
+    cost_model = CalibratedCostModel.from_file(profile, speed_factor=speed_factor)
     engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
     started = time.perf_counter()
     recorder = Simulation(engine, requests).run()
@@ -71,7 +77,7 @@ def real_run_dirs(out_dir: Path, repeats: int) -> list[Path]:
 def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE, overrides=(), model=None,
              device: str = "cpu", threads: int = 1, progress: bool = True, dtype: str = "auto",
              attention_backend: str | None = None, enforce_eager: bool = False, repeats: int = 1,
-             speed_probe: bool = True) -> dict:
+             speed_probe: bool = False, at_probed_speed: bool = False) -> dict:
     from sim.real_engine import build_real_engine
     from sim.real_run import run_real
 
@@ -86,7 +92,8 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
         run_real(workload, real_dir, real.engine, vocab_size=real.vocab_size,
                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
                  speed_probe=speed_probe)
-    comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path)
+    comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path,
+                                   at_probed_speed=at_probed_speed)
     if repeats > 1:
         comparison["repeats"] = compare_repeats(out_dir / "sim", real_dirs)
         (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
@@ -106,24 +113,73 @@ def compare_repeats(sim_dir: Path, real_dirs: list[Path]) -> dict:
     }
 
 
+def step_time_sensitivity(real_run_dir: Path, profile: Path, out_dir: Path, simulated: dict,
+                          speed_factor: float) -> dict[str, float | None]:
+    """Per headline metric, how many percent it moves per 1% more time in every step (simulated at
+    +/-``SENSITIVITY_STEP`` around ``speed_factor``, divided by the central value): the gain from
+    step-time error to latency error. Near saturation, or where a percentile sits between two modes,
+    it is several times 1, and a step-time model (or a machine) off by 1% is off by that much there."""
+    slower = simulate_like(real_run_dir, profile, out_dir / "sim-slower", speed_factor * (1 + SENSITIVITY_STEP))
+    faster = simulate_like(real_run_dir, profile, out_dir / "sim-faster", speed_factor * (1 - SENSITIVITY_STEP))
+    gains = {}
+    for key in HEADLINE_METRICS:
+        high, low, centre = (summary_value(summary, key) for summary in (slower, faster, simulated))
+        gains[key] = None if not centre else (high - low) / centre / (2 * SENSITIVITY_STEP)
+    return gains
+
+
+def describe_sensitivity(gains: dict[str, float | None]) -> str:
+    latency = {key: gain for key, gain in gains.items() if gain is not None and "throughput" not in key}
+    worst = max(latency, key=lambda key: abs(latency[key]))
+    return ("sensitivity: 1% more time in every step moves " + ", ".join(f"{key} {gain:+.1f}%" for key, gain
+            in latency.items()) + f"; a step-time error of e moves {worst} by about {abs(latency[worst]):.0f}e")
+
+
 def headline_error(comparison: dict) -> float:
     """The largest |relative error| among the headline metrics (p50/p90 TTFT, TPOT, E2E; throughput)."""
     return max(abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS)
 
 
 def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE,
-                      workload_path: Path | None = None) -> dict:
-    """The comparison for a real run recorded earlier: only the simulation runs (no model, no GPU)."""
+                      workload_path: Path | None = None, at_probed_speed: bool = False,
+                      sensitivity: bool = True) -> dict:
+    """The comparison for a real run recorded earlier: only the simulation runs (no model, no GPU).
+
+    When the run recorded a speed probe and the profile a reference for it (``sim/speed_probe.py``), the
+    machine's speed it measured is reported under ``machine_speed``; with ``at_probed_speed`` the
+    simulation runs at that speed, and a second one at the profile's own speed is compared too, under
+    ``at_profile_speed``. (On the shipped CPU runs the probe's speed helped 6 of 12 recordings: it
+    catches the machine's speed within about 2%, no better than the drift it is meant to remove.)"""
     real_run = read_run(real_run_dir)
     real_summary = real_run.summary
     if real_summary.get("mode") != "real":
         raise ValueError(f"{real_run_dir}: mode is {real_summary.get('mode')!r}; --real-run needs a real run")
-    sim_summary = simulate_like(real_run_dir, profile, out_dir / "sim")
+    model = CalibratedCostModel.from_file(profile)
+    speed = probed_speed(model, real_run_dir)
+    applied = at_probed_speed and speed is not None
+    sim_summary = simulate_like(real_run_dir, profile, out_dir / "sim",
+                                speed_factor=speed["speed_factor"] if applied else 1.0)
     comparison = compare_runs(sim_summary, real_summary)
     comparison["profile"] = str(profile)
     comparison["real_run"] = str(real_run_dir)
-    # The step-level error under the latency errors (sim/step_time_error.py).
-    comparison["step_time_error"] = step_time_error(CalibratedCostModel.from_file(profile), real_run.steps)
+    # The step-level error under the latency errors (sim/step_time_error.py), at the profile's speed.
+    comparison["step_time_error"] = step_time_error(model, real_run.steps)
+    # A diagnosis, not a prediction: simulated at the speed of the run's own steps (their measured total),
+    # what error is left is the model's and the queues', not the machine's drift.
+    own_speed = 1 / (1 + comparison["step_time_error"]["total"])
+    at_run_speed = simulate_like(real_run_dir, profile, out_dir / "sim-at-run-speed", speed_factor=own_speed)
+    comparison["at_run_speed"] = {"speed_factor": own_speed,
+                                  "metrics": compare_runs(at_run_speed, real_summary)["metrics"]}
+    if speed is not None:
+        # What the probe's speed left of the step-time error: how well it caught the run's own speed.
+        speed["residual_step_time_error"] = (1 + comparison["step_time_error"]["total"]) * speed["speed_factor"] - 1
+        comparison["machine_speed"] = dict(speed, applied=applied)
+    if applied:
+        at_profile_speed = simulate_like(real_run_dir, profile, out_dir / "sim-at-profile-speed")
+        comparison["at_profile_speed"] = {"metrics": compare_runs(at_profile_speed, real_summary)["metrics"]}
+    if sensitivity:
+        comparison["sensitivity_per_percent"] = step_time_sensitivity(
+            real_run_dir, profile, out_dir, sim_summary, speed["speed_factor"] if applied else 1.0)
     if "cost_model_extrapolation" in sim_summary:
         comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
@@ -131,6 +187,20 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
     return comparison
+
+
+def describe_machine_speed(comparison: dict) -> str | None:
+    """One line on the speed probe: how fast the machine ran, and what simulating at that speed changed."""
+    speed = comparison.get("machine_speed")
+    if speed is None:
+        return None
+    phases = ", ".join(f"{phase} {factor - 1:+.1%}" for phase, factor in speed["by_phase"].items())
+    line = (f"speed probe: steps took {speed['speed_factor'] - 1:+.1%} against the profile's speed ({phases}); "
+            f"at that speed the profile would time the run's own steps {speed['residual_step_time_error']:+.1%} in total")
+    if speed["applied"]:
+        return (line + "; the simulation ran at that speed. At the profile's speed the largest headline error is "
+                f"{headline_error(comparison['at_profile_speed']):.1%}")
+    return line + " (--at-probed-speed simulates at that speed)"
 
 
 def step_kind_table(rows: list[dict]) -> Table:
@@ -164,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="record the workload this many times and compare with their mean too")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/validate-<name>)")
-    parser.add_argument("--no-speed-probe", action="store_true",
-                        help="record without the machine-speed probe (sim/speed_probe.py)")
+    parser.add_argument("--speed-probe", action="store_true",
+                        help="time a fixed probe before and after each recording (sim/speed_probe.py)")
+    parser.add_argument("--at-probed-speed", action="store_true",
+                        help="simulate at the machine's speed the run's probe measured, not the profile's")
     parser.add_argument("--no-dashboard", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -177,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.repeats != 1:
                 parser.error("--repeats records the workload again: give a workload, not --real-run")
             out_dir = args.out or Path("runs") / f"validate-{args.real_run.name}"
-            comparison = validate_recorded(args.real_run, out_dir, profile=args.profile)
+            comparison = validate_recorded(args.real_run, out_dir, profile=args.profile,
+                                           at_probed_speed=args.at_probed_speed)
             real_dir = args.real_run
         else:
             from sim.run import resolve_workload_path
@@ -189,13 +262,23 @@ def main(argv: list[str] | None = None) -> int:
                                   model=args.model, device=args.device, threads=args.threads,
                                   progress=not args.no_progress, dtype=args.dtype,
                                   attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-                                  repeats=args.repeats, speed_probe=not args.no_speed_probe)
+                                  repeats=args.repeats, speed_probe=args.speed_probe,
+                                  at_probed_speed=args.at_probed_speed)
             real_dir = out_dir / "real"
     except (WorkloadError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print_fidelity_report(comparison, console=console, tolerance=0.05)
     console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {headline_error(comparison):.1%}")
+    speed_note = describe_machine_speed(comparison)
+    if speed_note:
+        console.print(speed_note)
+    if "sensitivity_per_percent" in comparison:
+        console.print(describe_sensitivity(comparison["sensitivity_per_percent"]))
+    own = comparison["at_run_speed"]
+    console.print(f"diagnosis: simulated at the run's own speed (its steps' measured total, {own['speed_factor'] - 1:+.1%}; "
+                  f"not a prediction) the largest headline error is {headline_error(own):.1%}; what separates it "
+                  "from the headline is the machine's speed during the run")
     if "repeats" in comparison:
         repeated = comparison["repeats"]
         spread = max(abs(repeated["real_spread_about_mean"][key] or 0.0) for key in HEADLINE_METRICS)

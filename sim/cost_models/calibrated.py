@@ -217,21 +217,26 @@ def load_profile(path: str | Path) -> StepProfile:
 
 @dataclass
 class CalibratedCostModel:
+    """``speed_factor`` scales every step time: the machine's speed at the moment relative to the one the
+    profile was fitted at (measured by ``sim/speed_probe.py``; 1.03 = 3% slower)."""
     profile: StepProfile
     path: str | None = None
     name: str = "calibrated"
+    speed_factor: float = 1.0
     _terms: tuple[tuple[str, float], ...] = field(init=False, repr=False)
     _hinges: tuple[tuple[str, float, float], ...] = field(init=False, repr=False)
     _offsets: dict[int, float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.speed_factor) and self.speed_factor > 0):
+            raise ValueError(f"speed_factor must be a positive number, got {self.speed_factor!r}")
         self._terms = tuple(self.profile.coefficients.items())
         self._hinges = tuple((h.feature, h.knot, h.coefficient) for h in self.profile.hinges)
         self._offsets = dict(self.profile.token_count_offsets_s)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> CalibratedCostModel:
-        return cls(load_profile(path), path=str(path))
+    def from_file(cls, path: str | Path, speed_factor: float = 1.0) -> CalibratedCostModel:
+        return cls(load_profile(path), path=str(path), speed_factor=speed_factor)
 
     def step_time(self, batch: StepBatch) -> float:
         return self.step_time_from_features(step_features(batch))
@@ -247,7 +252,10 @@ class CalibratedCostModel:
                 seconds += coefficient * excess
         if self._offsets:
             seconds += self._offsets.get(features.num_tokens, 0.0)
-        return max(seconds, self.profile.minimum_step_time_s)
+        return max(seconds, self.profile.minimum_step_time_s) * self.speed_factor
 
     def describe(self) -> dict:
-        return {"kind": "calibrated", "path": self.path, "profile": self.profile.to_dict()}
+        described = {"kind": "calibrated", "path": self.path, "profile": self.profile.to_dict()}
+        if self.speed_factor != 1.0:
+            described["speed_factor"] = self.speed_factor
+        return described

@@ -21,7 +21,8 @@ from sim.cost_models.replay import ReplayDivergedError  # noqa: E402
 from sim.replay import compare_replay, replay, replay_inputs  # noqa: E402
 from sim.retime import describe as describe_retiming, retime_run, retime_schedule  # noqa: E402
 from sim.run import main as sim_run_main  # noqa: E402
-from sim.validate import simulate_like  # noqa: E402
+from sim.speed_probe import read_probe  # noqa: E402
+from sim.validate import simulate_like, validate_recorded  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 # Chunked prefill (a 64-token budget, 32-token chunks), shared prefixes (prefix caching), and a pool
@@ -43,7 +44,7 @@ def real_run_dir(tmp_path_factory):
     real = build_real_engine(workload, model="tiny", threads=1)
     out = tmp_path_factory.mktemp("real") / "run"
     result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
-                      reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
+                      reserved_token_ids=real.reserved_token_ids, executor_info=real.info, speed_probe=True)
     assert result.summary["num_finished"] == 40
     manager = real.engine.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
@@ -85,6 +86,28 @@ def test_calibrated_simulation_lands_near_the_real_run(real_run_dir, tmp_path):
     assert abs(comparison["metrics"]["output_token_throughput"]["relative_error"]) < 0.5
     assert abs(comparison["metrics"]["e2e_ms.p50"]["relative_error"]) < 1.0
     assert sim_summary["num_finished"] == 40
+
+
+@pytest.mark.filterwarnings("ignore:.*other processes kept")  # as above: the suite runs in parallel
+def test_a_probed_run_is_simulated_at_the_speed_its_probe_measured(real_run_dir, tmp_path):
+    """The run timed the probe before and after itself (and the replay above is still exact). Calibrated
+    on that run alone, the probe puts the simulation at exactly the run's own speed."""
+    probe = read_probe(real_run_dir)
+    assert list(dict.fromkeys(probe["phase"])) == ["before", "after"]
+    assert read_run(real_run_dir).summary["speed_probe"]["after"]["steps"] == (probe["phase"] == "after").sum()
+    calibrate([real_run_dir], tmp_path / "profile.json")
+    comparison = validate_recorded(real_run_dir, tmp_path / "probed", profile=tmp_path / "profile.json",
+                                   at_probed_speed=True)
+    assert comparison["machine_speed"]["residual_step_time_error"] == pytest.approx(0.0, abs=1e-6)
+    assert comparison["machine_speed"]["applied"]
+    # Here the probe's speed is the run's own, so the diagnosis at the run's own speed is the same simulation.
+    assert comparison["at_run_speed"]["speed_factor"] == pytest.approx(comparison["machine_speed"]["speed_factor"])
+    assert set(comparison["at_profile_speed"]["metrics"]) == set(comparison["metrics"])
+    simulated = read_run(tmp_path / "probed" / "sim").summary["config"]["cost_model"]
+    assert simulated["speed_factor"] == comparison["machine_speed"]["speed_factor"]
+    plain = validate_recorded(real_run_dir, tmp_path / "plain", profile=tmp_path / "profile.json")
+    assert not plain["machine_speed"]["applied"] and "at_profile_speed" not in plain
+    assert plain["metrics"] == comparison["at_profile_speed"]["metrics"]
 
 
 def test_cli_real_run_then_replay(tmp_path, capsys):
@@ -145,7 +168,7 @@ def test_validate_records_repeats_and_compares_with_their_mean(real_run_dir, tmp
     workload_file.write_text(json.dumps(dict(WORKLOAD, workload=dict(WORKLOAD["workload"], num_requests=12))))
     out = tmp_path / "validate"
     assert validate_main([str(workload_file), "--model", "tiny", "--profile", str(profile), "--repeats", "2",
-                          "--out", str(out), "--no-progress", "--no-dashboard"]) == 0
+                          "--out", str(out), "--no-progress", "--no-dashboard", "--speed-probe"]) == 0
     comparison = json.loads((out / "comparison.json").read_text())
     repeated = comparison["repeats"]
     assert repeated["real_runs"] == [str(out / "real"), str(out / "real-2")]
@@ -157,6 +180,10 @@ def test_validate_records_repeats_and_compares_with_their_mean(real_run_dir, tmp
     assert repeated["vs_mean"]["ttft_ms.p50"]["real"] == pytest.approx(mean_ttft)
     spread = repeated["real_spread_about_mean"]["ttft_ms.p50"]
     assert spread == pytest.approx(abs(first.summary["ttft_ms"]["p50"] / mean_ttft - 1))
-    assert "over 2 recordings: largest headline error against each" in capsys.readouterr().out
+    output = capsys.readouterr().out
+    assert "over 2 recordings: largest headline error against each" in output
+    assert "speed probe: steps took" in output  # both recordings and the profile's run carry a probe
+    assert "sensitivity: 1% more time in every step moves" in output and "diagnosis: simulated at" in output
+    assert read_probe(out / "real-2") is not None
     with pytest.raises(SystemExit):
         validate_main(["--real-run", str(out / "real"), "--repeats", "2"])
