@@ -31,7 +31,7 @@ from pathlib import Path
 from analysis import read_run
 from analysis.fidelity import relative_error
 from analysis.repeated_runs import compare_with_mean, mean_metrics
-from sim.validate import validate_recorded
+from sim.validate import step_time_sensitivity, validate_recorded
 
 RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
 PROFILE = Path(__file__).resolve().parents[1] / "sim" / "data" / "profiles" / "cpu-small-float32.json"
@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, run_dir in runs:
                 out_dir = Path(scratch) / workload / label.replace(" ", "-")
                 comparison = validate_recorded(run_dir, out_dir, profile=args.profile, at_probed_speed=True,
-                                               sensitivity=label == "latest")
-                if "sensitivity_per_percent" in comparison:
-                    sensitivities[workload] = comparison["sensitivity_per_percent"]
+                                               sensitivity=False)
                 at_profile_speed = comparison.get("at_profile_speed", comparison)
                 print(row(f"{workload}: simulated vs {label}", at_profile_speed["metrics"],
                           comparison["step_time_error"]["total"]))
@@ -100,22 +98,25 @@ def main(argv: list[str] | None = None) -> int:
                           own["metrics"]))
                 if "at_profile_speed" in comparison:
                     probed.append((label, comparison, read_run(out_dir / "sim").summary))
-            print("\n".join(probed_rows(workload, probed)))
-            if len(runs) < 2:
-                continue
-            summaries = [read_run(run_dir).summary for _, run_dir in runs]
+            for line in probed_rows(workload, probed):
+                print(line)
             # One workload, one profile: at the profile's speed the simulation is the same whichever
             # recording it was run for.
             latest = Path(scratch) / workload / "latest"
             simulated = read_run(latest / "sim-at-profile-speed" if (latest / "sim-at-profile-speed").is_dir()
                                  else latest / "sim").summary
+            sensitivities[workload] = step_time_sensitivity(runs[0][1], args.profile, latest, simulated, 1.0)
+            if len(runs) < 2:
+                continue
+            summaries = [read_run(run_dir).summary for _, run_dir in runs]
             print(row(f"{workload}: simulated vs mean of {len(runs)} recordings", compare_with_mean(simulated, summaries)))
             # The floor: each recording against the mean of the others, as the simulation is compared above.
             for index, (label, _) in enumerate(runs):
                 others = summaries[:index] + summaries[index + 1:]
                 print(row(f"{workload}: {label} vs mean of the other {len(others)} (real vs real)",
                           compare_with_mean(summaries[index], others)))
-    print("\nPercent each metric moves per 1% more time in every step (simulated at +/-2%, the latest recording):\n")
+    print("\nPercent each metric moves per 1% more time in every step (simulated at the profile's speed +/-2%, "
+          "for the latest recording):\n")
     print("| workload | " + " | ".join(name for _, name in COLUMNS[1:]) + " |")
     print("|---|" + "---|" * (len(COLUMNS) - 1))
     for workload, gains in sensitivities.items():
