@@ -34,6 +34,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def empty_prefix_cache(engine: EngineCore, what: str) -> None:
+    """Forget every cached prefix and the cache's statistics, so that the next requests see what a fresh
+    engine would as far as any scheduling decision can tell; ``what`` (the warm-up, the speed probe)
+    is named in the error when requests or KV blocks are still held."""
+    scheduler = engine.scheduler
+    if engine.has_work() or not scheduler.reset_prefix_cache():
+        raise RuntimeError(f"{what} left requests or KV blocks in use")
+    scheduler.kv_cache_manager.make_prefix_cache_stats()
+
+
 def _warm_up(llm) -> None:
     """Run a few requests before the clock starts, as a serving engine does at start-up.
 
@@ -51,11 +61,8 @@ def _warm_up(llm) -> None:
     # cuBLAS pick per shape; a first compilation inside a measured step would cost it half a second).
     llm.generate(prompts[:4], params, use_tqdm=False)
     llm.generate(prompts[4:], params, use_tqdm=False)
-    scheduler = llm.engine_core.scheduler
-    if not scheduler.reset_prefix_cache():
-        raise RuntimeError("warm-up left KV blocks in use")
-    scheduler.kv_cache_manager.make_prefix_cache_stats()
-    scheduler.num_preemptions_total = 0
+    empty_prefix_cache(llm.engine_core, "warm-up")
+    llm.engine_core.scheduler.num_preemptions_total = 0
 
 
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",

@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from analysis.run_dir import PARQUET_COMPRESSION
 from analysis.trace_schema import steps_table
 from engine.core import EngineCore
+from sim.real_engine import empty_prefix_cache
 from sim.wall_clock_driver import run_wall_clock
 from workloads import RequestSpec
 
@@ -71,13 +72,6 @@ def probe_waves(vocab_size: int, reserved_token_ids=(), round_index: int = 0, ph
     return waves
 
 
-def _empty_prefix_cache(engine: EngineCore) -> None:
-    scheduler = engine.scheduler
-    if engine.has_work() or not scheduler.reset_prefix_cache():
-        raise RuntimeError("the speed probe left requests or KV blocks in use")
-    scheduler.kv_cache_manager.make_prefix_cache_stats()  # its queries and hits are not the workload's
-
-
 def run_speed_probe(engine: EngineCore, *, vocab_size: int, reserved_token_ids=(), phase: str = "before") -> pd.DataFrame:
     """Run the probe on an idle engine; return its steps (the step-trace columns, ``phase``, ``round``)."""
     if phase not in PHASES:
@@ -88,12 +82,12 @@ def run_speed_probe(engine: EngineCore, *, vocab_size: int, reserved_token_ids=(
     preemptions = scheduler.num_preemptions_total
     frames = []
     for round_index in range(PROBE_ROUNDS):
-        _empty_prefix_cache(engine)  # the second round must not hit the first round's prompts
+        empty_prefix_cache(engine, "the speed probe")  # the second round must not hit the first's prompts
         for wave in probe_waves(vocab_size, reserved_token_ids, round_index, phase,
                                 max_model_len=scheduler.max_model_len):
             recorder = run_wall_clock(engine, wave, record_schedule=False)
             frames.append(steps_table(recorder.step_columns()).to_pandas().assign(phase=phase, round=round_index))
-    _empty_prefix_cache(engine)
+    empty_prefix_cache(engine, "the speed probe")  # its cache hits are not the workload's
     scheduler.num_preemptions_total = preemptions
     return pd.concat(frames, ignore_index=True)
 
