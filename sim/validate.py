@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
+from analysis.run_dir import Run
 from analysis.report import summary_value
 from analysis.repeated_runs import compare_with_mean, spread_about_mean
 from engine.core import EngineCore, Scheduler
@@ -41,25 +42,28 @@ from sim.step_time_error import describe_step_time_error, step_time_error
 from workloads import WorkloadError, load_workload
 
 DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
-# The metrics the acceptance criteria name: p50 and p90 of TTFT, TPOT and E2E, and throughput.
 # The speed change either side of the simulated one at which ``step_time_sensitivity`` simulates again:
 # the machine's own drift between recordings (2-6%), so the slope spans what a percentile really does.
 SENSITIVITY_STEP = 0.02
+# The metrics the acceptance criteria name: p50 and p90 of TTFT, TPOT and E2E, and throughput.
 HEADLINE_METRICS = ("request_throughput", "output_token_throughput", "ttft_ms.p50", "ttft_ms.p90", "tpot_ms.p50",
                     "tpot_ms.p90", "e2e_ms.p50", "e2e_ms.p90")
 
 
-def simulate_like(real_run_dir: Path, profile: Path, out_dir: Path, speed_factor: float = 1.0) -> dict:
+def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out_dir: Path,
+                  speed_factor: float = 1.0) -> dict:
     """Simulate the request stream and engine configuration of a recorded run with a calibrated profile
-    (its step times scaled by ``speed_factor``)."""
-    run = read_run(real_run_dir)
+    (its step times scaled by ``speed_factor``). The run and the profile may come loaded, for callers
+    that simulate one run several times."""
+    run = real_run if isinstance(real_run, Run) else read_run(real_run)
+    loaded = profile if isinstance(profile, CalibratedCostModel) else CalibratedCostModel.from_file(profile)
+    cost_model = CalibratedCostModel(loaded.profile, path=loaded.path, speed_factor=speed_factor)
     scheduler_config, cache_config, requests = replay_inputs(run)
     workload = load_workload(run.summary["config"]["workload"])
-    cost_model = CalibratedCostModel.from_file(profile, speed_factor=speed_factor)
     engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
     started = time.perf_counter()
     recorder = Simulation(engine, requests).run()
-    config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(real_run_dir))
+    config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(run.path))
     requests_table, steps_table, summary = summarize_traces(recorder, workload, config, mode="sim")
     summary["simulation_wall_s"] = time.perf_counter() - started
     extrapolation = cost_model_extrapolation(cost_model, steps_table)
@@ -113,14 +117,14 @@ def compare_repeats(sim_dir: Path, real_dirs: list[Path]) -> dict:
     }
 
 
-def step_time_sensitivity(real_run_dir: Path, profile: Path, out_dir: Path, simulated: dict,
-                          speed_factor: float) -> dict[str, float | None]:
+def step_time_sensitivity(real_run: Path | Run, profile: Path | CalibratedCostModel, out_dir: Path,
+                          simulated: dict, speed_factor: float) -> dict[str, float | None]:
     """Per headline metric, how many percent it moves per 1% more time in every step (simulated at
     +/-``SENSITIVITY_STEP`` around ``speed_factor``, divided by the central value): the gain from
     step-time error to latency error. Near saturation, or where a percentile sits between two modes,
     it is several times 1, and a step-time model (or a machine) off by 1% is off by that much there."""
-    slower = simulate_like(real_run_dir, profile, out_dir / "sim-slower", speed_factor * (1 + SENSITIVITY_STEP))
-    faster = simulate_like(real_run_dir, profile, out_dir / "sim-faster", speed_factor * (1 - SENSITIVITY_STEP))
+    slower = simulate_like(real_run, profile, out_dir / "sim-slower", speed_factor * (1 + SENSITIVITY_STEP))
+    faster = simulate_like(real_run, profile, out_dir / "sim-faster", speed_factor * (1 - SENSITIVITY_STEP))
     gains = {}
     for key in HEADLINE_METRICS:
         high, low, centre = (summary_value(summary, key) for summary in (slower, faster, simulated))
@@ -157,7 +161,7 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     model = CalibratedCostModel.from_file(profile)
     speed = probed_speed(model, real_run_dir)
     applied = at_probed_speed and speed is not None
-    sim_summary = simulate_like(real_run_dir, profile, out_dir / "sim",
+    sim_summary = simulate_like(real_run, model, out_dir / "sim",
                                 speed_factor=speed["speed_factor"] if applied else 1.0)
     comparison = compare_runs(sim_summary, real_summary)
     comparison["profile"] = str(profile)
@@ -167,7 +171,7 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     # A diagnosis, not a prediction: simulated at the speed of the run's own steps (their measured total),
     # what error is left is the model's and the queues', not the machine's drift.
     own_speed = 1 / (1 + comparison["step_time_error"]["total"])
-    at_run_speed = simulate_like(real_run_dir, profile, out_dir / "sim-at-run-speed", speed_factor=own_speed)
+    at_run_speed = simulate_like(real_run, model, out_dir / "sim-at-run-speed", speed_factor=own_speed)
     comparison["at_run_speed"] = {"speed_factor": own_speed,
                                   "metrics": compare_runs(at_run_speed, real_summary)["metrics"]}
     if speed is not None:
@@ -175,11 +179,11 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
         speed["residual_step_time_error"] = (1 + comparison["step_time_error"]["total"]) * speed["speed_factor"] - 1
         comparison["machine_speed"] = dict(speed, applied=applied)
     if applied:
-        at_profile_speed = simulate_like(real_run_dir, profile, out_dir / "sim-at-profile-speed")
+        at_profile_speed = simulate_like(real_run, model, out_dir / "sim-at-profile-speed")
         comparison["at_profile_speed"] = {"metrics": compare_runs(at_profile_speed, real_summary)["metrics"]}
     if sensitivity:
         comparison["sensitivity_per_percent"] = step_time_sensitivity(
-            real_run_dir, profile, out_dir, sim_summary, speed["speed_factor"] if applied else 1.0)
+            real_run, model, out_dir, sim_summary, speed["speed_factor"] if applied else 1.0)
     if "cost_model_extrapolation" in sim_summary:
         comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
