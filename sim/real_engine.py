@@ -35,13 +35,15 @@ def cpu_name() -> str:
 
 
 def empty_prefix_cache(engine: EngineCore, what: str) -> None:
-    """Forget every cached prefix and the cache's statistics, so that the next requests see what a fresh
-    engine would as far as any scheduling decision can tell; ``what`` (the warm-up, the speed probe)
-    is named in the error when requests or KV blocks are still held."""
+    """Forget every cached prefix and the cache's statistics and put the free blocks back in a fresh
+    pool's order, so that the next requests see what a fresh engine (and the simulator) would: the same
+    scheduling decisions and the same physical blocks. ``what`` (the warm-up, the speed probe) is named
+    in the error when requests or KV blocks are still held."""
     scheduler = engine.scheduler
-    if engine.has_work() or not scheduler.reset_prefix_cache():
+    manager = scheduler.kv_cache_manager
+    if engine.has_work() or not scheduler.reset_prefix_cache() or not manager.block_pool.restore_free_order():
         raise RuntimeError(f"{what} left requests or KV blocks in use")
-    scheduler.kv_cache_manager.make_prefix_cache_stats()
+    manager.make_prefix_cache_stats()
 
 
 def _warm_up(llm) -> None:

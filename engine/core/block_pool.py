@@ -125,6 +125,19 @@ class BlockPool:
             self.events.append(AllBlocksCleared())
         return True
 
+    def restore_free_order(self) -> bool:
+        """Put the free queue back in block-id order, as a fresh pool hands blocks out. Refused (returns
+        False) while any request holds blocks.
+
+        Which physical blocks a request gets decides how many runs of consecutive ids its block table
+        has, and so how a CPU gathers its KV; a real run restores the order after its warm-up so that it
+        starts where a simulated run of the same workload starts.
+        """
+        if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
+            return False
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])  # block 0 is the null block
+        return True
+
     def take_events(self) -> list[KVCacheEvent]:
         events, self.events = self.events, []
         return events

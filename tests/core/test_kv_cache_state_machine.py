@@ -104,6 +104,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         if not in_use:
             assert not self.manager.block_pool.cached_block_hash_to_block
 
+    @rule()
+    def restore_free_order(self):
+        in_use = bool(self.live)
+        pool = self.manager.block_pool
+        assert pool.restore_free_order() is not in_use
+        if not in_use:  # a fresh pool's order: every usable block, by id (cached ones stay cached)
+            assert [block.block_id for block in pool.free_block_queue] == list(range(1, pool.num_blocks))
+
     @invariant()
     def block_invariants_hold(self):
         if not hasattr(self, "manager"):

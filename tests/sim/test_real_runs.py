@@ -73,6 +73,10 @@ def test_replay_of_a_real_run_takes_exactly_the_same_decisions(real_run_dir):
                             steps_table(recorder.step_columns()).to_pandas())
     assert cost_model.finished
     assert report.identical, report.describe()
+    # The blocks lie where they lay in the real run too: the warm-up and the speed probe hand the pool
+    # back in a fresh engine's order, so the block-run feature the cost model reads is the run's own.
+    recorded = run.steps.sort_values("step")["kv_block_runs"].tolist()
+    assert recorder.step_columns()["kv_block_runs"] == recorded
 
 
 # The suite runs in parallel: the real run may well have shared the machine (and is told so).
