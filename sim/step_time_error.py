@@ -9,7 +9,7 @@ at another speed than during calibration (or the model lacks a feature: see by k
 the step times are right but latencies are not, the difference is in the queueing.
 
 ``step_time_error_by_kind`` splits the error by what the step did (decodes only; a prefill chunk of a
-given size, fresh or after a context already in the cache): the kinds that carry most of the time and
+given size, fresh, after a context already in the cache, or after a long one): the kinds that carry most of the time and
 are off in the same direction on every recording are where the model needs a term.
 """
 
@@ -56,15 +56,22 @@ def step_time_error(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str
 # Prefill tokens in a step: the edges of the size classes (on the CPU a step's cost per token changes
 # between a few rows, a few hundred and a full 1024-token budget).
 PREFILL_TOKEN_EDGES = (128, 512)
+# Cached context the step's chunks read, above which a step is "after a long context": on the CPU the
+# shipped profile timed single chunks that end 2,000-3,000 keys in 10-15% fast and those within 1,024
+# keys 2-4% slow, and a single "after context" class mixed the two.
+LONG_CONTEXT_TOKENS = 1024
 
 
 def step_kind_labels(features: pd.DataFrame) -> np.ndarray:
-    """Each step's kind: "decode only", or "prefill <tokens in the step's chunks>, <fresh | after context>"."""
+    """Each step's kind: "decode only", or "prefill <tokens in the step's chunks>, <fresh | after context |
+    after a long context>" (the context summed over the step's chunks)."""
     prefill_tokens = features["num_prefill_tokens"].to_numpy()
     low, high = PREFILL_TOKEN_EDGES
     size = np.where(prefill_tokens <= low, f"1-{low}", np.where(prefill_tokens <= high, f"{low + 1}-{high}",
                                                                  f">{high}"))
-    context = np.where(features["prefill_context_tokens"].to_numpy() > 0, "after context", "fresh")
+    context_tokens = features["prefill_context_tokens"].to_numpy()
+    context = np.where(context_tokens > LONG_CONTEXT_TOKENS, f"after >{LONG_CONTEXT_TOKENS:,} cached",
+                       np.where(context_tokens > 0, "after context", "fresh"))
     labels = np.char.add(np.char.add(np.char.add("prefill ", size), ", "), context)
     return np.where(features["num_prefill_reqs"].to_numpy() > 0, labels, "decode only")
 

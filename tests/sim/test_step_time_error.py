@@ -63,8 +63,9 @@ def test_the_error_by_kind_of_step_points_at_the_steps_that_are_off(model):
 
 
 def test_step_kinds_split_prefill_chunks_by_size_and_context():
-    features = pd.DataFrame({"num_prefill_reqs": [0, 1, 1, 2, 1], "num_prefill_tokens": [0, 128, 129, 1024, 600],
-                             "prefill_context_tokens": [0, 0, 300, 0, 16]})
+    features = pd.DataFrame({"num_prefill_reqs": [0, 1, 1, 2, 1, 1, 2],
+                             "num_prefill_tokens": [0, 128, 129, 1024, 600, 1000, 90],
+                             "prefill_context_tokens": [0, 0, 300, 0, 16, 1025, 1024]})
     assert list(step_kind_labels(features)) == [
         "decode only", "prefill 1-128, fresh", "prefill 129-512, after context", "prefill >512, fresh",
-        "prefill >512, after context"]
+        "prefill >512, after context", "prefill >512, after >1,024 cached", "prefill 1-128, after context"]
