@@ -1,9 +1,14 @@
 """Load: 200 concurrent streaming requests, one in five closing its stream after two chunks.
 
-Every request that stays gets exactly its tokens; every one that leaves is aborted in the engine
-(the ``abort`` count rises by exactly the number that left: they asked for far more tokens than they
-read, so none can finish first); afterwards no request runs or waits and every KV block is free.
-Bounded: 200 requests, a 60 s ceiling on the whole exchange.
+Every request that stays gets exactly its tokens; the ones that leave are aborted in the engine;
+afterwards every request has ended, no request runs or waits and every KV block is free. Bounded: 200
+requests, a 60 s ceiling on the whole exchange.
+
+A leaver asks for far more tokens than it reads, so it is normally aborted long before it could
+finish. Not always: the server is another process on the same two cores, and a client starved of the
+CPU for a second or two (CI runs tests in parallel) once read its two chunks after 7 of the 40 leavers
+had generated all their tokens and ended with ``length``. So the count of aborts is bounded from below
+(most leavers), and every leaver is accounted for as an abort or a finish.
 """
 
 import asyncio
@@ -17,7 +22,7 @@ from tests.serve.serve_helpers import metric, parse_metrics, wait_until_idle
 NUM_REQUESTS = 200
 DISCONNECT_EVERY = 5          # request i disconnects when i % 5 == 0: 40 of 200
 CHUNKS_BEFORE_DISCONNECT = 2
-LEAVER_MAX_TOKENS = 256       # never reached: the client leaves after two chunks
+LEAVER_MAX_TOKENS = 480       # normally never reached: the client leaves after two chunks (max model len 512)
 LOAD_TIMEOUT_S = 60.0
 
 
@@ -74,9 +79,10 @@ def test_concurrent_streams_with_disconnects_leave_every_block_free(server):
     def finished(samples, reason):
         return metric(samples, "servesim_requests_finished_total", finished_reason=reason)
 
-    assert finished(after, "abort") - finished(before, "abort") == len(left)
-    assert finished(after, "length") - finished(before, "length") == len(stayed)
-    # The leavers stopped early: far fewer tokens than the 256 each one asked for.
+    aborted = finished(after, "abort") - finished(before, "abort")
+    ran_out = finished(after, "length") - finished(before, "length") - len(stayed)
+    assert aborted + ran_out == len(left) and aborted >= len(left) // 2, (aborted, ran_out)
+    # The leavers stopped early: far fewer tokens than the 480 each one asked for.
     generated = metric(after, "servesim_generation_tokens_total") - metric(before, "servesim_generation_tokens_total")
     assert generated < sum(r["max_tokens"] for r in stayed) + len(left) * LEAVER_MAX_TOKENS // 2
     print(f"\nload: {NUM_REQUESTS} streams, {len(left)} disconnects, {duration:.2f} s, "
