@@ -148,10 +148,16 @@ def _decode_inputs(batch: int, context: int, block_size: int, generator: torch.G
     }
 
 
-def _triton_decode(inputs: dict, output: torch.Tensor, scale: float) -> None:
+def _triton_decode(inputs: dict, output: torch.Tensor, scale: float, num_kv_splits: int | None = None) -> None:
     from kernels.triton_paged_attention import triton_paged_attention
     triton_paged_attention(inputs["query"], inputs["key_cache"], inputs["value_cache"], output,
-                           inputs["query_start_loc"], inputs["seq_lens"], inputs["block_table"], scale, 1)
+                           inputs["query_start_loc"], inputs["seq_lens"], inputs["block_table"], scale, 1,
+                           num_kv_splits=num_kv_splits)
+
+
+# Split-KV counts timed for every decode case beside the default choice: which one is fastest per batch
+# size is what tuning ``_default_num_kv_splits`` needs, and a GPU is lent rarely, so one run gathers it.
+SWEPT_KV_SPLITS = (1, 2, 4, 8, 16)
 
 
 def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
@@ -219,6 +225,10 @@ def measure_paged_decode(timer: Timer, batches: list[int], contexts: list[int]) 
                        "gb_per_s": kv_bytes / triton_us / 1e3,
                        "graph_us": timer.replayed(lambda: _triton_decode(inputs, output, scale))}
                 if block_size == FLASH_ATTN_PAGE:
+                    by_split = {splits: timer(lambda: _triton_decode(inputs, output, scale, splits))
+                                for splits in SWEPT_KV_SPLITS}
+                    best = min(by_split, key=by_split.get)
+                    row.update(us_by_kv_split=by_split, best_kv_split=best, best_kv_split_us=by_split[best])
                     try:
                         flash_decode, flash_name = flash_decode_baseline(inputs, scale)
                         flash_us = timer(flash_decode)
@@ -264,6 +274,11 @@ def print_table(results: dict) -> None:
               f"{row['gb_per_s']:>8.0f} {100 * row['gb_per_s'] / copy_bandwidth:>6.0f}% {flash}{graph}")
     for number, note in enumerate(notes, 1):
         print(f"[{number}] {note}")
+    for row in results["paged_decode"]:
+        if "us_by_kv_split" in row:
+            timings = ", ".join(f"{splits}: {us:.1f}" for splits, us in row["us_by_kv_split"].items())
+            print(f"triton decode {row['case']}, us by split-KV count ({timings}): best {row['best_kv_split']}, "
+                  f"default {row['us']:.1f} us")
     baselines = sorted({row["flash_baseline"] for row in results["paged_decode"] if "flash_baseline" in row})
     if baselines:
         print(f"flash us / ratio: against {', '.join(baselines)}")
