@@ -9,8 +9,8 @@ at another speed than during calibration (or the model lacks a feature: see by k
 the step times are right but latencies are not, the difference is in the queueing.
 
 ``step_time_error_by_kind`` splits the error by what the step did (decodes only; a prefill chunk of a
-given size, fresh, after a context already in the cache, or after a long one): the kinds that carry most of the time and
-are off in the same direction on every recording are where the model needs a term.
+given size, fresh, after a context already in the cache, or after a long one): the kinds that carry
+most of the time and are off in the same direction on every recording are where the model needs a term.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ LONG_CONTEXT_TOKENS = 1024
 
 def step_kind_labels(features: pd.DataFrame) -> np.ndarray:
     """Each step's kind: "decode only", or "prefill <tokens in the step's chunks>, <fresh | after context |
-    after a long context>" (the context summed over the step's chunks)."""
+    after >1,024 cached>" (the cached context summed over the step's chunks)."""
     prefill_tokens = features["num_prefill_tokens"].to_numpy()
     low, high = PREFILL_TOKEN_EDGES
     size = np.where(prefill_tokens <= low, f"1-{low}", np.where(prefill_tokens <= high, f"{low + 1}-{high}",
