@@ -114,9 +114,14 @@ class BlockPool:
         if stored_run:
             self._record_stored(stored_run, run_start, block_hashes, token_ids, block_size)
 
+    @property
+    def all_blocks_free(self) -> bool:
+        """No request holds a block: every usable block is in the free queue."""
+        return self.free_block_queue.num_free_blocks == self.num_blocks - 1
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block. Refused (returns False) while any request holds blocks."""
-        if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
+        if not self.all_blocks_free:
             return False
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
@@ -133,7 +138,7 @@ class BlockPool:
         has, and so how a CPU gathers its KV; a real run restores the order after its warm-up so that it
         starts where a simulated run of the same workload starts.
         """
-        if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
+        if not self.all_blocks_free:
             return False
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])  # block 0 is the null block
         return True
