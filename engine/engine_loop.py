@@ -32,9 +32,10 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from engine.core import Request, RequestStatus
+from engine.core import Request
 from engine.engine_components import EngineComponents
 from engine.engine_stats import EngineStats
+from engine.front_end_step import step_front_end
 from engine.output_collector import RequestOutputCollector
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -174,13 +175,7 @@ class EngineLoop:
         engine_core, output_processor = self.engine_core, self.output_processor
         scheduler = engine_core.scheduler
         try:
-            result = engine_core.step()
-            if result.scheduler_output is not None and result.scheduler_output.scheduled_new_reqs:
-                output_processor.mark_scheduled(r.req_id for r in result.scheduler_output.scheduled_new_reqs)
-            processed = output_processor.process_outputs(result.outputs, self.executor.take_prompt_logprobs)
-            if processed.reqs_to_abort:
-                # Stopped by a stop string: the core must free them before it schedules again.
-                scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+            result, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs)
         except Exception as error:
             logger.exception("an engine step failed; failing the requests in flight")
             step_error = EngineStepError(f"the engine step failed: {error!r}")

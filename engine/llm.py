@@ -21,9 +21,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from engine.core import EngineCore, RequestStatus, SamplingParams, Scheduler
+from engine.core import EngineCore, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine
+from engine.front_end_step import step_front_end
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.request_inputs import Prompt, is_token_id, make_core_request, parse_prompt, validate_request
@@ -121,7 +122,7 @@ class LLM:
 
     def _run_engine(self, request_ids: set[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        engine_core, output_processor, scheduler = self.engine_core, self.output_processor, self.scheduler
+        engine_core, output_processor = self.engine_core, self.output_processor
         progress = tqdm(total=len(request_ids), desc="Processed prompts", unit="req", disable=not use_tqdm,
                         dynamic_ncols=True)
         started, num_output_tokens = time.perf_counter(), 0
@@ -130,13 +131,7 @@ class LLM:
                 if not engine_core.has_work():
                     missing = sorted(request_ids - finished.keys())
                     raise RuntimeError(f"the engine has no work left but requests {missing[:5]} never finished")
-                result = engine_core.step()
-                if result.scheduler_output is not None and result.scheduler_output.scheduled_new_reqs:
-                    output_processor.mark_scheduled(r.req_id for r in result.scheduler_output.scheduled_new_reqs)
-                processed = output_processor.process_outputs(result.outputs, self.executor.take_prompt_logprobs)
-                if processed.reqs_to_abort:
-                    # Stopped by a stop string: the core must free them before it schedules again.
-                    scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+                _, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs)
                 for output in processed.request_outputs:
                     if output.finished and output.request_id in request_ids:
                         finished[output.request_id] = output
