@@ -67,7 +67,7 @@ def retime_run(run_dir: str | Path, out_dir: str | Path | None, *, model: str | 
     recorded = steps["duration"].tolist()
     load = MachineLoad.start()
     measured = retime_schedule(real.engine, requests, recorded, steps["num_scheduled_tokens"].tolist())
-    machine_load = load.summary()
+    machine_load = load.summary(sum(measured) if real.info.get("device") == "cpu" else None)
     if out_dir is not None:
         retimed = steps.copy()
         retimed["duration"] = measured

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
@@ -37,6 +38,7 @@ from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
+from sim.machine_load import busy_machine_warning
 from sim.speed_probe import probed_speed
 from sim.step_time_error import describe_step_time_error, step_time_error
 from workloads import WorkloadError, load_workload
@@ -298,10 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         if "cost_model_extrapolation" in comparison else None
     if note:
         console.print(f"[yellow]note:[/yellow] {note}")
+    real_dirs = [Path(path) for path in comparison.get("repeats", {}).get("real_runs", [real_dir])]
+    for path in real_dirs:
+        # A recording made beside other work is slower than the profile's machine, or time-shared.
+        load_note = busy_machine_warning(read_run(path).summary.get("machine_load"), str(path))
+        if load_note:
+            console.print(f"[yellow]note:[/yellow] {escape(load_note)}")
     if not args.no_dashboard:
         from analysis.dashboard import build_dashboard
 
-        real_dirs = [Path(path) for path in comparison.get("repeats", {}).get("real_runs", [real_dir])]
         build_dashboard([*real_dirs, out_dir / "sim"], out_dir / "dashboard.html")
     console.print(f"written to {out_dir}/ ({'' if args.real_run else 'real/, '}sim/, comparison.json)")
     return 0

@@ -7,6 +7,7 @@ calibration and simulation read only the recorded step and request tables.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,17 @@ def test_validate_against_a_recorded_run(tmp_path, capsys, name, _, real_run):
     assert abs(comparison["step_time_error"]["total"]) < 0.1
     printed = capsys.readouterr().out
     assert "largest headline error" in printed and "the real run's own" in printed
+
+
+def test_validate_notes_a_recording_that_was_time_shared(tmp_path, capsys):
+    recorded = tmp_path / "cpu-chat"
+    shutil.copytree(DATA / "runs" / "cpu-small-float32" / "cpu-chat", recorded)
+    summary = json.loads((recorded / "summary.json").read_text())
+    summary["machine_load"]["steps_on_cpu_fraction"] = 0.55
+    (recorded / "summary.json").write_text(json.dumps(summary))
+    assert validate_main(["--real-run", str(recorded), "--out", str(tmp_path / "validate"), "--no-dashboard"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "on a CPU for only 55% of its steps' wall time" in printed
 
 
 def test_validate_needs_exactly_one_of_workload_and_real_run(capsys):
