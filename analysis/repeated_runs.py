@@ -5,10 +5,13 @@ differ by tens of percent in a latency percentile: the machine's speed drifts, a
 multiplies a few percent of service time. A simulation compared with one recording then inherits that
 recording's luck. Compared with each metric's mean over several recordings, and next to how far the
 recordings lie from that mean, its error reads for what it is: inside or outside the machine's own noise.
+The mean is itself uncertain: its standard error (relative to it) says how far beyond that uncertainty
+an error against the mean lies.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,3 +50,17 @@ def spread_about_mean(real_summaries: Sequence[Mapping[str, Any]], metrics: Sequ
         errors = [relative_error(summary_value(summary, key), means[key]) for summary in real_summaries]
         spread[key] = max(abs(error) for error in errors) if all(error is not None for error in errors) else None
     return spread
+
+
+def standard_error_of_mean(real_summaries: Sequence[Mapping[str, Any]], metrics: Sequence[str] = FIDELITY_METRICS
+                           ) -> dict[str, float | None]:
+    """Per metric: the standard error of the recordings' mean, relative to the mean (sample standard
+    deviation / sqrt(n) / mean); None with fewer than two recordings or where one lacks the metric."""
+    errors: dict[str, float | None] = {}
+    for key in metrics:
+        values = [summary_value(summary, key) for summary in real_summaries]
+        if len(values) < 2 or not all(map(_is_number, values)) or not statistics.fmean(values):
+            errors[key] = None
+            continue
+        errors[key] = statistics.stdev(values) / len(values) ** 0.5 / abs(statistics.fmean(values))
+    return errors

@@ -5,8 +5,9 @@
 For each validation workload: the simulation's relative error against each recording of it (the
 latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``) and against each
 metric's mean over all its recordings, where the machine's drift between recordings partly averages
-out; then each recording against the mean of the others (the same workload, the same code, the same
-quiet machine, minutes apart): the floor under any simulator's error on that machine.
+out, with the standard error of that mean (how well the recordings pin it down); then each recording
+against the mean of the others (the same workload, the same code, the same quiet machine, minutes
+apart): the floor under any simulator's error on that machine.
 
 The last column is the profile's error on the total time of the recording's own steps
 (``sim/step_time_error.py``): the service-time error that the queues then amplify into latency error.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from analysis import read_run
 from analysis.fidelity import relative_error
-from analysis.repeated_runs import compare_with_mean, mean_metrics
+from analysis.repeated_runs import compare_with_mean, mean_metrics, standard_error_of_mean
 from sim.validate import step_time_sensitivity, validate_recorded
 
 RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             summaries = [read_run(run_dir).summary for _, run_dir in runs]
             print(row(f"{workload}: simulated vs mean of {len(runs)} recordings", compare_with_mean(simulated, summaries)))
+            # How well the recordings pin their mean down: an error against it of several of these is the model's.
+            standard_errors = standard_error_of_mean(summaries)
+            print(f"| {workload}: standard error of the mean of {len(runs)} recordings | "
+                  + " | ".join(f"±{standard_errors[key]:.1%}" for key, _ in COLUMNS) + " | | |")
             # The floor: each recording against the mean of the others, as the simulation is compared above.
             for index, (label, _) in enumerate(runs):
                 others = summaries[:index] + summaries[index + 1:]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from analysis.repeated_runs import compare_with_mean, mean_metrics, spread_about_mean
+from analysis.repeated_runs import compare_with_mean, mean_metrics, spread_about_mean, standard_error_of_mean
 
 METRICS = ("request_throughput", "ttft_ms.p50")
 REALS = [{"request_throughput": 2.0, "ttft_ms": {"p50": 100.0}},
@@ -23,4 +23,13 @@ def test_a_metric_one_recording_lacks_has_no_mean():
     reals = [*REALS[:2], {"request_throughput": 2.1}]
     assert mean_metrics(reals, METRICS)["ttft_ms.p50"] is None
     assert spread_about_mean(reals, METRICS)["ttft_ms.p50"] is None
+    assert standard_error_of_mean(reals, METRICS)["ttft_ms.p50"] is None
     assert compare_with_mean(REALS[0], reals, METRICS)["ttft_ms.p50"]["relative_error"] is None
+
+
+def test_standard_error_of_the_mean():
+    # TTFT p50 100, 140, 120: standard deviation 20, over sqrt(3), relative to the mean 120.
+    errors = standard_error_of_mean(REALS, METRICS)
+    assert errors["ttft_ms.p50"] == pytest.approx(20 / 3 ** 0.5 / 120)
+    assert errors["request_throughput"] == pytest.approx(0.1 / 3 ** 0.5 / 2.1)
+    assert standard_error_of_mean(REALS[:1], METRICS) == {"request_throughput": None, "ttft_ms.p50": None}
