@@ -30,7 +30,7 @@ from rich.table import Table
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
 from analysis.run_dir import Run
 from analysis.report import summary_value
-from analysis.repeated_runs import compare_with_mean, spread_about_mean
+from analysis.repeated_runs import compare_with_mean, spread_about_mean, standard_error_of_mean
 from engine.core import EngineCore, Scheduler
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
@@ -107,8 +107,8 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
 
 
 def compare_repeats(sim_dir: Path, real_dirs: list[Path]) -> dict:
-    """The simulation against every recording and against each metric's mean over them, and the
-    recordings' own spread about that mean."""
+    """The simulation against every recording and against each metric's mean over them, the
+    recordings' own spread about that mean, and that mean's standard error."""
     simulated = read_run(sim_dir).summary
     reals = [read_run(real_dir).summary for real_dir in real_dirs]
     return {
@@ -116,6 +116,7 @@ def compare_repeats(sim_dir: Path, real_dirs: list[Path]) -> dict:
         "worst_headline_error_each": [headline_error(compare_runs(simulated, real)) for real in reals],
         "vs_mean": compare_with_mean(simulated, reals),
         "real_spread_about_mean": spread_about_mean(reals),
+        "mean_standard_error": standard_error_of_mean(reals),
     }
 
 
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"over {len(repeated['real_runs'])} recordings: largest headline error against each "
                       + ", ".join(f"{error:.1%}" for error in repeated["worst_headline_error_each"])
                       + f"; against their mean {headline_error({'metrics': repeated['vs_mean']}):.1%}; "
-                      f"the recordings themselves lie up to {spread:.1%} from their mean")
+                      f"the recordings themselves lie up to {spread:.1%} from their mean (standard error of "
+                      f"the mean up to {max(repeated['mean_standard_error'][key] or 0.0 for key in HEADLINE_METRICS):.1%})")
     step_note = describe_step_time_error(comparison["step_time_error"])
     if step_note:
         console.print(step_note)

@@ -197,8 +197,11 @@ def test_validate_records_repeats_and_compares_with_their_mean(real_run_dir, tmp
     assert repeated["vs_mean"]["ttft_ms.p50"]["real"] == pytest.approx(mean_ttft)
     spread = repeated["real_spread_about_mean"]["ttft_ms.p50"]
     assert spread == pytest.approx(abs(first.summary["ttft_ms"]["p50"] / mean_ttft - 1))
+    # Two recordings: the sample standard deviation is |a - b| / sqrt(2), over sqrt(2) and the mean.
+    assert repeated["mean_standard_error"]["ttft_ms.p50"] == pytest.approx(spread)
     output = capsys.readouterr().out
     assert "over 2 recordings: largest headline error against each" in output
+    assert "(standard error of the mean up to" in " ".join(output.split())
     assert "speed probe: steps took" in output  # both recordings and the profile's run carry a probe
     assert "sensitivity: 1% more time in every step moves" in output and "diagnosis: simulated at" in output
     assert read_probe(out / "real-2") is not None
