@@ -92,6 +92,7 @@ def test_the_fidelity_table_covers_every_recording(capsys):
         assert f"{workload}: simulated vs latest" in printed and f"{workload}: repeat 2 vs mean of the other 6" in printed
         assert f"{workload}: simulated vs mean of 7 recordings" in printed
         assert f"{workload}: standard error of the mean of 7 recordings | ±" in printed
+        assert f"{workload}: mean of 7 simulations at each recording's own speed (mean " in printed
         # The last three recordings carry a speed probe; every one gets the diagnosis at its own speed.
         assert f"{workload}: mean of 3 simulations at the probed speed vs mean of those 3 recordings" in printed
         assert printed.count(f"{workload}: simulated at its own speed") == 7
