@@ -128,7 +128,13 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             *(format_number(stats.get(column)) for column in ("mean", "p50", "p90", "p99")),
             format_number(stats.get("count")),
         )
-    return Group(headline, Text(""), latency)
+    parts: list[RenderableType] = [headline]
+    examples = summary.get("ignored_examples")
+    if examples:
+        # The engine never serves these: the reason says what to change, the workload or the engine.
+        parts.append(Text(f"ignored requests, the first: {examples[0]['request_id']}: {examples[0]['reason']}",
+                          style="yellow"))
+    return Group(*parts, Text(""), latency)
 
 
 def comparison_renderable(

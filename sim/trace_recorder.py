@@ -33,6 +33,7 @@ class TraceRecorder:
         self.num_cached_tokens: list[int] = []
         self.num_preemptions: list[int] = []
         self.finish_reason: list[str | None] = []
+        self.status_message: list[str | None] = []
         self.priority: list[int] = []
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
@@ -50,6 +51,7 @@ class TraceRecorder:
         self.num_cached_tokens.append(0)
         self.num_preemptions.append(0)
         self.finish_reason.append(None)
+        self.status_message.append(None)
         self.priority.append(priority)
         self.token_times[request_id] = []
 
@@ -106,6 +108,7 @@ class TraceRecorder:
                 position = self._index[output.request_id]
                 self.finish_time[position] = now
                 self.finish_reason[position] = output.finish_reason
+                self.status_message[position] = output.status_message
                 self.num_cached_tokens[position] = output.num_cached_tokens
 
     def on_fast_forward(self, starts: list[float], durations: list[float], features: list[StepFeatures],
@@ -170,6 +173,7 @@ class TraceRecorder:
             "num_cached_tokens": self.num_cached_tokens,
             "num_preemptions": self.num_preemptions,
             "finish_reason": self.finish_reason,
+            "status_message": self.status_message,
             "priority": self.priority,
             "token_times": token_times,
         }

@@ -124,6 +124,17 @@ def test_all_aborted_run_does_not_crash(request_columns, step_columns):
     assert summary["prefix_cache_hit_rate"] == pytest.approx(0.4)
 
 
+def test_the_first_ignored_requests_are_named_with_their_reason(request_columns, step_columns):
+    assert "ignored_examples" not in summarize(request_columns, step_columns)
+    request_columns["finish_reason"] = ["ignored", "length", "ignored", "ignored"]
+    request_columns["status_message"] = ["too long a", None, "too long c", "too long d"]
+    request_columns["arrival_time"] = [0.3, 0.0, 0.1, 0.2]
+    summary = summarize(request_columns, step_columns)
+    reasons = [(example["request_id"], example["reason"]) for example in summary["ignored_examples"]]
+    ids = request_columns["request_id"]
+    assert reasons == [(ids[2], "too long c"), (ids[3], "too long d"), (ids[0], "too long a")]
+
+
 def test_unfinished_requests_are_counted_apart(request_columns, step_columns):
     request_columns["finish_reason"][3] = None
     request_columns["finish_time"][3] = float("nan")

@@ -152,6 +152,26 @@ def test_a_tiny_pool_preempts_and_still_finishes_everything(tmp_path):
     assert result.summary["num_finished"] == 300
 
 
+def test_requests_a_pool_can_never_hold_are_ignored_with_the_reason(tmp_path, capsys):
+    # 40 usable blocks of 16 tokens hold 640 tokens: the chat example's longer prompts can never run.
+    argv = ["--set", "workload.num_requests=40", "--set", "engine.num_gpu_blocks=41", "--set", "engine.block_size=16",
+            "--out", str(tmp_path / "run"), "--no-progress", "--no-dashboard"]
+    assert sim_run_main(argv) == 0
+    run = read_run(tmp_path / "run")
+    ignored = run.requests[run.requests["finish_reason"] == "ignored"]
+    served = run.requests[run.requests["finish_reason"] != "ignored"]
+    assert len(ignored) > 0 and (ignored["num_prompt_tokens"] > 640).all()
+    assert ignored["status_message"].str.contains("exceeds the KV cache capacity (40 blocks x 16 tokens)",
+                                                  regex=False).all()
+    assert len(served) > 0 and (served["finish_reason"] == "length").all() and served["status_message"].isna().all()
+    examples = run.summary["ignored_examples"]
+    first = ignored.sort_values("arrival_time").iloc[0]
+    assert examples[0] == {"request_id": first["request_id"], "reason": first["status_message"]}
+    assert len(examples) == min(3, len(ignored))
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"ignored requests, the first: {first['request_id']}: prompt length {first['num_prompt_tokens']}" in printed
+
+
 def test_scheduler_configs_pass_through():
     setup = build_setup(small_chat("engine.max_num_seqs=7", "engine.scheduling_policy=priority"))
     assert isinstance(setup.scheduler_config, SchedulerConfig) and isinstance(setup.cache_config, CacheConfig)
