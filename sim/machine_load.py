@@ -5,8 +5,8 @@ core slowed a recorded calibration run's decode steps by 6% (re-timed on the qui
 ``python -m sim.retime``), through the shared last-level cache and memory bandwidth, without taking a
 single cycle from the run's own thread. A profile fitted on such a run predicts every quiet run too
 slow. The run therefore records how many CPUs other processes kept busy on average, from the kernel's
-counters (``/proc/stat``) less this process's own CPU time, and ``sim.calibrate`` warns about runs
-recorded beside other work.
+counters (``/proc/stat``) less this process's own CPU time, and ``sim.calibrate`` and ``sim.validate``
+warn about runs recorded beside other work.
 
 Worse than sharing caches is sharing the CPUs themselves: with more runnable threads than CPUs, the
 run's thread is taken off its CPU for whole scheduler slices (milliseconds, as long as a small model's

@@ -52,8 +52,8 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     started = time.perf_counter()
     recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)")
     finished = time.perf_counter()
-    on_cpu = (executor_info or {}).get("device") == "cpu"
-    machine_load = load.summary(sum(recorder.step_columns()["duration"]) if on_cpu else None)
+    cpu_run = (executor_info or {}).get("device") == "cpu"
+    machine_load = load.summary(sum(recorder.step_columns()["duration"]) if cpu_run else None)
     if speed_probe:
         probes.append(run_speed_probe(engine, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
                                       phase="after"))
