@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -87,6 +88,16 @@ def recording_errors(fit: FitResult, features: pd.DataFrame, run_dirs: list[Path
     return errors
 
 
+def speed_standard_error(errors: dict[str, float]) -> float | None:
+    """How well the recordings pin the profile's speed down: the standard error of their mean total-time
+    error (sample standard deviation / sqrt(n)); None with fewer than two. The machine's drift between
+    recordings makes each one a sample of its speed; a simulation's latency is uncertain by this times
+    its gain (``sim.validate``'s sensitivity line) before any error of the model's own."""
+    if len(errors) < 2:
+        return None
+    return statistics.stdev(errors.values()) / len(errors) ** 0.5
+
+
 def recording_spread_warning(errors: dict[str, float]) -> str | None:
     if len(errors) < 2 or max(errors.values()) - min(errors.values()) <= RECORDING_SPREAD_WARNING:
         return None
@@ -145,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     errors_by_run = json.loads(args.output.read_text())["provenance"]["recording_errors"]
     if len(errors_by_run) > 1:
         print("  total step time by recording: " + ", ".join(f"{Path(run).name} {error:+.1%}"
-                                                           for run, error in errors_by_run.items()))
+                                                           for run, error in errors_by_run.items())
+              + f"; the profile's speed is their mean, within {speed_standard_error(errors_by_run):.1%} "
+              "(one standard error)")
     warning = recording_spread_warning(errors_by_run)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

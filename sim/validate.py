@@ -32,7 +32,9 @@ from analysis.run_dir import Run
 from analysis.report import summary_value
 from analysis.repeated_runs import compare_with_mean, spread_about_mean, standard_error_of_mean
 from engine.core import EngineCore, Scheduler
+from sim.calibrate import speed_standard_error
 from sim.cost_models import CalibratedCostModel
+from sim.cost_models.calibrated import load_profile
 from sim.replay import replay_inputs
 from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
@@ -135,11 +137,18 @@ def step_time_sensitivity(real_run: Path | Run, profile: Path | CalibratedCostMo
     return gains
 
 
-def describe_sensitivity(gains: dict[str, float | None]) -> str:
+def describe_sensitivity(gains: dict[str, float | None], profile_speed_error: float | None = None) -> str:
+    """``profile_speed_error``: how well the profile's calibration recordings pin its speed down
+    (``sim.calibrate.speed_standard_error``), which the largest gain turns into latency uncertainty."""
     latency = {key: gain for key, gain in gains.items() if gain is not None and "throughput" not in key}
     worst = max(latency, key=lambda key: abs(latency[key]))
-    return ("sensitivity: 1% more time in every step moves " + ", ".join(f"{key} {gain:+.1f}%" for key, gain
-            in latency.items()) + f"; a step-time error of e moves {worst} by about {abs(latency[worst]):.0f}e")
+    described = ("sensitivity: 1% more time in every step moves " + ", ".join(f"{key} {gain:+.1f}%" for key, gain
+                 in latency.items()) + f"; a step-time error of e moves {worst} by about {abs(latency[worst]):.0f}e")
+    if profile_speed_error is not None:
+        described += (f". The profile's speed is known within {profile_speed_error:.1%} (one standard error over "
+                      f"its calibration recordings): {abs(latency[worst]) * profile_speed_error:.1%} on {worst} "
+                      "before any error of the model's")
+    return described
 
 
 def headline_error(comparison: dict) -> float:
@@ -281,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if speed_note:
         console.print(speed_note)
     if "sensitivity_per_percent" in comparison:
-        console.print(describe_sensitivity(comparison["sensitivity_per_percent"]))
+        recording_errors = load_profile(args.profile).provenance.get("recording_errors", {})
+        console.print(describe_sensitivity(comparison["sensitivity_per_percent"], speed_standard_error(recording_errors)))
     own = comparison["at_run_speed"]
     console.print(f"diagnosis: simulated at the run's own speed (its steps' measured total, {own['speed_factor'] - 1:+.1%}; "
                   f"not a prediction) the largest headline error is {headline_error(own):.1%}; what separates it "

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import steps_table, write_run, requests_table
-from sim.calibrate import main as calibrate_main
+from sim.calibrate import main as calibrate_main, speed_standard_error
 from sim.calibration_fit import fit_step_model, step_feature_frame
 from sim.cost_models import StepFeatures, load_cost_model
 from sim.cost_models.calibrated_range import calibrated_range, describe_extrapolation, extrapolation_report
@@ -168,6 +168,11 @@ def test_calibration_reports_recordings_that_ran_at_different_speeds(tmp_path, c
     assert errors[runs[0]] == pytest.approx(0.04, abs=0.015) and errors[runs[1]] == pytest.approx(-0.037, abs=0.015)
     captured = capsys.readouterr()
     assert "total step time by recording: steady +" in captured.out
+    # Two recordings: the standard error of their mean is |a - b| / sqrt(2) / sqrt(2).
+    standard_error = speed_standard_error(errors)
+    assert standard_error == pytest.approx(abs(errors[runs[0]] - errors[runs[1]]) / 2)
+    assert f"the profile's speed is their mean, within {standard_error:.1%}" in " ".join(captured.out.split())
+    assert speed_standard_error({runs[0]: 0.01}) is None
     assert "recordings ran at different speeds" in captured.err
     # Recordings that agree draw no warning.
     assert calibrate_main([runs[0], runs[0], "-o", str(tmp_path / "same.json")]) == 0

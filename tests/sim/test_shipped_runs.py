@@ -59,8 +59,10 @@ def test_validate_against_a_recorded_run(tmp_path, capsys, name, _, real_run):
     for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
         assert abs(metrics[key]["relative_error"]) < 0.25, (key, metrics[key])
     assert abs(comparison["step_time_error"]["total"]) < 0.1
-    printed = capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())
     assert "largest headline error" in printed and "the real run's own" in printed
+    # The CPU profile's nine calibration recordings pin its speed down; the GPU profile has one recording.
+    assert ("The profile's speed is known within 0.7%" in printed) is name.startswith("cpu")
 
 
 def test_validate_notes_a_recording_that_was_time_shared(tmp_path, capsys):
@@ -92,6 +94,7 @@ def test_the_fidelity_table_covers_every_recording(capsys):
         assert f"{workload}: simulated vs latest" in printed and f"{workload}: repeat 2 vs mean of the other 6" in printed
         assert f"{workload}: simulated vs mean of 7 recordings" in printed
         assert f"{workload}: standard error of the mean of 7 recordings | ±" in printed
+        assert f"{workload}: with the profile's speed (±0.7%) times each gain | ±" in printed
         assert f"{workload}: mean of 7 simulations at each recording's own speed (mean " in printed
         # The last three recordings carry a speed probe; every one gets the diagnosis at its own speed.
         assert f"{workload}: mean of 3 simulations at the probed speed vs mean of those 3 recordings" in printed
