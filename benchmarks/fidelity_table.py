@@ -5,11 +5,10 @@
 For each validation workload: the simulation's relative error against each recording of it (the
 latest in ``sim/data/runs/cpu-small-float32/``, earlier ones under ``repeats/N/``) and against each
 metric's mean over all its recordings, where the machine's drift between recordings partly averages
-out, with the standard error of that mean (how well the recordings pin it down) and that combined with
-the profile's own (its speed is the mean of its calibration recordings, uncertain by their standard
-error, which each metric's gain below amplifies); then each recording against the mean of the others
-(the same workload, the same code, the same quiet machine, minutes apart): the floor under any
-simulator's error on that machine.
+out, with the standard error of that mean (how well the recordings pin it down; the profile's own, from
+its calibration recordings, is ``benchmarks.calibration_uncertainty``'s); then each recording against the
+mean of the others (the same workload, the same code, the same quiet machine, minutes apart): the floor
+under any simulator's error on that machine.
 
 The last column is the profile's error on the total time of the recording's own steps
 (``sim/step_time_error.py``): the service-time error that the queues then amplify into latency error.
@@ -27,7 +26,6 @@ against the mean of those recordings.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -35,8 +33,6 @@ from pathlib import Path
 from analysis import read_run
 from analysis.fidelity import relative_error
 from analysis.repeated_runs import compare_with_mean, mean_metrics, standard_error_of_mean
-from sim.calibrate import speed_standard_error
-from sim.cost_models.calibrated import load_profile
 from sim.validate import step_time_sensitivity, validate_recorded
 
 RUNS = Path(__file__).resolve().parents[1] / "sim" / "data" / "runs" / "cpu-small-float32"
@@ -92,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency | step time |")
     print("|---|" + "---|" * (len(COLUMNS) + 2))
     sensitivities = {}
-    profile_speed_error = speed_standard_error(load_profile(args.profile).provenance.get("recording_errors", {}))
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
             runs = recordings(workload)
@@ -123,17 +118,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             summaries = [read_run(run_dir).summary for _, run_dir in runs]
             print(row(f"{workload}: simulated vs mean of {len(runs)} recordings", compare_with_mean(simulated, summaries)))
-            # How well the recordings pin their mean down, and the profile's speed (the mean of its own
-            # recordings) through each metric's gain: an error of several of these is the model's.
+            # How well the recordings pin their mean down (the profile's own uncertainty, from its
+            # calibration recordings, is benchmarks.calibration_uncertainty's).
             standard_errors = standard_error_of_mean(summaries)
             print(f"| {workload}: standard error of the mean of {len(runs)} recordings | "
                   + " | ".join(f"±{standard_errors[key]:.1%}" for key, _ in COLUMNS) + " | | |")
-            if profile_speed_error is not None:
-                gains = sensitivities[workload]
-                combined = {key: math.hypot(standard_errors[key], gains[key] * profile_speed_error)
-                            for key, _ in COLUMNS}
-                print(f"| {workload}: with the profile's speed (±{profile_speed_error:.1%}) times each gain | "
-                      + " | ".join(f"±{combined[key]:.1%}" for key, _ in COLUMNS) + " | | |")
             # What is left with each recording's total step time matched: how the profile shares time between
             # kinds of step, and the queues; the rest of the row above is the profile's speed on these runs.
             print(row(f"{workload}: mean of {len(runs)} simulations at each recording's own speed (mean "

@@ -147,7 +147,7 @@ def describe_sensitivity(gains: dict[str, float | None], profile_speed_error: fl
     if profile_speed_error is not None:
         described += (f". The profile's speed is known within {profile_speed_error:.1%} (one standard error over "
                       f"its calibration recordings): {abs(latency[worst]) * profile_speed_error:.1%} on {worst} "
-                      "before any error of the model's")
+                      "from its speed alone, before any error of the model's")
     return described
 
 

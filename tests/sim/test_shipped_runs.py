@@ -8,6 +8,7 @@ calibration and simulation read only the recorded step and request tables.
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -94,9 +95,30 @@ def test_the_fidelity_table_covers_every_recording(capsys):
         assert f"{workload}: simulated vs latest" in printed and f"{workload}: repeat 2 vs mean of the other 6" in printed
         assert f"{workload}: simulated vs mean of 7 recordings" in printed
         assert f"{workload}: standard error of the mean of 7 recordings | ±" in printed
-        assert f"{workload}: with the profile's speed (±0.7%) times each gain | ±" in printed
         assert f"{workload}: mean of 7 simulations at each recording's own speed (mean " in printed
         # The last three recordings carry a speed probe; every one gets the diagnosis at its own speed.
         assert f"{workload}: mean of 3 simulations at the probed speed vs mean of those 3 recordings" in printed
         assert printed.count(f"{workload}: simulated at its own speed") == 7
         assert f"| {workload} | " in printed  # its row of the sensitivity table
+
+
+def test_jackknife_standard_error_of_a_known_sample():
+    from benchmarks.calibration_uncertainty import jackknife_standard_error
+
+    # Leave-one-out means of 1, 2, 3, 4: (9, 8, 7, 6) / 3; the jackknife gives the mean's usual standard error.
+    leave_one_out = [(10 - value) / 3 for value in (1, 2, 3, 4)]
+    assert jackknife_standard_error(leave_one_out) == pytest.approx(statistics.stdev([1, 2, 3, 4]) / 2)
+
+
+def test_calibration_uncertainty_refits_without_each_recording(capsys):
+    from benchmarks.calibration_uncertainty import calibration_runs, main as uncertainty_main
+
+    runs = calibration_runs(DATA / "profiles" / "cpu-small-float32.json")
+    assert len(runs) == 9 and all(run.is_dir() for run in runs)
+    assert uncertainty_main(["--runs", *map(str, runs[:3]), "--workload", "cpu-overload"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| cpu-overload")]
+    assert [row.split(":")[1].split("|")[0].strip() for row in rows] == [
+        "profile, leave one of 3 recordings out", "mean of 7 recordings", "combined standard error",
+        "simulated vs mean, in combined standard errors"]
+    # Three refits on different recordings simulate different latencies: a spread, not zeros.
+    assert any(cell.strip() not in ("±0.0%", "") for cell in rows[0].split("|")[3:])
