@@ -53,15 +53,17 @@ def calibration_runs(profile: Path) -> list[Path]:
     return [path if path.is_absolute() else REPOSITORY / path for path in map(Path, runs)]
 
 
-def leave_one_out_simulations(runs: list[Path], workloads: list[str], scratch: Path) -> dict[str, list[dict]]:
-    """Per workload, the summaries of its latest recording's request stream simulated with each refit."""
+def leave_one_out_simulations(runs: list[Path], workloads: list[str], scratch: Path,
+                              fixed: dict[str, float] | None = None) -> dict[str, list[dict]]:
+    """Per workload, the summaries of its latest recording's request stream simulated with each refit
+    (``fixed``: coefficients taken as given, as the profile's own fit took them)."""
     simulated: dict[str, list[dict]] = {workload: [] for workload in workloads}
     latest = {workload: read_run(recordings(workload)[0][1]) for workload in workloads}
     for left_out in range(len(runs)):
         profile = scratch / f"without-{left_out}.json"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the recordings' own warnings were seen when they were fitted
-            calibrate(runs[:left_out] + runs[left_out + 1:], profile)
+            calibrate(runs[:left_out] + runs[left_out + 1:], profile, fixed=fixed)
         for workload in workloads:
             simulated[workload].append(simulate_like(latest[workload], profile, scratch / f"{workload}-{left_out}"))
     return simulated
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", action="append", choices=WORKLOADS, help="default: all four")
     args = parser.parse_args(argv)
     runs = args.runs or calibration_runs(args.profile)
+    fixed = load_profile(args.profile).provenance.get("fixed_coefficients")
     if len(runs) < 3:
         parser.error(f"a jackknife needs at least 3 calibration recordings, got {len(runs)}")
     workloads = args.workload or list(WORKLOADS)
@@ -106,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|" + "---|" * len(COLUMNS))
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        refits = leave_one_out_simulations(runs, workloads, scratch)
+        refits = leave_one_out_simulations(runs, workloads, scratch, fixed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            calibrate(runs, scratch / "all.json")
+            calibrate(runs, scratch / "all.json", fixed=fixed)
         for workload in workloads:
             full = simulate_like(read_run(recordings(workload)[0][1]), scratch / "all.json", scratch / workload)
             real_summaries = [read_run(run_dir).summary for _, run_dir in recordings(workload)]
