@@ -34,7 +34,6 @@ from analysis.repeated_runs import compare_with_mean, spread_about_mean, standar
 from engine.core import EngineCore, Scheduler
 from sim.calibrate import speed_standard_error
 from sim.cost_models import CalibratedCostModel
-from sim.cost_models.calibrated import load_profile
 from sim.replay import replay_inputs
 from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
@@ -196,6 +195,9 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     if sensitivity:
         comparison["sensitivity_per_percent"] = step_time_sensitivity(
             real_run, model, out_dir, sim_summary, speed["speed_factor"] if applied else 1.0)
+        # How well the profile's calibration recordings pin its speed down (None with one recording).
+        comparison["profile_speed_standard_error"] = speed_standard_error(
+            model.profile.provenance.get("recording_errors", {}))
     if "cost_model_extrapolation" in sim_summary:
         comparison["cost_model_extrapolation"] = sim_summary["cost_model_extrapolation"]
     if workload_path is not None:
@@ -290,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if speed_note:
         console.print(speed_note)
     if "sensitivity_per_percent" in comparison:
-        recording_errors = load_profile(args.profile).provenance.get("recording_errors", {})
-        console.print(describe_sensitivity(comparison["sensitivity_per_percent"], speed_standard_error(recording_errors)))
+        console.print(describe_sensitivity(comparison["sensitivity_per_percent"],
+                                           comparison["profile_speed_standard_error"]))
     own = comparison["at_run_speed"]
     console.print(f"diagnosis: simulated at the run's own speed (its steps' measured total, {own['speed_factor'] - 1:+.1%}; "
                   f"not a prediction) the largest headline error is {headline_error(own):.1%}; what separates it "
