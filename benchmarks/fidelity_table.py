@@ -21,11 +21,18 @@ Recordings that carry a speed probe (``sim/speed_probe.py``) get a second row: t
 machine's speed the probe measured around that recording, whose last column is the step-time error the
 probe's speed left (how well the probe caught the run's own speed); then the mean of those simulations
 against the mean of those recordings.
+
+Last, the step-level figures over all recordings of each workload: the mean error of their total step
+time and of how the profile shares their time between kinds of step, each with its standard error. A
+change to the step-time model is best judged on these: they move by fractions of a point by chance,
+the latency percentiles by several.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency | step time |")
     print("|---|" + "---|" * (len(COLUMNS) + 2))
     sensitivities = {}
+    step_level: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
             runs = recordings(workload)
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 at_profile_speed = comparison.get("at_profile_speed", comparison)
                 print(row(f"{workload}: simulated vs {label}", at_profile_speed["metrics"],
                           comparison["step_time_error"]["total"]))
+                step_level.setdefault(workload, []).append(comparison["step_time_error"])
                 own = comparison["at_run_speed"]
                 print(row(f"{workload}: simulated at its own speed ({own['speed_factor'] - 1:+.1%}, a diagnosis) vs {label}",
                           own["metrics"]))
@@ -139,7 +148,27 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|" + "---|" * (len(COLUMNS) - 1))
     for workload, gains in sensitivities.items():
         print(f"| {workload} | " + " | ".join(f"{gains[key]:+.1f}" for key, _ in COLUMNS[1:]) + " |")
+    print(step_level_table(step_level))
     return 0
+
+
+def step_level_table(reports: dict[str, list[dict]]) -> str:
+    """The step-level figures to judge a change of the model by, per workload over its recordings: the
+    mean error of the recordings' total step time (the profile's speed on them) and the mean error in
+    how it shares their time between kinds of step (``sim.step_time_error.time_sharing_error``), each
+    with its standard error. They move by fractions of a point between recordings where the latency
+    percentiles above move by several points."""
+    lines = ["\nThe profile on the recordings' own steps (mean over the recordings, ± its standard error):\n",
+             "| workload | recordings | total step time | time shared between kinds of step |", "|---|---|---|---|"]
+    for workload, found in reports.items():
+        cells = []
+        for key, signed in (("total", True), ("sharing_error", False)):
+            values = [report[key] for report in found]
+            mean = statistics.fmean(values)
+            spread = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+            cells.append(f"{mean:+.2%} ±{spread:.2%}" if signed else f"{mean:.2%} ±{spread:.2%}")
+        lines.append(f"| {workload} | {len(found)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

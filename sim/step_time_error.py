@@ -50,7 +50,23 @@ def step_time_error(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str
         if selected.any():
             report[name] = float(predicted[selected].sum() / measured[selected].sum() - 1)
     report["by_kind"] = _error_by_kind(predicted, features)
+    report["sharing_error"] = time_sharing_error(report["by_kind"])
     return report
+
+
+def time_sharing_error(by_kind: list[dict]) -> float:
+    """How wrongly the profile shares a run's time between kinds of step, whatever its overall speed:
+    with the prediction scaled to the measured total, the time-weighted mean of each kind's |error|.
+
+    The machine's speed drifts by a few percent between recordings and moves every step alike, so the
+    total error of one recording is mostly that drift; this figure is unchanged by it (scaling every
+    step by one factor leaves it as it was). It is what a model change should improve: latency
+    percentiles move 2-10% by chance between recordings, a recording's sharing error by a fraction of
+    a point. Zero when every kind is off by the same factor."""
+    if not by_kind:
+        return 0.0
+    scale = 1 / (1 + sum(row["time_share"] * row["total"] for row in by_kind))  # measured total / predicted
+    return float(sum(row["time_share"] * abs((1 + row["total"]) * scale - 1) for row in by_kind))
 
 
 # Prefill tokens in a step: the edges of the size classes (on the CPU a step's cost per token changes
@@ -103,5 +119,7 @@ def describe_step_time_error(report: dict) -> str | None:
     parts = [f"{report[key]:+.1%} {label}" for key, label in (("decode_only_total", "decode-only"),
                                                                ("with_prefill_total", "with a prefill chunk"))
              if key in report]
+    sharing = (f"; time shared between kinds of step {report['sharing_error']:.1%} off at the measured total"
+               if "sharing_error" in report else "")
     return (f"the profile times the real run's own {report['num_steps']} steps {report['total']:+.1%} in total "
-            f"({', '.join(parts)}; median |error| per step {report['median_abs']:.1%})")
+            f"({', '.join(parts)}; median |error| per step {report['median_abs']:.1%}{sharing})")

@@ -7,7 +7,7 @@ import pytest
 
 from sim.cost_models import CalibratedCostModel
 from sim.step_time_error import (describe_step_time_error, predicted_step_times, step_kind_labels, step_time_error,
-                                  step_time_error_by_kind)
+                                  step_time_error_by_kind, time_sharing_error)
 
 DATA = Path(__file__).resolve().parents[2] / "sim" / "data"
 RUN = DATA / "runs" / "cpu-small-float32" / "cpu-overload"
@@ -69,3 +69,20 @@ def test_step_kinds_split_prefill_chunks_by_size_and_context():
     assert list(step_kind_labels(features)) == [
         "decode only", "prefill 1-128, fresh", "prefill 129-512, after context", "prefill >512, fresh",
         "prefill >512, after context", "prefill >512, after >1,024 cached", "prefill 1-128, after context"]
+
+
+def test_the_sharing_error_ignores_the_machines_speed_and_sees_a_kind_that_is_off(model):
+    # Two kinds, equal time: one timed 10% long, one 10% short. The total is right, each kind 10% off.
+    assert time_sharing_error([{"time_share": 0.5, "total": 0.1}, {"time_share": 0.5, "total": -0.1}]) == pytest.approx(0.1)
+    # Every kind 10% long: only the speed is off, and the sharing is right.
+    assert time_sharing_error([{"time_share": 0.3, "total": 0.1}, {"time_share": 0.7, "total": 0.1}]) == pytest.approx(0.0)
+    assert time_sharing_error([]) == 0.0
+    steps = pd.read_parquet(DATA / "runs" / "cpu-small-float32" / "cpu-long-prompts" / "steps.parquet")
+    report = step_time_error(model, steps)
+    assert 0 < report["sharing_error"] < 0.05
+    slower = steps.assign(duration=steps["duration"] * 1.1)
+    assert step_time_error(model, slower)["sharing_error"] == pytest.approx(report["sharing_error"])
+    long_chunks = steps["num_prefill_tokens"] > 512
+    skewed = steps.assign(duration=steps["duration"].where(~long_chunks, steps["duration"] * 1.2))
+    assert step_time_error(model, skewed)["sharing_error"] > report["sharing_error"] + 0.02
+    assert "time shared between kinds of step" in describe_step_time_error(report)
