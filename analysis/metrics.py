@@ -159,8 +159,8 @@ def compute_summary(
     - kv_usage_mean: mean kv_usage weighted by step duration (the fraction of time the cache was
       that full); kv_usage_max: its maximum.
     - ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms: {count, mean, p50, p90, p99} in milliseconds.
-    - ignored_examples (only when requests were ignored and the trace says why): the first few, each
-      {request_id, reason}.
+    - ignored_examples / errored_examples (only when requests were ignored / errored and the trace says
+      why): the first few, each {request_id, reason}.
     """
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
@@ -213,22 +213,25 @@ def compute_summary(
         "e2e_ms": latency_stats(latencies["e2e_ms"].to_numpy() / 1000.0),
         "queue_ms": latency_stats(latencies["queue_ms"].to_numpy() / 1000.0),
     }
-    examples = _ignored_examples(requests)
-    if examples:
-        summary["ignored_examples"] = examples
+    for finish_reason in ("ignored", "error"):
+        examples = _examples(requests, finish_reason)
+        if examples:
+            summary[EXAMPLES_KEYS[finish_reason]] = examples
     return json_safe(summary)
 
 
-# How many ignored requests the summary names with their reason: enough to see what went wrong.
+# How many ignored (or errored) requests the summary names with their reason: enough to see what went wrong.
 NUM_IGNORED_EXAMPLES = 3
+EXAMPLES_KEYS = {"ignored": "ignored_examples", "error": "errored_examples"}
 
 
-def _ignored_examples(requests: pd.DataFrame) -> list[dict[str, str]]:
-    """The first ignored requests (by arrival) with the engine's reason, from traces that record it."""
+def _examples(requests: pd.DataFrame, finish_reason: str) -> list[dict[str, str]]:
+    """The first requests (by arrival) that ended with ``finish_reason``, with the reason the engine (or
+    the server) gave, from traces that record it."""
     if "status_message" not in requests.columns:
         return []
-    ignored = requests[(requests["finish_reason"] == "ignored") & requests["status_message"].notna()]
-    first = ignored.sort_values("arrival_time", kind="stable").head(NUM_IGNORED_EXAMPLES)
+    ended = requests[(requests["finish_reason"] == finish_reason) & requests["status_message"].notna()]
+    first = ended.sort_values("arrival_time", kind="stable").head(NUM_IGNORED_EXAMPLES)
     return [{"request_id": str(request_id), "reason": str(reason)}
             for request_id, reason in zip(first["request_id"], first["status_message"])]
 

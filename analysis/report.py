@@ -129,11 +129,12 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             format_number(stats.get("count")),
         )
     parts: list[RenderableType] = [headline]
-    examples = summary.get("ignored_examples")
-    if examples:
-        # The engine never serves these: the reason says what to change, the workload or the engine.
-        parts.append(Text(f"ignored requests, the first: {examples[0]['request_id']}: {examples[0]['reason']}",
-                          style="yellow"))
+    for key, what in (("ignored_examples", "ignored"), ("errored_examples", "errored")):
+        examples = summary.get(key)
+        if examples:
+            # The engine (or server) never serves these: the reason says what to change, the workload or the engine.
+            parts.append(Text(f"{what} requests, the first: {examples[0]['request_id']}: {examples[0]['reason']}",
+                              style="yellow"))
     return Group(*parts, Text(""), latency)
 
 

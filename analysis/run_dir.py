@@ -80,6 +80,9 @@ def write_summary(out_dir: str | Path, summary: Mapping[str, Any]) -> Path:
 def read_run(run_dir: str | Path) -> Run:
     """Load a run directory; raise FileNotFoundError naming the first file that is missing."""
     path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} is not a directory; expected a run directory (requests.parquet, "
+                                "steps.parquet, summary.json)")
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {str(path)!r} does not exist")
     for file_name in (REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE):

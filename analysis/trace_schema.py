@@ -49,7 +49,7 @@ REQUESTS_SCHEMA = pa.schema(
         # One of FINISH_REASONS; null for a request still unfinished when the run stopped.
         pa.field("finish_reason", pa.string()),
         # Why the engine ended the request, where it says: an ignored request's reason (its prompt does not
-        # fit the model or the KV cache); null otherwise.
+        # fit the model or the KV cache), an errored one's (a server's error message); null otherwise.
         pa.field("status_message", pa.string()),
         pa.field("priority", pa.int64()),
         # Time of each output token, in order; token_times[0] == first_token_time.

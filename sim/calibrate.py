@@ -20,6 +20,7 @@ import pandas as pd
 
 from analysis import read_run
 from sim.calibration_fit import FitResult, fit_step_model, step_feature_frame
+from sim.cli_support import check_output_file, open_fraction, print_warning, warnings_as_lines
 from sim.cost_models import make_provenance, save_profile
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
@@ -126,15 +127,18 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="real run directories (sim.run --executor real)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the profile to write (.json)")
-    parser.add_argument("--held-out", type=float, default=0.2, help="fraction of steps held out of the fit")
+    parser.add_argument("--held-out", type=open_fraction, default=0.2,
+                        help="fraction of steps held out of the fit, between 0 and 1 (default 0.2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fix", action="append", default=[], metavar="FEATURE=SECONDS",
                         help="take this coefficient as given (seconds per unit, e.g. from a microbenchmark) "
                              "and fit the rest; for costs the runs hardly vary apart (repeatable)")
     args = parser.parse_args(argv)
+    check_output_file(parser, "-o/--output", args.output, "profile.json")
     try:
         fixed = parse_fixed(args.fix)
-        fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed, fixed=fixed)
+        with warnings_as_lines():  # a busy machine's recordings: one "warning: ..." line each
+            fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed, fixed=fixed)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
               "(one standard error)")
     warning = recording_spread_warning(errors_by_run)
     if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+        print_warning(warning)
     print(f"profile written to {args.output}")
     return 0
 

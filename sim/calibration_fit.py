@@ -57,6 +57,10 @@ OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work"
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.
 MIN_STEPS_PER_OFFSET = 5
+# The fewest steps either side of the held-out split: what the default 20% leaves of the fewest steps
+# calibration takes (20), so a held-out fraction that starves either side is refused, not fitted.
+MIN_FIT_STEPS = 16
+MIN_HELD_OUT_STEPS = 4
 
 
 @dataclass
@@ -208,8 +212,14 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     check_fixed_coefficients(fixed)
     if len(features) < 20:
         raise ValueError(f"calibration needs at least 20 steps with scheduled tokens, got {len(features)}")
+    if not 0 < held_out_fraction < 1:
+        raise ValueError(f"--held-out must be between 0 and 1 (both excluded), got {held_out_fraction}")
     order = np.random.default_rng(seed).permutation(len(features))
     cut = int(len(features) * (1 - held_out_fraction))
+    if cut < MIN_FIT_STEPS or len(features) - cut < MIN_HELD_OUT_STEPS:
+        raise ValueError(f"--held-out {held_out_fraction} leaves {cut} of the {len(features)} steps to fit and "
+                         f"{len(features) - cut} to test on; the fit needs at least {MIN_FIT_STEPS} and the test "
+                         f"{MIN_HELD_OUT_STEPS}")
     train, held_out = features.iloc[order[:cut]], features.iloc[order[cut:]]
     tokens = train[HINGE_FEATURE].to_numpy(float)
     token_knots = [[]]

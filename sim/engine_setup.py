@@ -66,6 +66,11 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
     max_model_len = engine.max_model_len or model.max_position_embeddings
+    if max_model_len > model.max_position_embeddings:
+        # As vLLM (and this project's real executor) refuse: past its position embeddings the model has
+        # never seen a position, so a simulated run there would time requests no real engine serves.
+        raise SetupError(f"engine.max_model_len: {max_model_len} exceeds what model {model.name!r} supports "
+                         f"({model.max_position_embeddings}, its max_position_embeddings)")
     try:
         cache_config = CacheConfig(block_size=engine.block_size, num_gpu_blocks=num_gpu_blocks,
                                    enable_prefix_caching=engine.enable_prefix_caching)

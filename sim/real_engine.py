@@ -74,6 +74,8 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
 
     from engine.llm import LLM
 
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     if device == "cpu":
         # One thread: steady, reproducible step times on a shared machine (and what calibration assumes).
         torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from analysis import read_run, write_run
 from engine.core import EngineCore
+from sim.cli_support import check_output_directory, positive_int
 from sim.cost_models.replay import ReplayDivergedError
 from sim.machine_load import MachineLoad
 from sim.replay import replay_inputs
@@ -102,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", help="default: the recorded run's")
     parser.add_argument("--attention-backend", help="default: the recorded run's")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args(argv)
+    check_output_directory(parser, "--out", args.out)
     try:
         table = retime_run(args.run_dir, args.out, model=args.model, device=args.device, dtype=args.dtype,
                            attention_backend=args.attention_backend, threads=args.threads)

@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from analysis import print_comparison, print_summary
+from sim.cli_support import check_output_directory, flags_given, positive_int, warnings_as_lines
 from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.engine_setup import SetupError
 from sim.sweep import run_sweep
@@ -39,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="run directory (default: runs/<name>)")
     parser.add_argument("--cost-model", default=None,
                         help="'analytical' (default) or a calibrated step profile (.json)")
-    parser.add_argument("--jobs", type=int, default=1, help="sweep points run in parallel processes")
+    parser.add_argument("--jobs", type=positive_int, default=1, help="sweep points run in parallel processes")
     parser.add_argument("--no-fast-forward", action="store_true",
                         help="take every decode step one by one (same results, slower; for checking)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -54,13 +55,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--dtype", default="auto", help="real runs: auto, float32, bfloat16 or float16")
     real.add_argument("--attention-backend", default=None, help="real runs: torch, flash_attn or triton")
     real.add_argument("--enforce-eager", action="store_true", help="real runs on CUDA: no CUDA graphs for decodes")
-    real.add_argument("--threads", type=int, default=1, help="real runs on the CPU: torch threads (default 1)")
+    real.add_argument("--threads", type=positive_int, default=1,
+                      help="real runs on the CPU: torch threads (default 1)")
     real.add_argument("--speed-probe", action="store_true",
                       help="--executor real: time a fixed probe before and after the run (sim/speed_probe.py)")
     real.add_argument("--url", default="http://127.0.0.1:8000", help="--executor server: the server's base URL")
     real.add_argument("--replay", type=Path, metavar="REAL_RUN_DIR",
                       help="re-simulate a real run with its recorded step durations and compare decisions")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_flags_apply(parser, args)
+    check_output_directory(parser, "--out", args.out)
+    return args
+
+
+# The flags that only one executor reads: given to another, they would silently do nothing.
+EXECUTOR_FLAGS = {
+    "sim": ["--cost-model", "--jobs", "--no-fast-forward"],
+    "real": ["--model", "--device", "--dtype", "--attention-backend", "--enforce-eager", "--threads", "--speed-probe"],
+    "server": ["--url"],
+}
+
+
+def check_flags_apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a flag that the run asked for would ignore (exit 2), rather than run without it."""
+    if args.replay is not None:
+        if args.workload is not None:
+            parser.error(f"give a workload ({args.workload!r}) or --replay REAL_RUN_DIR, not both: a replay runs "
+                         "the recorded run's own workload")
+        ignored = flags_given(parser, args, ["--set", "--executor", *(flag for flags in EXECUTOR_FLAGS.values()
+                                                                      for flag in flags)])
+        if ignored:
+            parser.error(f"{', '.join(ignored)}: not used by --replay, which re-simulates the recorded run with its "
+                         "own configuration and step durations")
+        return
+    for executor, flags in EXECUTOR_FLAGS.items():
+        ignored = flags_given(parser, args, flags) if executor != args.executor else []
+        if ignored:
+            parser.error(f"{', '.join(ignored)}: {'apply' if len(ignored) > 1 else 'applies'} to --executor "
+                         f"{executor} only, and this run uses --executor {args.executor}")
 
 
 def resolve_workload_path(value: str | None) -> Path:
@@ -74,6 +106,11 @@ def resolve_workload_path(value: str | None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with warnings_as_lines():  # e.g. a --cost-model profile fitted for other hardware: one clean line
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     try:
         progress = not (args.no_progress or args.quiet)

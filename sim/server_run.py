@@ -60,9 +60,18 @@ def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: s
     The vocabulary comes from ``tokenizer_path`` when given, else from the model card's
     ``vocab_size`` / ``reserved_token_ids`` (fields this project's server adds to ``/v1/models``).
     """
-    response = httpx.get(f"{url}/v1/models", timeout=30.0)
-    response.raise_for_status()
-    cards = response.json().get("data") or []
+    try:
+        response = httpx.get(f"{url}/v1/models", timeout=30.0)
+    except httpx.HTTPError as error:  # nothing listening, a wrong host, a timeout: the user's --url
+        raise ValueError(f"cannot reach the server at {url}: {error or type(error).__name__}") from None
+    if response.status_code != 200:
+        raise ValueError(f"{url}/v1/models answered HTTP {response.status_code}: "
+                         f"{server_error_message(response.text)} (is {url} an OpenAI-compatible server?)")
+    try:
+        cards = response.json().get("data") or []
+    except (ValueError, AttributeError):
+        raise ValueError(f"{url}/v1/models did not answer with a model list (is {url} an OpenAI-compatible "
+                         "server?)") from None
     if not cards:
         raise ValueError(f"{url}/v1/models lists no model")
     card = next((c for c in cards if c.get("id") == model_name), None) if model_name else cards[0]
@@ -143,7 +152,7 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
         async with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace")
-                raise RuntimeError(f"HTTP {response.status_code}: {text[:300]}")
+                raise RuntimeError(f"HTTP {response.status_code}: {server_error_message(text)}")
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -181,6 +190,17 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
     return record
 
 
+def server_error_message(text: str) -> str:
+    """The message of an OpenAI-shaped error body (``{"error": {"message": ...}}``), else the text itself
+    (shortened: an HTML error page says little past its start)."""
+    try:
+        error = json.loads(text).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return str(message) if message else text[:300]
+
+
 def _columns(records: list[_Record]) -> dict[str, list]:
     return {
         "request_id": [r.request_id for r in records],
@@ -192,6 +212,8 @@ def _columns(records: list[_Record]) -> dict[str, list]:
         "num_cached_tokens": [r.num_cached_tokens for r in records],
         "num_preemptions": [0 for _ in records],
         "finish_reason": [r.finish_reason for r in records],
+        # Why a request failed, as the server said it (a 400's message): the summary names the first few.
+        "status_message": [r.error for r in records],
         "token_times": [r.token_times for r in records],
     }
 

@@ -9,6 +9,10 @@ and ``<out>/dashboard.html`` (the two runs side by side).
 ``python -m sim.validate --real-run RUN_DIR [--profile P]`` compares with a real run recorded earlier
 (e.g. the shipped runs in ``sim/data/runs/``) and runs only the simulation: no model, no GPU.
 
+Without ``--profile`` the shipped profile fitted on the run's kind of device, model and dtype is used
+(``sim/profile_match.py``); a profile fitted on other hardware is a warning, on another kind of device
+(a CPU profile for a GPU run) an error unless ``--allow-profile-mismatch``.
+
 ``--repeats N`` records the workload N times (``<out>/real``, ``<out>/real-2``, ...; a fresh engine each
 time) and also compares the simulation with each metric's mean over the recordings, next to how far the
 recordings lie from that mean (``analysis/repeated_runs.py``): on a shared machine one recording's luck
@@ -19,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from analysis import compare_runs, print_fidelity_report, read_run, write_run
 from analysis.run_dir import Run
@@ -33,6 +38,7 @@ from analysis.report import summary_value
 from analysis.repeated_runs import compare_with_mean, spread_about_mean, standard_error_of_mean
 from engine.core import EngineCore, Scheduler
 from sim.calibrate import speed_standard_error
+from sim.cli_support import check_output_directory, flags_given, positive_int, print_warning
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
 from sim.cost_models.calibrated_range import describe_extrapolation
@@ -40,17 +46,21 @@ from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
 from sim.machine_load import busy_machine_warning
-from sim.speed_probe import probed_speed
+from sim.profile_match import SHIPPED_PROFILES_DIR, check_profile_fits, default_profile_for
+from sim.speed_probe import probed_speed, read_probe
 from sim.step_time_error import describe_step_time_error, step_time_error
+from sim.validate_report import (HEADLINE_METRICS, describe_machine_speed, describe_sensitivity, headline_error,
+                                 step_kind_table)
 from workloads import WorkloadError, load_workload
 
-DEFAULT_PROFILE = Path(__file__).parent / "data" / "profiles" / "cpu-small-float32.json"
+# The shipped CPU profile; sim.validate picks the shipped profile that fits each run (profile_match.py).
+DEFAULT_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32.json"
 # The speed change either side of the simulated one at which ``step_time_sensitivity`` simulates again:
 # the machine's own drift between recordings (2-6%), so the slope spans what a percentile really does.
 SENSITIVITY_STEP = 0.02
-# The metrics the acceptance criteria name: p50 and p90 of TTFT, TPOT and E2E, and throughput.
-HEADLINE_METRICS = ("request_throughput", "output_token_throughput", "ttft_ms.p50", "ttft_ms.p90", "tpot_ms.p50",
-                    "tpot_ms.p90", "e2e_ms.p50", "e2e_ms.p90")
+# sim.validate's flags that shape a recording, refused beside --real-run (a recording made earlier).
+RECORDING_FLAGS = ["--set", "--model", "--device", "--dtype", "--attention-backend", "--enforce-eager", "--threads",
+                   "--repeats", "--speed-probe"]
 
 
 def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out_dir: Path,
@@ -81,17 +91,24 @@ def real_run_dirs(out_dir: Path, repeats: int) -> list[Path]:
     return [out_dir / ("real" if index == 0 else f"real-{index + 1}") for index in range(repeats)]
 
 
-def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE, overrides=(), model=None,
+def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None, overrides=(), model=None,
              device: str = "cpu", threads: int = 1, progress: bool = True, dtype: str = "auto",
              attention_backend: str | None = None, enforce_eager: bool = False, repeats: int = 1,
-             speed_probe: bool = False, at_probed_speed: bool = False) -> dict:
+             speed_probe: bool = False, at_probed_speed: bool = False, allow_profile_mismatch: bool = False) -> dict:
+    """Record the workload ``repeats`` times and compare the simulation with the recordings. ``profile``
+    None: the shipped profile that fits the first recording (``sim/profile_match.py``)."""
     from sim.real_engine import build_real_engine
     from sim.real_run import run_real
 
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if profile is not None:
+        # Refused before the recording rather than after it: a profile for another kind of device.
+        check_profile_fits(CalibratedCostModel.from_file(profile).profile.provenance, {"device": device}, profile,
+                           allow_mismatch=allow_profile_mismatch)
     workload = load_workload(workload_path, overrides=list(overrides))
     real_dirs = real_run_dirs(out_dir, repeats)
+    remove_stale_recordings(out_dir, repeats)
     for real_dir in real_dirs:
         # A fresh engine per recording: one that served the workload already holds its prefixes cached.
         real = build_real_engine(workload, model=model, device=device, threads=threads, dtype=dtype,
@@ -100,11 +117,23 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path = DEFAULT_PROF
                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
                  speed_probe=speed_probe)
     comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path,
-                                   at_probed_speed=at_probed_speed)
+                                   at_probed_speed=at_probed_speed, allow_profile_mismatch=allow_profile_mismatch)
     if repeats > 1:
         comparison["repeats"] = compare_repeats(out_dir / "sim", real_dirs)
         (out_dir / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
     return comparison
+
+
+def remove_stale_recordings(out_dir: Path, repeats: int) -> None:
+    """Remove the ``real-N`` recordings an earlier ``--repeats`` left in ``out_dir`` beyond the ones this
+    invocation writes: beside a fresh ``real/`` they would pass for its repeats (and the dashboard of a
+    later look at the directory would overlay them). Only this tool's own naming is touched."""
+    if not out_dir.is_dir():
+        return
+    for path in out_dir.iterdir():
+        match = re.fullmatch(r"real-(\d+)", path.name)
+        if match and path.is_dir() and int(match.group(1)) > repeats:
+            shutil.rmtree(path)
 
 
 def compare_repeats(sim_dir: Path, real_dirs: list[Path]) -> dict:
@@ -136,46 +165,42 @@ def step_time_sensitivity(real_run: Path | Run, profile: Path | CalibratedCostMo
     return gains
 
 
-def describe_sensitivity(gains: dict[str, float | None], profile_speed_error: float | None = None) -> str:
-    """``profile_speed_error``: how well the profile's calibration recordings pin its speed down
-    (``sim.calibrate.speed_standard_error``), which the largest gain turns into latency uncertainty."""
-    latency = {key: gain for key, gain in gains.items() if gain is not None and "throughput" not in key}
-    worst = max(latency, key=lambda key: abs(latency[key]))
-    described = ("sensitivity: 1% more time in every step moves " + ", ".join(f"{key} {gain:+.1f}%" for key, gain
-                 in latency.items()) + f"; a step-time error of e moves {worst} by about {abs(latency[worst]):.0f}e")
-    if profile_speed_error is not None:
-        described += (f". The profile's speed is known within {profile_speed_error:.1%} (one standard error over "
-                      f"its calibration recordings): {abs(latency[worst]) * profile_speed_error:.1%} on {worst} "
-                      "from its speed alone, before any error of the model's")
-    return described
-
-
-def headline_error(comparison: dict) -> float:
-    """The largest |relative error| among the headline metrics (p50/p90 TTFT, TPOT, E2E; throughput)."""
-    return max(abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS)
-
-
-def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFAULT_PROFILE,
+def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path | None = None,
                       workload_path: Path | None = None, at_probed_speed: bool = False,
-                      sensitivity: bool = True) -> dict:
+                      sensitivity: bool = True, allow_profile_mismatch: bool = False) -> dict:
     """The comparison for a real run recorded earlier: only the simulation runs (no model, no GPU).
 
     When the run recorded a speed probe and the profile a reference for it (``sim/speed_probe.py``), the
     machine's speed it measured is reported under ``machine_speed``; with ``at_probed_speed`` the
     simulation runs at that speed, and a second one at the profile's own speed is compared too, under
     ``at_profile_speed``. (On the shipped CPU runs the probe's speed helped 6 of 12 recordings: it
-    catches the machine's speed within about 2%, no better than the drift it is meant to remove.)"""
+    catches the machine's speed within about 2%, no better than the drift it is meant to remove.)
+
+    ``profile`` None: the shipped profile that fits the run (``sim/profile_match.py``). What the user
+    should know before reading the figures (a profile fitted for other hardware, a probe that is not
+    there) is listed under ``warnings``; a profile for another kind of device is refused unless
+    ``allow_profile_mismatch``."""
     real_run = read_run(real_run_dir)
     real_summary = real_run.summary
     if real_summary.get("mode") != "real":
         raise ValueError(f"{real_run_dir}: mode is {real_summary.get('mode')!r}; --real-run needs a real run")
+    executor = real_summary.get("config", {}).get("executor", {})
+    chosen = profile is None
+    if chosen:
+        profile = default_profile_for(executor)
     model = CalibratedCostModel.from_file(profile)
+    notes = check_profile_fits(model.profile.provenance, executor, profile, allow_mismatch=allow_profile_mismatch)
     speed = probed_speed(model, real_run_dir)
     applied = at_probed_speed and speed is not None
+    if at_probed_speed and not applied:
+        notes.append(f"--at-probed-speed: {probe_missing_reason(profile, real_run_dir)}, so the simulation runs at "
+                     "the profile's own speed")
     sim_summary = simulate_like(real_run, model, out_dir / "sim",
                                 speed_factor=speed["speed_factor"] if applied else 1.0)
     comparison = compare_runs(sim_summary, real_summary)
     comparison["profile"] = str(profile)
+    comparison["profile_chosen"] = chosen  # True: no --profile was given, this one fits the run best
+    comparison["warnings"] = notes
     comparison["real_run"] = str(real_run_dir)
     # The step-level error under the latency errors (sim/step_time_error.py), at the profile's speed.
     comparison["step_time_error"] = step_time_error(model, real_run.steps)
@@ -192,6 +217,8 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     if applied:
         at_profile_speed = simulate_like(real_run, model, out_dir / "sim-at-profile-speed")
         comparison["at_profile_speed"] = {"metrics": compare_runs(at_profile_speed, real_summary)["metrics"]}
+    elif (out_dir / "sim-at-profile-speed").is_dir():
+        shutil.rmtree(out_dir / "sim-at-profile-speed")  # an earlier --at-probed-speed's, not this comparison's
     if sensitivity:
         comparison["sensitivity_per_percent"] = step_time_sensitivity(
             real_run, model, out_dir, sim_summary, speed["speed_factor"] if applied else 1.0)
@@ -207,30 +234,10 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path = DEFA
     return comparison
 
 
-def describe_machine_speed(comparison: dict) -> str | None:
-    """One line on the speed probe: how fast the machine ran, and what simulating at that speed changed."""
-    speed = comparison.get("machine_speed")
-    if speed is None:
-        return None
-    phases = ", ".join(f"{phase} {factor - 1:+.1%}" for phase, factor in speed["by_phase"].items())
-    line = (f"speed probe: steps took {speed['speed_factor'] - 1:+.1%} against the profile's speed ({phases}); "
-            f"at that speed the profile would time the run's own steps {speed['residual_step_time_error']:+.1%} in total")
-    if speed["applied"]:
-        return (line + "; the simulation ran at that speed. At the profile's speed the largest headline error is "
-                f"{headline_error(comparison['at_profile_speed']):.1%}")
-    return line + " (--at-probed-speed simulates at that speed)"
-
-
-def step_kind_table(rows: list[dict]) -> Table:
-    """The step-time error by kind of step: where the model mispredicts, weighted by the time it costs."""
-    table = Table(title="the profile on the real run's own steps, by kind (prefill: tokens per step): share of "
-                        "step time, error of their total, median |error| per step")
-    for column in ("kind of step", "steps", "share", "total", "median"):
-        table.add_column(column, justify="left" if column == "kind of step" else "right", no_wrap=True)
-    for row in rows:
-        table.add_row(row["kind"], str(row["num_steps"]), f"{row['time_share']:.0%}", f"{row['total']:+.1%}",
-                      f"{row['median_abs']:.1%}")
-    return table
+def probe_missing_reason(profile: Path, real_run_dir: Path) -> str:
+    if read_probe(real_run_dir) is None:
+        return f"{real_run_dir} was recorded without a speed probe (sim.run --speed-probe records one)"
+    return f"the profile {profile} has no speed-probe reference (none of its calibration runs had a probe)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,16 +247,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="a workload YAML file or the name of a shipped example (e.g. cpu_chat)")
     parser.add_argument("--real-run", type=Path, metavar="RUN_DIR",
                         help="compare with this recorded real run instead of running the workload (no model needed)")
-    parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
-                        help=f"calibrated step profile (default: {DEFAULT_PROFILE.name}, the shipped CPU profile)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="calibrated step profile (default: the shipped profile fitted on the run's kind of "
+                             "device, model and dtype, from sim/data/profiles/)")
+    parser.add_argument("--allow-profile-mismatch", action="store_true",
+                        help="compare even with a profile fitted on another kind of device (a CPU profile for a "
+                             "GPU run); refused otherwise")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     parser.add_argument("--model", default=None, help="'tiny', 'small' (default) or a checkpoint folder")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     parser.add_argument("--attention-backend", default=None, help="torch, flash_attn or triton")
     parser.add_argument("--enforce-eager", action="store_true", help="on CUDA: no CUDA graphs for decode steps")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=1,
                         help="record the workload this many times and compare with their mean too")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/validate-<name>)")
     parser.add_argument("--speed-probe", action="store_true",
@@ -260,15 +271,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     console = Console()
-    if (args.workload is None) == (args.real_run is None):
+    if args.workload is None and args.real_run is None:
         parser.error("give a workload to run for real, or --real-run RUN_DIR to compare with a recorded run")
+    if args.workload is not None and args.real_run is not None:
+        parser.error(f"give a workload ({args.workload!r}) or --real-run RUN_DIR ({str(args.real_run)!r}), not both")
+    if args.real_run is not None:
+        # The recorded run's engine, model and request stream are fixed: these would change nothing.
+        ignored = flags_given(parser, args, RECORDING_FLAGS)
+        if ignored:
+            parser.error(f"{', '.join(ignored)}: {'apply' if len(ignored) > 1 else 'applies'} to recording a "
+                         f"workload; --real-run compares with a recorded run, whose configuration is fixed")
+    check_output_directory(parser, "--out", args.out)
     try:
         if args.real_run is not None:
-            if args.repeats != 1:
-                parser.error("--repeats records the workload again: give a workload, not --real-run")
             out_dir = args.out or Path("runs") / f"validate-{args.real_run.name}"
             comparison = validate_recorded(args.real_run, out_dir, profile=args.profile,
-                                           at_probed_speed=args.at_probed_speed)
+                                           at_probed_speed=args.at_probed_speed,
+                                           allow_profile_mismatch=args.allow_profile_mismatch)
             real_dir = args.real_run
         else:
             from sim.run import resolve_workload_path
@@ -281,11 +300,17 @@ def main(argv: list[str] | None = None) -> int:
                                   progress=not args.no_progress, dtype=args.dtype,
                                   attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
                                   repeats=args.repeats, speed_probe=args.speed_probe,
-                                  at_probed_speed=args.at_probed_speed)
+                                  at_probed_speed=args.at_probed_speed,
+                                  allow_profile_mismatch=args.allow_profile_mismatch)
             real_dir = out_dir / "real"
     except (WorkloadError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if comparison["profile_chosen"]:
+        console.print(f"profile: {escape(Path(comparison['profile']).name)} (no --profile given: the shipped profile "
+                      "fitted on the run's kind of device, model and dtype)")
+    for note in comparison["warnings"]:
+        print_warning(note)
     print_fidelity_report(comparison, console=console, tolerance=0.05)
     console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {headline_error(comparison):.1%}")
     speed_note = describe_machine_speed(comparison)

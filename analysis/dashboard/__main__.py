@@ -25,7 +25,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the HTML file to write (default: dashboard.html)")
     parser.add_argument("--title", help="page title (default: from the runs)")
     parser.add_argument("--png-dir", type=Path, help="also write each figure as PNG here (needs kaleido)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.out.is_dir():
+        parser.error(f"-o/--out: {str(args.out)!r} is a directory; give the page to write, e.g. "
+                     f"{str(args.out / 'dashboard.html')!r}")
+    if args.png_dir is not None and args.png_dir.exists() and not args.png_dir.is_dir():
+        parser.error(f"--png-dir: {str(args.png_dir)!r} is a file, not a directory")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,12 +66,20 @@ class RunnerConfig:
                 "max_model_len", "None or an integer >= 1")
 
 
+# Configuration errors (a device or backend this machine cannot give) are ValueErrors, like every other
+# bad setting: the CLIs (sim.run, sim.validate, sim.retime, engine.serve) turn a ValueError into one
+# "error: ..." line and exit code 2, where a RuntimeError would be a traceback.
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {str(device)!r} was requested but CUDA is not available; use device='cpu'")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):  # torch's own message lists a dozen device types this engine lacks
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}") from None
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} was requested but CUDA is not available; use device='cpu'")
     return device
 
 
@@ -81,8 +89,21 @@ def flash_attn_importable() -> bool:
 
 def resolve_attention_backend(name: str | None, device: torch.device) -> str:
     if name is not None:
+        from engine.runner.attention import available_attention_backends
+
+        if name not in available_attention_backends():
+            raise ValueError(f"attention_backend must be one of {available_attention_backends()}, got {name!r}")
         if name == "flash_attn" and device.type != "cuda":
             raise ValueError("attention_backend 'flash_attn' needs device='cuda'; use 'torch' on CPU")
+        if name == "flash_attn" and not flash_attn_importable():
+            raise ValueError("attention_backend 'flash_attn' was requested but the flash-attn package is not "
+                             "installed (pip install 'servesim[gpu]'); use 'triton' or 'torch'")
+        if name == "triton":
+            from kernels.triton_support import triton_unavailable_reason
+
+            reason = triton_unavailable_reason()
+            if reason is not None:
+                raise ValueError(f"attention_backend 'triton' cannot run here: {reason}; use 'torch'")
         return name
     if device.type != "cuda":
         return "torch"

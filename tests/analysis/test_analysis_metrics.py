@@ -135,6 +135,17 @@ def test_the_first_ignored_requests_are_named_with_their_reason(request_columns,
     assert reasons == [(ids[2], "too long c"), (ids[3], "too long d"), (ids[0], "too long a")]
 
 
+def test_the_first_errored_requests_are_named_with_the_servers_message(request_columns, step_columns):
+    """A server run's errored requests carry the server's message (sim/server_run.py), like ignored ones."""
+    request_columns["finish_reason"] = ["error", "length", "error", "length"]
+    request_columns["status_message"] = ["HTTP 400: prompt has 5000 tokens", None, "HTTP 400: later", None]
+    summary = summarize(request_columns, step_columns)
+    assert "ignored_examples" not in summary
+    ids = request_columns["request_id"]
+    assert summary["errored_examples"] == [{"request_id": ids[0], "reason": "HTTP 400: prompt has 5000 tokens"},
+                                           {"request_id": ids[2], "reason": "HTTP 400: later"}]
+
+
 def test_unfinished_requests_are_counted_apart(request_columns, step_columns):
     request_columns["finish_reason"][3] = None
     request_columns["finish_time"][3] = float("nan")

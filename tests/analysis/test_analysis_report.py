@@ -92,3 +92,19 @@ def test_compare_runs_reports_relative_errors(summary):
     buffer = io.StringIO()
     print_fidelity_report(comparison, console=Console(file=buffer, width=100, color_system=None))
     assert "+10.0%" in buffer.getvalue()
+
+
+def test_fidelity_marks_judge_the_printed_figure_and_the_caption_is_a_legend(summary):
+    """-5.8% is off within 5%; exactly 5% (which float arithmetic makes 5.0000000000000004%) and 5.04%
+    (printed 5.0%) are ok, so a mark never contradicts its row; the caption reads as a legend."""
+    simulated = dict(summary, request_throughput=summary["request_throughput"] * 1.05)
+    simulated["ttft_ms"] = dict(summary["ttft_ms"], p50=summary["ttft_ms"]["p50"] * (1 - 0.058),
+                                p90=summary["ttft_ms"]["p90"] * 1.0504)
+    comparison = compare_runs(simulated, summary)
+    text = format_fidelity_report(comparison, tolerance=0.05)
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│")}
+    assert "-5.8%" in rows["ttft_ms.p50"] and rows["ttft_ms.p50"].rstrip("│ ").endswith("off")
+    assert "+5.0%" in rows["request_throughput"] and rows["request_throughput"].rstrip("│ ").endswith("ok")
+    assert "+5.0%" in rows["ttft_ms.p90"] and rows["ttft_ms.p90"].rstrip("│ ").endswith("ok")
+    caption = " ".join(text.split())
+    assert "rows marked ok are within 5% of the real value" in caption and "(ok:" not in caption

@@ -92,6 +92,12 @@ def test_missing_directory_is_named(tmp_path):
         read_run(tmp_path / "nowhere")
 
 
+def test_a_file_given_as_a_run_directory_is_called_so(tmp_path):
+    (tmp_path / "chat.yaml").write_text("name: chat\n")
+    with pytest.raises(FileNotFoundError, match="'.*chat.yaml' is not a directory; expected a run directory"):
+        read_run(tmp_path / "chat.yaml")
+
+
 def test_bad_trace_writes_nothing(tmp_path, request_columns, step_columns):
     del step_columns["duration"]
     with pytest.raises(ValueError, match="duration"):

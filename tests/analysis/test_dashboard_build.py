@@ -175,6 +175,13 @@ def test_cli_writes_the_page_and_reports_bad_input(tmp_path: Path, one_run: Path
     assert "6 figures" in capsys.readouterr().out
     assert dashboard_main([str(tmp_path / "missing"), "-o", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # An existing directory as the page to write: a one-line error naming the flag, exit 2.
+    with pytest.raises(SystemExit) as exit_info:
+        dashboard_main([str(one_run), "-o", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"-o/--out: '{tmp_path}' is a directory" in capsys.readouterr().err
+    assert dashboard_main([str(out), "-o", str(tmp_path / "other.html")]) == 2  # a file given as a run
+    assert "is not a directory" in capsys.readouterr().err
 
 
 def test_png_export_is_skipped_with_a_message_without_kaleido(tmp_path: Path, one_run: Path, monkeypatch,

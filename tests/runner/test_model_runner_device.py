@@ -43,7 +43,8 @@ def test_cuda_default_backend(monkeypatch, caplog):
 def test_clear_errors_without_cuda(tiny_llama_path):
     from engine import LLM
 
-    with pytest.raises(RuntimeError, match="CUDA is not available"):
+    # ValueError, like any bad setting: the CLIs turn it into one line and exit code 2, not a traceback.
+    with pytest.raises(ValueError, match="CUDA is not available"):
         LLM(model=str(tiny_llama_path), device="cuda")
     with pytest.raises(ValueError, match="attention_backend 'flash_attn' needs device='cuda'"):
         LLM(model=str(tiny_llama_path), attention_backend="flash_attn")
@@ -86,3 +87,23 @@ def test_cuda_flash_attn_matches_torch_backend(tiny_llama_path):
         for token_id in common:
             assert flash[token_id].logprob == pytest.approx(reference[token_id].logprob, abs=5e-2)
 
+
+
+@pytest.mark.parametrize("device", ["gpu", "xyz", "mps", "cuda:zero"])
+def test_a_device_this_engine_lacks_is_a_value_error_naming_it(device):
+    with pytest.raises(ValueError, match=f"device must be 'cpu' or 'cuda', got '{device}'"):
+        resolve_device(device)
+
+
+def test_an_attention_backend_that_cannot_run_here_is_a_value_error(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(triton_support, "triton_unavailable_reason", lambda: "the triton package is not installed")
+    with pytest.raises(ValueError, match="attention_backend 'triton' cannot run here: the triton package"):
+        resolve_attention_backend("triton", cpu)
+    monkeypatch.setattr(runner_config, "flash_attn_importable", lambda: False)
+    with pytest.raises(ValueError, match="flash-attn package is not installed"):
+        resolve_attention_backend("flash_attn", cuda)
+    with pytest.raises(ValueError, match=r"attention_backend must be one of \['flash_attn', 'torch', 'triton'\]"):
+        resolve_attention_backend("flash", cpu)
+    monkeypatch.setattr(triton_support, "triton_unavailable_reason", lambda: None)
+    assert resolve_attention_backend("triton", cpu) == "triton"

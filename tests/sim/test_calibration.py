@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import steps_table, write_run, requests_table
-from sim.calibrate import main as calibrate_main, speed_standard_error
+from sim.calibrate import calibrate, main as calibrate_main, speed_standard_error
 from sim.calibration_fit import fit_step_model, step_feature_frame
 from sim.cost_models import StepFeatures, load_cost_model
 from sim.cost_models.calibrated_range import calibrated_range, describe_extrapolation, extrapolation_report
@@ -147,12 +147,16 @@ def test_a_simulated_run_beyond_its_profile_says_so(tmp_path):
     assert "prefill_attention_dense_work" not in report["features"]
 
 
-def test_calibration_warns_about_a_run_recorded_on_a_busy_machine(tmp_path):
+def test_calibration_warns_about_a_run_recorded_on_a_busy_machine(tmp_path, capsys):
     write_run(tmp_path / "run", requests_table(ONE_REQUEST), steps_table(synthetic_steps()),
               {"name": "t", "mode": "real", "config": {"executor": EXECUTOR},
                "machine_load": {"cpus": 2, "other_processes_cpus": 0.95}})
-    with pytest.warns(UserWarning, match="0.95 CPUs busy"):
-        assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
+    with pytest.warns(UserWarning, match="0.95 CPUs busy"):  # the API warns through ``warnings``
+        calibrate([tmp_path / "run"], tmp_path / "api.json")
+    # The CLI prints it as one "warning: ..." line, not Python's "file:line: UserWarning" and source line.
+    assert calibrate_main([str(tmp_path / "run"), "-o", str(tmp_path / "profile.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / 'run'}: other processes kept 0.95 CPUs busy" in err and "UserWarning" not in err
 
 
 def test_calibration_reports_recordings_that_ran_at_different_speeds(tmp_path, capsys):
