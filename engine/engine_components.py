@@ -35,6 +35,17 @@ class EngineComponents:
         return self.engine_core.scheduler
 
 
+class TokenizerLoadError(ValueError):
+    """No tokenizer could be loaded from ``path``; ``reason`` is the loader's own message. A ValueError whose
+    text advises the Python API's keywords; front ends with other spellings (the CLI's flags) reword it."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot load a tokenizer from {str(path)!r} ({reason}); pass "
+                         "tokenizer=<folder> or skip_tokenizer_init=True to use token-id prompts")
+        self.path = path
+        self.reason = reason
+
+
 def load_tokenizer_for_engine(tokenizer_path: Path | None):
     """The tokenizer at ``tokenizer_path`` (None: none), with an error that says what to do instead."""
     if tokenizer_path is None:
@@ -42,8 +53,7 @@ def load_tokenizer_for_engine(tokenizer_path: Path | None):
     try:
         return load_tokenizer(tokenizer_path)
     except (OSError, ValueError) as error:
-        raise ValueError(f"cannot load a tokenizer from {str(tokenizer_path)!r} ({error}); pass "
-                         "tokenizer=<folder> or skip_tokenizer_init=True to use token-id prompts") from error
+        raise TokenizerLoadError(tokenizer_path, str(error)) from error
 
 
 def build_engine(args: EngineArgs) -> EngineComponents:

@@ -66,16 +66,22 @@ def validate_request(label: str, prompt: Prompt, params: SamplingParams, schedul
         raise ValueError(f"{label} is empty (0 tokens); every prompt needs at least one token")
     limit = scheduler.max_model_len
     if num_tokens > limit:
+        config = scheduler.scheduler_config
+        # Name every bound that makes up the limit, or a message citing only max_model_len contradicts itself
+        # when the per-step budget (without chunked prefill) is what lowered it.
+        budget = ("" if config.enable_chunked_prefill else
+                  f", max_num_batched_tokens={config.max_num_batched_tokens} without chunked prefill")
         raise ValueError(f"{label} has {num_tokens} tokens, more than the engine allows: {limit} "
-                         f"(max_model_len={scheduler.scheduler_config.max_model_len}, KV capacity "
-                         f"{scheduler.cache_config.capacity_tokens} tokens)")
+                         f"(max_model_len={config.max_model_len}, KV capacity "
+                         f"{scheduler.cache_config.capacity_tokens} tokens{budget})")
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is not None and value > vocab_size:
             raise ValueError(f"{label}: SamplingParams.{name} must be <= the vocabulary size "
                              f"{vocab_size}, got {value}")
     for name, ids in (("allowed_token_ids", params.allowed_token_ids or []),
-                      ("logit_bias", list(params.logit_bias or {}))):
+                      ("logit_bias", list(params.logit_bias or {})),
+                      ("stop_token_ids", params.stop_token_ids)):
         bad = [t for t in ids if t >= vocab_size]
         if bad:
             raise ValueError(f"{label}: SamplingParams.{name} has token id(s) {bad[:5]} outside "

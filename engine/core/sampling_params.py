@@ -7,10 +7,23 @@ field and the value, so a bad request is rejected before it reaches the schedule
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 # Below this temperature sampling is greedy (vLLM uses the same threshold).
 GREEDY_TEMPERATURE_EPSILON = 1e-5
+
+# The seeds torch.Generator.manual_seed accepts (it unpacks a signed 64-bit value, or an unsigned one
+# for non-negative seeds); one outside this range would raise inside an engine step, failing every
+# request in that step. torch is not imported here (the core is pure Python), so the range is spelled out.
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+
+# A bias of 100 already makes a token certain or impossible (e**100 dwarfs any softmax mass), and
+# OpenAI's API allows [-100, 100]. The LLM API documents nothing larger, and larger finite values gain
+# nothing: past the logits' dtype range (65504 in float16) they overflow to inf, and inf - inf is NaN,
+# which sampling turns into an arbitrary token. So SamplingParams holds to OpenAI's range too.
+MAX_ABS_LOGIT_BIAS = 100.0
 
 
 class SamplingType(enum.IntEnum):
@@ -94,7 +107,8 @@ class SamplingParams:
         check("top_p", _is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "in (0, 1]")
         check("top_k", is_int(self.top_k) and self.top_k >= 0, "-1, 0 (disabled) or a positive integer")
         check("min_p", _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "in [0, 1]")
-        check("seed", self.seed is None or is_int(self.seed), "an integer or None")
+        check("seed", self.seed is None or (is_int(self.seed) and MIN_SEED <= self.seed <= MAX_SEED),
+              f"None or an integer in [{MIN_SEED}, {MAX_SEED}] (what torch's Generator.manual_seed accepts)")
         check("stop", all(isinstance(s, str) and s for s in self.stop), "a non-empty string or a list of them")
         check("stop_token_ids", all(is_int(t) and t >= 0 for t in self.stop_token_ids),
               "a list of non-negative integers")
@@ -107,6 +121,12 @@ class SamplingParams:
               "a number > 0")
         check("logit_bias", self.logit_bias is None or all(t >= 0 for t in self.logit_bias),
               "a mapping with non-negative token ids")
+        if self.logit_bias is not None:
+            for token_id, bias in self.logit_bias.items():
+                if not (math.isfinite(bias) and abs(bias) <= MAX_ABS_LOGIT_BIAS):
+                    raise ValueError(f"SamplingParams.logit_bias values must be finite numbers in "
+                                     f"[-{MAX_ABS_LOGIT_BIAS:g}, {MAX_ABS_LOGIT_BIAS:g}], got {bias!r} "
+                                     f"for token id {token_id}")
         check("allowed_token_ids", self.allowed_token_ids is None
               or (len(self.allowed_token_ids) > 0 and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)),
               "None or a non-empty list of non-negative integers")

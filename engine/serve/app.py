@@ -46,7 +46,9 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
         if on_shutdown is not None:
             on_shutdown()
 
-    app = FastAPI(title="servesim OpenAI-compatible server", lifespan=lifespan)
+    # A body sent without a Content-Type is read as JSON, leniently, as OpenAI's server does (hand-written
+    # clients often omit the header); one with another Content-Type is a 400 saying JSON is required.
+    app = FastAPI(title="servesim OpenAI-compatible server", lifespan=lifespan, strict_content_type=False)
     app.state.server = state
     install_error_handlers(app)
 

@@ -20,7 +20,7 @@ from engine.core import SamplingParams
 from engine.outputs import RequestOutput
 from engine.serve.errors import OpenAIError
 from engine.serve.logprobs_format import chat_logprobs
-from engine.serve.protocol import ChatCompletionRequest, chat_sampling_params
+from engine.serve.protocol import ChatCompletionRequest, chat_param_names, chat_sampling_params
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
@@ -69,7 +69,8 @@ class _Message(UsageCounter):
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
     state.check_model(body.model)
     params = chat_sampling_params(body)
-    prompt = state.prepare_prompt(render_chat_prompt(state, body), params, param="messages")
+    prompt = state.prepare_prompt(render_chat_prompt(state, body), params, param="messages",
+                                  param_names=chat_param_names(body))
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
     outputs = state.engine.generate(prompt, params, request_id)

@@ -3,7 +3,9 @@
     python -m engine.serve --model tiny --port 8000
     python -m engine.serve --model /path/to/checkpoint --max-num-seqs 64 --served-model-name my-model
 
-Engine options map one to one onto ``EngineArgs``; their defaults are ``EngineArgs``' defaults.
+Engine options map one to one onto ``EngineArgs``; their defaults are ``EngineArgs``' defaults. Flags are
+checked before the model loads (``engine/serve/cli_checks.py``): a bad one is a one-line ``error: ...``
+naming it, with exit status 2.
 """
 
 from __future__ import annotations
@@ -17,43 +19,52 @@ import uvicorn
 
 from engine.async_llm import AsyncLLM
 from engine.engine_args import DEFAULT_MODEL, EngineArgs
+from engine.engine_components import TokenizerLoadError
 from engine.serve.app import build_app
+from engine.serve.cli_checks import (HelpFormatter, OneLineErrorParser, check_args, check_unchunked_budget,
+                                     tokenizer_error_line)
 
 logger = logging.getLogger("engine.serve")
 
 
 def make_parser() -> argparse.ArgumentParser:
     defaults = EngineArgs()
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m engine.serve", description="An OpenAI-compatible server (/v1/completions, "
         "/v1/chat/completions, /v1/models, /health, /metrics) over the servesim engine.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="'tiny' or 'small' (generated locally) or a local checkpoint folder")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
     parser.add_argument("--served-model-name", nargs="+", default=None,
                         help="name(s) clients use in 'model' (default: the --model value)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="0-65535; 0 picks a free port")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="server and engine log level")
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    engine.add_argument("--block-size", type=int, default=defaults.block_size)
+    engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
+                        help="most requests running at once, >= 1")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens,
+                        help="most tokens in one step, >= 1 (>= max_model_len with --no-enable-chunked-prefill)")
+    engine.add_argument("--block-size", type=int, default=defaults.block_size, help="tokens per KV block, >= 1")
     engine.add_argument("--num-gpu-blocks", type=int, default=None,
-                        help="KV blocks in the pool (default: from the memory budget)")
-    engine.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+                        help="KV blocks in the pool, >= 2 (default: from the memory budget)")
+    engine.add_argument("--max-model-len", type=int, default=None,
+                        help="longest prompt + output, >= 1 (default: the model's)")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=defaults.enable_prefix_caching)
+                        default=defaults.enable_prefix_caching, help="reuse the KV blocks of shared prefixes")
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                        default=defaults.enable_chunked_prefill)
-    engine.add_argument("--scheduling-policy", default=defaults.scheduling_policy, choices=["fcfs", "priority"])
-    engine.add_argument("--device", default=defaults.device)
-    engine.add_argument("--dtype", default=defaults.dtype)
-    engine.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
-    engine.add_argument("--attention-backend", default=None)
+                        default=defaults.enable_chunked_prefill, help="split long prompts over several steps")
+    engine.add_argument("--scheduling-policy", default=defaults.scheduling_policy, choices=["fcfs", "priority"],
+                        help="order of admission")
+    engine.add_argument("--device", default=defaults.device, help="'cpu' or 'cuda'")
+    engine.add_argument("--dtype", default=defaults.dtype, help="'auto', 'float32', 'float16' or 'bfloat16'")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization,
+                        help="share of device memory to use, in (0, 1]")
+    engine.add_argument("--attention-backend", default=None, help="default: picked for the device")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
-    engine.add_argument("--seed", type=int, default=defaults.seed)
+    engine.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded requests' sampling")
     return parser
 
 
@@ -69,11 +80,18 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
+    engine_args = engine_args_from(args)
     try:
-        engine = AsyncLLM(engine_args_from(args))
+        check_unchunked_budget(parser, args, engine_args)
+        engine = AsyncLLM(engine_args)
+    except TokenizerLoadError as error:
+        print(f"error: {tokenizer_error_line(error, args)}", file=sys.stderr)
+        return 2
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from engine.core import SamplingParams
 from engine.outputs import RequestOutput
 from engine.serve.logprobs_format import completion_logprobs
-from engine.serve.protocol import CompletionRequest, completion_sampling_params, single_prompt
+from engine.serve.protocol import (COMPLETION_PARAM_NAMES, CompletionRequest, completion_sampling_params,
+                                   single_prompt)
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
@@ -53,7 +54,8 @@ class _Choice(UsageCounter):
 async def create_completion(body: CompletionRequest, raw_request: Request, state: ServerState) -> Response:
     state.check_model(body.model)
     params = completion_sampling_params(body)
-    prompt = state.prepare_prompt(single_prompt(body.prompt), params, param="prompt")
+    prompt = state.prepare_prompt(single_prompt(body.prompt), params, param="prompt",
+                                  param_names=COMPLETION_PARAM_NAMES)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "object": "text_completion", "created": int(time.time()),
               "model": body.model or state.model_name}

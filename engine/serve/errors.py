@@ -65,9 +65,15 @@ def validation_error(exc: RequestValidationError) -> OpenAIError:
         message = f"missing required parameter: {param!r}" if param else "the request has no JSON body"
         return OpenAIError(message, param=param, code="missing_required_parameter")
     value = first.get("input")
+    if param is None and isinstance(value, bytes):
+        # FastAPI hands the raw bytes over when the Content-Type is not JSON (a missing one is read as JSON).
+        return OpenAIError("the request body must be a JSON object sent with Content-Type: application/json",
+                           code="invalid_content_type")
     shown = repr(value) if not isinstance(value, (dict, list)) or len(repr(value)) < 200 else type(value).__name__
     where = f"{param}: " if param else ""
-    return OpenAIError(f"{where}{first['msg']} (got {shown})", param=param, code="invalid_value")
+    # Our validators' messages are complete sentences; pydantic's "Value error, " prefix adds nothing.
+    message = first["msg"].removeprefix("Value error, ")
+    return OpenAIError(f"{where}{message} (got {shown})", param=param, code="invalid_value")
 
 
 def install_error_handlers(app: FastAPI) -> None:

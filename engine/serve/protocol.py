@@ -6,7 +6,9 @@ clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repet
 ``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``, ``return_token_ids``
 (each choice then carries the ids of its new tokens, so a client can count tokens per chunk) and
 ``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``).
-Unknown fields are ignored, as OpenAI-compatible servers usually do.
+Unknown fields are ignored, as OpenAI-compatible servers usually do; known ones that ask for what this
+server cannot do (``tools``, ``functions``, a ``response_format`` other than text) are refused, not ignored.
+Types are strict, as OpenAI's are: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400, not 1 or true.
 
 Validation happens in two places, both reported as 400s naming the parameter: types and ranges here
 (pydantic), and everything ``SamplingParams`` checks, mapped back to the request's own field names.
@@ -14,31 +16,38 @@ Validation happens in two places, both reported as 400s naming the parameter: ty
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.core import SamplingParams
+from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_SEED, MIN_SEED
 from engine.serve.errors import OpenAIError
 
 # OpenAI's documented ceiling for top_logprobs / completions logprobs.
 MAX_LOGPROBS = 20
 
+# Strict: JSON's types as they are (no true -> 1, "yes" -> true, "5" -> 5); ints still fill float fields.
+_STRICT = ConfigDict(extra="ignore", strict=True)
+
 
 class StreamOptions(BaseModel):
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class _SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
 
     model: str | None = None
     n: int = 1
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    # Checked here as well as in SamplingParams so the 400 comes from the same place as other range errors.
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
@@ -57,6 +66,15 @@ class _SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_openai_range(cls, logit_bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (logit_bias or {}).items():
+            if not (math.isfinite(bias) and abs(bias) <= MAX_ABS_LOGIT_BIAS):
+                raise ValueError(f"biases must be finite numbers in [-{MAX_ABS_LOGIT_BIAS:g}, "
+                                 f"{MAX_ABS_LOGIT_BIAS:g}]; token {token!r} has {bias!r}")
+        return logit_bias
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -72,20 +90,20 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ChatContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
-    content: str | list[ChatContentPart] | None = None
+    model_config = _STRICT
+    # OpenAI's roles ("function" is deprecated there). Content is required: OpenAI lets only an assistant
+    # message with tool_calls omit it, and this server does not support tool calls.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ChatContentPart]
     name: str | None = None
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -98,12 +116,55 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    # Accepted only to refuse them by name: ignoring them would answer as if they had been honoured.
+    tools: Any = None
+    functions: Any = None
+    response_format: Any = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tool_calling(cls, value: Any) -> Any:
+        if value is not None and value != []:  # some clients send an empty list for "no tools"; that is honoured
+            raise ValueError("not supported: this server does not call tools")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_responses_only(cls, value: Any) -> Any:
+        # {"type": "text"} is OpenAI's default spelled out; structured output (json_object, json_schema) is not done.
+        if value is not None and value != {"type": "text"}:
+            raise ValueError('not supported except {"type": "text"}, the default')
+        return value
 
 
 # SamplingParams field -> the request parameter a user set, per endpoint (for error messages).
-_COMPLETION_PARAM_NAMES = {"n": "n"}
+COMPLETION_PARAM_NAMES = {"n": "n"}
 _CHAT_PARAM_NAMES = {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens"}
 _FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+)")
+
+
+def chat_param_names(request: ChatCompletionRequest) -> dict[str, str]:
+    names = dict(_CHAT_PARAM_NAMES)
+    if request.max_completion_tokens is None:
+        names["max_tokens"] = "max_tokens"
+    return names
+
+
+def sampling_error(error: ValueError, param_names: dict[str, str], default_param: str | None) -> OpenAIError:
+    """A ValueError from SamplingParams or the engine's checks, as a 400 naming the request's parameter.
+
+    A message about ``SamplingParams.<field>`` names that field's parameter, even when the engine raised it
+    while checking the prompt (``prompt: SamplingParams.logit_bias has token id(s) ...``): the parameter is
+    what the client has to change. Anything else is about ``default_param``.
+    """
+    message = str(error)
+    match = _FIELD_IN_MESSAGE.search(message)
+    if match is None:
+        return OpenAIError(message, param=default_param, code="invalid_value")
+    field = match.group(1)
+    param = param_names.get(field, field)
+    return OpenAIError(message[match.start():].replace(f"SamplingParams.{field}", param), param=param,
+                       code="invalid_value")
 
 
 def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, logprobs: int | None,
@@ -133,11 +194,7 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
     try:
         return SamplingParams(**fields)
     except ValueError as error:
-        match = _FIELD_IN_MESSAGE.search(str(error))
-        field = match.group(1) if match else None
-        param = param_names.get(field, field) if field is not None else None
-        message = str(error).replace(f"SamplingParams.{field}", param) if field else str(error)
-        raise OpenAIError(message, param=param, code="invalid_value") from None
+        raise sampling_error(error, param_names, default_param=None) from None
 
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
@@ -148,18 +205,16 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     if request.suffix is not None:
         raise OpenAIError("suffix is not supported", param="suffix")
     return sampling_params_for(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
-                               param_names=_COMPLETION_PARAM_NAMES)
+                               param_names=COMPLETION_PARAM_NAMES)
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
     if request.top_logprobs is not None and not request.logprobs:
         raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    names = dict(_CHAT_PARAM_NAMES)
-    if request.max_completion_tokens is None:
-        names["max_tokens"] = "max_tokens"
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return sampling_params_for(request, max_tokens=max_tokens, logprobs=logprobs, param_names=names)
+    return sampling_params_for(request, max_tokens=max_tokens, logprobs=logprobs,
+                               param_names=chat_param_names(request))
 
 
 def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:

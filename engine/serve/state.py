@@ -12,6 +12,7 @@ from engine.core import SamplingParams
 from engine.engine_loop import EngineDeadError, EngineStepError
 from engine.request_inputs import Prompt
 from engine.serve.errors import OpenAIError
+from engine.serve.protocol import sampling_error
 
 
 @dataclass
@@ -30,14 +31,16 @@ class ServerState:
                               f"{', '.join(repr(name) for name in self.served_model_names)}",
                               param="model", code="model_not_found")
 
-    def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str) -> Prompt:
-        """Tokenize and validate; a prompt the engine cannot take is a 400 naming ``param``."""
+    def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str]) -> Prompt:
+        """Tokenize and validate; a 400 names ``param`` for a prompt the engine cannot take, or the sampling
+        parameter at fault (``param_names`` maps SamplingParams fields to the request's names)."""
         try:
             parsed = self.engine.process_prompt(prompt, params)
         except ValueError as error:
-            message = str(error)
-            code = "context_length_exceeded" if "more than the engine allows" in message else "invalid_value"
-            raise OpenAIError(message, param=param, code=code) from None
+            openai_error = sampling_error(error, param_names, default_param=param)
+            if "more than the engine allows" in openai_error.message:
+                openai_error.code = "context_length_exceeded"
+            raise openai_error from None
         max_model_len = self.engine.max_model_len
         if params.max_tokens is not None and len(parsed.token_ids) + params.max_tokens > max_model_len:
             raise OpenAIError(

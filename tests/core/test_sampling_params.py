@@ -13,6 +13,11 @@ from engine.core import SamplingParams, SamplingType
     ("seed", 1.5), ("stop", [""]), ("stop_token_ids", [-1]), ("presence_penalty", 2.5),
     ("frequency_penalty", -3.0), ("repetition_penalty", 0.0), ("logprobs", -1), ("prompt_logprobs", -2),
     ("logit_bias", {"x": 1.0}), ("allowed_token_ids", []), ("bad_words", [""]), ("ignore_eos", "yes"),
+    # torch.Generator.manual_seed's range is [-2**63, 2**64 - 1]; one past either end failed the engine step.
+    ("seed", 2**64), ("seed", -(2**63) - 1),
+    # Non-finite or past OpenAI's [-100, 100] (1e39 is inf in float32): sampling then picked arbitrary tokens.
+    ("logit_bias", {5: float("inf")}), ("logit_bias", {5: float("nan")}), ("logit_bias", {5: 1e39}),
+    ("logit_bias", {5: -100.5}),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
@@ -35,3 +40,12 @@ def test_defaults_and_normalization_follow_vllm():
     assert SamplingParams(stop_token_ids=[7, 9]).all_stop_token_ids == frozenset({7, 9})
     greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=5, min_p=0.2)
     assert greedy.is_greedy and (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)
+
+
+def test_the_seed_and_bias_ranges_include_their_ends():
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1 and SamplingParams(seed=-(2**63)).seed == -(2**63)
+    assert SamplingParams(logit_bias={1: -100, 2: 100.0}).logit_bias == {1: -100.0, 2: 100.0}
+    with pytest.raises(ValueError, match=r"SamplingParams\.seed must be .* got 18446744073709551616$"):
+        SamplingParams(seed=2**64)
+    with pytest.raises(ValueError, match=r"SamplingParams\.logit_bias .* got 1e\+39 for token id 5$"):
+        SamplingParams(logit_bias={5: 1e39})

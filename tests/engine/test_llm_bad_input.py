@@ -53,12 +53,33 @@ def test_invalid_sampling_params_raise_at_construction(kwargs, field):
     (SamplingParams(logprobs=10_000), r"SamplingParams.logprobs must be <= the vocabulary size 512"),
     (SamplingParams(allowed_token_ids=[1, 600]), r"allowed_token_ids has token id\(s\) \[600\]"),
     (SamplingParams(logit_bias={700: 1.0}), r"logit_bias has token id\(s\) \[700\]"),
+    (SamplingParams(stop_token_ids=[3, 512]), r"stop_token_ids has token id\(s\) \[512\]"),
     ([GOOD, GOOD, GOOD], r"got 3 SamplingParams for 2 prompts"),
 ])
 def test_params_the_model_cannot_honor(llm, params, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(["one", "two"], params, use_tqdm=False)
     assert_healthy(llm)
+
+
+def test_seeds_at_the_ends_of_torchs_range_sample(llm):
+    """SamplingParams' seed range is exactly what torch.Generator.manual_seed takes (one past is refused
+    at construction: tests/core/test_sampling_params.py)."""
+    seeds = [-(2**63), 2**64 - 1]
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=2, ignore_eos=True) for seed in seeds]
+    outputs = llm.generate(["a", "b"], params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [2, 2]
+    assert_healthy(llm)
+
+
+def test_the_length_limit_names_the_unchunked_budget(tiny_llama_path):
+    """Without chunked prefill the budget caps the prompt; the message says so rather than citing only
+    max_model_len, which is larger."""
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=128, max_num_batched_tokens=16,
+              enable_chunked_prefill=False, num_gpu_blocks=16)
+    with pytest.raises(ValueError, match=r"more than the engine allows: 16 \(max_model_len=128, .*"
+                                         r"max_num_batched_tokens=16 without chunked prefill\)"):
+        llm.generate([[7] * 21], GOOD, use_tqdm=False)
 
 
 def test_failure_inside_a_step_aborts_the_call(llm, monkeypatch):

@@ -1,6 +1,8 @@
 """Bad requests get a 400 in OpenAI's error shape naming the parameter, unknown routes a 404 in the
 same shape; never a 500 or a hang, and the server keeps serving (every block free afterwards)."""
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -41,9 +43,22 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"logit_bias": {"x": 1.0}}, "logit_bias", "token ids"),
     ({"presence_penalty": 5}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
     ({"echo": True}, "echo", "not supported"),
+    # torch's Generator.manual_seed takes [-2**63, 2**64 - 1]; past that the engine step itself used to fail.
+    ({"seed": 2**64}, "seed", "less than or equal to 18446744073709551615"),
+    ({"seed": -(2**63) - 1}, "seed", "greater than or equal to -9223372036854775808"),
+    # OpenAI's range is [-100, 100]; inf, NaN or 1e39 (inf in float32) made sampling emit arbitrary tokens.
+    ({"logit_bias": {"5": 1e39}}, "logit_bias", "finite numbers in [-100, 100]"),
+    ({"logit_bias": {"5": float("nan")}}, "logit_bias", "finite numbers in [-100, 100]"),
+    ({"logit_bias": {"5": float("-inf")}}, "logit_bias", "finite numbers in [-100, 100]"),
+    ({"logit_bias": {"5": 100.5}}, "logit_bias", "token '5' has 100.5"),
+    ({"stop_token_ids": [7, 99999]}, "stop_token_ids", "[99999] outside the vocabulary"),
+    ({"max_tokens": True}, "max_tokens", "valid integer"),
+    ({"stream": "yes"}, "stream", "valid boolean"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
-    response = httpx.post(f"{server.url}/v1/completions", json={**GOOD_COMPLETION, **change}, timeout=10)
+    # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
+    response = httpx.post(f"{server.url}/v1/completions", content=json.dumps({**GOOD_COMPLETION, **change}),
+                          headers={"Content-Type": "application/json"}, timeout=10)
     error = assert_openai_error(response, 400, param)
     assert error["type"] == "invalid_request_error" and message in error["message"], error
 
@@ -56,10 +71,62 @@ def test_bad_completion_parameters(server, change, param, message):
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
     ({"model": "nope"}, "model"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+    ({"logit_bias": {"99999": 1.0}}, "logit_bias"),
+    ({"stop_token_ids": [99999]}, "stop_token_ids"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_bad_chat_parameters(server, change, param):
     response = httpx.post(f"{server.url}/v1/chat/completions", json={**GOOD_CHAT, **change}, timeout=10)
-    assert_openai_error(response, 400, param)
+    error = assert_openai_error(response, 400, param)
+    # The message names what the client has to change, not the prompt the check ran on.
+    assert param in error["message"] and not error["message"].startswith("prompt"), error
+
+
+@pytest.mark.parametrize("endpoint,change", [
+    ("completions", {"seed": 2**64 - 1}),
+    ("completions", {"seed": -(2**63)}),
+    ("completions", {"logit_bias": {"5": -100, "6": 100}}),
+    ("chat/completions", {"tools": None, "functions": [], "response_format": {"type": "text"}}),
+    ("chat/completions", {"messages": [{"role": "developer", "content": "be brief"},
+                                       {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+])
+def test_edge_values_openai_accepts_are_served(server, endpoint, change):
+    good = GOOD_COMPLETION if endpoint == "completions" else GOOD_CHAT
+    response = httpx.post(f"{server.url}/v1/{endpoint}", json={**good, **change, "temperature": 1.0}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def test_a_bad_seed_does_not_fail_requests_in_flight(server):
+    """An out-of-range seed used to raise inside the engine step, failing every request in it with a 500."""
+    body = {**GOOD_COMPLETION, "max_tokens": 300, "ignore_eos": True, "stream": True, "return_token_ids": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # the request is running
+        bad = httpx.post(f"{server.url}/v1/completions", json={**GOOD_COMPLETION, "seed": 2**64}, timeout=10)
+        assert_openai_error(bad, 400, "seed")
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2], rest[-3:]
+    assert len(rest) > 2  # tokens came after the bad request: the stream was in flight when it arrived
+    samples = wait_until_idle(server.url)
+    assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
+
+
+@pytest.mark.parametrize("headers,status", [({}, 200), ({"Content-Type": "text/plain"}, 400)])
+def test_json_body_without_a_json_content_type(server, headers, status):
+    # httpx sends no Content-Type for bytes content unless told; a missing one is read as JSON.
+    response = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "x", "max_tokens": 2}',
+                          headers=headers, timeout=10)
+    assert "content-type" not in response.request.headers or headers
+    if status == 200:
+        assert response.status_code == 200, response.text
+    else:
+        assert "Content-Type: application/json" in assert_openai_error(response, 400, None)["message"]
 
 
 @pytest.mark.parametrize("content", [b'{"prompt": "x",', b"not json at all", b"[1, 2, 3]", b""])

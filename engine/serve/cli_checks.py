@@ -1,0 +1,107 @@
+"""The checks ``python -m engine.serve`` makes on its flags before it loads a model.
+
+Each failure is one line naming the flag and its value (``error: --max-num-seqs must be >= 1, got 0``)
+with exit status 2, as for argparse's own usage errors. Without these, a bad value surfaces later as a
+message about something else (a KV budget, numpy's "negative dimensions", a bind() traceback), or only
+after the model has loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import NoReturn
+
+from engine.core.sampling_params import MAX_SEED, MIN_SEED
+from engine.engine_args import DEFAULT_MODEL_NAMES, EngineArgs
+from engine.engine_components import TokenizerLoadError
+from engine.models.config import ModelConfig
+
+# dest -> (lowest, highest) accepted; None: unbounded. The engine's own limits, spelled as the CLI's flags.
+INTEGER_RANGES: dict[str, tuple[int | None, int | None]] = {
+    "port": (0, 65535),
+    "max_num_seqs": (1, None),
+    "max_num_batched_tokens": (1, None),
+    "block_size": (1, None),
+    "num_gpu_blocks": (2, None),  # block 0 is the null block
+    "max_model_len": (1, None),
+    "seed": (MIN_SEED, MAX_SEED),  # what torch.manual_seed accepts
+}
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one ``error: ...`` line (the usage is a screenful; --help shows it), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: ...)" only where the help does not already say what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and "default" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit through ``parser.error`` on the first flag the engine or the server would fail on."""
+    for dest, (lowest, highest) in INTEGER_RANGES.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if highest is None and value < lowest:
+            parser.error(f"{flag(dest)} must be >= {lowest}, got {value}")
+        if highest is not None and not lowest <= value <= highest:
+            parser.error(f"{flag(dest)} must be in [{lowest}, {highest}], got {value}")
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        parser.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    try:
+        socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        parser.error(f"--host {args.host!r} is not an address to listen on ({error.strerror})")
+    if args.tokenizer is not None and args.tokenizer not in DEFAULT_MODEL_NAMES and not Path(args.tokenizer).is_dir():
+        parser.error(f"--tokenizer {args.tokenizer!r} is not a folder; give the folder holding the tokenizer's "
+                     "files, or leave --tokenizer out to use the model's")
+
+
+def check_unchunked_budget(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                           engine_args: EngineArgs) -> None:
+    """Without chunked prefill a prompt is scheduled in one step, so the per-step token budget must hold
+    the longest one. The engine would silently lower max_model_len to the budget; the server refuses the
+    combination instead, as vLLM and ``sim.run`` do, so /v1/models never reports a limit nobody asked for."""
+    if args.enable_chunked_prefill:
+        return
+    if args.max_model_len is not None:
+        max_model_len, source = args.max_model_len, "--max-model-len"
+    else:
+        max_model_len, source = model_max_len(engine_args.resolve_model_path()), "the model's"
+    if args.max_num_batched_tokens < max_model_len:
+        parser.error(f"--max-num-batched-tokens must be >= max_model_len ({max_model_len}, {source}) with "
+                     f"--no-enable-chunked-prefill, got {args.max_num_batched_tokens}: a longer prompt could "
+                     "never be scheduled in one step; raise --max-num-batched-tokens or lower --max-model-len")
+
+
+def model_max_len(model_path: Path) -> int:
+    """The model's own length limit, read from its config.json without loading the weights. The same rule as
+    the model's ``max_model_len_limit``: attention spans the full context, so a sliding window caps it."""
+    config = ModelConfig.from_pretrained(model_path)
+    if config.sliding_window is not None:
+        return min(config.max_position_embeddings, config.sliding_window)
+    return config.max_position_embeddings
+
+
+def tokenizer_error_line(error: TokenizerLoadError, args: argparse.Namespace) -> str:
+    """The engine's tokenizer error reworded for the CLI: the flag to use, not the Python keywords."""
+    given_by = "--tokenizer" if args.tokenizer is not None else "the --model folder; name another with --tokenizer"
+    has_files = any((Path(error.path) / name).is_file()
+                    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    reason = " ".join(error.reason.split()) if has_files else \
+        "no tokenizer.json, tokenizer_config.json or tokenizer.model there"
+    return f"cannot load a tokenizer from {str(error.path)!r} ({given_by}): {reason}"
