@@ -27,6 +27,7 @@ import pandas as pd
 
 from analysis import read_run, write_run
 from engine.core import EngineCore
+from engine.optional_dependencies import missing_extra_message
 from sim.cli_support import check_output_directory, positive_int
 from sim.cost_models.replay import ReplayDivergedError
 from sim.machine_load import MachineLoad
@@ -112,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ReplayDivergedError) as error:  # not a real run, no such directory, a diverged schedule
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as error:
+        message = missing_extra_message(error, "sim.retime (it executes the schedule on the model)")
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
     print(describe(table))
     if args.out:
         print(f"re-timed run written to {args.out}/")

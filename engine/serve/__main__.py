@@ -2,6 +2,15 @@
 
 import sys
 
-from engine.serve.cli import main
+from engine.optional_dependencies import missing_extra_message
+
+try:
+    from engine.serve.cli import main
+except ModuleNotFoundError as error:  # the server's packages are an extra the base install lacks
+    message = missing_extra_message(error, "python -m engine.serve")
+    if message is None:
+        raise
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
 
 sys.exit(main())
