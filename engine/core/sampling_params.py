@@ -153,4 +153,6 @@ class SamplingParams:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN
+    """A finite int or float: NaN and infinity pass a bare ``> 0`` check (repetition_penalty=inf did) and
+    then turn logits into NaN, which sampling maps to an arbitrary token."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -18,6 +18,8 @@ from engine.core import SamplingParams, SamplingType
     # Non-finite or past OpenAI's [-100, 100] (1e39 is inf in float32): sampling then picked arbitrary tokens.
     ("logit_bias", {5: float("inf")}), ("logit_bias", {5: float("nan")}), ("logit_bias", {5: 1e39}),
     ("logit_bias", {5: -100.5}),
+    # Infinity passed the bare "> 0" / ">= 0" checks, and turned logits into NaN.
+    ("repetition_penalty", float("inf")), ("temperature", float("inf")),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
