@@ -8,6 +8,7 @@ the stop checks use. The front ends differ only in how they drive ``EngineCore.s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from engine.engine_args import EngineArgs
 from engine.models import load_tokenizer
 from engine.runner.executor import RealExecutor
 from engine.runner.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,10 +69,28 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     executor = RealExecutor(runner)
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
                           args.create_cache_config(num_gpu_blocks))
+    warn_if_max_model_len_lowered(scheduler)
     return EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,
         model_runner=runner, executor=executor, engine_core=EngineCore(scheduler, executor),
         eos_token_ids=eos_token_ids(runner.model_config, tokenizer))
+
+
+def warn_if_max_model_len_lowered(scheduler: Scheduler) -> None:
+    """Say so when the KV pool (or, without chunked prefill, the step budget) holds fewer tokens than
+    max_model_len: the engine then refuses longer prompts (``SchedulerConfig.effective_max_model_len``),
+    and a user who set max_model_len expects it to hold unless told. vLLM refuses such a configuration
+    outright; the shared core keeps serving shorter requests, because simulated what-ifs with small pools
+    rely on that."""
+    configured, effective = scheduler.scheduler_config.max_model_len, scheduler.max_model_len
+    if effective < configured:
+        cache = scheduler.cache_config
+        logger.warning("max_model_len is %d, not %d: the KV cache holds %d tokens (%d usable blocks of %d)%s; "
+                       "raise the KV budget (kv_cache_memory_bytes, gpu_memory_utilization or num_gpu_blocks) to "
+                       "serve longer sequences", effective, configured, cache.capacity_tokens,
+                       cache.num_usable_blocks, cache.block_size,
+                       "" if scheduler.scheduler_config.enable_chunked_prefill else
+                       f" or the step budget without chunked prefill is {scheduler.scheduler_config.max_num_batched_tokens}")
 
 
 def eos_token_ids(model_config, tokenizer) -> list[int]:

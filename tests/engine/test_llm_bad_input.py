@@ -72,11 +72,14 @@ def test_seeds_at_the_ends_of_torchs_range_sample(llm):
     assert_healthy(llm)
 
 
-def test_the_length_limit_names_the_unchunked_budget(tiny_llama_path):
+def test_the_length_limit_names_the_unchunked_budget(tiny_llama_path, caplog):
     """Without chunked prefill the budget caps the prompt; the message says so rather than citing only
-    max_model_len, which is larger."""
-    llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=128, max_num_batched_tokens=16,
-              enable_chunked_prefill=False, num_gpu_blocks=16)
+    max_model_len, which is larger, and the engine said so when it started."""
+    with caplog.at_level("WARNING", logger="engine.engine_components"):
+        llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=128, max_num_batched_tokens=16,
+                  enable_chunked_prefill=False, num_gpu_blocks=16)
+    assert "max_model_len is 16, not 128" in caplog.text
+    assert "the step budget without chunked prefill is 16" in caplog.text
     with pytest.raises(ValueError, match=r"more than the engine allows: 16 \(max_model_len=128, .*"
                                          r"max_num_batched_tokens=16 without chunked prefill\)"):
         llm.generate([[7] * 21], GOOD, use_tqdm=False)
@@ -119,3 +122,14 @@ def test_bad_engine_configuration(tmp_path, tiny_llama_path):
         LLM(model=str(tiny_llama_path), kv_cache_memory_bytes=100)
     with pytest.raises(ValueError, match="skip_tokenizer_init"):
         LLM(model=str(tiny_llama_path), tokenizer=str(tmp_path))
+
+
+def test_a_kv_pool_smaller_than_max_model_len_is_reported_at_start(tiny_llama_path, caplog):
+    """The pool caps the longest sequence below max_model_len: served, but not silently."""
+    with caplog.at_level("WARNING", logger="engine.engine_components"):
+        LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=128, num_gpu_blocks=5, block_size=16)
+    assert "max_model_len is 64, not 128: the KV cache holds 64 tokens (4 usable blocks of 16)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.engine_components"):
+        LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=64, num_gpu_blocks=5, block_size=16)
+    assert "max_model_len is" not in caplog.text  # the pool holds exactly max_model_len: nothing to say
