@@ -180,6 +180,11 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
     console.print(f"ran {summary['num_requests']} requests for real in {wall:.1f} s; run written to {out_dir}/")
     if not args.no_dashboard:
         write_dashboard(out_dir, None if args.quiet else console)
+    if summary["num_requests"] and summary.get("num_errored") == summary["num_requests"]:
+        # Nothing was served: a script that checks the exit status must not take this for a measurement.
+        first = (summary.get("errored_examples") or [{"reason": "no reason recorded"}])[0]["reason"]
+        print(f"error: every request failed; the first: {first}", file=sys.stderr)
+        return 1
     return 0
 
 

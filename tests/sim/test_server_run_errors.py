@@ -25,11 +25,13 @@ def test_a_request_the_server_refuses_keeps_its_message(server_url, tmp_path, ca
     out = tmp_path / "served"
     assert run_main(["chat", "--executor", "server", "--url", server_url, "--set", "workload.num_requests=3",
                      "--set", "workload.prompt_len={type: constant, value: 500}", "--set", "workload.arrival.rate=100",
-                     "--out", str(out), "--no-dashboard", "--no-progress"]) == 0
+                     "--out", str(out), "--no-dashboard", "--no-progress"]) == 1  # nothing was served
     run = read_run(out)
     assert run.summary["num_errored"] == 3
     messages = run.requests["status_message"].tolist()
     assert all(message.startswith("HTTP 400: prompt has 500 tokens") for message in messages), messages
     assert run.summary["errored_examples"][0]["reason"] == messages[0]
-    printed = " ".join(capsys.readouterr().out.split())
+    captured = capsys.readouterr()
+    printed = " ".join(captured.out.split())
     assert "errored requests, the first: req-000000: HTTP 400: prompt has 500 tokens" in printed
+    assert "error: every request failed; the first: HTTP 400: prompt has 500 tokens" in captured.err
