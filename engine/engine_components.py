@@ -85,7 +85,8 @@ def warn_if_max_model_len_lowered(scheduler: Scheduler) -> None:
     configured, effective = scheduler.scheduler_config.max_model_len, scheduler.max_model_len
     if effective < configured:
         cache = scheduler.cache_config
-        logger.warning("max_model_len is %d, not %d: the KV cache holds %d tokens (%d usable blocks of %d)%s; "
+        logger.warning("the engine serves sequences of up to %d tokens, not max_model_len=%d: the KV cache holds "
+                       "%d tokens (%d usable blocks of %d)%s; "
                        "raise the KV budget (kv_cache_memory_bytes, gpu_memory_utilization or num_gpu_blocks) to "
                        "serve longer sequences", effective, configured, cache.capacity_tokens,
                        cache.num_usable_blocks, cache.block_size,

@@ -32,7 +32,10 @@ class InputBatch:
         self.request_states: list[CachedRequestState | None] = []
         # Rows freed since the last condense(), smallest first: new requests fill them first.
         self._holes: list[int] = []
-        self.token_ids_cpu = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
+        # One column past max_model_len: a request whose prompt fills max_model_len still samples one token
+        # (as in vLLM, a prompt may be max_model_len long), and the runner appends it before the scheduler's
+        # length check finishes the request. That token is never fed back, so it needs no KV slot.
+        self.token_ids_cpu = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int32)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens_cpu = np.zeros(max_num_reqs, dtype=np.int32)

@@ -78,7 +78,7 @@ def test_the_length_limit_names_the_unchunked_budget(tiny_llama_path, caplog):
     with caplog.at_level("WARNING", logger="engine.engine_components"):
         llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=128, max_num_batched_tokens=16,
                   enable_chunked_prefill=False, num_gpu_blocks=16)
-    assert "max_model_len is 16, not 128" in caplog.text
+    assert "serves sequences of up to 16 tokens, not max_model_len=128" in caplog.text
     assert "the step budget without chunked prefill is 16" in caplog.text
     with pytest.raises(ValueError, match=r"more than the engine allows: 16 \(max_model_len=128, .*"
                                          r"max_num_batched_tokens=16 without chunked prefill\)"):
@@ -128,8 +128,18 @@ def test_a_kv_pool_smaller_than_max_model_len_is_reported_at_start(tiny_llama_pa
     """The pool caps the longest sequence below max_model_len: served, but not silently."""
     with caplog.at_level("WARNING", logger="engine.engine_components"):
         LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=128, num_gpu_blocks=5, block_size=16)
-    assert "max_model_len is 64, not 128: the KV cache holds 64 tokens (4 usable blocks of 16)" in caplog.text
+    assert "up to 64 tokens, not max_model_len=128: the KV cache holds 64 tokens (4 usable blocks of 16)" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="engine.engine_components"):
         LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=64, num_gpu_blocks=5, block_size=16)
-    assert "max_model_len is" not in caplog.text  # the pool holds exactly max_model_len: nothing to say
+    assert "serves sequences of up to" not in caplog.text  # the pool holds exactly max_model_len: nothing to say
+
+
+def test_a_prompt_as_long_as_max_model_len_gets_one_token(llm):
+    """A prompt may fill max_model_len (as in vLLM): the token sampled at its last position is the only
+    output, finished by length. Its append used to overrun the runner's token buffer and fail the step,
+    and with it every request in flight."""
+    full, beside = llm.generate([[5] * 128, [6] * 10], SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert len(full.outputs[0].token_ids) == 1 and full.outputs[0].finish_reason == "length"
+    assert len(beside.outputs[0].token_ids) == 5
+    assert_healthy(llm)
