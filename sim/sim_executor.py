@@ -33,7 +33,10 @@ class SimulatedExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         features = scheduler_output_features(scheduler_output)
         self.last_features = features
-        if self._time_features is not None:
+        if not scheduler_output.total_num_scheduled_tokens:
+            # Nothing ran (a step that only preempted): no time, and not a step a replay recorded.
+            self.last_duration = 0.0
+        elif self._time_features is not None:
             self.last_duration = self._time_features(features)
         else:
             self.last_duration = self.cost_model.step_time(step_batch(scheduler_output))

@@ -122,7 +122,11 @@ class Simulation:
             if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
                 recorder.on_outputs(result.outputs, start)
                 finished_since_update += sum(output.finish_reason is not None for output in result.outputs)
-                if scheduler.has_unfinished_requests() and scheduler_output is not None:
+                if scheduler_output is not None and scheduler_output.preempted_req_ids:
+                    # Progress without a token: the running request that needed a block was its own
+                    # victim (the lowest priority), and its blocks are free for the next step.
+                    recorder.on_empty_step(scheduler_output)
+                elif scheduler.has_unfinished_requests() and scheduler_output is not None:
                     raise SchedulerStalledError(
                         f"at t={start:.6f}s {len(scheduler.waiting)} requests wait and none was scheduled")
                 continue

@@ -37,6 +37,7 @@ class TraceRecorder:
         self.priority: list[int] = []
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
         if record_schedule:
             self.steps["scheduled_request_ids"] = []
             self.steps["scheduled_token_counts"] = []
@@ -54,6 +55,19 @@ class TraceRecorder:
         self.status_message.append(None)
         self.priority.append(priority)
         self.token_times[request_id] = []
+
+    def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
+        """A step that scheduled no token but preempted requests (the one running request that needed a
+        block was its own victim): it takes no time and gets no row, and its preemptions are counted in the
+        next recorded step's row, which starts at the same instant, so that the step table's preemptions
+        still add up to the requests'."""
+        for request_id in scheduler_output.preempted_req_ids:
+            self.num_preemptions[self._index[request_id]] += 1
+        self._carried_preemptions += len(scheduler_output.preempted_req_ids)
+
+    def _take_carried_preemptions(self) -> int:
+        carried, self._carried_preemptions = self._carried_preemptions, 0
+        return carried
 
     def on_step(self, start: float, duration: float, scheduler_output: SchedulerOutput,
                 features: StepFeatures, scheduler: Scheduler) -> None:
@@ -77,7 +91,7 @@ class TraceRecorder:
         num_used = manager.num_usable_blocks - manager.num_free_blocks
         steps["kv_blocks_used"].append(num_used)
         steps["kv_usage"].append(num_used / manager.num_usable_blocks)
-        steps["num_preemptions"].append(len(scheduler_output.preempted_req_ids))
+        steps["num_preemptions"].append(len(scheduler_output.preempted_req_ids) + self._take_carried_preemptions())
         steps["prefix_hit_tokens"].append(scheduler_output.num_prefix_hit_tokens)
         steps["prefix_query_tokens"].append(scheduler_output.num_prefix_query_tokens)
         steps["prefill_attention_work"].append(features.prefill_attention_work)
@@ -132,7 +146,7 @@ class TraceRecorder:
             steps["num_waiting"].append(0)
             steps["kv_blocks_used"].append(num_used)
             steps["kv_usage"].append(num_used / usable)
-            steps["num_preemptions"].append(0)
+            steps["num_preemptions"].append(self._take_carried_preemptions() if offset == 0 else 0)
             steps["prefix_hit_tokens"].append(0)
             steps["prefix_query_tokens"].append(0)
             steps["prefill_attention_work"].append(0)

@@ -89,7 +89,10 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
         result = engine.step()
         scheduler_output = result.scheduler_output
         if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
-            # Only outputs of requests that ended between steps: no model work, no time.
+            # Only outputs of requests that ended between steps, or preemptions that freed blocks for the
+            # next step: no model work, no time.
+            if scheduler_output is not None and scheduler_output.preempted_req_ids:
+                recorder.on_empty_step(scheduler_output)
             recorder.on_outputs(result.outputs, start)
             bar.update(sum(output.finish_reason is not None for output in result.outputs))
             continue

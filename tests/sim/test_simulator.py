@@ -152,6 +152,25 @@ def test_a_tiny_pool_preempts_and_still_finishes_everything(tmp_path):
     assert result.summary["num_finished"] == 300
 
 
+def test_a_step_that_only_preempts_is_progress_not_a_stall(tmp_path, monkeypatch):
+    """Under priority scheduling with a small pool, the running request that needs a block can be its own
+    victim (the lowest priority): the step schedules no token but frees blocks, and the next one goes on,
+    as in vLLM. The simulator used to call that a stall and stop with a traceback. The preemption is
+    counted once, in the requests' and in the steps' tables alike."""
+    from sim.trace_recorder import TraceRecorder
+
+    empty_steps = []
+    on_empty_step = TraceRecorder.on_empty_step
+    monkeypatch.setattr(TraceRecorder, "on_empty_step",
+                        lambda self, output: (empty_steps.append(1), on_empty_step(self, output)))
+    workload = load_workload(example_path("priority"), overrides=["engine.num_gpu_blocks=400",
+                                                                   "workload.num_requests=300"])
+    result = run_simulation(workload, tmp_path / "run")
+    assert empty_steps and result.summary["num_finished"] == 300
+    run = read_run(tmp_path / "run")
+    assert run.steps["num_preemptions"].sum() == run.requests["num_preemptions"].sum() == result.summary["num_preemptions"]
+
+
 def test_requests_a_pool_can_never_hold_are_ignored_with_the_reason(tmp_path, capsys):
     # 40 usable blocks of 16 tokens hold 640 tokens: the chat example's longer prompts can never run.
     argv = ["--set", "workload.num_requests=40", "--set", "engine.num_gpu_blocks=41", "--set", "engine.block_size=16",
