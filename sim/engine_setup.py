@@ -85,5 +85,5 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     except (ValueError, OSError) as error:
         raise _named("cost_model", error) from None
     if requests is None:
-        requests = generate_requests(workload, vocab_size=model.vocab_size)
+        requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests)

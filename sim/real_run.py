@@ -43,7 +43,8 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     """``speed_probe``: time the fixed probe steps of ``sim/speed_probe.py`` before the first request and
     after the last (about 15 s on the CPU): the machine's speed around the run, which ``sim.validate``
     reports (and simulates at, with ``--at-probed-speed``)."""
-    requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids)
+    requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
+                                 model_max_len=engine.scheduler.scheduler_config.max_model_len)
     probes = []
     if speed_probe:
         probes.append(run_speed_probe(engine, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,

@@ -56,7 +56,8 @@ def replay_inputs(run: Run) -> tuple[SchedulerConfig, CacheConfig, list[RequestS
         raise ValueError(f"{run.path}: summary.json config lacks {missing}; only real runs can be replayed")
     workload = load_workload(config["workload"])
     requests = generate_requests(workload, vocab_size=config["vocab_size"],
-                                 reserved_token_ids=config.get("reserved_token_ids", ()))
+                                 reserved_token_ids=config.get("reserved_token_ids", ()),
+                                 model_max_len=config["scheduler"].get("max_model_len"))
     return SchedulerConfig(**config["scheduler"]), CacheConfig(**config["cache"]), requests
 
 

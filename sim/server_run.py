@@ -95,7 +95,8 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``)."""
     url = url.rstrip("/")
     model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path)
-    specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved)
+    specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,
+                              model_max_len=card.get("max_model_len"))
     started = time.perf_counter()
     records = asyncio.run(_send_all(specs, url, model, progress, workload.name))
     wall_s = time.perf_counter() - started

@@ -65,13 +65,14 @@ class WorkloadConfig(SchemaModel):
             raise problems_error(problems)
         return self
 
-    def max_total_len(self, stretch: StreamSection | None = None) -> int | None:
-        """The cap on prompt + output tokens of a stretch of the stream (default: the first):
-        its max_total_len, else engine.max_model_len."""
+    def max_total_len(self, stretch: StreamSection | None = None, model_max_len: int | None = None) -> int | None:
+        """The cap on prompt + output tokens of a stretch of the stream (default: the first): its
+        max_total_len, else engine.max_model_len, else (that being null: "the model's own") the model's
+        limit when the caller knows it (``model_max_len``; the workload alone does not)."""
         stretch = self.workload if stretch is None else stretch
         if stretch.max_total_len is not None:
             return stretch.max_total_len
-        return self.engine.max_model_len
+        return self.engine.max_model_len or model_max_len
 
     def longest_prompt(self, stretch: StreamSection | None = None) -> int | None:
         """The longest prompt a stretch of the stream (default: the first) can produce, when bounded."""

@@ -35,12 +35,16 @@ def generate_requests(
     config: WorkloadConfig,
     vocab_size: int,
     reserved_token_ids: Iterable[int] = (),
+    model_max_len: int | None = None,
 ) -> list[RequestSpec]:
     """The workload's requests, sorted by arrival time, ids ``req-000000``, ``req-000001``, ... in that order.
 
     With ``workload.phases``, each stretch of the stream is generated on its own (its own seed, derived
     from the workload's and the stretch's index, so adding a phase leaves the earlier ones unchanged)
     and starts ``gap_s`` after the previous stretch's last arrival.
+
+    ``model_max_len``: the model's length limit, the cap on prompt + output when the workload sets neither
+    ``max_total_len`` nor ``engine.max_model_len`` (``WorkloadConfig.max_total_len``).
     """
     vocabulary = TokenVocabulary(vocab_size, reserved_token_ids)
     stretches = config.workload.stretches()
@@ -50,7 +54,7 @@ def generate_requests(
         where = "workload" if index == 0 else f"workload.phases[{index - 1}]"
         seed = config.seed if index == 0 else phase_seed(config.seed, index)
         start = offset + (getattr(stretch, "gap_s", 0.0) if index else 0.0)
-        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch), vocabulary, where)
+        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch, model_max_len), vocabulary, where)
         generated += [(start + arrival, *rest) for arrival, *rest in requests]
         offset = start + requests[-1][0]
     width = max(6, len(str(len(generated) - 1)))

@@ -171,6 +171,19 @@ def test_a_step_that_only_preempts_is_progress_not_a_stall(tmp_path, monkeypatch
     assert run.steps["num_preemptions"].sum() == run.requests["num_preemptions"].sum() == result.summary["num_preemptions"]
 
 
+def test_without_max_model_len_requests_are_trimmed_to_the_models_own_limit(tmp_path):
+    """engine.max_model_len null means the model's own limit (4,096 for the small preset), and prompt +
+    output is trimmed to it as to a set max_model_len; the requests used to be generated untrimmed, and
+    the engine then ignored the ones that did not fit."""
+    workload = load_workload(example_path("chat"), overrides=[
+        "model=small", "dtype=float32", "engine.max_model_len=null", "workload.num_requests=50",
+        "workload.prompt_len={type: uniform, min: 3000, max: 6000}"])
+    result = run_simulation(workload, tmp_path / "run")
+    requests = read_run(tmp_path / "run").requests
+    assert result.summary["num_ignored"] == 0 and result.summary["num_finished"] == 50
+    assert (requests["num_prompt_tokens"] + requests["num_output_tokens"]).max() == 4096
+
+
 def test_requests_a_pool_can_never_hold_are_ignored_with_the_reason(tmp_path, capsys):
     # 40 usable blocks of 16 tokens hold 640 tokens: the chat example's longer prompts can never run.
     argv = ["--set", "workload.num_requests=40", "--set", "engine.num_gpu_blocks=41", "--set", "engine.block_size=16",
