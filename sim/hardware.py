@@ -154,8 +154,9 @@ def resolve_hardware(value: str | dict | HardwareSpec) -> HardwareSpec:
     preset_name = overrides.pop("preset", None)
     if preset_name is not None:
         return replace(resolve_hardware(str(preset_name)), **overrides)
-    for name, f in _FIELDS.items():
-        if name not in overrides and f.default is MISSING:
-            raise ValueError(f"hardware: missing key {name!r} (give it, or start from a preset with "
-                             f"'preset: a100-80gb'; presets: {', '.join(HARDWARE_PRESETS)})")
+    missing = [name for name, f in _FIELDS.items() if name not in overrides and f.default is MISSING]
+    if missing:
+        raise ValueError(f"hardware: missing {'keys' if len(missing) > 1 else 'key'} {', '.join(map(repr, missing))} "
+                         f"(give them, or start from a preset with 'preset: a100-80gb'; presets: "
+                         f"{', '.join(HARDWARE_PRESETS)})")
     return HardwareSpec(**overrides)

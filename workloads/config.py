@@ -7,6 +7,7 @@ sections, so that a run never starts on a workload that cannot be generated or s
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -54,6 +55,12 @@ class WorkloadConfig(SchemaModel):
         try:
             return handler(value)
         except ValidationError:
+            if isinstance(value, dict):  # name the entries at fault, not just the shape
+                bad = [f"{key!r}: {entry!r}" for key, entry in value.items()
+                       if not isinstance(key, str) or isinstance(entry, bool)
+                       or not (isinstance(entry, str) or (isinstance(entry, (int, float)) and math.isfinite(entry)))]
+                if bad:
+                    raise ValueError(f"each entry must be a finite number or a string; not {', '.join(bad)}") from None
             raise ValueError("must be a preset name or a mapping of names to numbers or strings") from None
 
     @model_validator(mode="after")

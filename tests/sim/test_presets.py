@@ -59,6 +59,8 @@ def test_inline_hardware_in_full():
     ({"preset": "a100-80gb", "bandwith_gbps": 1}, "hardware: unknown key 'bandwith_gbps'"),
     ({"name": "x", "dense_fp16_tflops": 1, "fp32_tflops": 1, "memory_gib": 1},
      "hardware: missing key 'memory_bandwidth_gbps'"),
+    # Every missing key at once, not one per attempt.
+    ({"name": "x", "dense_fp16_tflops": 100}, "hardware: missing keys 'fp32_tflops', 'memory_bandwidth_gbps', 'memory_gib'"),
     ({"preset": "a100-80gb", "gemm_flops_efficiency": 1.5},
      r"hardware.gemm_flops_efficiency must be a fraction in \(0, 1\]"),
     ({"preset": "a100-80gb", "memory_gib": -1}, "hardware.memory_gib must be a positive number"),

@@ -67,6 +67,11 @@ BAD_INPUTS = [
     ("missing name", [("delete", "name")], "name", None),
     ("unsafe name", [("set", "name", "my chat!")], "name", "'my chat!'"),
     ("hardware neither name nor mapping", [("set", "hardware", [1, 2])], "hardware", "[1, 2]"),
+    # The entry at fault is named, not only the mapping's shape.
+    ("hardware entry not finite", [("set", "hardware", {"name": "x", "memory_gib": float("inf")})], "hardware",
+     "'memory_gib': inf"),
+    ("hardware entry a boolean", [("set", "hardware", {"name": "x", "supports_bf16": False})], "hardware",
+     "'supports_bf16': False"),
     ("section is not a mapping", [("set", "slo", 5)], "slo", "5"),
     ("negative slo", [("set", "slo", {"ttft_ms": -1})], "slo.ttft_ms", "-1"),
     (
