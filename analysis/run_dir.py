@@ -96,4 +96,8 @@ def read_run(run_dir: str | Path) -> Run:
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path / SUMMARY_FILE} is not valid JSON: {error}") from error
+    if not isinstance(summary, dict):
+        # Every reader does summary.get(...): a list or a number would fail there with an AttributeError.
+        raise ValueError(f"{path / SUMMARY_FILE} must hold a JSON object (the run's summary), got "
+                         f"{type(summary).__name__}")
     return Run(requests=requests, steps=steps, summary=summary, path=path)

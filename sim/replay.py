@@ -50,7 +50,10 @@ class ReplayReport:
 
 def replay_inputs(run: Run) -> tuple[SchedulerConfig, CacheConfig, list[RequestSpec]]:
     """The configuration and request stream a recorded run used, rebuilt from its summary."""
-    config = run.summary["config"]
+    config = run.summary.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(f"{run.path}: summary.json has no 'config' object; only real runs recorded by sim.run "
+                         "--executor real can be replayed")
     missing = [key for key in ("workload", "scheduler", "cache", "vocab_size") if key not in config]
     if missing:
         raise ValueError(f"{run.path}: summary.json config lacks {missing}; only real runs can be replayed")

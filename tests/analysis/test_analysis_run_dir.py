@@ -108,3 +108,19 @@ def test_bad_trace_writes_nothing(tmp_path, request_columns, step_columns):
 def test_json_safe_handles_infinite_and_nan_in_config(tmp_path):
     write_summary(tmp_path, {"config": {"max_model_len": math.inf}})
     assert json.loads((tmp_path / "summary.json").read_text()) == {"config": {"max_model_len": None}}
+
+
+@pytest.mark.parametrize("text, kind", [("[1, 2]", "list"), ("3", "int")])
+def test_a_summary_that_is_not_an_object_is_named(tmp_path, request_columns, step_columns, text, kind):
+    write_run(tmp_path / "run", request_columns, step_columns, {})
+    (tmp_path / "run" / "summary.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"summary.json must hold a JSON object \(the run's summary\), got {kind}"):
+        read_run(tmp_path / "run")
+
+
+def test_a_run_without_a_recorded_config_cannot_be_replayed(tmp_path, request_columns, step_columns):
+    from sim.replay import replay_inputs
+
+    write_run(tmp_path / "run", request_columns, step_columns, {})
+    with pytest.raises(ValueError, match="summary.json has no 'config' object; only real runs"):
+        replay_inputs(read_run(tmp_path / "run"))
