@@ -40,11 +40,34 @@ class FidelityPair:
         return "" if self.position == 0 else f"-{self.position + 1}"
 
 
+# Arrival times of the same request in a real run and its simulation: equal up to float rounding.
+ARRIVAL_TOLERANCE_S = 1e-6
+
+
+def same_request_stream(simulated: DashboardRun, real: DashboardRun) -> bool:
+    """Whether the two runs served the same requests: the same ids, prompt lengths and arrival times.
+
+    Only then is a row of one the same request as a row of the other, and their difference the
+    simulator's error; two runs of different workloads would pair unrelated requests that share an id
+    (and report errors of thousands of percent)."""
+    columns = ["request_id", "num_prompt_tokens", "arrival_time"]
+    sim_requests, real_requests = simulated.requests[columns], real.requests[columns]
+    if len(sim_requests) != len(real_requests) or not len(real_requests):
+        return False
+    joined = real_requests.merge(sim_requests, on="request_id", suffixes=("_real", "_sim"))
+    return (len(joined) == len(real_requests)
+            and bool((joined["num_prompt_tokens_real"] == joined["num_prompt_tokens_sim"]).all())
+            and bool(np.allclose(joined["arrival_time_real"], joined["arrival_time_sim"], rtol=0,
+                                 atol=ARRIVAL_TOLERANCE_S)))
+
+
 def find_pairs(runs: Sequence[DashboardRun]) -> list[FidelityPair]:
-    """Every real run with every simulated or replayed run (at most MAX_PAIRS pairs)."""
+    """Every real run with every simulated or replayed run of the same request stream (at most
+    MAX_PAIRS pairs)."""
     reals = [run for run in runs if run.mode == "real"]
     simulated = [run for run in runs if run.mode in SIMULATED_MODES]
-    pairs = [FidelityPair(sim, real) for real in reals for sim in simulated][:MAX_PAIRS]
+    pairs = [FidelityPair(sim, real) for real in reals for sim in simulated
+             if same_request_stream(sim, real)][:MAX_PAIRS]
     for position, pair in enumerate(pairs):
         pair.position = position
     return pairs

@@ -1,8 +1,9 @@
 """Pages render in a real browser: every figure drawn, no JavaScript error. Skipped without Chromium.
 
 One page covers every kind of figure: three runs where two simulations differ only in arrival rate
-(a sweep) and a real run beside them (fidelity pairs, one with steps that correspond one to one and
-one without), so a single browser load checks them all.
+(a sweep), a real run of the same request stream as one of them, and a replay of that stream whose
+steps diverged (fidelity pairs, one with steps that correspond one to one and one without), so a single
+browser load checks them all.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ def test_every_kind_of_figure_renders_without_javascript_errors(tmp_path: Path) 
     real = synthetic_run(tmp_path / "real", num_requests=150, rate=20.0, seed=7, name="real", mode="real",
                          step_noise=0.1)
     faster = synthetic_run(tmp_path / "sim-fast", num_requests=150, rate=40.0, seed=7, name="sim-fast", mode="sim")
-    diverged = read_run(faster)
-    write_run(faster, diverged.requests, diverged.steps.iloc[:-3], diverged.summary)
+    # A replay of the real run's request stream whose scheduling diverged (fewer steps): the second pair.
+    diverged_dir = synthetic_run(tmp_path / "replay", num_requests=150, rate=20.0, seed=7, name="replay",
+                                 mode="replay")
+    diverged = read_run(diverged_dir)
+    write_run(diverged_dir, diverged.requests, diverged.steps.iloc[:-3], diverged.summary)
 
-    dashboard = assemble_dashboard(prepare_runs([sim, real, faster]))
+    dashboard = assemble_dashboard(prepare_runs([sim, real, faster, diverged_dir]))
     ids = {figure.figure_id for figure in dashboard.figures}
     assert {"latency-throughput", "fidelity-step-duration", "fidelity-step-duration-2"} <= ids
     page = write_dashboard(dashboard, tmp_path / "all.html", browser_probe=True)

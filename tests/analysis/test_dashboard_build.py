@@ -129,6 +129,16 @@ def test_sim_beside_real_adds_fidelity_figures_and_error_table(tmp_path: Path) -
     assert "Fidelity: chat-sim (sim) vs chat-real (real)" in page
 
 
+def test_runs_of_different_request_streams_are_not_paired(tmp_path: Path) -> None:
+    """A real run beside a simulation of another workload is two runs, not a fidelity comparison: pairing
+    them would set unrelated requests that share an id against each other."""
+    sim = synthetic_run(tmp_path / "sim", num_requests=100, rate=20.0, seed=5, name="other-sim", mode="sim")
+    real = synthetic_run(tmp_path / "real", num_requests=100, rate=20.0, seed=9, name="chat-real", mode="real")
+    page = build(tmp_path, [real, sim])
+    assert figure_ids(page) == set(ALWAYS_SHOWN)
+    assert "Fidelity:" not in page
+
+
 def test_diverged_runs_compare_step_duration_distributions(tmp_path: Path) -> None:
     sim = synthetic_run(tmp_path / "sim", num_requests=60, rate=20.0, seed=6, name="sim", mode="replay")
     real_dir = synthetic_run(tmp_path / "real", num_requests=60, rate=20.0, seed=6, name="real", mode="real",
