@@ -60,8 +60,9 @@ def prepare_inputs(batch: InputBatch, num_scheduled_tokens: np.ndarray) -> Prepa
     num_computed = batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64)
     positions = num_computed[req_indices] + offsets
 
-    max_model_len = batch.max_model_len
-    input_ids = batch.token_ids_cpu.reshape(-1)[req_indices * max_model_len + positions].astype(np.int64)
+    # A row of the token buffer is max_model_len + 1 wide (input_batch.py): index by its real width.
+    row_width = batch.token_ids_cpu.shape[1]
+    input_ids = batch.token_ids_cpu.reshape(-1)[req_indices * row_width + positions].astype(np.int64)
     slot_mapping = batch.block_table.compute_slot_mapping(req_indices, positions)
 
     query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
