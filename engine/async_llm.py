@@ -40,7 +40,7 @@ from engine.output_collector import RequestOutputCollector
 from engine.output_processor import OutputProcessor
 from engine.output_processor.request_state import OutputKind
 from engine.outputs import RequestOutput
-from engine.request_inputs import Prompt, make_core_request, parse_prompt, validate_request
+from engine.request_inputs import Prompt, check_priority, make_core_request, parse_prompt, validate_request
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError"]
 
@@ -108,10 +108,12 @@ class AsyncLLM:
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *,
-                       output_kind: OutputKind = "delta") -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs. ``prompt``: text, token ids, or a dict as ``LLM.generate`` takes."""
+                       output_kind: OutputKind = "delta", priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs. ``prompt``: text, token ids, or a dict as ``LLM.generate`` takes.
+        ``priority``: lower is served first (with ``scheduling_policy="priority"``, as in vLLM)."""
         if output_kind not in ("delta", "cumulative"):
             raise ValueError(f"output_kind must be 'delta' or 'cumulative', got {output_kind!r}")
+        check_priority(priority, self._scheduler.scheduler_config.policy)
         self.check_health()
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
@@ -126,7 +128,7 @@ class AsyncLLM:
             parsed = self.process_prompt(prompt, params)
         loop = asyncio.get_running_loop()
         # time.monotonic(): the output processor's clock, so TTFT = first_token_time - arrival_time.
-        request = make_core_request(request_id, parsed, params, self.eos_token_ids, time.monotonic())
+        request = make_core_request(request_id, parsed, params, self.eos_token_ids, time.monotonic(), priority)
         collector = RequestOutputCollector(loop, output_kind)
         self._active_request_ids.add(request_id)
         finished = False

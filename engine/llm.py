@@ -27,7 +27,8 @@ from engine.engine_components import build_engine
 from engine.front_end_step import step_front_end
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.request_inputs import Prompt, is_token_id, make_core_request, parse_prompt, validate_request
+from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,
+                                   validate_request)
 
 logger = logging.getLogger(__name__)
 
@@ -89,33 +90,43 @@ class LLM:
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order.
 
         ``prompts``: a string, a list of strings, a list of token-id lists, or dicts with
         ``prompt_token_ids`` (and optionally ``prompt`` text) or ``prompt``; one token-id list or dict
         is one prompt. ``sampling_params``: one for all prompts, or one per prompt (default: vLLM's
-        defaults, i.e. 16 tokens at temperature 1).
+        defaults, i.e. 16 tokens at temperature 1). ``priority``: one integer per prompt, lower served
+        first (with ``scheduling_policy="priority"``, as in vLLM).
         """
         parsed = self._parse_prompts(prompts)
         params = self._expand_sampling_params(sampling_params, len(parsed))
+        priorities = self._check_priorities(priority, len(parsed))
         for index, (prompt, request_params) in enumerate(zip(parsed, params)):
             self._validate(index, prompt, request_params)
         request_ids = [f"{next(self._request_counter)}" for _ in parsed]
         added: list[str] = []
         try:
-            for request_id, prompt, request_params in zip(request_ids, parsed, params):
+            for request_id, prompt, request_params, request_priority in zip(request_ids, parsed, params, priorities):
                 added.append(request_id)  # before adding: aborting an id the core lacks is harmless
-                self._add_request(request_id, prompt, request_params)
+                self._add_request(request_id, prompt, request_params, request_priority)
             finished = self._run_engine(set(added), use_tqdm)
         except BaseException:
             self._abort(added)
             raise
         return [finished[request_id] for request_id in request_ids]
 
-    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
+    def _check_priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
+        if priority is None:
+            return [0] * num_prompts
+        if isinstance(priority, (str, bytes)) or not isinstance(priority, Sequence) or len(priority) != num_prompts:
+            raise ValueError(f"priority must be a list of one integer per prompt ({num_prompts}), got {priority!r}")
+        policy = self.scheduler.scheduler_config.policy
+        return [check_priority(value, policy, f"priority[{index}]") for index, value in enumerate(priority)]
+
+    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> None:
         arrival_time = time.monotonic()
-        request = make_core_request(request_id, prompt, params, self.eos_token_ids, arrival_time)
+        request = make_core_request(request_id, prompt, params, self.eos_token_ids, arrival_time, priority)
         self.output_processor.add_request(request_id, prompt.text, prompt.token_ids, request.sampling_params,
                                           arrival_time)
         self.engine_core.add_request(request)

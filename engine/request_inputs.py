@@ -93,8 +93,18 @@ def validate_request(label: str, prompt: Prompt, params: SamplingParams, schedul
                                  "created with skip_tokenizer_init=True)")
 
 
+def check_priority(priority: object, policy: str, label: str = "priority") -> int:
+    """A request's priority (lower is served first, as in vLLM): an integer, and only where the scheduler
+    uses it; under fcfs a priority would be silently ignored, so it is refused, as vLLM refuses it."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"{label} must be an integer (lower is served first), got {priority!r}")
+    if priority != 0 and policy != "priority":
+        raise ValueError(f"{label} {priority} needs scheduling_policy='priority'; the engine schedules {policy!r}")
+    return priority
+
+
 def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, eos_token_ids: list[int],
-                      arrival_time: float) -> Request:
+                      arrival_time: float, priority: int = 0) -> Request:
     """The core's Request; its ``sampling_params`` carry the extra EOS ids (hand those to the output
     processor too, so both sides agree on what stops the request)."""
     eos_token_id = eos_token_ids[0] if eos_token_ids else None
@@ -102,4 +112,5 @@ def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, e
     if extra_eos and not params.ignore_eos:
         # A checkpoint with several EOS ids (Llama 3): the core checks one, the rest stop like stop tokens.
         params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
-    return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time)
+    return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time,
+                   priority=priority)

@@ -1,0 +1,46 @@
+"""Per-request priorities through the Python API, as vLLM's ``LLM.generate(..., priority=[...])`` takes
+them: lower is served first under ``scheduling_policy="priority"``, and refused where they would do nothing."""
+
+import asyncio
+
+import pytest
+
+from engine import LLM, AsyncLLM, SamplingParams
+
+PARAMS = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+
+
+def test_lower_priority_values_are_served_first(tiny_llama_path):
+    # One sequence at a time: the order in which the requests are first scheduled is the priority order.
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=1, scheduling_policy="priority")
+    outputs = llm.generate(["a", "b", "c"], PARAMS, use_tqdm=False, priority=[2, 0, 1])
+    order = sorted(range(3), key=lambda index: outputs[index].metrics.first_scheduled_time)
+    assert order == [1, 2, 0]
+    assert [len(output.outputs[0].token_ids) for output in outputs] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("policy, priority, message", [
+    ("fcfs", [0, 1], r"priority\[1\] 1 needs scheduling_policy='priority'"),
+    ("priority", [0], r"priority must be a list of one integer per prompt \(2\)"),
+    ("priority", [0, 1.5], r"priority\[1\] must be an integer"),
+])
+def test_priorities_that_would_do_nothing_or_are_malformed_are_refused(tiny_llama_path, policy, priority, message):
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, scheduling_policy=policy)
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["a", "b"], PARAMS, use_tqdm=False, priority=priority)
+    assert llm.generate(["a"], PARAMS, use_tqdm=False)[0].finished  # still healthy
+
+
+def test_async_generate_takes_a_priority(tiny_llama_path):
+    async def run():
+        engine = AsyncLLM(model=str(tiny_llama_path), max_num_seqs=2, scheduling_policy="fcfs")
+        try:
+            with pytest.raises(ValueError, match="priority 3 needs scheduling_policy='priority'"):
+                async for _ in engine.generate("a", PARAMS, priority=3):
+                    pass
+            outputs = [output async for output in engine.generate("a", PARAMS, priority=0)]
+            assert outputs[-1].finished
+        finally:
+            engine.shutdown()
+
+    asyncio.run(run())
