@@ -217,7 +217,7 @@ class EngineLoop:
         scheduler.take_pending_outputs()  # the error is their answer, not an abort
         tracked = list(self.output_processor.request_states)
         self.output_processor.abort_requests(tracked)
-        self.stats.forget(tracked)
+        self.stats.record_failed(tracked)
         scheduler.reset_prefix_cache()
         self.stats.record_scheduler(scheduler)
         self._fail_collectors(error)

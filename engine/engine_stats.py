@@ -120,7 +120,11 @@ class EngineStats:
                         stats.e2e_request_latency.observe(metrics.finished_time - metrics.arrival_time)
         self.record_scheduler(scheduler)
 
-    def forget(self, request_ids) -> None:
-        """Drop per-request state of requests that ended without a final output (engine errors)."""
-        for request_id in request_ids:
-            self._last_token_time.pop(request_id, None)
+    def record_failed(self, request_ids) -> None:
+        """Requests a failed engine step ended without a final output: counted as finished with reason
+        "error" (a dashboard of /metrics must show them, not only the client that got the 500), and
+        their per-request state dropped."""
+        with self._lock:
+            for request_id in request_ids:
+                self._last_token_time.pop(request_id, None)
+                self._stats.finished_requests["error"] = self._stats.finished_requests.get("error", 0) + 1

@@ -153,6 +153,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(async_llm):
         return real_execute(scheduler_output)
 
     async def run():
+        errors_before = async_llm.get_stats().finished_requests["error"]
         executor.execute_model = fail_once
         try:
             with pytest.raises(EngineStepError, match="injected model failure"):
@@ -160,6 +161,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(async_llm):
         finally:
             executor.execute_model = real_execute
         assert_all_blocks_free(await wait_idle(async_llm))
+        assert async_llm.get_stats().finished_requests["error"] == errors_before + 1  # counted, not lost
         outputs = await collect(async_llm, "after the failure", GREEDY)
         assert outputs[-1].outputs[0].finish_reason == "length"
 
