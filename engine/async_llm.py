@@ -76,6 +76,10 @@ class AsyncLLM:
     # ------------------------------------------------------------------ what the server needs to know
 
     @property
+    def scheduling_policy(self) -> str:
+        return self._scheduler.scheduler_config.policy
+
+    @property
     def max_model_len(self) -> int:
         return self._scheduler.max_model_len
 

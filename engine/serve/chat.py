@@ -68,12 +68,13 @@ class _Message(UsageCounter):
 
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
     state.check_model(body.model)
+    state.check_priority(body.priority)
     params = chat_sampling_params(body)
     prompt = state.prepare_prompt(render_chat_prompt(state, body), params, param="messages",
                                   param_names=chat_param_names(body))
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
-    outputs = state.engine.generate(prompt, params, request_id)
+    outputs = state.engine.generate(prompt, params, request_id, priority=body.priority)
     message = _Message(params, body)
     if body.stream:
         chunk_header = {**header, "object": "chat.completion.chunk"}

@@ -53,13 +53,14 @@ class _Choice(UsageCounter):
 
 async def create_completion(body: CompletionRequest, raw_request: Request, state: ServerState) -> Response:
     state.check_model(body.model)
+    state.check_priority(body.priority)
     params = completion_sampling_params(body)
     prompt = state.prepare_prompt(single_prompt(body.prompt), params, param="prompt",
                                   param_names=COMPLETION_PARAM_NAMES)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "object": "text_completion", "created": int(time.time()),
               "model": body.model or state.model_name}
-    outputs = state.engine.generate(prompt, params, request_id)
+    outputs = state.engine.generate(prompt, params, request_id, priority=body.priority)
     choice = _Choice(params, body)
     if body.stream:
         return sse_response(stream_chunks(outputs, choice, header, body.include_usage, state.engine.abort,

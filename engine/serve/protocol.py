@@ -4,8 +4,9 @@ Field names and defaults follow OpenAI's API (``max_tokens`` 16 for completions,
 for chat; ``temperature`` 1). A few vLLM extensions are accepted because load generators and vLLM
 clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repetition_penalty``,
 ``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``, ``return_token_ids``
-(each choice then carries the ids of its new tokens, so a client can count tokens per chunk) and
-``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``).
+(each choice then carries the ids of its new tokens, so a client can count tokens per chunk),
+``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``) and ``priority`` (lower is
+served first, with ``--scheduling-policy priority``).
 Unknown fields are ignored, as OpenAI-compatible servers usually do; known ones that ask for what this
 server cannot do (``tools``, ``functions``, a ``response_format`` other than text) are refused, not ignored.
 Types are strict, as OpenAI's are: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400, not 1 or true.
@@ -65,6 +66,7 @@ class _SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    priority: int = 0
 
     @field_validator("logit_bias")
     @classmethod

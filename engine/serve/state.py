@@ -10,7 +10,7 @@ from typing import Any
 from engine.async_llm import AsyncLLM
 from engine.core import SamplingParams
 from engine.engine_loop import EngineDeadError, EngineStepError
-from engine.request_inputs import Prompt
+from engine.request_inputs import Prompt, check_priority
 from engine.serve.errors import OpenAIError
 from engine.serve.protocol import sampling_error
 
@@ -24,6 +24,13 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+    def check_priority(self, priority: int) -> None:
+        """A 400 for a priority the engine would ignore (its policy is fcfs), before anything streams."""
+        try:
+            check_priority(priority, self.engine.scheduling_policy)
+        except ValueError as error:
+            raise OpenAIError(str(error), param="priority") from None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.served_model_names:

@@ -54,6 +54,9 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"stop_token_ids": [7, 99999]}, "stop_token_ids", "[99999] outside the vocabulary"),
     ({"max_tokens": True}, "max_tokens", "valid integer"),
     ({"stream": "yes"}, "stream", "valid boolean"),
+    # The test server schedules fcfs: a priority would be ignored, so it is refused before anything runs.
+    ({"priority": 1}, "priority", "priority 1 needs scheduling_policy='priority'"),
+    ({"priority": "high"}, "priority", "valid integer"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
@@ -91,6 +94,7 @@ def test_bad_chat_parameters(server, change, param):
 @pytest.mark.parametrize("endpoint,change", [
     ("completions", {"seed": 2**64 - 1}),
     ("completions", {"seed": -(2**63)}),
+    ("completions", {"priority": 0}),  # the default, valid under any policy
     ("completions", {"logit_bias": {"5": -100, "6": 100}}),
     ("chat/completions", {"tools": None, "functions": [], "response_format": {"type": "text"}}),
     ("chat/completions", {"messages": [{"role": "developer", "content": "be brief"},

@@ -37,6 +37,26 @@ def test_server_thread_serves_then_reports_a_stopped_engine(tiny_model_path):
                 assert answer.status_code == 503 and answer.json()["error"]["type"] == "service_unavailable_error"
 
 
+def test_a_priority_server_takes_each_requests_priority(tiny_model_path, monkeypatch):
+    """With --scheduling-policy priority, a request's ``priority`` (vLLM's extension) reaches the engine."""
+    engine = AsyncLLM(model=str(tiny_model_path), max_num_seqs=2, num_gpu_blocks=64, max_model_len=128,
+                      scheduling_policy="priority")
+    generate, seen = engine.generate, []
+
+    def recording_generate(*args, **kwargs):
+        seen.append(kwargs.get("priority"))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", recording_generate)
+    with ServerThread(build_app(engine, "tiny", shutdown_engine=True)) as server:
+        for endpoint, body in (("completions", {"prompt": "p"}),
+                               ("chat/completions", {"messages": [{"role": "user", "content": "p"}]})):
+            answer = httpx.post(f"{server.url}/v1/{endpoint}", timeout=10,
+                                json={**body, "max_tokens": 2, "ignore_eos": True, "priority": 3})
+            assert answer.status_code == 200, answer.text
+    assert seen == [3, 3]
+
+
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "engine.serve", "--help"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=60)
