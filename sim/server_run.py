@@ -98,7 +98,10 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,
                               model_max_len=card.get("max_model_len"))
     started = time.perf_counter()
-    records = asyncio.run(_send_all(specs, url, model, progress, workload.name))
+    # A priority workload sends each request's priority (the server must schedule by priority: a server
+    # that schedules fcfs refuses it, which the run reports); otherwise none is sent.
+    send_priority = workload.engine.scheduling_policy == "priority"
+    records = asyncio.run(_send_all(specs, url, model, progress, workload.name, send_priority))
     wall_s = time.perf_counter() - started
     requests = requests_table(_columns(records))
     steps = steps_table({name: [] for name in REQUIRED_STEP_COLUMNS})
@@ -121,7 +124,8 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     return summary
 
 
-async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bool, name: str) -> list[_Record]:
+async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bool, name: str,
+                    send_priority: bool = False) -> list[_Record]:
     # No pool limit: a request queued inside the client would be charged the wait as server latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     bar = tqdm(total=len(specs), desc=f"{name} (server)", unit="req", disable=not progress, mininterval=0.5,
@@ -133,13 +137,14 @@ async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bo
             delay = origin + spec.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_send(client, model, spec, origin, bar)))
+            tasks.append(asyncio.create_task(_send(client, model, spec, origin, bar, send_priority)))
         records = await asyncio.gather(*tasks)
     bar.close()
     return list(records)
 
 
-async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar) -> _Record:
+async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
+                send_priority: bool = False) -> _Record:
     def now() -> float:
         return time.perf_counter() - origin
 
@@ -147,6 +152,8 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
     body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
+    if send_priority:
+        body["priority"] = spec.priority
     num_counted = 0
     usage = None
     try:

@@ -35,3 +35,16 @@ def test_a_request_the_server_refuses_keeps_its_message(server_url, tmp_path, ca
     printed = " ".join(captured.out.split())
     assert "errored requests, the first: req-000000: HTTP 400: prompt has 500 tokens" in printed
     assert "error: every request failed; the first: HTTP 400: prompt has 500 tokens" in captured.err
+
+
+def test_a_priority_workload_sends_its_priorities_and_an_fcfs_server_says_no(server_url, tmp_path):
+    """The workload asks for priority scheduling; the fcfs server refuses the priorities, by name, rather
+    than serving the run as if they had been honoured."""
+    out = tmp_path / "priority"
+    assert run_main(["priority", "--executor", "server", "--url", server_url, "--set", "workload.num_requests=4",
+                     "--set", "workload.prompt_len={type: constant, value: 16}", "--set",
+                     "workload.output_len={type: constant, value: 2}", "--set", "engine.max_model_len=256",
+                     "--set", "workload.priority={levels: [1], weights: [1]}",
+                     "--out", str(out), "--no-dashboard", "--no-progress"]) == 1
+    messages = read_run(out).requests["status_message"].tolist()
+    assert all("priority 1 needs scheduling_policy='priority'" in message for message in messages), messages
