@@ -13,14 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# transformers' per-model defaults for keys a config.json may omit.
+# transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
+# "num_key_value_heads" apply only when the key is absent: an explicit null means "none" (full
+# attention) and "as many as the attention heads", as in transformers' config classes.
 _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048},
+              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
+              "sliding_window": None, "num_key_value_heads": None},
     "qwen2": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-              "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 32768},
+              "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 32768,
+              "sliding_window": 4096, "num_key_value_heads": 32},
     "mistral": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32},
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32,
+                "sliding_window": 4096, "num_key_value_heads": 8},
 }
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
@@ -68,7 +73,12 @@ class ModelConfig:
         if not architectures:
             raise ValueError("config.json has no 'architectures' entry; cannot tell which model class to build")
         model_type = raw.get("model_type", "llama")
-        defaults = _ARCH_DEFAULTS.get(model_type, _ARCH_DEFAULTS["llama"])
+        if model_type not in _ARCH_DEFAULTS:
+            # Before the field checks: a GPT-2 config lacks Llama's fields, and "missing 'hidden_size'"
+            # would hide that the architecture itself is the problem.
+            raise ValueError(f"unsupported model architecture {architectures[0]!r} (config.json model_type "
+                             f"{model_type!r}); supported model types: {', '.join(_ARCH_DEFAULTS)}")
+        defaults = _ARCH_DEFAULTS[model_type]
 
         def get(name: str, default: Any = None) -> Any:
             value = raw.get(name)
@@ -78,14 +88,22 @@ class ModelConfig:
                          "num_attention_heads"):
             if raw.get(required) is None:
                 raise ValueError(f"config.json is missing required field {required!r}")
+        quantization = raw.get("quantization_config")
+        if quantization:
+            # Quantized weights (fp8 with scales, GPTQ, AWQ, ...) read as plain floats give a different
+            # model; the loader must not run one silently.
+            method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+            raise ValueError(f"config.json: quantization_config (quant_method {method!r}) is not supported; this "
+                             "engine runs unquantized float32, float16 or bfloat16 checkpoints")
         num_heads = int(raw["num_attention_heads"])
-        num_kv_heads = int(get("num_key_value_heads", num_heads))
+        num_kv_heads = raw["num_key_value_heads"] if "num_key_value_heads" in raw else defaults["num_key_value_heads"]
+        num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"config.json: num_attention_heads={num_heads} is not a multiple of "
                              f"num_key_value_heads={num_kv_heads}")
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
         rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
-        sliding_window = raw.get("sliding_window")
+        sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
         if model_type == "qwen2" and not raw.get("use_sliding_window", False):
             sliding_window = None  # Qwen2 stores a window it does not use unless use_sliding_window is set
         dtype = raw.get("torch_dtype", raw.get("dtype"))
@@ -104,8 +122,9 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(get("max_position_embeddings")),
             tie_word_embeddings=bool(get("tie_word_embeddings")),
-            attention_bias=bool(get("attention_bias")),
-            mlp_bias=bool(get("mlp_bias")),
+            # transformers' Mistral has no biases at all and ignores these keys; so does this one.
+            attention_bias=bool(get("attention_bias")) and model_type != "mistral",
+            mlp_bias=bool(get("mlp_bias")) and model_type != "mistral",
             hidden_act=str(raw.get("hidden_act", "silu")),
             sliding_window=int(sliding_window) if sliding_window is not None else None,
             bos_token_id=raw.get("bos_token_id"),
@@ -120,7 +139,11 @@ def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[
     parameters = dict(raw.get("rope_parameters") or {})
     scaling = dict(raw.get("rope_scaling") or {})
     merged = {**parameters, **scaling}
-    theta = raw.get("rope_theta")
+    # transformers 5 keeps rope_parameters' rope_theta when a config also has the top-level key (it fills
+    # rope_parameters with setdefault), so a config with both means rope_parameters' value.
+    theta = parameters.get("rope_theta")
+    if theta is None:
+        theta = raw.get("rope_theta")
     if theta is None:
         theta = merged.get("rope_theta", default_theta)
     rope_type = merged.get("rope_type", merged.get("type", "default"))
@@ -129,6 +152,13 @@ def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[
     merged["rope_type"] = rope_type
     merged.pop("type", None)
     merged.pop("rope_theta", None)
+    # The keys transformers requires of each scaling it validates: a missing one is refused by name, not
+    # defaulted (a guessed low_freq_factor is another model) nor left to fail later as a KeyError.
+    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(rope_type, ())
+    missing = [key for key in required if merged.get(key) is None]
+    if missing:
+        raise ValueError(f"config.json: rope scaling of type {rope_type!r} needs {', '.join(map(repr, missing))} "
+                         "(in rope_scaling or rope_parameters)")
     if rope_type == "llama3":
         merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
     return float(theta), merged

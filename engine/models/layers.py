@@ -27,7 +27,7 @@ class SwiGLUMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, hidden_act: str = "silu") -> None:
         super().__init__()
-        if hidden_act != "silu":
+        if hidden_act not in ("silu", "swish"):  # transformers maps both names to the same function
             raise ValueError(f"unsupported hidden_act {hidden_act!r}; the Llama family uses 'silu'")
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)

@@ -168,11 +168,13 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         self.unexpected_weights: list[str] = []
+        stored_head = None
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue  # derived from the config; some old checkpoints store it
             if name == "lm_head.weight" and self.lm_head is None:
-                continue  # tied: some tied checkpoints still ship a copy of the embedding
+                stored_head = tensor  # tied: usually a copy of the embedding, checked below
+                continue
             target, shard = self._map_weight_name(name)
             if target not in params:
                 self.unexpected_weights.append(name)
@@ -183,7 +185,25 @@ class LlamaForCausalLM(nn.Module):
                 destination = destination[start:start + size]
             _copy_checked(destination, tensor, name)
             loaded.add(target if shard is None else f"{target}#{shard}")
+        if stored_head is not None:
+            embedding = params["model.embed_tokens.weight"].data
+            if stored_head.shape != embedding.shape or not torch.equal(stored_head.to(embedding.dtype), embedding):
+                # transformers then unties them and uses the stored head; tying would be another model.
+                raise ValueError("config.json has tie_word_embeddings=true, but the checkpoint's lm_head.weight "
+                                 "differs from model.embed_tokens.weight (transformers would use it untied); set "
+                                 "tie_word_embeddings to false in config.json to load it as a separate head")
         return loaded
+
+    def checkpoint_name(self, key: str) -> str:
+        """The checkpoint's own tensor name for a key of ``expected_weight_keys`` ("...qkv_proj.weight#k"
+        -> "...k_proj.weight"), for messages about missing tensors."""
+        target, _, shard = key.partition("#")
+        if not shard:
+            return target
+        for projection, (fused, fused_shard) in self.stacked_params.items():
+            if fused_shard == shard and f".{fused}." in target:
+                return target.replace(f".{fused}.", f".{projection}.")
+        return key
 
     def expected_weight_keys(self) -> set[str]:
         """The keys ``load_weights`` reports once every parameter (and every fused shard) is filled."""

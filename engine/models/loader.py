@@ -58,7 +58,10 @@ def safetensors_files(path: str | Path) -> list[Path]:
     elif (folder / SINGLE_FILE).is_file():
         files = [folder / SINGLE_FILE]
     else:
-        raise FileNotFoundError(f"model folder {str(folder)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+        legacy = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (folder / name).is_file()]
+        hint = (f"; it has {legacy[0]}, a pickle checkpoint this loader does not read (convert it to safetensors, "
+                "e.g. save_pretrained(..., safe_serialization=True))") if legacy else ""
+        raise FileNotFoundError(f"model folder {str(folder)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"model folder {str(folder)!r} lacks shard(s) named in {INDEX_FILE}: {missing}")
@@ -67,7 +70,11 @@ def safetensors_files(path: str | Path) -> list[Path]:
 
 def iterate_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as reader:
+        try:
+            reader_context = safe_open(str(file), framework="pt", device="cpu")
+        except Exception as error:  # safetensors raises its own SafetensorError, naming no file
+            raise ValueError(f"cannot read checkpoint file {str(file)!r}: {error}") from None
+        with reader_context as reader:
             for name in reader.keys():
                 yield name, reader.get_tensor(name)
 
@@ -92,13 +99,14 @@ def load_model(
     loaded = model.load_weights(iterate_weights(safetensors_files(path)))
     missing = sorted(model.expected_weight_keys() - loaded)
     if missing:
-        raise ValueError(f"checkpoint {str(path)!r} is missing {len(missing)} weight(s), e.g. {missing[:5]}")
+        names = [model.checkpoint_name(key) for key in missing]
+        raise ValueError(f"checkpoint {str(path)!r} is missing {len(missing)} weight(s), e.g. {names[:5]}")
     if model.unexpected_weights:
         logger.warning("checkpoint %s has %d weight(s) the model does not use, e.g. %s", path,
                        len(model.unexpected_weights), model.unexpected_weights[:5])
     if config.sliding_window is not None and config.sliding_window < config.max_position_embeddings:
         logger.warning("%s declares sliding_window=%d; attention spans the full context, so results are exact "
-                       "only up to %d tokens per sequence (cap max_model_len there)", config.architecture,
+                       "only up to %d tokens per sequence, and max_model_len is capped there", config.architecture,
                        config.sliding_window, config.sliding_window)
     model.eval().requires_grad_(False)
     return model, config

@@ -71,7 +71,8 @@ def test_missing_shard_and_missing_weight_are_errors(qwen_path, tmp_path):
     weights = load_file(str(qwen_path / "model.safetensors"))
     del weights["model.layers.0.self_attn.k_proj.weight"]
     save_file(weights, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"missing 1 weight.*qkv_proj.weight#k"):
+    # Named as the checkpoint names it, not by the fused parameter it fills.
+    with pytest.raises(ValueError, match=r"missing 1 weight.*'model.layers.0.self_attn.k_proj.weight'"):
         load_model(tmp_path)
 
 
@@ -146,4 +147,82 @@ def test_qwen2_with_sliding_window_enabled_is_refused(qwen_path, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").write_bytes((qwen_path / "model.safetensors").read_bytes())
     with pytest.raises(ValueError, match="use_sliding_window"):
+        load_model(tmp_path)
+
+
+BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 10, "hidden_size": 64,
+        "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 16}
+
+
+def config_of(model_type: str, **changes) -> ModelConfig:
+    architecture = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    raw = {**BASE, "model_type": model_type, "architectures": [architecture.get(model_type, "GPT2LMHeadModel")]}
+    for key, value in changes.items():
+        if value is ...:
+            raw.pop(key, None)  # the key absent, as opposed to an explicit null
+        else:
+            raw[key] = value
+    return ModelConfig.from_dict(raw)
+
+
+def test_keys_a_config_omits_take_transformers_defaults_per_architecture():
+    """An absent key is not a null one: transformers' Mistral and Qwen2 configs default the window to 4096
+    and the KV heads to 8 and 32; an explicit null means no window and as many KV heads as heads."""
+    assert config_of("mistral").sliding_window == 4096
+    assert config_of("mistral", sliding_window=None).sliding_window is None
+    assert config_of("llama").sliding_window is None
+    assert config_of("mistral").num_key_value_heads == 8
+    assert config_of("qwen2", num_attention_heads=32).num_key_value_heads == 32
+    assert config_of("mistral", num_key_value_heads=None).num_key_value_heads == 16
+    assert config_of("llama").num_key_value_heads == 16
+    # Qwen2 with use_sliding_window and no window key: transformers' 4096 window, refused like an explicit one.
+    with pytest.raises(ValueError, match="use_sliding_window=true"):
+        Qwen2ForCausalLM.check_config(config_of("qwen2", use_sliding_window=True, num_key_value_heads=4))
+    # Mistral has no biases in transformers, whatever the config says; swish is SiLU.
+    mistral = config_of("mistral", attention_bias=True, mlp_bias=True)
+    assert (mistral.attention_bias, mistral.mlp_bias) == (False, False)
+    LlamaForCausalLM(config_of("llama", hidden_act="swish"))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"quantization_config": {"quant_method": "fbgemm_fp8"}}, r"quantization_config \(quant_method 'fbgemm_fp8'\) is not supported"),
+    ({"rope_scaling": {"type": "linear"}}, r"rope scaling of type 'linear' needs 'factor'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}},
+     r"type 'llama3' needs 'low_freq_factor'"),
+])
+def test_configs_that_would_be_another_model_are_refused_by_key(changes, message):
+    with pytest.raises(ValueError, match=message):
+        config_of("llama", **changes)
+
+
+def test_an_unsupported_architecture_is_named_before_its_missing_fields():
+    with pytest.raises(ValueError, match="unsupported model architecture 'GPT2LMHeadModel' \\(config.json model_type 'gpt2'\\)"):
+        config_of("gpt2", hidden_size=...)
+
+
+def test_rope_parameters_theta_wins_over_the_top_level_key_as_in_transformers():
+    assert config_of("llama", rope_theta=1e6, rope_parameters={"rope_type": "default", "rope_theta": 100.0}).rope_theta == 100.0
+
+
+def test_checkpoint_files_that_cannot_be_read_are_named(qwen_path, tmp_path):
+    (tmp_path / "config.json").write_text((qwen_path / "config.json").read_text())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="it has pytorch_model.bin, a pickle checkpoint"):
+        load_model(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes((qwen_path / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ValueError, match="cannot read checkpoint file '.*model.safetensors'"):
+        load_model(tmp_path)
+
+
+def test_a_tied_config_with_a_different_stored_head_is_refused(qwen_path, tmp_path):
+    config = json.loads((qwen_path / "config.json").read_text())
+    weights = load_file(str(qwen_path / "model.safetensors"))
+    config["tie_word_embeddings"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    load_model(tmp_path)  # a copy of the embedding: tied, as before
+    weights["lm_head.weight"] = weights["lm_head.weight"] + 1.0
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens.weight"):
         load_model(tmp_path)
