@@ -3,6 +3,7 @@ runner tests. Generated into pytest's temporary directories: the tests never tou
 
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 
@@ -29,10 +30,16 @@ def load_hf_model(path: Path):
 
 
 def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
-    """transformers' greedy generate for one prompt (no padding), never stopping early on EOS."""
+    """transformers' greedy generate for one prompt (no padding), never stopping early on EOS.
+
+    EOS is switched off in a copy of the generation config rather than held back with min_new_tokens:
+    min_new_tokens masks EOS out of the logits, while the engine's ignore_eos (as vLLM's) may still pick
+    it and only does not stop there, so the two would differ wherever EOS is the argmax."""
+    generation_config = copy.deepcopy(hf_model.generation_config)
+    generation_config.eos_token_id = None
     with torch.no_grad():
-        output = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                   do_sample=False, pad_token_id=0)
+        output = hf_model.generate(torch.tensor([prompt]), generation_config=generation_config,
+                                   max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
     return output[0, len(prompt):].tolist()
 
 
