@@ -104,8 +104,8 @@ class ModelConfig:
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
         rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
-        if model_type == "qwen2" and not raw.get("use_sliding_window", False):
-            sliding_window = None  # Qwen2 stores a window it does not use unless use_sliding_window is set
+        if model_type == "qwen2" and not _qwen2_slides(raw):
+            sliding_window = None  # Qwen2 stores a window it does not use unless some layer slides
         dtype = raw.get("torch_dtype", raw.get("dtype"))
         return cls(
             architecture=architectures[0],
@@ -132,6 +132,18 @@ class ModelConfig:
             torch_dtype=dtype if dtype in _DTYPE_NAMES else None,
             raw=raw,
         )
+
+
+def _qwen2_slides(raw: dict[str, Any]) -> bool:
+    """Whether any Qwen2 layer uses its sliding window, as transformers decides: from ``layer_types`` when
+    the config lists them, else ``use_sliding_window`` for the layers from ``max_window_layers`` (default
+    28) on, so a model with no more layers than that attends over the full context in every layer."""
+    layer_types = raw.get("layer_types")
+    if layer_types:
+        return "sliding_attention" in layer_types
+    max_window_layers = raw.get("max_window_layers")
+    max_window_layers = 28 if max_window_layers is None else int(max_window_layers)
+    return bool(raw.get("use_sliding_window", False)) and max_window_layers < int(raw["num_hidden_layers"])
 
 
 def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:

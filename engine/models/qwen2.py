@@ -1,7 +1,8 @@
 """Qwen2: the Llama architecture with a bias on the q/k/v projections (and none on o_proj).
 
-Qwen2's optional sliding-window layers (``use_sliding_window``) are not supported; the loader refuses
-such checkpoints rather than attending over the full context silently.
+Qwen2's optional sliding-window layers (``use_sliding_window`` from ``max_window_layers`` on, or
+``layer_types``, as transformers reads them: ``config.py``) are not supported; the loader refuses such
+checkpoints rather than attending over the full context silently.
 """
 
 from __future__ import annotations
@@ -18,5 +19,6 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
         if config.sliding_window is not None:
-            raise ValueError(f"Qwen2 config has use_sliding_window=true (sliding_window={config.sliding_window}); "
-                             "sliding-window attention is not supported")
+            raise ValueError(f"Qwen2 config has use_sliding_window=true for some layers (sliding_window="
+                             f"{config.sliding_window}, from max_window_layers or layer_types); sliding-window "
+                             "attention is not supported")

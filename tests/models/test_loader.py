@@ -143,7 +143,8 @@ def test_mistral_sliding_window_caps_max_model_len(tmp_path, caplog):
 
 def test_qwen2_with_sliding_window_enabled_is_refused(qwen_path, tmp_path):
     config = json.loads((qwen_path / "config.json").read_text())
-    config.update(use_sliding_window=True, sliding_window=128)
+    config.update(use_sliding_window=True, sliding_window=128, max_window_layers=0)
+    config.pop("layer_types", None)  # written by transformers 5 from the original flags: all full attention
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").write_bytes((qwen_path / "model.safetensors").read_bytes())
     with pytest.raises(ValueError, match="use_sliding_window"):
@@ -177,7 +178,13 @@ def test_keys_a_config_omits_take_transformers_defaults_per_architecture():
     assert config_of("llama").num_key_value_heads == 16
     # Qwen2 with use_sliding_window and no window key: transformers' 4096 window, refused like an explicit one.
     with pytest.raises(ValueError, match="use_sliding_window=true"):
-        Qwen2ForCausalLM.check_config(config_of("qwen2", use_sliding_window=True, num_key_value_heads=4))
+        Qwen2ForCausalLM.check_config(config_of("qwen2", use_sliding_window=True, max_window_layers=0,
+                                                num_key_value_heads=4))
+    # Which layers slide is transformers' rule: from max_window_layers (28) on, or as layer_types list them.
+    assert config_of("qwen2", use_sliding_window=True, num_key_value_heads=4).sliding_window is None
+    assert config_of("qwen2", use_sliding_window=True, num_key_value_heads=4, max_window_layers=0,
+                     layer_types=["full_attention"]).sliding_window is None
+    assert config_of("qwen2", num_key_value_heads=4, layer_types=["sliding_attention"]).sliding_window == 4096
     # Mistral has no biases in transformers, whatever the config says; swish is SiLU.
     mistral = config_of("mistral", attention_bias=True, mlp_bias=True)
     assert (mistral.attention_bias, mistral.mlp_bias) == (False, False)
