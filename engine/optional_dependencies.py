@@ -7,6 +7,8 @@ for a real run met ``ModuleNotFoundError: No module named 'torch'`` and had to g
 
 from __future__ import annotations
 
+import sys
+
 # Top-level package -> the extras (comma-separated, as pip spells them) that install it and what needs it.
 EXTRA_FOR_PACKAGE = {
     "torch": "real", "transformers": "real", "safetensors": "real", "tokenizers": "real",
@@ -24,3 +26,13 @@ def missing_extra_message(error: ModuleNotFoundError, needed_for: str) -> str | 
         return None
     return (f"{needed_for} needs the {package!r} package, which this install lacks: install the {extra!r} "
             f"extra (in a checkout: pip install -e '.[{extra}]'; the test extra has them all)")
+
+
+def exit_for_missing_extra(error: ModuleNotFoundError, needed_for: str) -> int:
+    """For a command's ``except ModuleNotFoundError``: print the one-line message and return exit status 1,
+    or re-raise ``error`` when no extra provides the package (a bug or a broken install: show the traceback)."""
+    message = missing_extra_message(error, needed_for)
+    if message is None:
+        raise error
+    print(f"error: {message}", file=sys.stderr)
+    return 1

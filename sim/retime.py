@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis import read_run, write_run
 from engine.core import EngineCore
-from engine.optional_dependencies import missing_extra_message
+from engine.optional_dependencies import exit_for_missing_extra
 from sim.cli_support import check_output_directory, positive_int
 from sim.cost_models.replay import ReplayDivergedError
 from sim.machine_load import MachineLoad
@@ -114,11 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as error:
-        message = missing_extra_message(error, "sim.retime (it executes the schedule on the model)")
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return exit_for_missing_extra(error, "sim.retime (it executes the schedule on the model)")
     print(describe(table))
     if args.out:
         print(f"re-timed run written to {args.out}/")

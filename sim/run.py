@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from analysis import print_comparison, print_summary
-from engine.optional_dependencies import missing_extra_message
+from engine.optional_dependencies import exit_for_missing_extra
 from sim.cli_support import check_output_directory, flags_given, positive_int, warnings_as_lines
 from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.engine_setup import SetupError
@@ -140,11 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as error:
-        message = missing_extra_message(error, "--replay" if args.replay else f"--executor {args.executor}")
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return exit_for_missing_extra(error, "--replay" if args.replay else f"--executor {args.executor}")
     if not args.quiet:
         print_summary(result.summary, console=console)
     console.print(f"simulated {result.num_requests} requests in {result.wall_s:.2f} s wall-clock "

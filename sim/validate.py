@@ -37,7 +37,7 @@ from analysis.run_dir import Run
 from analysis.report import summary_value
 from analysis.repeated_runs import compare_with_mean, spread_about_mean, standard_error_of_mean
 from engine.core import EngineCore, Scheduler
-from engine.optional_dependencies import missing_extra_message
+from engine.optional_dependencies import exit_for_missing_extra
 from sim.calibrate import speed_standard_error
 from sim.cli_support import check_output_directory, flags_given, positive_int, print_warning
 from sim.cost_models import CalibratedCostModel
@@ -308,11 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as error:
-        message = missing_extra_message(error, "recording a workload for sim.validate")
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return exit_for_missing_extra(error, "recording a workload for sim.validate")
     if comparison["profile_chosen"]:
         console.print(f"profile: {escape(Path(comparison['profile']).name)} (no --profile given: the shipped profile "
                       "fitted on the run's kind of device, model and dtype)")

@@ -2,15 +2,11 @@
 
 import sys
 
-from engine.optional_dependencies import missing_extra_message
+from engine.optional_dependencies import exit_for_missing_extra
 
 try:
     from engine.serve.cli import main
 except ModuleNotFoundError as error:  # the server's packages are an extra the base install lacks
-    message = missing_extra_message(error, "python -m engine.serve")
-    if message is None:
-        raise
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(exit_for_missing_extra(error, "python -m engine.serve"))
 
 sys.exit(main())
