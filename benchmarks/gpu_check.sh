@@ -4,7 +4,14 @@
 #   bash benchmarks/gpu_check.sh            (from anywhere; one GPU; finishes within BUDGET_S, default 470 s)
 #
 # Environment: PYTHON (use this interpreter as is), VENV (default .venv), BUDGET_S (total seconds),
-# FLASH_ATTN_WHEEL (a local flash-attn wheel to install), GPU_CHECK_OUT (folder for the JSON results).
+# FLASH_ATTN_WHEEL (a local flash-attn wheel to install), GPU_CHECK_OUT (folder for the results; default
+# $OUT, where a rented device machine returns files from, else /tmp/servesim_gpu_check).
+#
+# What comes back is at most five files, none in a subfolder (a device machine returns at most 8 files,
+# 2 folders down): gpu_check.log (everything printed), kernels.json, offline.jsonl (one JSON line per
+# CUDA-graph run), h200-small-bfloat16.json (the GPU profile) and runs.tgz (the run directories).
+# Wheels in .whl/ (pydantic, simpy, plotly... for a machine image without them and without a network)
+# are installed into /tmp/servesim_site first, and a .whl/flash_attn-*.whl with them.
 #
 # Python, in this order: $PYTHON; $VENV if its torch sees a GPU; a machine image whose python3 already
 # has a CUDA torch (used in a --system-site-packages venv, installing nothing from the network, so it
@@ -32,15 +39,23 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "benchmarks/gpu_check.sh needs an NVIDIA GPU (nvidia-smi finds none): nothing checked, nothing installed."
   exit 1
 fi
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+SITE=/tmp/servesim_site  # the wheels of .whl/, installed without a network
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-470}
 VENV=${VENV:-.venv}
-WORKERS=${WORKERS:-$(($(nproc) > 8 ? 8 : $(nproc)))}
-OUT_DIR=${GPU_CHECK_OUT:-/tmp/servesim_gpu_check}
-mkdir -p "$OUT_DIR"
+# --all: nproc alone follows OMP_NUM_THREADS, and a 1 there would run the GPU tests one at a time.
+WORKERS=${WORKERS:-$(($(nproc --all) > 8 ? 8 : $(nproc --all)))}
+OUT_DIR=${GPU_CHECK_OUT:-${OUT:-/tmp/servesim_gpu_check}}
+WORK_DIR=/tmp/servesim_gpu_work  # run directories: packed into $OUT_DIR/runs.tgz at the end
+mkdir -p "$OUT_DIR" "$WORK_DIR"
+# Everything printed also goes to the log: a device machine returns only the last 12,000 characters.
+exec > >(tee -a "$OUT_DIR/gpu_check.log") 2>&1
 SUMMARY=()
 FAILED=0
+# Seconds held back for the last step (the real runs, about 100-150 s on an H200): earlier steps are
+# capped so that it always gets them.
+RESERVE_S=0
 
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
 
@@ -48,7 +63,7 @@ remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
 step() {
   local name=$1 limit=$2 left t0 rc verdict
   shift 2
-  left=$(remaining)
+  left=$(($(remaining) - RESERVE_S))
   if ((left < 15)); then
     SUMMARY+=("$name: skipped, time budget spent")
     echo "### $name: skipped, time budget spent"
@@ -60,7 +75,8 @@ step() {
   t0=$(date +%s)
   if declare -F "$1" >/dev/null; then
     # timeout runs programs, not shell functions: give the function to a child bash (see export -f below).
-    timeout --kill-after=5 "$limit" bash -c '"$@"' _ "$@"
+    # pipefail again: a child bash does not inherit it, and `cmd | tee` would report tee's success.
+    timeout --kill-after=5 "$limit" bash -o pipefail -c '"$@"' _ "$@"
   else
     timeout --kill-after=5 "$limit" "$@"
   fi
@@ -76,13 +92,18 @@ step() {
 
 cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
 
-# Runs in a child shell (under timeout), so it reports its choice through $OUT_DIR/python.
+# Runs in a child shell (under timeout), so it reports its choice through $WORK_DIR/python.
 choose_python() {
   local py
   if [[ -n ${PYTHON:-} ]]; then
     py=$PYTHON
   elif [[ -x $VENV/bin/python ]] && cuda_torch "$VENV/bin/python"; then
     py=$VENV/bin/python
+  elif command -v python3 >/dev/null && cuda_torch python3 \
+    && python3 -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)'; then
+    # The image's python3 is itself a venv with a CUDA torch: used as it is (a --system-site-packages venv
+    # over it would see the base interpreter's packages, not its torch).
+    py=$(command -v python3)
   elif command -v python3 >/dev/null && cuda_torch python3; then
     # The image's CUDA torch, triton, pytest... are reused; only the project itself is added.
     local env_dir=${VENV}_system
@@ -97,7 +118,18 @@ choose_python() {
   fi
   cuda_torch "$py" || { echo "$py has no torch that sees a GPU"; return 1; }
   echo "using $py"
-  echo "$py" >"$OUT_DIR/python"
+  echo "$py" >"$WORK_DIR/python"
+}
+
+# The project's pure-Python dependencies from .whl/ (no network needed), for an image that lacks them.
+install_wheels() {
+  local wheels=(.whl/*.whl)
+  [[ -e ${wheels[0]} ]] || { echo "no wheels in .whl/: the interpreter's own packages are used"; return 0; }
+  if "$PY" -c 'import pydantic, simpy, plotly, yaml, pyarrow, rich, tqdm' 2>/dev/null; then
+    echo "the interpreter has the project's dependencies already: .whl/ not needed"
+    return 0
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${wheels[@]}"
 }
 
 install_flash_attn() {
@@ -106,8 +138,9 @@ install_flash_attn() {
   elif [[ -n ${FLASH_ATTN_WHEEL:-} ]]; then
     "$PY" -m pip install -q --no-deps "$FLASH_ATTN_WHEEL"
   else
-    "$PY" -m pip install -q --only-binary=:all: --no-deps 'flash-attn==2.8.3' \
-      || { echo "no prebuilt flash-attn wheel for this machine: flash-attn tests and comparisons are skipped"; return 0; }
+    # PyPI ships flash-attn as source only, and the machine may have no network: only a local wheel.
+    echo "no flash-attn wheel (FLASH_ATTN_WHEEL, or .whl/flash_attn-*.whl installed with the wheels above):"
+    echo "flash-attn tests and comparisons are skipped"
   fi
 }
 
@@ -132,8 +165,7 @@ cuda_graph_throughput() {
     for mode in off on; do
       echo "--- max_num_seqs $seqs, $requests requests, cuda graphs $mode"
       "$PY" -m benchmarks.offline --device cuda --dtype bfloat16 --cuda-graphs "$mode" --max-num-seqs "$seqs" \
-        --num-requests "$requests" --no-baseline --json | tee "$OUT_DIR/offline-seqs$seqs-graphs-$mode.json" \
-        || return $?
+        --num-requests "$requests" --no-baseline --json | tee -a "$OUT_DIR/offline.jsonl" || return $?
     done
   done
   echo "target: output-token throughput with graphs on >= 1.5x off at max_num_seqs 1"
@@ -142,7 +174,7 @@ cuda_graph_throughput() {
 # The closing-the-loop pipeline on the GPU: a calibration run, its profile, then validations on three
 # other workloads (run directories without dashboards, small enough to bring back).
 real_runs_on_cuda() {
-  local runs=$OUT_DIR/runs profile=$OUT_DIR/h200-small-bfloat16.json workload
+  local runs=$WORK_DIR/runs profile=$OUT_DIR/h200-small-bfloat16.json workload
   local flags=(--device cuda --dtype bfloat16 --no-dashboard --no-progress)
   "$PY" -m sim.run workloads/examples/gpu_calibrate.yaml --executor real "${flags[@]}" --quiet \
     --out "$runs/gpu-calibrate" || return $?
@@ -156,14 +188,23 @@ real_runs_on_cuda() {
   "$PY" -m benchmarks.step_medians "$runs/gpu-calibrate" "$runs"/validate-*/real
 }
 
-export -f cuda_torch choose_python install_flash_attn report_environment cuda_graph_throughput real_runs_on_cuda
-export VENV OUT_DIR
-rm -f "$OUT_DIR/python"
+# One archive instead of dozens of files three folders down, which a device machine would not return.
+pack_runs() {
+  [[ -d $WORK_DIR/runs ]] || return 0
+  tar -czf "$OUT_DIR/runs.tgz" -C "$WORK_DIR" runs && echo "run directories packed into $OUT_DIR/runs.tgz"
+}
+
+export -f cuda_torch choose_python install_wheels install_flash_attn report_environment cuda_graph_throughput \
+  real_runs_on_cuda
+export VENV OUT_DIR WORK_DIR SITE
+rm -f "$WORK_DIR/python" "$OUT_DIR/offline.jsonl"
 step "environment" 300 choose_python || { echo "no usable Python with a CUDA torch"; FAILED=1; }
-PY=$(cat "$OUT_DIR/python" 2>/dev/null || true)
+PY=$(cat "$WORK_DIR/python" 2>/dev/null || true)
 export PY
 if [[ -n $PY ]]; then
+  step "wheels from .whl/" 60 install_wheels || FAILED=1
   step "flash-attn install" 60 install_flash_attn
+  RESERVE_S=150  # for the real runs, whatever the steps before them take
   step "environment report" 30 report_environment
   # Many small Triton compilations: spread them over the machine's cores.
   step "tests/kernels on the GPU" 150 "$PY" -m pytest tests/kernels -q -rs -p no:cacheprovider -n "$WORKERS" \
@@ -172,10 +213,12 @@ if [[ -n $PY ]]; then
     -p no:cacheprovider -n "$WORKERS" || FAILED=1
   step "kernel benchmark" 120 "$PY" -m benchmarks.kernels --quick --save "$OUT_DIR/kernels.json" || FAILED=1
   step "CUDA-graph decode throughput" 90 cuda_graph_throughput || FAILED=1
+  RESERVE_S=0
   step "real runs on CUDA: calibrate, then validate" 150 real_runs_on_cuda || FAILED=1
+  pack_runs
 fi
 
 echo
-echo "=== gpu_check summary ($(($(date +%s) - START))s of ${BUDGET_S}s budget; JSON in $OUT_DIR)"
+echo "=== gpu_check summary ($(($(date +%s) - START))s of ${BUDGET_S}s budget; results in $OUT_DIR)"
 printf '  %s\n' "${SUMMARY[@]}"
 exit $FAILED

@@ -9,6 +9,7 @@ the features that drive step cost. Reads ``steps.parquet`` only.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -30,12 +31,14 @@ def describe(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print(__doc__)
-        return 2
-    for run_dir in args:
-        print(describe(Path(run_dir)))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_medians", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="recorded run directories")
+    args = parser.parse_args(argv)
+    missing = [str(run_dir) for run_dir in args.run_dirs if not (run_dir / "steps.parquet").is_file()]
+    if missing:
+        parser.error(f"no steps.parquet in {', '.join(missing)}")
+    for run_dir in args.run_dirs:
+        print(describe(run_dir))
     return 0
 
 

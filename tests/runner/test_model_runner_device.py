@@ -57,8 +57,10 @@ def test_cuda_torch_backend_matches_transformers(tiny_llama_path):
 
     hf_model = load_hf_model(tiny_llama_path)
     prompts = mixed_prompts(hf_model.config.vocab_size, seed=11, num_prompts=8)
+    # A pool sized for the test: from the memory budget, the tiny model gets millions of blocks on a
+    # large GPU, and building their bookkeeping takes seconds of the GPU check's budget.
     llm = LLM(model=str(tiny_llama_path), device="cuda", attention_backend="torch", dtype="float32",
-              max_num_seqs=8, max_num_batched_tokens=48)
+              max_num_seqs=8, max_num_batched_tokens=48, num_gpu_blocks=256)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         assert output.outputs[0].token_ids == hf_greedy(hf_model, prompt, 6)

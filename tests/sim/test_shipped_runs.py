@@ -122,3 +122,16 @@ def test_calibration_uncertainty_refits_without_each_recording(capsys):
         "simulated vs mean, in combined standard errors"]
     # Three refits on different recordings simulate different latencies: a spread, not zeros.
     assert any(cell.strip() not in ("±0.0%", "") for cell in rows[0].split("|")[3:])
+
+
+def test_step_medians_describes_a_recorded_run_and_names_a_missing_one(capsys):
+    from benchmarks.step_medians import main as step_medians_main
+
+    assert step_medians_main([str(DATA / "runs" / "cpu-small-float32" / "cpu-overload")]) == 0
+    assert "cpu-overload: 881 steps; decode-only" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        step_medians_main(["--help-me"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        step_medians_main(["/nonexistent-run"])
+    assert "no steps.parquet in /nonexistent-run" in capsys.readouterr().err
