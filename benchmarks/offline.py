@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_requests < 1:
         parser.error(f"--num-requests must be >= 1, got {args.num_requests}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False)")
     torch.set_num_threads(args.threads)
 
     from engine.engine_args import EngineArgs

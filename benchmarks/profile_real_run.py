@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-dir", type=Path, help="also write python_profile.txt and torch_profile.txt here")
     parser.add_argument("--only", choices=["python", "torch"], help="run one of the two profiles")
     args = parser.parse_args(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False)")
+    if args.save_dir:
+        args.save_dir.mkdir(parents=True, exist_ok=True)  # before the work: a bad path fails at once
     workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
     for name, function in (("python", python_profile), ("torch", torch_profile)):
         if args.only and args.only != name:
