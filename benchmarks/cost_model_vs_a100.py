@@ -23,7 +23,7 @@ from pathlib import Path
 
 import sim
 from sim.cost_models.analytical import AnalyticalCostModel
-from sim.hardware import HardwareSpec, resolve_hardware
+from sim.hardware import HARDWARE_PRESETS, HardwareSpec, resolve_hardware
 from sim.model_shapes import dtype_bytes, resolve_model
 
 DATA = Path(sim.__file__).parent / "data" / "a100_mlp_tp1.csv"
@@ -125,7 +125,8 @@ def print_report(result: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hardware", default="a100-80gb", help="hardware preset to predict with (default a100-80gb)")
+    parser.add_argument("--hardware", default="a100-80gb", choices=sorted(HARDWARE_PRESETS), metavar="PRESET",
+                        help="hardware preset to predict with (default a100-80gb; one of %(choices)s)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = parser.parse_args(argv)
     result = compare(args.hardware)
