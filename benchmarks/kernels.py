@@ -337,17 +337,24 @@ def main(argv: list[str] | None = None) -> int:
     batches = [1, 16, 128] if args.quick else [1, 4, 16, 64, 128]
     contexts = [4096] if args.quick else [1024, 4096]
     print("measuring copy bandwidth, reshape_and_cache, paged decode ...", file=sys.stderr)
+    def save() -> None:
+        # After every part, not only at the end: a run stopped by its time limit (gpu_check.sh's budget)
+        # still leaves what it measured.
+        if args.save:
+            with open(args.save, "w") as file:
+                json.dump(results, file, indent=1)
+
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": args.runs,
                "copy": measure_copy(timer)}
+    save()
     results["reshape_and_cache"] = measure_reshape_and_cache(timer, token_counts, reshape_and_cache_kernels())
+    save()
     try:
         results["paged_decode"] = measure_paged_decode(timer, batches, contexts)
     except ImportError as error:
         results["paged_decode"] = [{"kernel": "paged_decode/triton", "case": "all", "skipped": str(error)}]
     results["verdicts"] = verdicts(results)
-    if args.save:
-        with open(args.save, "w") as file:
-            json.dump(results, file, indent=1)
+    save()
     if args.json:
         print(json.dumps(results, indent=1))
     else:
