@@ -46,6 +46,8 @@ class RequestState:
         self.status_message: str | None = None
         self.num_cached_tokens = 0
         self._text = ""  # the visible output text (truncated at a stop string)
+        # Characters of _text made by the first min_tokens tokens: no stop string may start there (vLLM).
+        self._min_tokens_chars = 0
         self._sent_chars = 0  # for delta outputs
         self._sent_tokens = 0
 
@@ -76,8 +78,14 @@ class RequestState:
             if output.finished:
                 delta += self.detokenizer.flush()
             self._text += delta
-            if params.stop and len(self.output_token_ids) >= params.min_tokens:
-                match = find_stop_string(self._text, len(delta), params.stop, params.include_stop_str_in_output)
+            if len(self.output_token_ids) <= params.min_tokens:
+                # Within min_tokens a stop string neither ends the request nor may start (as in vLLM, whose
+                # search begins after the text of the first min_tokens tokens): min_tokens=1 used to let a
+                # stop string in the first token's own text end the request at once.
+                self._min_tokens_chars = len(self._text)
+            elif params.stop:
+                match = find_stop_string(self._text, len(delta), params.stop, params.include_stop_str_in_output,
+                                         self._min_tokens_chars)
                 if match is not None:
                     self._text = self._text[:match.truncate_to]
                     # A stop string overrides whatever the core decided in the same step (vLLM does too).

@@ -21,15 +21,16 @@ class StopStringMatch(NamedTuple):
 
 
 def find_stop_string(text: str, num_new_chars: int, stop: list[str],
-                     include_stop_str_in_output: bool) -> StopStringMatch | None:
-    """The stop string completed by the last ``num_new_chars`` characters of ``text``, if any."""
+                     include_stop_str_in_output: bool, min_position: int = 0) -> StopStringMatch | None:
+    """The stop string completed by the last ``num_new_chars`` characters of ``text``, if any, starting
+    at ``min_position`` or later (the text before it is exempt: that of the first ``min_tokens`` tokens)."""
     if not stop or num_new_chars <= 0:
         return None
     best: tuple[int, str] | None = None
     new_start = len(text) - num_new_chars
     for stop_string in stop:
         # Begin early enough to find a match that straddles the old and new text.
-        position = text.find(stop_string, max(0, new_start - len(stop_string) + 1))
+        position = text.find(stop_string, max(min_position, new_start - len(stop_string) + 1))
         if position != -1 and (best is None or position < best[0]):
             best = (position, stop_string)
     if best is None:

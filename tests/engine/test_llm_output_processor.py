@@ -55,6 +55,28 @@ def test_stop_string_across_steps_and_later_outputs_ignored(tokenizer):
     assert processor.process_outputs([EngineCoreOutput("r", [], "stop")]).request_outputs == []
 
 
+@pytest.mark.parametrize("min_tokens, text", [
+    (0, "x"),             # no minimum: the first token's own "x" ends the request
+    (1, "x yx"),          # the first token is exempt, the next "x" ends it
+    (2, "x yx"),          # so is the second ("x y"), and the third token's "x" ends it
+    (3, "x yx zx"),       # all three are exempt: the fourth token's "x" ends it
+])
+def test_no_stop_string_is_looked_for_in_the_text_of_the_first_min_tokens(tokenizer, min_tokens, text):
+    """As in vLLM, the search starts after the text of the first min_tokens tokens: a stop string in the
+    min_tokens-th token's own text used to end the request there (min_tokens=1 did nothing)."""
+    steps = [tokenizer.encode(piece, add_special_tokens=False) for piece in ("x", " y", "x", " z", "x", " w")]
+    assert all(len(step) == 1 for step in steps), steps  # one token per piece, so each step is one token
+    processor = OutputProcessor(tokenizer)
+    processor.add_request("r", None, [1], SamplingParams(stop=["x"], include_stop_str_in_output=True,
+                                                         min_tokens=min_tokens, max_tokens=50))
+    for token_ids in steps:
+        result = processor.process_outputs([EngineCoreOutput("r", token_ids)])
+        if result.request_outputs:
+            (final,) = result.request_outputs
+            break
+    assert (final.outputs[0].text, final.outputs[0].finish_reason) == (text, "stop")
+
+
 def test_core_finish_reasons_and_messages(tokenizer):
     processor = OutputProcessor(tokenizer)
     processor.add_request("ignored", None, [1], SamplingParams())
