@@ -110,4 +110,3 @@ def test_no_logprobs_by_default(llm):
     completion = llm.generate(PROMPT, SamplingParams(max_tokens=3), use_tqdm=False)[0].outputs[0]
     assert completion.logprobs is None and completion.cumulative_logprob is None
     assert 1 <= len(completion.token_ids) <= 3
-
