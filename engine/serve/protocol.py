@@ -3,7 +3,8 @@
 Field names and defaults follow OpenAI's API (``max_tokens`` 16 for completions, the remaining context
 for chat; ``temperature`` 1). A few vLLM extensions are accepted because load generators and vLLM
 clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repetition_penalty``,
-``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``, ``return_token_ids``
+``stop_token_ids``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
+``include_stop_str_in_output``, ``return_token_ids``
 (each choice then carries the ids of its new tokens, so a client can count tokens per chunk),
 ``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``) and ``priority`` (lower is
 served first, with ``--scheduling-policy priority``).
@@ -63,6 +64,7 @@ class _SamplingRequest(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
@@ -188,6 +190,7 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
         stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
         logit_bias=logit_bias, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output)
     for name in ("top_k", "min_p", "repetition_penalty"):
         value = getattr(request, name)

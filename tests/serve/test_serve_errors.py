@@ -57,6 +57,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     # The test server schedules fcfs: a priority would be ignored, so it is refused before anything runs.
     ({"priority": 1}, "priority", "priority 1 needs scheduling_policy='priority'"),
     ({"priority": "high"}, "priority", "valid integer"),
+    ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens", "valid boolean"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
@@ -95,6 +96,7 @@ def test_bad_chat_parameters(server, change, param):
     ("completions", {"seed": 2**64 - 1}),
     ("completions", {"seed": -(2**63)}),
     ("completions", {"priority": 0}),  # the default, valid under any policy
+    ("completions", {"spaces_between_special_tokens": False, "skip_special_tokens": False}),
     ("completions", {"logit_bias": {"5": -100, "6": 100}}),
     ("chat/completions", {"tools": None, "functions": [], "response_format": {"type": "text"}}),
     ("chat/completions", {"messages": [{"role": "developer", "content": "be brief"},
@@ -172,3 +174,11 @@ def test_non_streaming_client_that_gives_up_is_aborted(server):
     after = wait_until_idle(server.url)
     assert metric(after, "servesim_requests_finished_total", finished_reason="abort") == before + 1
     assert metric(after, "servesim_kv_cache_free_blocks") == metric(after, "servesim_kv_cache_usable_blocks")
+
+
+def test_vllm_detokenization_flags_reach_the_sampling_params():
+    from engine.serve.protocol import CompletionRequest, completion_sampling_params
+
+    params = completion_sampling_params(CompletionRequest(prompt="p", spaces_between_special_tokens=False,
+                                                          skip_special_tokens=False))
+    assert (params.spaces_between_special_tokens, params.skip_special_tokens) == (False, False)
