@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ TraceFormat = Literal["csv", "mooncake"]
 
 # Mooncake's hash ids each stand for this many prompt tokens (the trace's own block size).
 MOONCAKE_BLOCK_SIZE = 512
+# No request holds more tokens than this; a larger count is bad data (and past 2**63 it would not even fit
+# the int64 arrays the trace is held in).
+MAX_TRACE_TOKENS = 2**31 - 1
+# Mooncake hash ids are 64-bit hashes' worth of integers at most.
+MAX_HASH_ID = 2**63 - 1
 CSV_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
 
@@ -112,6 +118,8 @@ def _integer(text: str, where: str, name: str, minimum: int) -> int:
     value = int(number)
     if value < minimum:
         raise TraceFormatError(f"{where}: {name} must be >= {minimum} (got {value})")
+    if value > MAX_TRACE_TOKENS:
+        raise TraceFormatError(f"{where}: {name} must be <= {MAX_TRACE_TOKENS} (got {text!r})")
     return value
 
 
@@ -125,11 +133,21 @@ def _seconds(text: str, where: str, name: str) -> float:
     return value
 
 
+def _open_text(path: str | os.PathLike[str]) -> io.StringIO:
+    """A trace file's text, read as UTF-8 with a byte-order mark skipped (spreadsheet exports write one); a
+    file that is not UTF-8 is a TraceFormatError naming it, not a bare UnicodeDecodeError."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise TraceFormatError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    return io.StringIO(text, newline="")
+
+
 def read_splitwise_csv(path: str | os.PathLike[str]) -> TraceRecords:
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
-    with open(path, newline="") as handle:
+    with _open_text(path) as handle:
         reader = csv.reader(handle)
         header = [column.strip() for column in next(reader, [])]
         missing = [column for column in CSV_COLUMNS if column not in header]
@@ -158,7 +176,7 @@ def read_mooncake_jsonl(path: str | os.PathLike[str]) -> TraceRecords:
     outputs: list[int] = []
     hash_ids: list[int] = []
     offsets = [0]
-    with open(path) as handle:
+    with _open_text(path) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -176,8 +194,15 @@ def read_mooncake_jsonl(path: str | os.PathLike[str]) -> TraceRecords:
             prompts.append(_integer(str(record["input_length"]), where, "input_length", 1))
             outputs.append(_integer(str(record["output_length"]), where, "output_length", 0))
             ids = record.get("hash_ids", [])
-            if not isinstance(ids, list) or not all(isinstance(block, int) and block >= 0 for block in ids):
-                raise TraceFormatError(f"{where}: hash_ids must be a list of integers >= 0")
+            if not isinstance(ids, list) or not all(isinstance(block, int) and not isinstance(block, bool)
+                                                    and 0 <= block <= MAX_HASH_ID for block in ids):
+                raise TraceFormatError(f"{where}: hash_ids must be a list of integers in [0, {MAX_HASH_ID}]")
+            # One id per 512-token block of the prompt, the last block partial: a list of another length
+            # would share (or leave unshared) blocks the trace never meant to.
+            expected = -(-prompts[-1] // MOONCAKE_BLOCK_SIZE)
+            if ids and len(ids) != expected:
+                raise TraceFormatError(f"{where}: hash_ids has {len(ids)} ids, but input_length {prompts[-1]} "
+                                       f"covers {expected} blocks of {MOONCAKE_BLOCK_SIZE} tokens")
             hash_ids.extend(ids)
             offsets.append(len(hash_ids))
     if not times:

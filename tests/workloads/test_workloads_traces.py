@@ -149,3 +149,38 @@ def test_malformed_traces_name_the_line(tmp_path):
         read_trace(bad_jsonl)
     with pytest.raises(WorkloadError, match="workload.trace.path: cannot read the trace"):
         load_workload(trace_workload(bad_csv))
+
+
+HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+
+
+def mooncake_line(input_length: int, hash_ids) -> str:
+    return json.dumps({"timestamp": 0, "input_length": input_length, "output_length": 1, "hash_ids": hash_ids})
+
+
+@pytest.mark.parametrize("name, content, message", [
+    # Past int64 these failed as an OverflowError traceback; far below it they are bad data all the same.
+    ("huge.csv", HEADER + "0.3,1e30,10\n", r"line 2: num_prefill_tokens must be <= 2147483647 \(got '1e30'\)"),
+    ("huge.jsonl", mooncake_line(int(1e30), [1]), r"line 1: input_length must be <= 2147483647"),
+    ("huge-id.jsonl", mooncake_line(600, [1, 10**23]), r"line 1: hash_ids must be a list of integers in"),
+    # JSON true is a Python int: it must not pass for hash id 1.
+    ("bool-id.jsonl", mooncake_line(600, [True, False]), r"line 1: hash_ids must be a list of integers in"),
+    # One id per 512-token block: a list of another length would share what the trace never shared.
+    ("short.jsonl", mooncake_line(5000, [900000]), r"line 1: hash_ids has 1 ids, but input_length 5000 covers 10"),
+    ("long.jsonl", mooncake_line(600, [1, 2, 3]), r"hash_ids has 3 ids, but input_length 600 covers 2 blocks"),
+])
+def test_trace_values_that_would_overflow_or_mislead_are_refused_by_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content + "\n")
+    with pytest.raises(TraceFormatError, match=message):
+        read_trace(path)
+
+
+def test_a_byte_order_mark_is_skipped_and_a_non_utf8_file_is_named(tmp_path):
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + (HEADER + "0.0,10,5\n").encode())
+    assert list(read_trace(bom).prompt_lens) == [10]
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"\xff\xfe\x00garbage\n")
+    with pytest.raises(TraceFormatError, match=r"latin.csv: not UTF-8 text"):
+        read_trace(latin)
