@@ -19,24 +19,12 @@ from pydantic import ValidationError
 from workloads.config import WorkloadConfig
 from workloads.errors import Problem, WorkloadError
 from workloads.overrides import Override, apply_overrides
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that rejects a key written twice in one mapping (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+from workloads.yaml_loader import load_yaml
 
 
 def parse_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return load_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"

@@ -3,7 +3,7 @@
 Applying them before validation means an override is checked exactly like the file itself. The path
 is checked against the schema, not against the file: ``slo.ttft_ms=300`` is valid even when the file
 has no ``slo`` section (the section is created), while ``engine.max_num_seq=1`` is an error naming
-that path. Values are parsed with ``yaml.safe_load`` so ``8``, ``0.5``, ``true``, ``null``, ``[1, 2]``
+that path. Values are parsed as YAML (``yaml_loader.py``, so ``1e3`` is a number too) so ``8``, ``0.5``, ``true``, ``null``, ``[1, 2]``
 and ``{type: gamma, rate: 4, cv: 2}`` mean what they would in the file.
 """
 
@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from workloads.errors import Problem, WorkloadError
 from workloads.schema_walk import field_names, field_shape
+from workloads.yaml_loader import load_yaml
 
 Override = tuple[str, Any]
 
@@ -30,7 +31,7 @@ def parse_override(text: str) -> Override:
     if not separator or not path:
         raise WorkloadError(Problem("override", "must look like path.to.key=value", text))
     try:
-        value = yaml.safe_load(value_text) if value_text.strip() else None
+        value = load_yaml(value_text) if value_text.strip() else None
     except yaml.YAMLError as error:
         raise WorkloadError(Problem(path, f"cannot parse the override's value as YAML ({error})", value_text)) from None
     return path, value

@@ -68,6 +68,10 @@ def test_inline_hardware_mapping_is_kept_for_the_simulator(raw_workload):
         ("engine.max_model_len=null", ("engine.max_model_len", None)),
         ("workload.priority.levels=[0, 1]", ("workload.priority.levels", [0, 1])),
         ("name = spaced ", ("name", "spaced")),
+        # Exponent notation is a number, as in YAML 1.2 (PyYAML's YAML 1.1 read "1e3" as a string).
+        ("workload.arrival.rate=1e3", ("workload.arrival.rate", 1000.0)),
+        ("workload.trace.time_scale=1.5e-3", ("workload.trace.time_scale", 0.0015)),
+        ("name=1e3x", ("name", "1e3x")),
     ],
 )
 def test_override_values_are_parsed_as_yaml(text, expected):
@@ -158,3 +162,11 @@ def test_relative_trace_path_resolves_against_the_yaml_directory(tmp_path, data_
     config = load_workload(path)
     assert config.workload.trace.path == str((tmp_path / "traces" / "code.csv").resolve())
     assert len(generate_requests(config, vocab_size=1000)) == 10
+
+
+def test_exponent_notation_in_a_workload_file_is_a_number(tmp_path, raw_workload):
+    text = yaml.safe_dump(raw_workload).replace("rate: 5.0", "rate: 5e1")
+    assert "rate: 5e1" in text
+    path = tmp_path / "exponent.yaml"
+    path.write_text(text)
+    assert load_workload(path).workload.arrival.rate == 50.0
