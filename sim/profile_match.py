@@ -16,8 +16,9 @@ or dtype is a near neighbour whose comparison is still worth seeing, as long as 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from sim.cost_models.calibrated import load_profile
 
 SHIPPED_PROFILES_DIR = Path(__file__).parent / "data" / "profiles"
 # What a profile and a run both record, in the order a difference matters most to the step times.
@@ -70,7 +71,7 @@ def _device(kind: str, identity: dict) -> str:
 
 
 def shipped_profiles() -> list[tuple[Path, dict]]:
-    return [(path, json.loads(path.read_text())["provenance"]) for path in sorted(SHIPPED_PROFILES_DIR.glob("*.json"))]
+    return [(path, load_profile(path).provenance) for path in sorted(SHIPPED_PROFILES_DIR.glob("*.json"))]
 
 
 def default_profile_for(executor: dict) -> Path:
