@@ -57,6 +57,14 @@ class ModelConfig:
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
+    def max_model_len_limit(self) -> int:
+        """The longest sequence this engine computes exactly for the checkpoint: attention always spans the
+        full context, so a declared sliding window caps the length."""
+        if self.sliding_window is not None:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 

@@ -112,14 +112,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def max_model_len_limit(self) -> int:
-        """The longest sequence this implementation computes exactly.
-
-        Attention always spans the full context, so a declared sliding window caps the length.
-        """
-        limit = self.config.max_position_embeddings
-        if self.config.sliding_window is not None:
-            limit = min(limit, self.config.sliding_window)
-        return limit
+        """The longest sequence this implementation computes exactly (``ModelConfig.max_model_len_limit``)."""
+        return self.config.max_model_len_limit
 
     @property
     def attention_backend(self) -> AttentionBackend:

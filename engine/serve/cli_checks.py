@@ -81,20 +81,12 @@ def check_unchunked_budget(parser: argparse.ArgumentParser, args: argparse.Names
     if args.max_model_len is not None:
         max_model_len, source = args.max_model_len, "--max-model-len"
     else:
-        max_model_len, source = model_max_len(engine_args.resolve_model_path()), "the model's"
+        max_model_len = ModelConfig.from_pretrained(engine_args.resolve_model_path()).max_model_len_limit
+        source = "the model's"
     if args.max_num_batched_tokens < max_model_len:
         parser.error(f"--max-num-batched-tokens must be >= max_model_len ({max_model_len}, {source}) with "
                      f"--no-enable-chunked-prefill, got {args.max_num_batched_tokens}: a longer prompt could "
                      "never be scheduled in one step; raise --max-num-batched-tokens or lower --max-model-len")
-
-
-def model_max_len(model_path: Path) -> int:
-    """The model's own length limit, read from its config.json without loading the weights. The same rule as
-    the model's ``max_model_len_limit``: attention spans the full context, so a sliding window caps it."""
-    config = ModelConfig.from_pretrained(model_path)
-    if config.sliding_window is not None:
-        return min(config.max_position_embeddings, config.sliding_window)
-    return config.max_position_embeddings
 
 
 def tokenizer_error_line(error: TokenizerLoadError, args: argparse.Namespace) -> str:
