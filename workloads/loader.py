@@ -74,8 +74,27 @@ def _validate(raw: Any, overrides: Iterable[str | Override], base_dir: Path, lab
 
 
 def _resolve_trace_path(raw: dict[str, Any], base_dir: Path) -> None:
+    # The trace file, and every trace file a sweep tries, is read relative to the YAML's directory: a
+    # sweep run from another directory must find the same files as the base workload does.
     workload = raw.get("workload")
-    trace = workload.get("trace") if isinstance(workload, dict) else None
-    path = trace.get("path") if isinstance(trace, dict) else None
+    _resolve_path_key(workload.get("trace") if isinstance(workload, dict) else None, base_dir)
+    sweep = raw.get("sweep")
+    if not isinstance(sweep, dict):
+        return
+    paths = sweep.get("workload.trace.path")
+    if isinstance(paths, list):
+        sweep["workload.trace.path"] = [_resolved(path, base_dir) for path in paths]
+    traces = sweep.get("workload.trace")
+    for trace in traces if isinstance(traces, list) else ():
+        _resolve_path_key(trace, base_dir)
+
+
+def _resolve_path_key(trace: Any, base_dir: Path) -> None:
+    if isinstance(trace, dict) and "path" in trace:
+        trace["path"] = _resolved(trace["path"], base_dir)
+
+
+def _resolved(path: Any, base_dir: Path) -> Any:
     if isinstance(path, str) and path and not Path(path).expanduser().is_absolute():
-        trace["path"] = str((base_dir / path).resolve())
+        return str((base_dir / path).resolve())
+    return path

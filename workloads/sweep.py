@@ -2,7 +2,9 @@
 
 A label names only what changes, by the last part of its path (``rate=4``), using more of the path
 where two keys would otherwise read the same (``prompt_len.max=512,output_len.max=512``). Labels are
-safe as directory names: the simulator writes one run directory per point.
+safe as directory names: the simulator writes one run directory per point. A file path as a value
+(``workload.trace.path``, resolved against the YAML's directory) reads by its last parts, as few as tell
+the sweep's files apart (``path=code.csv``), not as the absolute path the loader made of it.
 """
 
 from __future__ import annotations
@@ -51,8 +53,28 @@ def format_label_value(value: Any) -> str:
     return str(value)
 
 
-def point_label(paths: list[str], values: tuple[Any, ...]) -> str:
-    pairs = [f"{name}={format_label_value(value)}" for name, value in zip(short_names(paths), values, strict=True)]
+def short_file_names(values: list[Any]) -> dict[str, str]:
+    """For a sweep key whose values are file paths: each path's shortest tail that no other value shares."""
+    paths = [value for value in values if isinstance(value, str) and "/" in value]
+    if not paths:
+        return {}
+    tails = {}
+    for path in paths:
+        parts = path.rstrip("/").split("/")
+        for length in range(1, len(parts) + 1):
+            tail = "/".join(parts[-length:])
+            if all(other == path or not other.rstrip("/").endswith("/" + tail) for other in paths):
+                break
+        tails[path] = tail
+    return tails
+
+
+def point_label(paths: list[str], values: tuple[Any, ...], file_names: list[dict[str, str]] | None = None) -> str:
+    file_names = file_names or [{} for _ in paths]
+    pairs = [
+        f"{name}={format_label_value(names.get(value, value) if isinstance(value, str) else value)}"
+        for name, value, names in zip(short_names(paths), values, file_names, strict=True)
+    ]
     return _UNSAFE_LABEL_CHARACTERS.sub("_", ",".join(pairs))
 
 
@@ -61,10 +83,15 @@ def expand_sweep(config: WorkloadConfig) -> list[tuple[str, WorkloadConfig]]:
     if not config.sweep:
         return [(BASE_LABEL, config)]
     paths = list(config.sweep)
+    file_names = [short_file_names(config.sweep[path]) for path in paths]
     base = config.model_dump(exclude={"sweep"})
     points = []
+    labels: set[str] = set()
     for values in itertools.product(*(config.sweep[path] for path in paths)):
-        label = point_label(paths, values)
+        label = point_label(paths, values, file_names)
+        if label in labels:  # values that read alike once made safe ("a b", "a_b"): one directory each
+            label = next(f"{label}-{index}" for index in itertools.count(2) if f"{label}-{index}" not in labels)
+        labels.add(label)
         raw = apply_overrides(base, list(zip(paths, values, strict=True)), type(config))
         try:
             points.append((label, type(config).model_validate(raw)))

@@ -164,6 +164,54 @@ def test_relative_trace_path_resolves_against_the_yaml_directory(tmp_path, data_
     assert len(generate_requests(config, vocab_size=1000)) == 10
 
 
+def test_sweep_over_trace_files_resolves_them_against_the_yaml_directory(tmp_path, data_dir, monkeypatch):
+    # Run from elsewhere, as `python -m sim.run other/dir/sweep.yaml` is: each file a sweep tries is found
+    # where the base trace is, and the labels name the files, not the absolute paths the loader made.
+    for folder in ("a", "b"):
+        (tmp_path / "traces" / folder).mkdir(parents=True)
+        shutil.copy(data_dir / "splitwise_code_sample.csv", tmp_path / "traces" / folder / "code.csv")
+    shutil.copy(data_dir / "mooncake_conversation_sample.jsonl", tmp_path / "traces" / "chat.jsonl")
+    trace_section = {"type": "trace"}
+    workload = {
+        "name": "trace_sweep",
+        "workload": {"num_requests": 5, "arrival": trace_section, "prompt_len": trace_section,
+                     "output_len": trace_section, "trace": {"path": "traces/a/code.csv"}},
+        "sweep": {"workload.trace.path": ["traces/a/code.csv", "traces/b/code.csv", "traces/chat.jsonl"]},
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    points = load_workload(path).sweep_points()
+    assert [label for label, _ in points] == ["path=a_code.csv", "path=b_code.csv", "path=chat.jsonl"]
+    assert [point.workload.trace.path for _, point in points] == [
+        str((tmp_path / "traces" / name).resolve()) for name in ("a/code.csv", "b/code.csv", "chat.jsonl")
+    ]
+
+
+def test_sweep_over_whole_trace_sections_resolves_their_paths(tmp_path, data_dir, monkeypatch):
+    shutil.copy(data_dir / "splitwise_code_sample.csv", tmp_path / "code.csv")
+    trace_section = {"type": "trace"}
+    workload = {
+        "name": "trace_sections",
+        "workload": {"num_requests": 5, "arrival": trace_section, "prompt_len": trace_section,
+                     "output_len": trace_section, "trace": {"path": "code.csv"}},
+        "sweep": {"workload.trace": [{"path": "code.csv", "time_scale": 1.0}, {"path": "code.csv", "time_scale": 0.5}]},
+    }
+    path = tmp_path / "sections.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    monkeypatch.chdir("/")
+    points = load_workload(path).sweep_points()
+    assert {point.workload.trace.path for _, point in points} == {str((tmp_path / "code.csv").resolve())}
+    assert len({label for label, _ in points}) == 2
+
+
+def test_sweep_values_that_read_alike_get_one_label_each(raw_workload):
+    raw_workload["sweep"] = {"description": ["a b", "a_b", "a+b"]}
+    labels = [label for label, _ in load_workload(raw_workload).sweep_points()]
+    assert labels == ["description=a_b", "description=a_b-2", "description=a+b"]
+
+
 def test_exponent_notation_in_a_workload_file_is_a_number(tmp_path, raw_workload):
     text = yaml.safe_dump(raw_workload).replace("rate: 5.0", "rate: 5e1")
     assert "rate: 5e1" in text
