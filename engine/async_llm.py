@@ -13,6 +13,8 @@ runs the output processor, and hands each step's outputs back with ``loop.call_s
 Outputs are deltas by default (``output_kind="delta"``: each carries only the text, token ids and
 logprobs its step added; when the consumer falls behind, consecutive deltas are merged), or
 ``"cumulative"`` (each carries everything so far). Either way the last one has ``finished=True``.
+With ``SamplingParams(n=k)`` the k completions stream together, each ``CompletionOutput`` with its
+``index`` (an output may carry several); the request finishes when the last of them does.
 
 Leaving the iterator early (``break``, a cancelled task, a client that disconnected) aborts the request
 in the engine, which frees its KV blocks. ``abort(request_id)`` from elsewhere ends the iterator with
@@ -36,10 +38,11 @@ from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine, load_tokenizer_for_engine
 from engine.engine_loop import EngineDeadError, EngineLoop, EngineStepError
 from engine.engine_stats import EngineStats, EngineStatsSnapshot
-from engine.output_collector import RequestOutputCollector
+from engine.output_collector import ChildOutputSink, RequestOutputCollector
 from engine.output_processor import OutputProcessor
 from engine.output_processor.request_state import OutputKind
 from engine.outputs import RequestOutput
+from engine.parallel_sampling import ParentRequest
 from engine.request_inputs import Prompt, check_priority, make_core_request, parse_prompt, validate_request
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError"]
@@ -67,6 +70,8 @@ class AsyncLLM:
         self.stats = EngineStats(components.scheduler)
         self._engine_loop = EngineLoop(components, OutputProcessor(components.tokenizer), self.stats)
         self._active_request_ids: set[str] = set()
+        # request id -> the engine's ids for it: itself, or its n children with parallel sampling.
+        self._engine_request_ids: dict[str, list[str]] = {}
         self._engine_loop.start()
 
     @classmethod
@@ -131,28 +136,43 @@ class AsyncLLM:
         else:
             parsed = self.process_prompt(prompt, params)
         loop = asyncio.get_running_loop()
-        # time.monotonic(): the output processor's clock, so TTFT = first_token_time - arrival_time.
-        request = make_core_request(request_id, parsed, params, self.eos_token_ids, time.monotonic(), priority)
         collector = RequestOutputCollector(loop, output_kind)
+        # n > 1: n engine requests whose outputs the parent relabels into this one stream.
+        parent = ParentRequest(request_id, params, output_kind) if params.n > 1 else None
+        engine_requests = ([(request_id, params, collector)] if parent is None else
+                           [(child_id, child_params, ChildOutputSink(parent, collector))
+                            for child_id, child_params in zip(parent.child_ids, parent.child_params)])
+        engine_request_ids = [engine_request_id for engine_request_id, _, _ in engine_requests]
         self._active_request_ids.add(request_id)
+        self._engine_request_ids[request_id] = engine_request_ids
         finished = False
         try:
-            self._engine_loop.add_request(request, parsed.text, collector)
+            # time.monotonic(): the output processor's clock, so TTFT = first_token_time - arrival_time.
+            arrival_time = time.monotonic()
+            for engine_request_id, engine_params, sink in engine_requests:
+                request = make_core_request(engine_request_id, parsed, engine_params, self.eos_token_ids,
+                                            arrival_time, priority)
+                self._engine_loop.add_request(request, parsed.text, sink)
             while not finished:
                 output = await collector.get()
                 finished = output.finished
                 yield output
         finally:
             self._active_request_ids.discard(request_id)
+            self._engine_request_ids.pop(request_id, None)
             if not finished:
                 # Cancelled, closed early, or failed: make sure the engine lets go of its blocks.
-                self._engine_loop.abort([request_id])
+                self._engine_loop.abort(engine_request_ids)
 
     def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests (safe from any thread); their iterators end with finish_reason "abort"."""
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        if request_ids:
-            self._engine_loop.abort(request_ids)
+        # A parallel-sampling request is its children in the engine (the dict is only read here: a
+        # thread-safe lookup, and an id no longer served aborts nothing).
+        engine_request_ids = [engine_id for rid in request_ids
+                              for engine_id in self._engine_request_ids.get(rid, [rid])]
+        if engine_request_ids:
+            self._engine_loop.abort(engine_request_ids)
 
     # ------------------------------------------------------------------ shutdown
 

@@ -27,6 +27,7 @@ from engine.engine_components import build_engine
 from engine.front_end_step import step_front_end
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.parallel_sampling import ParentRequest
 from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,
                                    validate_request)
 
@@ -97,7 +98,8 @@ class LLM:
         ``prompt_token_ids`` (and optionally ``prompt`` text) or ``prompt``; one token-id list or dict
         is one prompt. ``sampling_params``: one for all prompts, or one per prompt (default: vLLM's
         defaults, i.e. 16 tokens at temperature 1). ``priority``: one integer per prompt, lower served
-        first (with ``scheduling_policy="priority"``, as in vLLM).
+        first (with ``scheduling_policy="priority"``, as in vLLM). With ``SamplingParams(n=k)`` a prompt's
+        output holds its k completions in ``outputs``, by index.
         """
         parsed = self._parse_prompts(prompts)
         params = self._expand_sampling_params(sampling_params, len(parsed))
@@ -105,12 +107,19 @@ class LLM:
         for index, (prompt, request_params) in enumerate(zip(parsed, params)):
             self._validate(index, prompt, request_params)
         request_ids = [f"{next(self._request_counter)}" for _ in parsed]
+        # n > 1: the prompt's n completions are n engine requests, gathered back into one output.
+        parents = {request_id: ParentRequest(request_id, request_params, "final")
+                   for request_id, request_params in zip(request_ids, params) if request_params.n > 1}
         added: list[str] = []
         try:
             for request_id, prompt, request_params, request_priority in zip(request_ids, parsed, params, priorities):
-                added.append(request_id)  # before adding: aborting an id the core lacks is harmless
-                self._add_request(request_id, prompt, request_params, request_priority)
-            finished = self._run_engine(set(added), use_tqdm)
+                parent = parents.get(request_id)
+                engine_requests = (zip(parent.child_ids, parent.child_params) if parent is not None
+                                   else [(request_id, request_params)])
+                for engine_request_id, engine_params in engine_requests:
+                    added.append(engine_request_id)  # before adding: aborting an id the core lacks is harmless
+                    self._add_request(engine_request_id, prompt, engine_params, request_priority)
+            finished = self._run_engine(set(request_ids), parents, use_tqdm)
         except BaseException:
             self._abort(added)
             raise
@@ -131,8 +140,11 @@ class LLM:
                                           arrival_time)
         self.engine_core.add_request(request)
 
-    def _run_engine(self, request_ids: set[str], use_tqdm: bool) -> dict[str, RequestOutput]:
+    def _run_engine(self, request_ids: set[str], parents: dict[str, ParentRequest],
+                    use_tqdm: bool) -> dict[str, RequestOutput]:
+        """Step until every prompt in ``request_ids`` has its output (a parent's once all its children finish)."""
         finished: dict[str, RequestOutput] = {}
+        child_parents = {child_id: parent for parent in parents.values() for child_id in parent.child_ids}
         engine_core, output_processor = self.engine_core, self.output_processor
         progress = tqdm(total=len(request_ids), desc="Processed prompts", unit="req", disable=not use_tqdm,
                         dynamic_ncols=True)
@@ -144,13 +156,19 @@ class LLM:
                     raise RuntimeError(f"the engine has no work left but requests {missing[:5]} never finished")
                 _, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs)
                 for output in processed.request_outputs:
-                    if output.finished and output.request_id in request_ids:
-                        finished[output.request_id] = output
-                        num_output_tokens += len(output.outputs[0].token_ids)
-                        progress.update(1)
-                        elapsed = time.perf_counter() - started
-                        progress.set_postfix_str(f"output {num_output_tokens / max(elapsed, 1e-9):.1f} tok/s",
-                                                 refresh=False)
+                    parent = child_parents.get(output.request_id)
+                    if not output.finished or (parent is None and output.request_id not in request_ids):
+                        continue
+                    num_output_tokens += len(output.outputs[0].token_ids)
+                    if parent is not None:
+                        output = parent.add_child_output(output)
+                        if output is None:
+                            continue
+                    finished[output.request_id] = output
+                    progress.update(1)
+                    elapsed = time.perf_counter() - started
+                    progress.set_postfix_str(f"output {num_output_tokens / max(elapsed, 1e-9):.1f} tok/s",
+                                             refresh=False)
         finally:
             progress.close()
         return finished

@@ -14,6 +14,7 @@ import dataclasses
 
 from engine.output_processor.request_state import OutputKind
 from engine.outputs import RequestOutput
+from engine.parallel_sampling import ParentRequest
 
 
 class RequestOutputCollector:
@@ -48,13 +49,39 @@ class RequestOutputCollector:
 
 
 def merge_delta_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
-    """One delta output that says what ``earlier`` then ``later`` said."""
-    first, second = earlier.outputs[0], later.outputs[0]
-    logprobs = first.logprobs
-    if logprobs is not None and second.logprobs is not None:
-        logprobs = logprobs + second.logprobs
-    completion = dataclasses.replace(
-        second, text=first.text + second.text, token_ids=first.token_ids + second.token_ids, logprobs=logprobs)
+    """One delta output that says what ``earlier`` then ``later`` said, completion by completion (with
+    parallel sampling, each may carry deltas of several completions, told apart by their index)."""
+    merged = {completion.index: completion for completion in earlier.outputs}
+    for second in later.outputs:
+        first = merged.get(second.index)
+        if first is None:
+            merged[second.index] = second
+            continue
+        logprobs = first.logprobs
+        if logprobs is not None and second.logprobs is not None:
+            logprobs = logprobs + second.logprobs
+        merged[second.index] = dataclasses.replace(
+            second, text=first.text + second.text, token_ids=first.token_ids + second.token_ids, logprobs=logprobs)
     return dataclasses.replace(
-        later, outputs=[completion],
+        later, outputs=[merged[index] for index in sorted(merged)],
         prompt_logprobs=earlier.prompt_logprobs if earlier.prompt_logprobs is not None else later.prompt_logprobs)
+
+
+class ChildOutputSink:
+    """Where one child of a parallel-sampling request (``n > 1``) delivers: the engine thread treats it as
+    the child's collector; on the event loop its outputs become the parent's and go to the one collector
+    the user's iterator reads."""
+
+    def __init__(self, parent: ParentRequest, collector: RequestOutputCollector) -> None:
+        self.parent = parent
+        self.collector = collector
+        self.loop = collector.loop
+        self.output_kind = collector.output_kind
+
+    def put(self, output: RequestOutput) -> None:
+        parent_output = self.parent.add_child_output(output)
+        if parent_output is not None:
+            self.collector.put(parent_output)
+
+    def put_error(self, error: BaseException) -> None:
+        self.collector.put_error(error)

@@ -1,4 +1,7 @@
-"""Sampling parameters, with vLLM's public field names and meanings (n = 1 only).
+"""Sampling parameters, with vLLM's public field names and meanings.
+
+``n`` (parallel sampling) is the front end's business: it fans a request out into ``n`` core requests
+with ``n = 1`` (engine/parallel_sampling.py), so the core itself only ever sees ``n = 1``.
 
 Validation happens once, at construction: every invalid value raises ``ValueError`` naming the
 field and the value, so a bad request is rejected before it reaches the scheduler.
@@ -96,7 +99,7 @@ class SamplingParams:
         def is_int(value: object) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
-        check("n", is_int(self.n) and self.n == 1, "1 (parallel sampling is not supported)")
+        check("n", is_int(self.n) and self.n >= 1, "an integer >= 1")
         check("max_tokens", self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
               "an integer >= 1 or None")
         check("min_tokens", is_int(self.min_tokens) and self.min_tokens >= 0, "an integer >= 0")
@@ -109,6 +112,10 @@ class SamplingParams:
         check("min_p", _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "in [0, 1]")
         check("seed", self.seed is None or (is_int(self.seed) and MIN_SEED <= self.seed <= MAX_SEED),
               f"None or an integer in [{MIN_SEED}, {MAX_SEED}] (what torch's Generator.manual_seed accepts)")
+        if self.seed is not None and self.n > 1 and self.seed + self.n - 1 > MAX_SEED:
+            # Completion i samples with seed + i (engine/parallel_sampling.py): the last must still be a seed.
+            raise ValueError(f"SamplingParams.seed must be <= {MAX_SEED - self.n + 1} with n={self.n} "
+                             f"(completion i uses seed + i), got {self.seed!r}")
         check("stop", all(isinstance(s, str) and s for s in self.stop), "a non-empty string or a list of them")
         check("stop_token_ids", all(is_int(t) and t >= 0 for t in self.stop_token_ids),
               "a list of non-negative integers")

@@ -66,6 +66,11 @@ class Scheduler:
         """Queue a request, or finish it at once as IGNORED if it could never be served."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        if request.sampling_params.n != 1:
+            # The front ends fan n out into n requests (engine/parallel_sampling.py); a core request that still
+            # says n > 1 would silently produce one completion.
+            raise ValueError(f"request {request.request_id!r}: the core takes n = 1, got "
+                             f"n={request.sampling_params.n}; fan it out with engine.parallel_sampling")
         reason = self._why_unservable(request)
         if reason is not None:
             request.status = RequestStatus.FINISHED_IGNORED

@@ -1,9 +1,9 @@
-"""``POST /v1/completions``: one prompt (text or token ids) -> one choice, streamed or not.
+"""``POST /v1/completions``: one prompt (text or token ids) -> ``n`` choices, streamed or not.
 
-Streaming sends one chunk per engine output that carries text or tokens (a chunk may hold several
-tokens when the client reads slower than the engine generates; ``return_token_ids`` tells how many),
-the finish reason in the last choice chunk, then, with ``stream_options.include_usage``, a chunk with
-no choices and the usage, then ``[DONE]``.
+Streaming sends one chunk per choice per engine output that carries text or tokens (a chunk may hold
+several tokens when the client reads slower than the engine generates; ``return_token_ids`` tells how
+many), each choice's finish reason in its last chunk, then, with ``stream_options.include_usage``, a
+chunk with no choices and the usage (the completion tokens of all choices), then ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.core import SamplingParams
-from engine.outputs import RequestOutput
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.serve.logprobs_format import completion_logprobs
 from engine.serve.protocol import (COMPLETION_PARAM_NAMES, CompletionRequest, completion_sampling_params,
                                    single_prompt)
@@ -25,27 +25,28 @@ from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
 
-class _Choice(UsageCounter):
-    """The choice being built from delta outputs: text, token ids, logprobs, and where it ended."""
+class _Choices(UsageCounter):
+    """The choices being built from delta outputs: text, token ids, logprobs, and where each ended."""
 
     def __init__(self, params: SamplingParams, body: CompletionRequest) -> None:
         super().__init__()
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
         self.tokens_as_ids = body.return_tokens_as_token_ids
-        self.text_offset = 0
+        self.text_offsets: dict[int, int] = {}  # choice index -> characters of text sent so far
 
-    def delta(self, output: RequestOutput) -> dict[str, Any]:
-        completion = output.outputs[0]
+    def choices(self, output: RequestOutput) -> list[dict[str, Any]]:
         self.count(output)
+        return [self._choice(completion) for completion in output.outputs]
+
+    def _choice(self, completion: CompletionOutput) -> dict[str, Any]:
         logprobs = None
         if self.num_top_logprobs is not None and completion.logprobs is not None:
-            logprobs, self.text_offset = completion_logprobs(completion.logprobs, completion.token_ids,
-                                                             self.num_top_logprobs, self.text_offset,
-                                                             self.tokens_as_ids)
-        choice = {"index": 0, "text": completion.text, "logprobs": logprobs,
-                  "finish_reason": completion.finish_reason if output.finished else None,
-                  "stop_reason": completion.stop_reason if output.finished else None}
+            logprobs, self.text_offsets[completion.index] = completion_logprobs(
+                completion.logprobs, completion.token_ids, self.num_top_logprobs,
+                self.text_offsets.get(completion.index, 0), self.tokens_as_ids)
+        choice = {"index": completion.index, "text": completion.text, "logprobs": logprobs,
+                  "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
         return choice
@@ -61,33 +62,34 @@ async def create_completion(body: CompletionRequest, raw_request: Request, state
     header = {"id": request_id, "object": "text_completion", "created": int(time.time()),
               "model": body.model or state.model_name}
     outputs = state.engine.generate(prompt, params, request_id, priority=body.priority)
-    choice = _Choice(params, body)
+    choices = _Choices(params, body)
     if body.stream:
-        return sse_response(stream_chunks(outputs, choice, header, body.include_usage, state.engine.abort,
+        return sse_response(stream_chunks(outputs, choices, header, body.include_usage, state.engine.abort,
                                           request_id))
     try:
-        final = await run_unless_disconnected(raw_request, _collect(outputs, choice))
+        final = await run_unless_disconnected(raw_request, _collect(outputs, choices))
     except ClientDisconnected:
         state.engine.abort(request_id)
         return Response(status_code=499)
     except Exception as error:
         return engine_error(error).to_response()
-    return JSONResponse({**header, "choices": [final], "usage": choice.usage()})
+    return JSONResponse({**header, "choices": final, "usage": choices.usage()})
 
 
-async def _collect(outputs: AsyncIterator[RequestOutput], choice: _Choice) -> dict[str, Any]:
-    """Fold the deltas into one choice."""
-    merged: dict[str, Any] | None = None
+async def _collect(outputs: AsyncIterator[RequestOutput], choices: _Choices) -> list[dict[str, Any]]:
+    """Fold the deltas into one choice per index, in index order."""
+    merged: dict[int, dict[str, Any]] = {}
     async for output in outputs:
-        delta = choice.delta(output)
-        if merged is None:
-            merged = delta
-            continue
-        merged["text"] += delta["text"]
-        merged["finish_reason"], merged["stop_reason"] = delta["finish_reason"], delta["stop_reason"]
-        if "token_ids" in merged:
-            merged["token_ids"] += delta["token_ids"]
-        if merged["logprobs"] is not None and delta["logprobs"] is not None:
-            for key in merged["logprobs"]:
-                merged["logprobs"][key] += delta["logprobs"][key]
-    return merged
+        for delta in choices.choices(output):
+            choice = merged.get(delta["index"])
+            if choice is None:
+                merged[delta["index"]] = delta
+                continue
+            choice["text"] += delta["text"]
+            choice["finish_reason"], choice["stop_reason"] = delta["finish_reason"], delta["stop_reason"]
+            if "token_ids" in choice:
+                choice["token_ids"] += delta["token_ids"]
+            if choice["logprobs"] is not None and delta["logprobs"] is not None:
+                for key in choice["logprobs"]:
+                    choice["logprobs"][key] += delta["logprobs"][key]
+    return [merged[index] for index in sorted(merged)]

@@ -44,7 +44,7 @@ class _SamplingRequest(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1)  # choices per request: n engine requests (engine/parallel_sampling.py)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
@@ -174,9 +174,6 @@ def sampling_error(error: ValueError, param_names: dict[str, str], default_param
 def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, logprobs: int | None,
                         param_names: dict[str, str]) -> SamplingParams:
     """The request's SamplingParams; a ValueError becomes a 400 naming the request's parameter."""
-    if request.n != 1:
-        raise OpenAIError(f"n must be 1 (this server generates one choice per request), got {request.n}", param="n",
-                          code="invalid_value")
     try:
         logit_bias = ({int(token): bias for token, bias in request.logit_bias.items()}
                       if request.logit_bias is not None else None)
@@ -184,7 +181,7 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
         raise OpenAIError("logit_bias keys must be token ids (integers as strings)", param="logit_bias",
                           code="invalid_value") from None
     fields: dict[str, Any] = dict(
-        max_tokens=max_tokens, min_tokens=request.min_tokens,
+        n=request.n, max_tokens=max_tokens, min_tokens=request.min_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed, stop=request.stop,
         stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,

@@ -72,7 +72,8 @@ class UsageCounter:
         self.num_cached_tokens = 0
 
     def count(self, output) -> None:
-        self.num_tokens += len(output.outputs[0].token_ids)
+        # Every completion's tokens: with n > 1 the usage counts each choice's, the prompt once (as OpenAI).
+        self.num_tokens += sum(len(completion.token_ids) for completion in output.outputs)
         self.num_prompt_tokens = len(output.prompt_token_ids)
         self.num_cached_tokens = output.num_cached_tokens
 

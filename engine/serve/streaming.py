@@ -37,27 +37,30 @@ def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
 
 
 class ChunkFormatter(Protocol):
-    """Turns each engine output into one response chunk's choice, and reports the usage at the end."""
+    """Turns each engine output into its choices (one per completion it carries), and reports the usage at
+    the end."""
 
-    def delta(self, output: Any) -> dict[str, Any]: ...
+    def choices(self, output: Any) -> list[dict[str, Any]]: ...
 
     def usage(self) -> dict[str, Any]: ...
 
 
 async def stream_chunks(outputs: AsyncIterator[Any], formatter: ChunkFormatter, header: dict[str, Any],
                         include_usage: bool, abort: Any, request_id: str) -> AsyncIterator[bytes]:
-    """The SSE body shared by completions and chat: one chunk per output, the usage chunk when asked,
-    ``[DONE]``; an error after the start becomes one more event. A request that did not finish (the
-    client went away and the response was cancelled, or it failed) is aborted on the way out."""
+    """The SSE body shared by completions and chat: one chunk per choice per output (as vLLM and OpenAI send
+    them), the usage chunk when asked, ``[DONE]``; an error after the start becomes one more event. A request
+    that did not finish (the client went away and the response was cancelled, or it failed) is aborted on
+    the way out."""
     finished = False
     try:
         async for output in outputs:
-            # Every output carries new tokens or the finish (the core reports nothing else).
+            # Every output carries new tokens or a finish (the core reports nothing else).
             finished = output.finished
-            chunk = {**header, "choices": [formatter.delta(output)]}
-            if include_usage:
-                chunk["usage"] = None
-            yield sse_event(chunk)
+            for choice in formatter.choices(output):
+                chunk = {**header, "choices": [choice]}
+                if include_usage:
+                    chunk["usage"] = None
+                yield sse_event(chunk)
         if include_usage:
             yield sse_event({**header, "choices": [], "usage": formatter.usage()})
         yield DONE_EVENT

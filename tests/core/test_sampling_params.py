@@ -8,7 +8,7 @@ from engine.core import SamplingParams, SamplingType
 
 
 @pytest.mark.parametrize("field, value", [
-    ("n", 2), ("max_tokens", 0), ("max_tokens", -3), ("min_tokens", -1), ("temperature", -0.1),
+    ("n", 0), ("n", True), ("max_tokens", 0), ("max_tokens", -3), ("min_tokens", -1), ("temperature", -0.1),
     ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5),
     ("seed", 1.5), ("stop", [""]), ("stop_token_ids", [-1]), ("presence_penalty", 2.5),
     ("frequency_penalty", -3.0), ("repetition_penalty", 0.0), ("logprobs", -1), ("prompt_logprobs", -2),

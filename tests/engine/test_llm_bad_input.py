@@ -42,7 +42,8 @@ def test_bad_prompts_raise_and_leave_nothing_behind(llm, prompts, message):
     (dict(top_p=0.0), "top_p"),
     (dict(max_tokens=0), "max_tokens"),
     (dict(stop=[""]), "stop"),
-    (dict(n=2), "n"),
+    (dict(n=0), "n"),
+    (dict(n=2, seed=2**64 - 1), "seed"),
 ])
 def test_invalid_sampling_params_raise_at_construction(kwargs, field):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}"):

@@ -29,7 +29,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
     ({"temperature": -0.5}, "temperature", "greater than or equal to 0"),
     ({"top_p": 0}, "top_p", "greater than 0"),
-    ({"n": 2}, "n", "n must be 1"),
+    ({"n": 0}, "n", "greater than or equal to 1"),
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": [7] * 600}, "prompt", "more than the engine allows"),
@@ -156,7 +156,7 @@ def test_the_openai_client_raises_bad_request(server):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model="unknown", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(openai.BadRequestError):
-            client.completions.create(model="tiny", prompt="x", n=3)
+            client.completions.create(model="tiny", prompt="x", n=0)
         with pytest.raises(openai.NotFoundError):
             client.embeddings.create(model="tiny", input="x")
         # The server still serves, and nothing leaked.

@@ -1,0 +1,97 @@
+"""Parallel sampling (``SamplingParams.n > 1``): one user request fanned out into ``n`` engine requests.
+
+As in vLLM's V1 front end, the core never sees ``n``: each of the ``n`` completions is its own request
+(``f"{index}_{request_id}"``) with ``n = 1``, so the scheduler, the KV-block manager and the simulator
+stay unchanged. The children have the same prompt and arrive together, so prefix caching computes the
+prompt's full blocks once and the others read them. With a ``seed``, child ``index`` samples with
+``seed + index``: the completions differ, and each is reproducible on its own. Only child 0 asks for
+prompt logprobs (they are the same for every child, and asking for them stops a request from reading
+the prefix cache).
+
+``ParentRequest`` turns the children's outputs back into the user's:
+- ``final``: one RequestOutput once every child has finished, its ``outputs`` in index order;
+- ``delta``: each child output as it comes, relabelled with the parent's id and the child's index;
+- ``cumulative``: the latest completion of every child heard from so far, in index order.
+Invariant: the parent's output is ``finished`` exactly once, with the last child's last output; each
+CompletionOutput carries its own child's finish reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.core.sampling_params import SamplingParams
+from engine.output_processor.request_state import OutputKind
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+def child_request_id(parent_id: str, index: int) -> str:
+    return f"{index}_{parent_id}"
+
+
+def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Child ``index``'s parameters: n = 1, its own seed, prompt logprobs only for child 0."""
+    return dataclasses.replace(
+        params, n=1, seed=None if params.seed is None else params.seed + index,
+        prompt_logprobs=params.prompt_logprobs if index == 0 else None)
+
+
+class ParentRequest:
+    def __init__(self, request_id: str, params: SamplingParams, output_kind: OutputKind) -> None:
+        self.request_id = request_id
+        self.n = params.n
+        self.output_kind = output_kind
+        self.child_ids = [child_request_id(request_id, index) for index in range(self.n)]
+        self.child_params = [child_sampling_params(params, index) for index in range(self.n)]
+        self._index_of = {child_id: index for index, child_id in enumerate(self.child_ids)}
+        self._latest: dict[int, CompletionOutput] = {}  # index -> its latest completion (final, cumulative)
+        self._metrics: dict[int, RequestMetrics] = {}
+        self._finished: set[int] = set()
+        self._prompt_logprobs = None
+
+    @property
+    def finished(self) -> bool:
+        return len(self._finished) == self.n
+
+    def add_child_output(self, output: RequestOutput) -> RequestOutput | None:
+        """The parent's output for this child output, or None while a ``final`` parent still waits."""
+        index = self._index_of[output.request_id]
+        completion = dataclasses.replace(output.outputs[0], index=index)
+        if output.finished:
+            self._finished.add(index)
+        if index == 0 and output.prompt_logprobs is not None:
+            self._prompt_logprobs = output.prompt_logprobs
+        if output.metrics is not None:
+            self._metrics[index] = output.metrics
+        if self.output_kind == "delta":
+            completions = [completion]
+        else:
+            self._latest[index] = completion
+            if self.output_kind == "final" and not self.finished:
+                return None
+            completions = [self._latest[i] for i in sorted(self._latest)]
+        return dataclasses.replace(
+            output, request_id=self.request_id, outputs=completions, finished=self.finished,
+            prompt_logprobs=self._prompt_logprobs, metrics=self._merged_metrics(),
+            status_message=output.status_message)
+
+    def _merged_metrics(self) -> RequestMetrics | None:
+        """The request's timing as the user saw it: first token of any child, finish of the last."""
+        metrics = list(self._metrics.values())
+        if not metrics:
+            return None
+
+        def earliest(name: str) -> float | None:
+            values = [getattr(m, name) for m in metrics if getattr(m, name) is not None]
+            return min(values) if values else None
+
+        def latest(name: str) -> float | None:
+            values = [getattr(m, name) for m in metrics if getattr(m, name) is not None]
+            return max(values) if values else None
+
+        return RequestMetrics(
+            arrival_time=min(m.arrival_time for m in metrics),
+            first_scheduled_time=earliest("first_scheduled_time"), first_token_time=earliest("first_token_time"),
+            last_token_time=latest("last_token_time"),
+            finished_time=latest("finished_time") if self.finished else None,
+            num_generation_tokens=sum(m.num_generation_tokens for m in metrics))

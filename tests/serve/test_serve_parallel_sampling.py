@@ -1,0 +1,62 @@
+"""``n`` choices per request through the official openai client: completions and chat, streamed and not.
+
+Seeded choices are reproducible and differ from one another; a streamed choice says what the same
+choice says unstreamed; the usage counts every choice's tokens and the prompt once; nothing leaks.
+"""
+
+import openai
+import pytest
+
+from tests.serve.serve_helpers import metric, wait_until_idle
+
+PROMPT = "Several answers to one question"
+MESSAGES = [{"role": "user", "content": "Give me three names."}]
+SAMPLED = dict(temperature=1.0, seed=123, max_tokens=8, extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30.0) as client:
+        yield client
+
+
+def test_completion_choices_streamed_and_not(client, server):
+    full = client.completions.create(model="tiny", prompt=PROMPT, n=3, logprobs=1, **SAMPLED)
+    assert [choice.index for choice in full.choices] == [0, 1, 2]
+    assert all(choice.finish_reason == "length" for choice in full.choices)
+    assert len({choice.text for choice in full.choices}) == 3
+    assert all(len(choice.logprobs.tokens) == 8 for choice in full.choices)
+    assert full.usage.completion_tokens == 24
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 24
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, n=3, logprobs=1, stream=True,
+                                            stream_options={"include_usage": True}, **SAMPLED))
+    text_chunks = [chunk for chunk in chunks if chunk.choices]
+    assert all(len(chunk.choices) == 1 for chunk in text_chunks)  # one choice per chunk, as OpenAI sends them
+    for choice in full.choices:
+        mine = [chunk.choices[0] for chunk in text_chunks if chunk.choices[0].index == choice.index]
+        assert "".join(part.text for part in mine) == choice.text
+        assert sum((part.logprobs.tokens for part in mine), []) == choice.logprobs.tokens
+        assert [part.finish_reason for part in mine][-1] == "length"
+        assert all(part.finish_reason is None for part in mine[:-1])
+    assert chunks[-1].usage.completion_tokens == 24
+    samples = wait_until_idle(server.url)
+    assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
+
+
+def test_chat_choices_streamed_and_not(client):
+    full = client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, **SAMPLED)
+    assert [choice.index for choice in full.choices] == [0, 1]
+    assert full.choices[0].message.content != full.choices[1].message.content
+    assert full.usage.completion_tokens == 16
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, stream=True, **SAMPLED))
+    for choice in full.choices:
+        mine = [chunk.choices[0] for chunk in chunks if chunk.choices and chunk.choices[0].index == choice.index]
+        assert mine[0].delta.role == "assistant" and all(part.delta.role is None for part in mine[1:])
+        assert "".join(part.delta.content for part in mine) == choice.message.content
+        assert mine[-1].finish_reason == "length"
+
+
+def test_a_bad_n_is_refused_by_name(client):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model="tiny", prompt=PROMPT, n=0)
+    assert raised.value.body["param"] == "n"
