@@ -1,7 +1,7 @@
 """The FastAPI application: OpenAI's routes over one ``AsyncLLM``.
 
     GET  /v1/models            the served model (with max_model_len, vocab_size, reserved_token_ids)
-    POST /v1/completions       text or token-id prompt, streaming (SSE) or not
+    POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
     GET  /health               200 while the engine thread runs, 503 otherwise
     GET  /metrics              Prometheus text format

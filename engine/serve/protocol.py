@@ -219,12 +219,10 @@ def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
                                param_names=chat_param_names(request))
 
 
-def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:
-    """The one prompt of a completions request (a batch of several is refused: one choice per request)."""
+def completion_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a completions request: a text or a token-id list is one, a list of them a batch."""
     if isinstance(prompt, str):
-        return prompt
+        return [prompt]
     if prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise OpenAIError(f"prompt must be a single prompt; got a batch of {len(prompt)}", param="prompt")
-        return prompt[0]
-    return prompt
+        return list(prompt)
+    return [prompt]

@@ -38,9 +38,19 @@ class ServerState:
                               f"{', '.join(repr(name) for name in self.served_model_names)}",
                               param="model", code="model_not_found")
 
-    def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str]) -> Prompt:
+    def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str],
+                       label: str | None = None) -> Prompt:
         """Tokenize and validate; a 400 names ``param`` for a prompt the engine cannot take, or the sampling
-        parameter at fault (``param_names`` maps SamplingParams fields to the request's names)."""
+        parameter at fault (``param_names`` maps SamplingParams fields to the request's names). ``label``
+        (``prompt[2]`` in a batch) starts the message, so the client knows which prompt it is about."""
+        try:
+            return self._prepare_prompt(prompt, params, param, param_names)
+        except OpenAIError as error:
+            if label is not None:
+                error.message = f"{label}: {error.message}"
+            raise
+
+    def _prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str]) -> Prompt:
         try:
             parsed = self.engine.process_prompt(prompt, params)
         except ValueError as error:

@@ -46,7 +46,7 @@ class ChunkFormatter(Protocol):
 
 
 async def stream_chunks(outputs: AsyncIterator[Any], formatter: ChunkFormatter, header: dict[str, Any],
-                        include_usage: bool, abort: Any, request_id: str) -> AsyncIterator[bytes]:
+                        include_usage: bool, abort: Any, request_ids: str | list[str]) -> AsyncIterator[bytes]:
     """The SSE body shared by completions and chat: one chunk per choice per output (as vLLM and OpenAI send
     them), the usage chunk when asked, ``[DONE]``; an error after the start becomes one more event. A request
     that did not finish (the client went away and the response was cancelled, or it failed) is aborted on
@@ -71,7 +71,7 @@ async def stream_chunks(outputs: AsyncIterator[Any], formatter: ChunkFormatter, 
         yield DONE_EVENT
     finally:
         if not finished:
-            abort(request_id)
+            abort(request_ids)
 
 
 class ClientDisconnected(Exception):

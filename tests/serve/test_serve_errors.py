@@ -35,7 +35,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"prompt": [7] * 600}, "prompt", "more than the engine allows"),
     ({"prompt": [7] * 500, "max_tokens": 100}, "max_tokens", "maximum context length is 512"),
     ({"prompt": [1, 2, 100_000]}, "prompt", "outside the vocabulary"),
-    ({"prompt": ["a", "b"]}, "prompt", "single prompt"),
+    ({"prompt": ["a", ""]}, "prompt", "prompt[1]: prompt is empty"),
     ({"prompt": 12}, "prompt", "valid"),
     ({"stop": [""]}, "stop", "non-empty string"),
     ({"stream": "yes please"}, "stream", "valid boolean"),

@@ -60,3 +60,30 @@ def test_a_bad_n_is_refused_by_name(client):
     with pytest.raises(openai.BadRequestError) as raised:
         client.completions.create(model="tiny", prompt=PROMPT, n=0)
     assert raised.value.body["param"] == "n"
+
+
+def test_a_batch_of_prompts_gives_n_choices_per_prompt(client, server):
+    prompts = ["First prompt of the batch", "Second", "The third prompt"]
+    alone = [client.completions.create(model="tiny", prompt=prompt, n=2, **SAMPLED) for prompt in prompts]
+    batch = client.completions.create(model="tiny", prompt=prompts, n=2, **SAMPLED)
+    # Prompt p's choice i is choice p * n + i, and says what the prompt alone says (seeded).
+    assert [choice.index for choice in batch.choices] == list(range(6))
+    assert [choice.text for choice in batch.choices] == [choice.text for one in alone for choice in one.choices]
+    assert batch.usage.prompt_tokens == sum(one.usage.prompt_tokens for one in alone)
+    assert batch.usage.completion_tokens == 6 * 8
+    chunks = list(client.completions.create(model="tiny", prompt=prompts, n=2, stream=True,
+                                            stream_options={"include_usage": True}, **SAMPLED))
+    streamed: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {choice.index: choice.text for choice in batch.choices}
+    assert chunks[-1].usage.completion_tokens == 6 * 8
+    samples = wait_until_idle(server.url)
+    assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
+
+
+def test_a_bad_prompt_in_a_batch_is_named_and_nothing_runs(client, server):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model="tiny", prompt=[[1, 2], [1, 2, 100_000]], max_tokens=4)
+    assert raised.value.body["param"] == "prompt" and "prompt[1]:" in raised.value.body["message"]
