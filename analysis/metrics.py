@@ -6,8 +6,10 @@ beside numbers from a real vLLM benchmark:
 - TTFT  (time to first token) = first_token_time - arrival_time, per request.
 - TPOT  (time per output token) = (finish_time - first_token_time) / (num_output_tokens - 1), per
   request with at least 2 output tokens; it excludes the first token, which TTFT already covers.
-- ITL   (inter-token latency) = every gap between consecutive entries of a request's token_times,
-  pooled over all requests (so a long request weighs more than a short one, unlike TPOT).
+- ITL   (inter-token latency) = every gap between consecutive distinct times of a request's
+  token_times, pooled over all requests (so a long request weighs more than a short one, unlike TPOT).
+  Tokens that arrived together (one streamed chunk carrying several, when a server merges the deltas of
+  a lagging client) share a time and count one gap, as vLLM's benchmark records one ITL per chunk.
 - E2E   (end-to-end latency) = finish_time - arrival_time, per request.
 - queue = scheduled_time - arrival_time (time waiting before the first schedule), per request.
 
@@ -93,14 +95,16 @@ def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def inter_token_latencies(requests: pd.DataFrame) -> np.ndarray:
-    """Seconds between consecutive token times of each completed request, pooled over requests."""
+    """Seconds between consecutive distinct token times of each completed request, pooled over requests."""
     check_requests_frame(requests)
     flat_times, lengths = flatten_token_times(requests.loc[completed_mask(requests), "token_times"])
     if flat_times.size < 2:
         return np.empty(0)
     # Label each timestamp with its request; a gap is real only where both ends share a label.
     owner = np.repeat(np.arange(lengths.size), lengths)
-    return np.diff(flat_times)[owner[1:] == owner[:-1]]
+    gaps = np.diff(flat_times)
+    # A zero gap is a token that came in the same chunk as the one before it: no latency of its own.
+    return gaps[(owner[1:] == owner[:-1]) & (gaps > 0)]
 
 
 def flatten_token_times(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
