@@ -9,9 +9,12 @@ says how many a chunk carries; a server without that extension is assumed to sen
 and the token count is the final ``usage`` when the server sends one.
 
 The run directory has the usual files. ``steps.parquet`` is empty: a client cannot see engine steps,
-so step metrics (KV usage, prefix-hit rate, step counts) are absent from the summary; preemptions
-are unknown (0). Client-side latencies include HTTP and SSE overhead, which is the point: compare them
-with an in-process real run of the same workload to see what serving costs.
+so step metrics (KV usage, step counts) are absent from the summary; preemptions are unknown (0). The
+prefix-cache hit rate is the server's own count of cached prompt tokens per request
+(``usage.prompt_tokens_details.cached_tokens``) over their prompt tokens, null where the server gives
+no count (vLLM without ``--enable-prompt-tokens-details``). Client-side latencies include HTTP and SSE
+overhead, which is the point: compare them with an in-process real run of the same workload to see what
+serving costs.
 
     summary = run_against_server(load_workload("cpu_chat.yaml"), "http://127.0.0.1:8000", "runs/served")
 """
@@ -51,6 +54,7 @@ class _Record:
     finish_reason: str | None = None
     token_times: list[float] = field(default_factory=list)
     error: str | None = None
+    cached_tokens_reported: bool = False  # whether the server's usage said how many prompt tokens were cached
 
 
 def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: str | Path | None = None
@@ -119,6 +123,8 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     summary["num_request_errors"] = len(errors)
     summary["request_errors"] = errors[:MAX_ERRORS_KEPT]
     summary["client_wall_s"] = wall_s
+    # compute_summary reads the hit rate from engine steps, which a client has none of (it would say 0).
+    summary["prefix_cache_hit_rate"] = served_prefix_hit_rate(records)
     if out_dir is not None:
         write_run(Path(out_dir), requests, steps, summary)
     return summary
@@ -193,9 +199,20 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
     if usage:
         record.num_output_tokens = int(usage.get("completion_tokens", num_counted))
         record.num_prompt_tokens = int(usage.get("prompt_tokens", record.num_prompt_tokens))
-        record.num_cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        record.cached_tokens_reported = cached_tokens is not None
+        record.num_cached_tokens = int(cached_tokens or 0)
     bar.update(1)
     return record
+
+
+def served_prefix_hit_rate(records: list[_Record]) -> float | None:
+    """Cached prompt tokens / prompt tokens over the requests whose usage counted their cached tokens: the
+    engine's rate (vLLM's prefix-cache hit rate is in tokens too, counted when a request is first
+    scheduled, which is what ``cached_tokens`` reports). None when no request's usage counted them."""
+    reported = [record for record in records if record.cached_tokens_reported]
+    num_prompt_tokens = sum(record.num_prompt_tokens for record in reported)
+    return sum(record.num_cached_tokens for record in reported) / num_prompt_tokens if num_prompt_tokens else None
 
 
 def server_error_message(text: str) -> str:

@@ -2,8 +2,10 @@
 
 import math
 
+import pytest
+
 from analysis import read_run
-from sim.server_run import run_against_server
+from sim.server_run import _Record, run_against_server, served_prefix_hit_rate
 from workloads import generate_requests, load_workload_text
 
 WORKLOAD = """
@@ -51,3 +53,16 @@ def test_run_against_server_writes_a_run_directory(server, tmp_path):
         assert abs(row["arrival_time"] - spec.arrival_time) < 0.5
     # Requests of one shared-prefix group find the group's first full block cached (after the first one).
     assert requests["num_cached_tokens"].sum() > 0
+    # The hit rate is the server's count of cached prompt tokens: the client sees no engine step to read it
+    # from (it once read 0.0 from the empty step table).
+    hit_rate = requests["num_cached_tokens"].sum() / requests["num_prompt_tokens"].sum()
+    assert summary["prefix_cache_hit_rate"] == run.summary["prefix_cache_hit_rate"] == pytest.approx(hit_rate)
+
+
+def test_a_server_that_does_not_count_cached_tokens_gives_no_hit_rate():
+    """Unknown, not 0: vLLM leaves prompt_tokens_details out of usage unless asked to send it."""
+    counted = [_Record("a", 0.0, 100, num_cached_tokens=64, cached_tokens_reported=True),
+               _Record("b", 0.1, 60, num_cached_tokens=0, cached_tokens_reported=True)]
+    assert served_prefix_hit_rate(counted) == pytest.approx(64 / 160)
+    assert served_prefix_hit_rate([_Record("c", 0.0, 100)]) is None
+    assert served_prefix_hit_rate([]) is None
