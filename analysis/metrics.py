@@ -6,6 +6,8 @@ beside numbers from a real vLLM benchmark:
 - TTFT  (time to first token) = first_token_time - arrival_time, per request.
 - TPOT  (time per output token) = (finish_time - first_token_time) / (num_output_tokens - 1), per
   request with at least 2 output tokens; it excludes the first token, which TTFT already covers.
+  (Vidur's normalized decode time divides by num_output_tokens instead, which reads (n-1)/n lower for
+  the same request: set such figures side by side with that in mind.)
 - ITL   (inter-token latency) = every gap between consecutive distinct times of a request's
   token_times, pooled over all requests (so a long request weighs more than a short one, unlike TPOT).
   Tokens that arrived together (one streamed chunk carrying several, when a server merges the deltas of
@@ -160,8 +162,9 @@ def compute_summary(
     - num_preemptions: summed over steps (over requests when there are no step rows).
     - prefix_cache_hit_rate: sum(prefix_hit_tokens) / sum(prefix_query_tokens) over steps, 0 with
       no queries.
-    - kv_usage_mean: mean kv_usage weighted by step duration (the fraction of time the cache was
-      that full); kv_usage_max: its maximum.
+    - kv_usage_mean: mean kv_usage weighted by step duration, i.e. over the time the engine was
+      stepping (idle stretches between bursts, when the cache holds nothing, do not count); kv_usage_max:
+      its maximum.
     - ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms: {count, mean, p50, p90, p99} in milliseconds.
     - ignored_examples / errored_examples (only when requests were ignored / errored and the trace says
       why): the first few, each {request_id, reason}.

@@ -50,8 +50,8 @@ from sim.machine_load import busy_machine_warning
 from sim.profile_match import SHIPPED_PROFILES_DIR, check_profile_fits, default_profile_for
 from sim.speed_probe import probed_speed, read_probe
 from sim.step_time_error import describe_step_time_error, step_time_error
-from sim.validate_report import (HEADLINE_METRICS, describe_machine_speed, describe_sensitivity, headline_error,
-                                 step_kind_table)
+from sim.validate_report import (HEADLINE_METRICS, describe_headline_error, describe_machine_speed,
+                                 describe_sensitivity, headline_error, step_kind_table)
 from workloads import WorkloadError, load_workload
 
 # The shipped CPU profile; sim.validate picks the shipped profile that fits each run (profile_match.py).
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in comparison["warnings"]:
         print_warning(note)
     print_fidelity_report(comparison, console=console, tolerance=0.05)
-    console.print(f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {headline_error(comparison):.1%}")
+    console.print(describe_headline_error(comparison))
     speed_note = describe_machine_speed(comparison)
     if speed_note:
         console.print(speed_note)

@@ -11,8 +11,25 @@ HEADLINE_METRICS = ("request_throughput", "output_token_throughput", "ttft_ms.p5
 
 
 def headline_error(comparison: dict) -> float:
-    """The largest |relative error| among the headline metrics (p50/p90 TTFT, TPOT, E2E; throughput)."""
-    return max(abs(comparison["metrics"][key]["relative_error"] or 0.0) for key in HEADLINE_METRICS)
+    """The largest |relative error| among the headline metrics (p50/p90 TTFT, TPOT, E2E; throughput) that
+    have one; ``undefined_headline_metrics`` names those without (they are not counted as 0% silently)."""
+    return max((abs(error) for key in HEADLINE_METRICS
+                if (error := comparison["metrics"][key]["relative_error"]) is not None), default=0.0)
+
+
+def undefined_headline_metrics(comparison: dict) -> list[str]:
+    """Headline metrics with no relative error: missing in a run (no request had 2 tokens for TPOT, none
+    finished), or a real value of 0 against a simulated one that is not."""
+    return [key for key in HEADLINE_METRICS if comparison["metrics"][key]["relative_error"] is None]
+
+
+def describe_headline_error(comparison: dict) -> str:
+    """The report's headline line: the largest error, and the metrics it could not be computed for."""
+    line = f"largest headline error (p50/p90 TTFT, TPOT, E2E; throughput): {headline_error(comparison):.1%}"
+    undefined = undefined_headline_metrics(comparison)
+    if undefined:
+        line += f" (no error for {', '.join(undefined)}: missing in a run, or 0 in the real one)"
+    return line
 
 
 def describe_sensitivity(gains: dict[str, float | None], profile_speed_error: float | None = None) -> str:

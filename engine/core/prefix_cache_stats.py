@@ -2,6 +2,11 @@
 
 A preempted request looks its blocks up again when it resumes; such hits only recover work the engine
 already did, so they are counted apart from true hits (the hit rate users care about is for new work).
+
+A request's lookup counts once, when it is admitted. vLLM counts every attempt to admit it, so a
+request that waits at the head of the queue for several steps (no free blocks) is counted once per
+step there; the two rates differ only while admission stalls, and this one is the share of prompt
+tokens that the cache actually served.
 """
 
 from __future__ import annotations
