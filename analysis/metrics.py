@@ -168,6 +168,7 @@ def compute_summary(
     - ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms: {count, mean, p50, p90, p99} in milliseconds.
     - ignored_examples / errored_examples (only when requests were ignored / errored and the trace says
       why): the first few, each {request_id, reason}.
+    - by_priority (only when the requests carry two or more priorities): priority_class_stats.
     """
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
@@ -189,7 +190,7 @@ def compute_summary(
     output_tokens = requests["num_output_tokens"].to_numpy(dtype=np.int64)
     prompt_tokens = requests["num_prompt_tokens"].to_numpy(dtype=np.int64)
     total_output_tokens = int(output_tokens[completed].sum())
-    num_good = _count_meeting_slo(latencies, slo_thresholds)
+    num_good = count_meeting_slo(latencies, slo_thresholds)
 
     summary: dict[str, Any] = {
         "name": name,
@@ -220,6 +221,9 @@ def compute_summary(
         "e2e_ms": latency_stats(latencies["e2e_ms"].to_numpy() / 1000.0),
         "queue_ms": latency_stats(latencies["queue_ms"].to_numpy() / 1000.0),
     }
+    by_priority = priority_class_stats(requests, slo_thresholds)
+    if by_priority is not None:
+        summary["by_priority"] = by_priority
     for finish_reason in ("ignored", "error"):
         examples = _examples(requests, finish_reason)
         if examples:
@@ -256,7 +260,34 @@ def _check_slo(slo: Mapping[str, float] | None) -> dict[str, float]:
     return thresholds
 
 
-def _count_meeting_slo(latencies: pd.DataFrame, thresholds: Mapping[str, float]) -> int:
+def priority_class_stats(requests: pd.DataFrame, slo_thresholds: Mapping[str, float]) -> dict[str, Any] | None:
+    """Per priority value, when a run has two or more: what a scheduling policy buys each class, which the
+    overall percentiles mix away (run a workload under ``priority`` and ``fcfs`` and set these side by
+    side). ``{"0": {num_requests, num_finished, slo_attainment, ttft_ms, tpot_ms, e2e_ms, queue_ms}, ...}``,
+    keys in increasing priority (lower is served first, as in vLLM), each statistic defined as for the
+    whole run."""
+    if "priority" not in requests.columns:
+        return None
+    priorities = sorted(int(value) for value in requests["priority"].dropna().unique())
+    if len(priorities) < 2:
+        return None
+    classes: dict[str, Any] = {}
+    for priority in priorities:
+        members = requests.loc[requests["priority"] == priority]
+        latencies = request_latencies(members)
+        num_finished = int(completed_mask(members).sum())
+        classes[str(priority)] = {
+            "num_requests": int(len(members)),
+            "num_finished": num_finished,
+            "slo_attainment": (count_meeting_slo(latencies, slo_thresholds) / num_finished
+                               if num_finished and slo_thresholds else None),
+            **{key: latency_stats(latencies[key].to_numpy() / 1000.0)
+               for key in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")},
+        }
+    return classes
+
+
+def count_meeting_slo(latencies: pd.DataFrame, thresholds: Mapping[str, float]) -> int:
     meets = np.ones(len(latencies), dtype=bool)
     for key, threshold in thresholds.items():
         values = latencies[key].to_numpy(dtype=np.float64)

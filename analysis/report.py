@@ -135,7 +135,25 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             # The engine (or server) never serves these: the reason says what to change, the workload or the engine.
             parts.append(Text(f"{what} requests, the first: {examples[0]['request_id']}: {examples[0]['reason']}",
                               style="yellow"))
-    return Group(*parts, Text(""), latency)
+    parts += [Text(""), latency]
+    classes = summary.get("by_priority")
+    if classes:
+        parts += [Text(""), priority_class_table(classes)]
+    return Group(*parts)
+
+
+def priority_class_table(classes: Mapping[str, Any]) -> Table:
+    """One row per priority class (lower is served first): what the policy gave each (fits 80 columns)."""
+    table = Table(title="by priority class (lower is served first; ms)", padding=(0, 1))
+    for column in ("class", "finished", "SLO met", "TTFT p50", "TTFT p90", "TPOT p90", "E2E p90"):
+        table.add_column(column, justify="right", style="bold" if column == "class" else None, no_wrap=True)
+    for priority, stats in classes.items():
+        table.add_row(
+            priority, f"{stats.get('num_finished')}/{stats.get('num_requests')}",
+            format_percent(stats.get("slo_attainment")),
+            *(format_number(summary_value(stats, path), 1)
+              for path in ("ttft_ms.p50", "ttft_ms.p90", "tpot_ms.p90", "e2e_ms.p90")))
+    return table
 
 
 def comparison_renderable(

@@ -266,3 +266,26 @@ def test_large_run_summarizes_and_round_trips(tmp_path):
     assert summary["itl_ms"]["count"] == int(requests["num_output_tokens"].sum()) - 10_000
     assert len(run.steps) == 100_000
     assert run.summary["num_finished"] == 10_000
+
+
+def test_latency_by_priority_class(request_columns, step_columns):
+    # r0, r1 (finished) and r3 (aborted) are class 0; r2 is class 1.
+    summary = summarize(request_columns, step_columns, slo={"ttft_ms": 450})
+    classes = summary["by_priority"]
+    assert list(classes) == ["0", "1"]
+    assert (classes["0"]["num_requests"], classes["0"]["num_finished"]) == (3, 2)
+    assert_stats(classes["0"]["ttft_ms"], 2, 450.0, 450.0, 490.0, 499.0)
+    assert classes["0"]["slo_attainment"] == pytest.approx(0.5)  # r0's 500 ms misses 450
+    assert_stats(classes["1"]["e2e_ms"], 1, 300.0, 300.0, 300.0, 300.0)
+    assert classes["1"]["tpot_ms"]["count"] == 0 and classes["1"]["slo_attainment"] == 1.0
+    json.dumps(summary, allow_nan=False)
+    # One class only: nothing to set side by side.
+    request_columns["priority"] = [0, 0, 0, 0]
+    assert "by_priority" not in summarize(request_columns, step_columns)
+
+
+def test_the_report_prints_the_priority_classes(request_columns, step_columns):
+    from analysis.report import format_summary
+
+    text = format_summary(summarize(request_columns, step_columns))
+    assert "by priority class" in text and "2/3" in text
