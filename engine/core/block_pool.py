@@ -75,18 +75,24 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block, in eviction order (first freed = first evicted).
 
-        A block without a hash holds nothing reusable, so it goes to the front of the queue.
+        A block without a hash holds nothing reusable, so it goes to the front of the queue. The
+        unhashed blocks of one call go there as a group, in the call's order (the first of them is
+        the next reused), as vLLM's ``prepend_n`` puts them: pushing them one by one would reverse
+        them, and hand a request's freed blocks out again in the other order than vLLM does.
         """
         free_block_queue = self.free_block_queue
+        unhashed: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.ref_cnt > 1 and not block.is_null:
                 self.num_shared_refs -= 1
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
                 if block.block_hash is None:
-                    free_block_queue.appendleft(block)
+                    unhashed.append(block)
                 else:
                     free_block_queue.append(block)
+        for block in reversed(unhashed):
+            free_block_queue.appendleft(block)
 
     def cache_full_blocks(self, block_hashes: list[bytes], blocks: list[KVCacheBlock], first: int, end: int,
                           token_ids: list[int], block_size: int) -> None:

@@ -136,12 +136,14 @@ class PlannedBlockRuns:
     def free(self, index: int) -> None:
         """Request ``index`` finished (the update phase of its last step): free it as the manager does."""
         self.total -= self._manager.num_block_runs_of[self._requests[index].request_id] + self._runs.get(index, 0)
-        # Tail first, as KVCacheManager.free: a block without a hash goes to the queue's front (it is
-        # the request's own; blocks shared with other requests are prefix hits, hashed, and go back).
+        # KVCacheManager.free frees tail first, and the pool puts the blocks without a hash (the
+        # request's own; blocks shared with other requests are prefix hits, hashed, and go back) at the
+        # queue's front as a group in that order: the tail is reused first. ``_front`` is taken from its
+        # end, so the group is pushed head first.
         table = self._table(index)
         blocks = table + self._new_blocks.get(index, [])
         fills = self._fills
-        for block_index in range(len(blocks) - 1, -1, -1):
+        for block_index in range(len(blocks)):
             filled = fills.get((index, block_index))
             hashed = filled if filled is not None else (
                 block_index < len(table) and blocks[block_index].block_hash is not None)

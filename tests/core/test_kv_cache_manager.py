@@ -60,6 +60,23 @@ def test_free_queue_order_after_frees_is_lru_tail_first_with_unhashed_blocks_in_
     assert kv.get_block_ids("c") == [3, 6]
 
 
+def test_unhashed_blocks_freed_together_keep_the_freeing_order_at_the_front():
+    # Without prefix caching no block has a hash: vLLM's free_blocks puts a finished request's blocks
+    # at the front of the queue in the order they are freed (prepend_n), tail first, so the next
+    # request reuses the tail block first. Pushing them one by one would hand out 1, 2, 3 instead.
+    kv = manager(num_blocks=10, caching=False)
+    a = request("a", range(40))
+    admit(kv, a)
+    assert kv.get_block_ids("a") == [1, 2, 3]
+    kv.free(a)
+    assert free_order(kv) == [3, 2, 1, 4, 5, 6, 7, 8, 9]
+    b = request("b", range(100, 130))
+    admit(kv, b)
+    kv.free(b)  # a later group goes in front of an earlier one
+    assert free_order(kv) == [2, 3, 1, 4, 5, 6, 7, 8, 9]
+    check_kv_invariants(kv)
+
+
 def test_fully_cached_48_token_prompt_hits_32_tokens():
     kv = manager(num_blocks=20)
     first = request("first", range(48))
