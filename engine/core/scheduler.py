@@ -390,6 +390,10 @@ class Scheduler:
         )
 
 
-def _preemption_rank(request: Request) -> tuple[int, float, int]:
-    """Under the priority policy the victim is the largest rank: lowest priority, then latest arrival."""
-    return (request.priority, request.arrival_time, request.arrival_order)
+def _preemption_rank(request: Request) -> tuple[int, float]:
+    """Under the priority policy the victim is the largest rank: lowest priority, then latest arrival.
+
+    Requests that tie on both (a burst arriving at one instant) are not ranked further: ``max`` keeps
+    the first of them in running order, as vLLM's does, so the earliest admitted of them is the victim.
+    """
+    return (request.priority, request.arrival_time)

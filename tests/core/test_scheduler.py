@@ -134,6 +134,23 @@ def test_priority_preemption_evicts_lowest_priority_even_if_already_scheduled():
     assert scheduler.kv_cache_manager.num_free_blocks == 6
 
 
+def test_priority_victim_among_equal_priority_and_arrival_is_the_first_in_running_order():
+    # vLLM takes max(running, key=(priority, arrival_time)), which keeps the first of equal keys: when
+    # a burst's requests tie on both, the one that needs a block and comes first preempts itself.
+    core = make_core(num_gpu_blocks=5, block_size=4, policy="priority", max_num_batched_tokens=64)
+    scheduler = core.scheduler
+    scheduler.add_request(make_request("first", range(8), max_tokens=20, priority=1, arrival_time=0.0))
+    scheduler.add_request(make_request("second", range(100, 108), max_tokens=20, priority=1, arrival_time=0.0))
+    core.step()  # both admitted with 2 blocks each: the 4 usable blocks are taken
+    step = core.step()
+    assert step.scheduler_output.preempted_req_ids == {"first"}
+    assert step.scheduler_output.num_scheduled_tokens == {}  # phase 1 stops at the self-preemption
+    assert [request.request_id for request in scheduler.running] == ["second"]
+    check_scheduler_invariants(scheduler)
+    results = run_to_completion(core)
+    assert results["first"]["finish_reason"] == "length" and results["second"]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize("prompt_len, reason", [
     (0, "empty"), (5000, "max_model_len"), (900, "KV cache capacity")])
 def test_unservable_prompts_are_ignored_and_never_wedge_the_queue(prompt_len, reason):
