@@ -54,7 +54,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority",
         "cache_salt", "status", "output_token_ids", "all_token_ids", "num_prompt_tokens", "num_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
-        "status_message", "block_hashes", "block_hasher", "arrival_order", "next_hash_boundary",
+        "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
         "stop_token_set",
     )
 
@@ -105,8 +105,6 @@ class Request:
         if eos_token_id is not None and not params.ignore_eos:
             stop_tokens.add(eos_token_id)
         self.stop_token_set = frozenset(stop_tokens)
-        # Set by the scheduler on admission: breaks priority ties by arrival order deterministically.
-        self.arrival_order = 0
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 

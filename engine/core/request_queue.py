@@ -1,8 +1,9 @@
 """The waiting queue, one class per scheduling policy.
 
 FCFS: arrival order; a preempted request goes back to the head, so it resumes first.
-Priority: the smallest ``priority`` value first, ties broken by arrival time, then by admission order
-(so the order is total and deterministic); a preempted request simply re-enters with its own key.
+Priority: the smallest ``priority`` value first, ties broken by arrival time, then by request id (the
+order vLLM's ``Request.__lt__`` gives; ids are unique, so the order is total and deterministic); a
+preempted request simply re-enters with its own key.
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ class PriorityRequestQueue:
     __slots__ = ("_heap",)
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
+        self._heap: list[tuple[int, float, str, Request]] = []
 
     @staticmethod
-    def _key(request: Request) -> tuple[int, float, int, Request]:
-        return (request.priority, request.arrival_time, request.arrival_order, request)
+    def _key(request: Request) -> tuple[int, float, str, Request]:
+        return (request.priority, request.arrival_time, request.request_id, request)
 
     def add_request(self, request: Request) -> None:
         heapq.heappush(self._heap, self._key(request))

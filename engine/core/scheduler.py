@@ -56,7 +56,6 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         # Outputs for requests that ended outside update_from_output (ignored at admission, aborted).
         self._pending_outputs: list[EngineCoreOutput] = []
-        self._next_arrival_order = 0
         self.num_preemptions_total = 0
         self.last_step_num_preemptions = 0
 
@@ -83,8 +82,6 @@ class Scheduler:
         request.max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)
         if self.block_hasher is not None and request.block_hasher is not self.block_hasher:
             request.set_block_hasher(self.block_hasher)
-        request.arrival_order = self._next_arrival_order
-        self._next_arrival_order += 1
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 

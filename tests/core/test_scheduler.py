@@ -80,6 +80,19 @@ def test_priority_order_with_ties_broken_by_arrival():
     assert order == ["early-high", "late-high", "same-time-second", "mid", "low"]
 
 
+def test_priority_ties_on_arrival_are_broken_by_request_id_not_by_admission_order():
+    # vLLM's Request.__lt__: priority, then arrival_time, then request_id (string order).
+    core = make_core(policy="priority", max_num_seqs=1)
+    for request_id in ["req-b", "req-c", "req-a"]:
+        core.add_request(make_request(request_id, range(8), max_tokens=1, priority=0, arrival_time=1.0))
+    order = []
+    while core.has_work():
+        step = core.step()
+        if step.scheduler_output:
+            order += [new.req_id for new in step.scheduler_output.scheduled_new_reqs]
+    assert order == ["req-a", "req-b", "req-c"]
+
+
 def test_fcfs_preempts_the_last_admitted_and_admits_nothing_in_that_step():
     # 9 usable blocks of 4 tokens: three requests of 12 tokens fill them; decoding needs more.
     core = make_core(num_gpu_blocks=10, block_size=4, max_num_batched_tokens=64)
