@@ -3,8 +3,8 @@
 Invariants (checked by tests/core/helpers.py:check_kv_invariants after every rule of the KV-cache and
 scheduler state machines):
 - A block is in the free queue if and only if its ``ref_cnt`` is 0; the null block never is.
-- Every entry ``cached_block_hash_to_block[h]`` is a block whose ``block_hash`` is ``h``, and every
-  block with a hash is that hash's entry: a block evicted for reuse loses its hash.
+- ``cached_block_hash_to_block`` holds exactly the blocks with a hash, each under its own hash (several
+  blocks may hold one content: engine/core/cached_block_map.py); a block evicted for reuse loses its hash.
 - Free blocks + blocks in use = all blocks except the null block.
 - ``num_shared_refs`` = sum over blocks other than the null block of max(ref_cnt - 1, 0): how many
   block-table entries point at a block another request holds too (after prefix-cache hits).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from engine.core.cached_block_map import CachedBlockMap
 from engine.core.free_block_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
@@ -27,7 +28,7 @@ class BlockPool:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
+        self.cached_block_hash_to_block = CachedBlockMap()
         # Kept exact in touch() and free_blocks(), the only places a held block's ref_cnt changes.
         self.num_shared_refs = 0
         # Block 0 is a placeholder that is never allocated: runners pad block tables with it.
@@ -50,7 +51,7 @@ class BlockPool:
         return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
 
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+        return self.cached_block_hash_to_block.get_one_block(block_hash)
 
     def get_new_blocks(self, count: int) -> list[KVCacheBlock]:
         """Take ``count`` blocks from the front of the free queue, evicting their cached content."""
@@ -98,8 +99,9 @@ class BlockPool:
                           token_ids: list[int], block_size: int) -> None:
         """Register blocks ``first..end-1`` of a request under their chained hashes.
 
-        A block whose content is already cached under another physical block stays unregistered (its
-        request still uses it; it simply is not shared), so the map keeps one block per hash.
+        A block whose content another block holds already is registered too, as vLLM does: it stays
+        cached when freed (LRU, behind the queue's unhashed blocks) and serves hits once the older copy
+        is evicted. Blocks registered before (prefix-cache hits) are left as they are.
         """
         cached = self.cached_block_hash_to_block
         stored_run: list[bytes] = []
@@ -107,9 +109,9 @@ class BlockPool:
         for index in range(first, end):
             block = blocks[index]
             block_hash = block_hashes[index]
-            if block.block_hash is None and block_hash not in cached:
+            if block.block_hash is None:
                 block.block_hash = block_hash
-                cached[block_hash] = block
+                cached.insert(block_hash, block)
                 if self.enable_kv_cache_events:
                     if not stored_run:
                         run_start = index
@@ -129,7 +131,7 @@ class BlockPool:
         """Forget every cached block. Refused (returns False) while any request holds blocks."""
         if not self.all_blocks_free:
             return False
-        for block in self.cached_block_hash_to_block.values():
+        for block in self.cached_block_hash_to_block.blocks():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
         if self.enable_kv_cache_events:
@@ -164,8 +166,7 @@ class BlockPool:
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash
-        if self.cached_block_hash_to_block.get(block_hash) is block:
-            del self.cached_block_hash_to_block[block_hash]
+        self.cached_block_hash_to_block.pop(block_hash, block)
         block.block_hash = None
         if self.enable_kv_cache_events:
             self.events.append(BlockRemoved((block_hash,)))

@@ -81,7 +81,7 @@ class DecodeFastForward:
                         break
                     self._shared_blocks[index].append(block.block_id)
                     self._holders[block.block_id] = block.ref_cnt
-        self._runs = PlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps, token_id)
+        self._runs = PlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps)
 
     @classmethod
     def try_plan(cls, scheduler, token_id: int) -> "DecodeFastForward | None":
@@ -168,7 +168,6 @@ class DecodeFastForward:
             request.num_tokens += last + 1
             request.num_computed_tokens = context + last + 1
             if request.num_tokens >= request.next_hash_boundary:
-                self._runs.adopt_hashes(index, request)  # the plan hashed most of them already
                 request._hash_new_full_blocks()
         events.sort()
 

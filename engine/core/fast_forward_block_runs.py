@@ -9,7 +9,6 @@ ordinary steps.
 
 from __future__ import annotations
 
-from engine.core.block_hash import ROOT_PARENT_HASH, encode_cache_salt, hash_block_tokens
 from engine.core.free_block_queue import KVCacheBlock
 from engine.core.request import Request
 
@@ -23,15 +22,13 @@ class PlannedBlockRuns:
     Which block a step allocates follows from the free queue as it stands: the pool holds every block
     of the run without counting frees (``_steps_within_pool``), and a finished request's blocks go
     either to the back of the queue (blocks in the prefix cache: never reached within the run) or to
-    its front (blocks without a hash, such as a partly filled tail: taken by the next allocation). A
-    full block stays without a hash when the cache already holds its content under another block, so
-    the planner keeps a private view of the cache too: hashes evicted by its allocations, hashes its
-    fills registered. Events run in the ordinary steps' order: frees of step j - 1, then step j's
-    allocations and fills by running order, a request's allocation before its fill.
+    its front (blocks without a hash, such as a partly filled tail: taken by the next allocation). With
+    prefix caching on, every block that fills gets a hash (copies of cached content too: the pool
+    registers them all, as vLLM does). Events run in the ordinary steps' order: frees of step j - 1, then
+    step j's allocations and fills by running order, a request's allocation before its fill.
     """
 
-    def __init__(self, manager, requests: list[Request], context_lengths: list[int], last_steps: list[int],
-                 token_id: int) -> None:
+    def __init__(self, manager, requests: list[Request], context_lengths: list[int], last_steps: list[int]) -> None:
         # Everything per request is built lazily: a plan must cost time in proportion to the blocks the
         # run allocates, fills and frees, not to every block every running request holds.
         self._block_size = block_size = manager.block_size
@@ -41,12 +38,8 @@ class PlannedBlockRuns:
         self._queue = iter(self._pool.free_block_queue)
         self._front: list[KVCacheBlock] = []  # freed blocks pushed to the queue's front; the last is taken first
         self._requests = requests
-        self._token_id = token_id
         self._new_blocks: dict[int, list[KVCacheBlock]] = {}  # running index -> blocks allocated in the run
         self._fills: dict[tuple[int, int], bool] = {}  # (running index, block index) -> got a hash in the run
-        self._new_hashes: dict[int, list[bytes]] = {}  # hashes past request.block_hashes, in block order
-        self._evicted: set[bytes] = set()
-        self._registered: set[bytes] = set()
         self._runs: dict[int, int] = {}  # runs gained in the run, per running index
         self.total = manager.num_block_runs
         # Request i allocates when the token it computes starts a block, (context + step) % block_size
@@ -88,8 +81,6 @@ class PlannedBlockRuns:
         else:
             # Past the pool's capacity the plan is not applied (``_steps_within_pool``): any block will do.
             block = next(self._queue, None) or KVCacheBlock(-2)
-            if block.block_hash is not None and self._pool.cached_block_hash_to_block.get(block.block_hash) is block:
-                self._evicted.add(block.block_hash)  # taking a cached free block evicts it
         new_blocks = self._new_blocks.setdefault(index, [])
         previous = new_blocks[-1] if new_blocks else self._table(index)[-1]
         if block.block_id != previous.block_id + 1:
@@ -101,37 +92,7 @@ class PlannedBlockRuns:
         table = self._table(index)
         if block_index < len(table) and table[block_index].block_hash is not None:
             return  # registered before the run
-        block_hash = self._block_hash(index, block_index)
-        in_cache = block_hash in self._registered or (
-            block_hash in self._pool.cached_block_hash_to_block and block_hash not in self._evicted)
-        # In the cache already (under another block): this block stays without a hash.
-        self._fills[(index, block_index)] = not in_cache
-        if not in_cache:
-            self._registered.add(block_hash)
-
-    def _block_hash(self, index: int, block_index: int) -> bytes:
-        """The chained hash of a request's block, its tokens being the request's then the constant token."""
-        request, block_size = self._requests[index], self._block_size
-        known = request.block_hashes
-        if block_index < len(known):
-            return known[block_index]
-        extra = self._new_hashes.setdefault(index, [])
-        while len(known) + len(extra) <= block_index:
-            block = len(known) + len(extra)
-            position = block * block_size
-            tokens = request.all_token_ids[position:position + block_size].tolist()
-            tokens += [self._token_id] * (block_size - len(tokens))
-            parent = extra[-1] if extra else (known[-1] if known else ROOT_PARENT_HASH)
-            extra.append(hash_block_tokens(parent, tokens, encode_cache_salt(request.cache_salt) if block == 0 else b""))
-        return extra[block_index - len(known)]
-
-    def adopt_hashes(self, index: int, request: Request) -> None:
-        """Give the request the hashes the plan computed for its blocks that are full now (the same
-        chain its block hasher would compute from the same tokens)."""
-        extra = self._new_hashes.get(index)
-        if extra:
-            num_full = request.num_tokens // self._block_size
-            request.block_hashes.extend(extra[:num_full - len(request.block_hashes)])
+        self._fills[(index, block_index)] = True
 
     def free(self, index: int) -> None:
         """Request ``index`` finished (the update phase of its last step): free it as the manager does."""

@@ -65,10 +65,10 @@ class KVCacheManager:
             return _NO_BLOCKS, 0
         block_size = self.block_size
         max_hit_blocks = (request.num_tokens - 1) // block_size
-        cached = self.block_pool.cached_block_hash_to_block
+        get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
-            block = cached.get(block_hash)
+            block = get_one_block(block_hash)
             if block is None:
                 break
             hits.append(block)

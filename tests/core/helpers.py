@@ -54,10 +54,14 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
                for request_id, blocks in manager.req_to_blocks.items()}
     assert manager.num_block_runs_of == runs_of, f"num_block_runs_of {manager.num_block_runs_of}, tables say {runs_of}"
     assert manager.num_block_runs == sum(runs_of.values())
-    for block_hash, block in pool.cached_block_hash_to_block.items():
-        assert block.block_hash == block_hash
-    hashed = [block for block in pool.blocks if block.block_hash is not None]
-    assert len(hashed) == len(pool.cached_block_hash_to_block)
+    # The index holds exactly the blocks with a hash, each under its own hash, none twice.
+    cached_ids = pool.cached_block_hash_to_block.block_ids()
+    for block_hash, block_ids in cached_ids.items():
+        assert block_ids and all(pool.blocks[block_id].block_hash == block_hash for block_id in block_ids)
+    hashed = sorted(block.block_id for block in pool.blocks if block.block_hash is not None)
+    assert sorted(block_id for block_ids in cached_ids.values() for block_id in block_ids) == hashed
+    for block_hash in cached_ids:  # a lookup finds the oldest copy
+        assert pool.get_cached_block(block_hash).block_id == cached_ids[block_hash][0]
 
 
 def check_scheduler_invariants(scheduler: Scheduler) -> None:
@@ -83,7 +87,7 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
 def check_cached_blocks_were_computed(scheduler: Scheduler, executor: ScriptedExecutor) -> None:
     """A prefix-cache hit must only ever find KV that an executor really computed."""
     full = set(range(scheduler.block_size))
-    for block in scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block.values():
+    for block in scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block.blocks():
         assert executor.computed_slots.get(block.block_id) == full, \
             f"{block} is in the prefix cache but its KV was never computed"
 

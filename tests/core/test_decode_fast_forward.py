@@ -35,7 +35,7 @@ def snapshot(scheduler):
         "tables": {rid: [b.block_id for b in blocks] for rid, blocks in manager.req_to_blocks.items()},
         "cached_counts": dict(manager.num_cached_block),
         "free_order": [b.block_id for b in pool.free_block_queue],
-        "hash_map": {h: b.block_id for h, b in pool.cached_block_hash_to_block.items()},
+        "hash_map": pool.cached_block_hash_to_block.block_ids(),
         "ref_counts": [b.ref_cnt for b in pool.blocks],
         "finished": sorted(scheduler.finished_req_ids),
         "events": pool.take_events(),

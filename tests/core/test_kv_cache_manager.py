@@ -114,14 +114,14 @@ def test_failed_allocation_changes_nothing():
     before_refs = [block.ref_cnt for block in kv.block_pool.blocks]
     before_order = free_order(kv)
     before_tables = {rid: kv.get_block_ids(rid) for rid in kv.req_to_blocks}
-    before_cached = dict(kv.block_pool.cached_block_hash_to_block)
+    before_cached = kv.block_pool.cached_block_hash_to_block.block_ids()
     # A prefix hit of 2 blocks plus 3 new blocks needs 5, only 4 are free.
     big = request("big", list(range(32)) + list(range(2000, 2040)))
     assert admit(kv, big)[0] is None
     assert [block.ref_cnt for block in kv.block_pool.blocks] == before_refs
     assert free_order(kv) == before_order
     assert {rid: kv.get_block_ids(rid) for rid in kv.req_to_blocks} == before_tables
-    assert kv.block_pool.cached_block_hash_to_block == before_cached
+    assert kv.block_pool.cached_block_hash_to_block.block_ids() == before_cached
     assert "big" not in kv.req_to_blocks
     check_kv_invariants(kv)
 
@@ -138,7 +138,7 @@ def test_evicted_block_loses_its_hash_and_events_report_it():
     events = kv.take_events()
     removed = [event for event in events if isinstance(event, BlockRemoved)]
     assert {event.block_hashes[0] for event in removed} == set(a.block_hashes)
-    assert not kv.block_pool.cached_block_hash_to_block.keys() & set(a.block_hashes)
+    assert not kv.block_pool.cached_block_hash_to_block.hashes() & set(a.block_hashes)
     assert kv.get_computed_blocks(request("a2", range(32)))[1] == 0
     check_kv_invariants(kv)
 
@@ -225,3 +225,36 @@ def test_decode_allocates_a_block_only_when_the_last_one_fills():
 def test_num_gpu_blocks_must_leave_room_beside_the_null_block():
     with pytest.raises(ValueError, match="num_gpu_blocks"):
         manager(num_blocks=1)
+
+
+def test_copies_of_cached_content_are_cached_too_and_serve_hits_after_the_first_is_evicted():
+    # Two requests prefill the same 32-token prefix side by side (both admitted before either is cached):
+    # each holds its own copy. As in vLLM's block pool both copies are registered (and reported), both
+    # go to the LRU tail when freed, and a lookup finds the oldest copy; once that one is evicted for
+    # reuse, the other still serves the hit.
+    kv = manager(num_blocks=12, events=True)  # 11 usable blocks
+    a, b = request("a", range(40)), request("b", range(40))
+    for req in (a, b):
+        assert kv.allocate_slots(req, 40) is not None  # no lookup: neither is cached yet
+    for req in (a, b):
+        req.num_computed_tokens = 40
+        kv.allocate_slots(req, 1)  # the next step caches the full blocks
+    assert kv.get_block_ids("a")[:2] == [1, 2] and kv.get_block_ids("b")[:2] == [4, 5]
+    cached = kv.block_pool.cached_block_hash_to_block.block_ids()
+    assert [cached[block_hash] for block_hash in a.block_hashes] == [(1, 4), (2, 5)]
+    stored = [event for event in kv.take_events() if isinstance(event, BlockStored)]
+    assert [event.block_hashes for event in stored] == [tuple(a.block_hashes)] * 2
+    kv.free(a)
+    kv.free(b)
+    check_kv_invariants(kv)
+    # Unhashed partial tails first, then a's copies (tail first), then b's.
+    assert free_order(kv) == [6, 3, 7, 8, 9, 10, 11, 2, 1, 5, 4]
+    assert [block.block_id for block in kv.get_computed_blocks(request("c", range(40)))[0]] == [1, 2]
+    # Nine blocks in use evict a's copies (2 and 1 come off the queue after the other seven) ...
+    filler = request("filler", range(1000, 1000 + 9 * 16))
+    admit(kv, filler)
+    assert {2, 1} <= set(kv.get_block_ids("filler"))
+    # ... and b's copies still serve the prefix.
+    hits, num_hits = kv.get_computed_blocks(request("d", range(40)))
+    assert num_hits == 32 and [block.block_id for block in hits] == [4, 5]
+    check_kv_invariants(kv)

@@ -26,7 +26,7 @@ def snapshot(manager: KVCacheManager):
     pool = manager.block_pool
     return ([(b.ref_cnt, b.block_hash) for b in pool.blocks], [b.block_id for b in pool.free_block_queue],
             {rid: [b.block_id for b in blocks] for rid, blocks in manager.req_to_blocks.items()},
-            dict(manager.num_cached_block), dict(pool.cached_block_hash_to_block))
+            dict(manager.num_cached_block), pool.cached_block_hash_to_block.block_ids())
 
 
 class KVCacheMachine(RuleBasedStateMachine):

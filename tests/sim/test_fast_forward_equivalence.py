@@ -20,7 +20,7 @@ def traces(workload, fast_forward):
     recorder = simulation.run()
     manager = engine.scheduler.kv_cache_manager
     final_pool = ([b.block_id for b in manager.block_pool.free_block_queue],
-                  {h: b.block_id for h, b in manager.block_pool.cached_block_hash_to_block.items()})
+                  manager.block_pool.cached_block_hash_to_block.block_ids())
     return (requests_table(recorder.request_columns()).to_pandas(), steps_table(recorder.step_columns()).to_pandas(),
             final_pool, simulation.num_fast_forwarded_steps)
 
