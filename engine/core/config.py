@@ -47,7 +47,9 @@ class SchedulerConfig:
     max_model_len: int = 8192
     enable_chunked_prefill: bool = True
     # A prefill chunk of one request is cut at this many tokens per step (0: no cut), so that one
-    # long prompt cannot take the whole budget from its peers.
+    # long prompt cannot take the whole budget from its peers. Only with chunked prefill: cutting is
+    # chunking, and without it a prompt is prefilled in one step (vLLM applies the cut anyway, which
+    # chunks the prompt that enable_chunked_prefill=False promised to keep whole).
     long_prefill_token_threshold: int = 0
     policy: SchedulingPolicy = "fcfs"
 
