@@ -4,9 +4,9 @@ As in vLLM's V1 front end, the core never sees ``n``: each of the ``n`` completi
 (``f"{index}_{request_id}"``) with ``n = 1``, so the scheduler, the KV-block manager and the simulator
 stay unchanged. The children have the same prompt and arrive together, so prefix caching computes the
 prompt's full blocks once and the others read them. With a ``seed``, child ``index`` samples with
-``seed + index``: the completions differ, and each is reproducible on its own. Only child 0 asks for
-prompt logprobs (they are the same for every child, and asking for them stops a request from reading
-the prefix cache).
+``seed + index``: the completions differ, and each is reproducible on its own. Every child keeps the
+other parameters, prompt logprobs included (as vLLM's children do: a request that asks for them skips
+the prefix cache, so each child then prefills the prompt itself, and each output carries them).
 
 ``ParentRequest`` turns the children's outputs back into the user's:
 - ``final``: one RequestOutput once every child has finished, its ``outputs`` in index order;
@@ -30,10 +30,8 @@ def child_request_id(parent_id: str, index: int) -> str:
 
 
 def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Child ``index``'s parameters: n = 1, its own seed, prompt logprobs only for child 0."""
-    return dataclasses.replace(
-        params, n=1, seed=None if params.seed is None else params.seed + index,
-        prompt_logprobs=params.prompt_logprobs if index == 0 else None)
+    """Child ``index``'s parameters: n = 1 and its own seed; the rest as the parent's."""
+    return dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + index)
 
 
 class ParentRequest:
@@ -59,7 +57,7 @@ class ParentRequest:
         completion = dataclasses.replace(output.outputs[0], index=index)
         if output.finished:
             self._finished.add(index)
-        if index == 0 and output.prompt_logprobs is not None:
+        if output.prompt_logprobs is not None:  # the same for every child
             self._prompt_logprobs = output.prompt_logprobs
         if output.metrics is not None:
             self._metrics[index] = output.metrics

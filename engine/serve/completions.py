@@ -1,5 +1,6 @@
 """``POST /v1/completions``: a prompt (text or token ids), or a batch of them -> ``n`` choices per prompt,
-streamed or not.
+streamed or not; with ``echo`` each choice starts with its prompt (and the prompt's logprobs, the first
+null, when ``logprobs`` is set: the log-likelihood requests of evaluation harnesses).
 
 Streaming sends one chunk per choice per engine output that carries text or tokens (a chunk may hold
 several tokens when the client reads slower than the engine generates; ``return_token_ids`` tells how
@@ -19,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.core import SamplingParams
 from engine.outputs import CompletionOutput
-from engine.serve.logprobs_format import completion_logprobs
+from engine.request_inputs import Prompt
+from engine.serve.logprobs_format import completion_logprobs, prompt_completion_logprobs
 from engine.serve.prompt_batch import PromptOutput, merge_prompt_streams
 from engine.serve.protocol import (COMPLETION_PARAM_NAMES, CompletionRequest, completion_prompts,
                                    completion_sampling_params)
@@ -29,19 +31,25 @@ from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, 
 
 class _Choices:
     """The choices being built from delta outputs: text, token ids, logprobs, and where each ended. Prompt
-    ``p``'s completion ``i`` is choice ``p * n + i`` (OpenAI's and vLLM's order for a batch of prompts)."""
+    ``p``'s completion ``i`` is choice ``p * n + i`` (OpenAI's and vLLM's order for a batch of prompts).
+    With ``echo``, a choice's first chunk starts with its prompt (text, and logprobs when asked)."""
 
-    def __init__(self, params: SamplingParams, body: CompletionRequest, num_prompts: int) -> None:
+    def __init__(self, params: SamplingParams, body: CompletionRequest, prompts: list[Prompt], tokenizer) -> None:
         self.n = params.n
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
         self.tokens_as_ids = body.return_tokens_as_token_ids
+        self.echo = body.echo
+        self.prompts = prompts
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = params.skip_special_tokens
         self.text_offsets: dict[int, int] = {}  # choice index -> characters of text sent so far
-        self.usage_counters = [UsageCounter() for _ in range(num_prompts)]
+        self.echoed: set[int] = set()  # choice indices whose prompt went out
+        self.usage_counters = [UsageCounter() for _ in prompts]
 
     def choices(self, item: PromptOutput) -> list[dict[str, Any]]:
         self.usage_counters[item.prompt_index].count(item.output)
-        return [self._choice(item.prompt_index * self.n + completion.index, completion)
+        return [self._choice(item.prompt_index * self.n + completion.index, completion, item)
                 for completion in item.output.outputs]
 
     def usage(self) -> dict[str, Any]:
@@ -50,17 +58,39 @@ class _Choices:
                      sum(counter.num_tokens for counter in self.usage_counters),
                      sum(counter.num_cached_tokens for counter in self.usage_counters))
 
-    def _choice(self, index: int, completion: CompletionOutput) -> dict[str, Any]:
-        logprobs = None
+    def _choice(self, index: int, completion: CompletionOutput, item: PromptOutput) -> dict[str, Any]:
+        text, logprobs = completion.text, None
+        echo_logprobs = None
+        if self.echo and index not in self.echoed:
+            self.echoed.add(index)
+            prompt = self.prompts[item.prompt_index]
+            text = self._prompt_text(prompt) + text
+            if self.num_top_logprobs is not None:
+                echo_logprobs, self.text_offsets[index] = prompt_completion_logprobs(
+                    item.output.prompt_logprobs, prompt.token_ids, self.num_top_logprobs, self._decode_token,
+                    self.tokens_as_ids)
         if self.num_top_logprobs is not None and completion.logprobs is not None:
             logprobs, self.text_offsets[index] = completion_logprobs(
                 completion.logprobs, completion.token_ids, self.num_top_logprobs, self.text_offsets.get(index, 0),
                 self.tokens_as_ids)
-        choice = {"index": index, "text": completion.text, "logprobs": logprobs,
+        if echo_logprobs is not None:
+            logprobs = echo_logprobs if logprobs is None else {
+                key: echo_logprobs[key] + logprobs[key] for key in echo_logprobs}
+        choice = {"index": index, "text": text, "logprobs": logprobs,
                   "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
         return choice
+
+    def _prompt_text(self, prompt: Prompt) -> str:
+        if prompt.text is not None:
+            return prompt.text
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(prompt.token_ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
 
 
 async def create_completion(body: CompletionRequest, raw_request: Request, state: ServerState) -> Response:
@@ -77,7 +107,7 @@ async def create_completion(body: CompletionRequest, raw_request: Request, state
     request_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{index}" for index in range(len(prompts))]
     outputs = merge_prompt_streams([state.engine.generate(prompt, params, prompt_request_id, priority=body.priority)
                                     for prompt, prompt_request_id in zip(prompts, request_ids)])
-    choices = _Choices(params, body, len(prompts))
+    choices = _Choices(params, body, prompts, state.engine.get_tokenizer())
     if body.stream:
         return sse_response(stream_chunks(outputs, choices, header, body.include_usage, state.engine.abort,
                                           request_ids))

@@ -56,6 +56,32 @@ def completion_logprobs(logprobs: SampleLogprobs, token_ids: list[int], num_top:
             "text_offset": text_offset}, offset
 
 
+def prompt_completion_logprobs(prompt_logprobs: list[dict[int, Logprob] | None] | None, token_ids: list[int],
+                               num_top: int, decode_token, as_token_ids: bool = False) -> tuple[dict[str, Any], int]:
+    """The completions ``logprobs`` of an echoed prompt (``echo``), and the text offset after it. The first
+    position, which nothing predicts, has a null logprob and null top entries, as in OpenAI's API;
+    ``decode_token(token_id)`` names a token that no logprob entry does."""
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    offset = 0
+    for index, token_id in enumerate(token_ids):
+        position = prompt_logprobs[index] if prompt_logprobs is not None and index < len(prompt_logprobs) else None
+        if position is None or token_id not in position:
+            text = f"token_id:{token_id}" if as_token_ids else decode_token(token_id)
+            tokens.append(text)
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+        else:
+            entries, _ = completion_logprobs([position], [token_id], num_top, 0, as_token_ids)
+            text = entries["tokens"][0]
+            tokens.append(text)
+            token_logprobs.append(entries["token_logprobs"][0])
+            top_logprobs.append(entries["top_logprobs"][0])
+        text_offset.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": text_offset}, offset
+
+
 def _chat_entry(token_id: int, logprob: Logprob, as_token_ids: bool) -> dict[str, Any]:
     text = _token_text(token_id, logprob, as_token_ids)
     return {"token": text, "logprob": _logprob_value(logprob.logprob), "bytes": list(text.encode("utf-8"))}

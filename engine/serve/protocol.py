@@ -172,7 +172,7 @@ def sampling_error(error: ValueError, param_names: dict[str, str], default_param
 
 
 def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, logprobs: int | None,
-                        param_names: dict[str, str]) -> SamplingParams:
+                        param_names: dict[str, str], prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's SamplingParams; a ValueError becomes a 400 naming the request's parameter."""
     try:
         logit_bias = ({int(token): bias for token, bias in request.logit_bias.items()}
@@ -186,7 +186,8 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
         top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed, stop=request.stop,
         stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-        logit_bias=logit_bias, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
+        logit_bias=logit_bias, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output)
     for name in ("top_k", "min_p", "repetition_penalty"):
@@ -202,12 +203,13 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     if request.best_of not in (None, 1):
         raise OpenAIError(f"best_of must be 1, got {request.best_of}", param="best_of")
-    if request.echo:
-        raise OpenAIError("echo is not supported", param="echo")
     if request.suffix is not None:
         raise OpenAIError("suffix is not supported", param="suffix")
+    # echo with logprobs scores the prompt too (what evaluation harnesses ask for: a continuation's
+    # log-likelihood given its context), as vLLM does: prompt logprobs at the same top-k.
+    prompt_logprobs = request.logprobs if request.echo else None
     return sampling_params_for(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
-                               param_names=COMPLETION_PARAM_NAMES)
+                               param_names=COMPLETION_PARAM_NAMES, prompt_logprobs=prompt_logprobs)
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:

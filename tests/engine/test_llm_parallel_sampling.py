@@ -62,7 +62,7 @@ def test_mixed_n_and_prompt_logprobs(llm):
     assert [len(output.outputs) for output in outputs] == [2, 1, 5]
     assert [output.request_id for output in outputs] == sorted({output.request_id for output in outputs}, key=int)
     first = outputs[0]
-    # One set of prompt logprobs (child 0 computes them), a position for each prompt token.
+    # One set of prompt logprobs (every child computes the same), a position for each prompt token.
     assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(prompts[0])
     assert all(len(c.logprobs) == 4 for c in first.outputs)
     assert_all_blocks_free(llm)

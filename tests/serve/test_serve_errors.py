@@ -42,7 +42,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"logprobs": 50}, "logprobs", "less than or equal to 20"),
     ({"logit_bias": {"x": 1.0}}, "logit_bias", "token ids"),
     ({"presence_penalty": 5}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
-    ({"echo": True}, "echo", "not supported"),
+    ({"suffix": "after"}, "suffix", "not supported"),
     # torch's Generator.manual_seed takes [-2**63, 2**64 - 1]; past that the engine step itself used to fail.
     ({"seed": 2**64}, "seed", "less than or equal to 18446744073709551615"),
     ({"seed": -(2**63) - 1}, "seed", "greater than or equal to -9223372036854775808"),

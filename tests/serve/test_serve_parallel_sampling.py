@@ -87,3 +87,32 @@ def test_a_bad_prompt_in_a_batch_is_named_and_nothing_runs(client, server):
     with pytest.raises(openai.BadRequestError) as raised:
         client.completions.create(model="tiny", prompt=[[1, 2], [1, 2, 100_000]], max_tokens=4)
     assert raised.value.body["param"] == "prompt" and "prompt[1]:" in raised.value.body["message"]
+
+
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, tiny_model_path):
+    # What lm-evaluation-harness sends for a log-likelihood: token prompts in a batch, echo, logprobs=1,
+    # one greedy token. Each choice starts with its prompt; the prompt's logprobs are the engine's
+    # prompt logprobs (the first null: nothing predicts it), then the generated token's.
+    from engine import LLM, SamplingParams
+
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 42]]
+    response = client.completions.create(model="tiny", prompt=prompts, max_tokens=1, logprobs=1, echo=True,
+                                         temperature=0.0)
+    offline = LLM(model=str(tiny_model_path), max_model_len=512).generate(
+        prompts, SamplingParams(max_tokens=1, temperature=0.0, logprobs=1, prompt_logprobs=1), use_tqdm=False)
+    for choice, prompt, reference in zip(response.choices, prompts, offline):
+        logprobs = choice.logprobs
+        assert len(logprobs.tokens) == len(prompt) + 1
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        expected = [position[token].logprob for position, token in zip(reference.prompt_logprobs[1:], prompt[1:])]
+        assert logprobs.token_logprobs[1:len(prompt)] == pytest.approx(expected, abs=1e-4)
+        sampled = reference.outputs[0].token_ids[0]
+        assert logprobs.token_logprobs[-1] == pytest.approx(reference.outputs[0].logprobs[0][sampled].logprob, abs=1e-4)
+        assert logprobs.text_offset == sorted(logprobs.text_offset)
+        assert choice.text.endswith(reference.outputs[0].text)
+    text = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, echo=True, temperature=0.0)
+    assert text.choices[0].text.startswith(PROMPT) and text.choices[0].logprobs is None
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, echo=True, temperature=0.0,
+                                            stream=True))
+    assert chunks[0].choices[0].text.startswith(PROMPT)
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == text.choices[0].text
