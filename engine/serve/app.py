@@ -3,6 +3,9 @@
     GET  /v1/models            the served model (with max_model_len, vocab_size, reserved_token_ids)
     POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
+    POST /tokenize             prompt text or chat messages -> token ids (vLLM's utility route)
+    POST /detokenize           token ids -> text
+    GET  /version              the package version
     GET  /health               200 while the engine thread runs, 503 otherwise
     GET  /metrics              Prometheus text format
 
@@ -28,6 +31,7 @@ from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
 from engine.serve.state import ServerState
+from engine.serve.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, server_version, tokenize
 
 
 def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = None, *,
@@ -69,6 +73,18 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw_request: Request) -> Response:
         return await create_chat_completion(body, raw_request, state)
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> JSONResponse:
+        return JSONResponse(tokenize(body, state))
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> JSONResponse:
+        return JSONResponse(detokenize(body, state))
+
+    @app.get("/version")
+    async def version_route() -> JSONResponse:
+        return JSONResponse(server_version())
 
     @app.get("/health")
     async def health() -> Response:
