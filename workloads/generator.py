@@ -48,7 +48,7 @@ def generate_requests(
     """
     vocabulary = TokenVocabulary(vocab_size, reserved_token_ids)
     stretches = config.workload.stretches()
-    generated: list[tuple[float, list[int], int, int, int | None]] = []
+    generated: list[tuple[float, list[int], list[int], int, int | None]] = []
     offset = 0.0
     for index, stretch in enumerate(stretches):
         where = "workload" if index == 0 else f"workload.phases[{index - 1}]"
@@ -58,16 +58,21 @@ def generate_requests(
         generated += [(start + arrival, *rest) for arrival, *rest in requests]
         offset = start + requests[-1][0]
     width = max(6, len(str(len(generated) - 1)))
-    return [
-        RequestSpec(request_id=f"req-{index:0{width}d}", arrival_time=arrival_time, prompt_token_ids=prompt,
-                    output_len=output_len, priority=priority, prefix_group=group)
-        for index, (arrival_time, prompt, output_len, priority, group) in enumerate(generated)
-    ]
+    specs = []
+    for index, (arrival_time, prompt, output_lens, priority, group) in enumerate(generated):
+        prompt_id = f"req-{index:0{width}d}"
+        # n > 1: vLLM's ids for a prompt's completions, f"{i}_{request_id}", all arriving with the prompt.
+        request_ids = [prompt_id] if len(output_lens) == 1 else [f"{i}_{prompt_id}" for i in range(len(output_lens))]
+        specs += [RequestSpec(request_id=request_id, arrival_time=arrival_time, prompt_token_ids=prompt,
+                              output_len=output_len, priority=priority, prefix_group=group)
+                  for request_id, output_len in zip(request_ids, output_lens)]
+    return specs
 
 
 def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocabulary: TokenVocabulary,
-                      where: str) -> list[tuple[float, list[int], int, int, int | None]]:
-    """One stretch's requests as (arrival time, prompt, output length, priority, prefix group), in order."""
+                      where: str) -> list[tuple[float, list[int], list[int], int, int | None]]:
+    """One stretch's prompts as (arrival time, prompt, output length of each of its ``n`` completions,
+    priority, prefix group), in order."""
     arrival_times, trace_rows = _arrivals_and_rows(workload, seed)
     count = len(arrival_times)
     if count == 0:
@@ -92,12 +97,31 @@ def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocab
     leading = _leading_tokens(workload, seed, vocabulary, groups, prompt_lens, records, trace_rows)
     token_rng = random_stream(seed, Stream.PROMPT_TOKENS)
     prompts = assemble_prompts(prompt_lens, leading, lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
+    completion_lens = _completion_output_lengths(workload, seed, output_lens, prompt_lens, output_column, cap)
     return [
-        (arrival_time, prompt, output_len, priority, None if group == NO_GROUP else group)
-        for arrival_time, prompt, output_len, priority, group in zip(
-            arrival_times.tolist(), prompts, output_lens.tolist(), priorities.tolist(), groups.tolist(), strict=True
+        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group)
+        for arrival_time, prompt, completions, priority, group in zip(
+            arrival_times.tolist(), prompts, completion_lens, priorities.tolist(), groups.tolist(), strict=True
         )
     ]
+
+
+def _completion_output_lengths(workload: StreamSection, seed: int, output_lens: np.ndarray, prompt_lens: np.ndarray,
+                               trace_column: np.ndarray | None, cap: int | None) -> list[list[int]]:
+    """Per prompt, the output length of each of its ``n`` completions: the first is the prompt's own draw,
+    the others their own draws from ``output_len`` (a trace's length repeats: it has one per row), each
+    within the length cap."""
+    if workload.n == 1:
+        return [[length] for length in output_lens.tolist()]
+    count, extra = len(output_lens), workload.n - 1
+    rng = random_stream(seed, Stream.COMPLETION_OUTPUT_LENGTHS)
+    if trace_column is not None and isinstance(workload.output_len, TraceLength):
+        others = np.repeat(output_lens[:, None], extra, axis=1)
+    else:
+        others = _lengths(workload.output_len, rng, count * extra, None).reshape(count, extra)
+    if cap is not None:
+        others = np.minimum(others, np.maximum(cap - prompt_lens, 1)[:, None])
+    return [[first, *rest] for first, rest in zip(output_lens.tolist(), others.tolist(), strict=True)]
 
 
 def fit_total_length(

@@ -23,6 +23,9 @@ class Stream(enum.IntEnum):
     PREFIX_TOKENS = 6
     TRACE_ROWS = 7
     PHASES = 8
+    # Output lengths of completions 1..n-1 of a prompt (workload.n); completion 0 keeps OUTPUT_LENGTHS, so
+    # n = 1 draws exactly what it drew before n existed.
+    COMPLETION_OUTPUT_LENGTHS = 9
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

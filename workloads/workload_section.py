@@ -11,6 +11,9 @@ from typing import Any
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, TraceArrival
+
+# vLLM sets no ceiling on n; this one only keeps a typo (n: 10000) from multiplying a workload unawares.
+MAX_COMPLETIONS_PER_PROMPT = 1024
 from workloads.distributions import LengthSpec, TraceLength
 from workloads.errors import NO_VALUE, problems_error
 from workloads.schema_base import SchemaModel
@@ -34,6 +37,9 @@ class StreamSection(SchemaModel):
     shared_prefix: SharedPrefixSection | None = None
     priority: PrioritySection | None = None
     trace: TraceSection | None = None
+    # Completions per prompt (parallel sampling, SamplingParams.n): n requests with one prompt arrive
+    # together, each with its own output length (the front ends fan n out the same way).
+    n: PositiveInt = Field(default=1, le=MAX_COMPLETIONS_PER_PROMPT)
 
     def uses_trace_times(self) -> bool:
         return isinstance(self.arrival, TraceArrival)
@@ -64,15 +70,19 @@ class StreamSection(SchemaModel):
         return []
 
     def _size_problems(self) -> list[tuple[str, str, Any]]:
+        if self.num_requests is not None and self.num_requests * self.n > MAX_GENERATED_REQUESTS:
+            return [("n", f"gives {self.num_requests * self.n:,} requests ({self.num_requests:,} prompts), more than the "
+                     f"{MAX_GENERATED_REQUESTS:,} a workload may hold", self.n)]
         if self.duration_s is None or self.uses_trace_times():
             return []
-        expected = self.arrival.mean_rate() * self.duration_s
+        expected = self.arrival.mean_rate() * self.duration_s * self.n
         if expected > MAX_GENERATED_REQUESTS:
             return [
                 (
                     "duration_s",
-                    f"would generate about {expected:,.0f} requests at a mean rate of {self.arrival.mean_rate():g}/s, "
-                    f"more than the {MAX_GENERATED_REQUESTS:,} a workload may hold",
+                    f"would generate about {expected:,.0f} requests at a mean rate of {self.arrival.mean_rate():g}/s"
+                    f"{f' with n={self.n}' if self.n > 1 else ''}, more than the {MAX_GENERATED_REQUESTS:,} a "
+                    "workload may hold",
                     self.duration_s,
                 )
             ]

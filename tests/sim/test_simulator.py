@@ -208,3 +208,18 @@ def test_scheduler_configs_pass_through():
     setup = build_setup(small_chat("engine.max_num_seqs=7", "engine.scheduling_policy=priority"))
     assert isinstance(setup.scheduler_config, SchedulerConfig) and isinstance(setup.cache_config, CacheConfig)
     assert setup.scheduler_config.max_num_seqs == 7 and setup.scheduler_config.policy == "priority"
+
+
+def test_parallel_sampling_completions_share_their_prompt_through_the_prefix_cache(tmp_path):
+    # No shared prefixes: with n = 4 the only hits are completions 1..3 reading completion 0's prompt
+    # blocks, which vLLM caches as they are allocated, so they hit even when admitted in the same step.
+    overrides = ["workload.num_requests=60", "workload.shared_prefix=null", "workload.n=4",
+                 "workload.prompt_len={type: uniform, min: 64, max: 512}"]
+    summary = run_simulation(small_chat(*overrides), tmp_path / "n4").summary
+    requests = read_run(tmp_path / "n4").requests
+    assert summary["num_finished"] == 240
+    cached = requests.set_index("request_id")["num_cached_tokens"]
+    for prompt_index in range(60):
+        first, *others = (cached[f"{i}_req-{prompt_index:06d}"] for i in range(4))
+        assert first == 0 and all(value > 0 for value in others)
+    assert summary["prefix_cache_hit_rate"] > 0.6
