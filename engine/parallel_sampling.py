@@ -31,7 +31,12 @@ def child_request_id(parent_id: str, index: int) -> str:
 
 def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     """Child ``index``'s parameters: n = 1 and its own seed; the rest as the parent's."""
-    return dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + index)
+    child = dataclasses.replace(params, n=1)
+    if params.seed is not None:
+        # Set after construction, which reads a seed of -1 as "unseeded" (the parent's validation
+        # already checked that every seed + i is a valid seed).
+        child.seed = params.seed + index
+    return child
 
 
 class ParentRequest:

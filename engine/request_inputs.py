@@ -111,6 +111,8 @@ def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, e
     extra_eos = [t for t in eos_token_ids[1:] if t not in params.stop_token_ids]
     if extra_eos and not params.ignore_eos:
         # A checkpoint with several EOS ids (Llama 3): the core checks one, the rest stop like stop tokens.
+        seed = params.seed  # a derived seed of -1 must survive construction (see SamplingParams' seed)
         params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
+        params.seed = seed
     return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time,
                    priority=priority)

@@ -85,6 +85,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.seed == -1:
+            # vLLM's convention (and many clients'): -1 asks for an unseeded request, not for torch's
+            # seed -1; read literally, every such request repeated the same output. Code that derives a
+            # seed (a parallel-sampling child's seed + i may be -1) sets it after construction instead.
+            self.seed = None
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}

@@ -51,3 +51,10 @@ def test_the_seed_and_bias_ranges_include_their_ends():
         SamplingParams(seed=2**64)
     with pytest.raises(ValueError, match=r"SamplingParams\.logit_bias .* got 1e\+39 for token id 5$"):
         SamplingParams(logit_bias={5: 1e39})
+
+
+def test_seed_minus_one_means_unseeded_as_in_vllm():
+    # vLLM (and many clients) send seed=-1 for "no seed"; taken literally it repeated one output forever.
+    params = SamplingParams(seed=-1, n=2)
+    assert params.seed is None and params.sampling_type == SamplingType.RANDOM
+    assert SamplingParams(seed=-2).seed == -2  # only -1 is special

@@ -10,7 +10,8 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.core import Request
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.parallel_sampling import ParentRequest, child_request_id
+from engine.parallel_sampling import ParentRequest, child_request_id, child_sampling_params
+from engine.request_inputs import Prompt, make_core_request
 from tests.engine.model_fixtures import mixed_prompts
 
 SEEDED = SamplingParams(n=3, temperature=1.0, seed=40, max_tokens=10, ignore_eos=True)
@@ -105,3 +106,12 @@ def test_parent_output_kinds(kind):
                                                                                   (1, [7, 8], "length")]
     # The user's timing: the first token of any completion, the finish of the last.
     assert (last.metrics.first_token_time, last.metrics.finished_time) == (3.0, 6.0)
+
+
+def test_a_derived_seed_of_minus_one_stays_a_seed():
+    # seed=-1 from a user means "unseeded", but completion 1 of seed=-2 must still sample with seed -1,
+    # also when the request gains extra EOS ids as stop tokens (a second construction).
+    child = child_sampling_params(SamplingParams(n=2, seed=-2), 1)
+    assert child.seed == -1 and child.n == 1
+    request = make_core_request("r", Prompt(None, [1, 2]), child, eos_token_ids=[2, 3], arrival_time=0.0)
+    assert request.sampling_params.seed == -1 and 3 in request.sampling_params.all_stop_token_ids
