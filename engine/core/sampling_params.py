@@ -13,8 +13,14 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-# Below this temperature sampling is greedy (vLLM uses the same threshold).
+# Below this temperature sampling is greedy (vLLM uses the same threshold). After the raise to
+# MIN_RANDOM_TEMPERATURE below, only a temperature of exactly 0 is.
 GREEDY_TEMPERATURE_EPSILON = 1e-5
+
+# vLLM raises any positive temperature below this to it (logging that tinier ones risk inf/NaN), so
+# there temperature=1e-6 samples at 0.01 rather than greedily, and 0.005 samples at 0.01, not 0.005.
+# Users compare the two engines on the same requests, so SamplingParams raises it the same way.
+MIN_RANDOM_TEMPERATURE = 1e-2
 
 # The seeds torch.Generator.manual_seed accepts (it unpacks a signed 64-bit value, or an unsigned one
 # for non-negative seeds); one outside this range would raise inside an engine step, failing every
@@ -69,6 +75,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self._normalize()
         self._validate()
+        if 0.0 < self.temperature < MIN_RANDOM_TEMPERATURE:
+            self.temperature = MIN_RANDOM_TEMPERATURE
         if self.temperature < GREEDY_TEMPERATURE_EPSILON:
             # Greedy sampling ignores the truncation knobs; resetting them keeps the sampler's
             # greedy fast path free of per-request special cases.

@@ -58,3 +58,12 @@ def test_seed_minus_one_means_unseeded_as_in_vllm():
     params = SamplingParams(seed=-1, n=2)
     assert params.seed is None and params.sampling_type == SamplingType.RANDOM
     assert SamplingParams(seed=-2).seed == -2  # only -1 is special
+
+
+@pytest.mark.parametrize("temperature, expected", [(1e-6, 0.01), (1e-4, 0.01), (0.005, 0.01), (0.01, 0.01),
+                                                   (0.02, 0.02)])
+def test_a_positive_temperature_below_one_hundredth_is_raised_to_it_as_in_vllm(temperature, expected):
+    # vLLM samples any positive temperature below 0.01 at 0.01; only temperature 0 is greedy.
+    params = SamplingParams(temperature=temperature)
+    assert params.temperature == expected and params.sampling_type == SamplingType.RANDOM
+    assert SamplingParams(temperature=0.0).is_greedy
