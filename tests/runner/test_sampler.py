@@ -39,6 +39,15 @@ def test_top_k_keeps_exactly_the_k_largest():
         assert torch.equal(out[row][finite], logits[row][finite])  # survivors untouched
 
 
+def test_top_k_keeps_tokens_tied_with_the_kth_largest():
+    # As vLLM and Hugging Face do; keeping exactly k picked among the tied tokens by sort order, so
+    # top_k=1 could even drop the token greedy sampling takes. Ties are common with bfloat16 logits.
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.5], [2.0, 2.0, 1.0, 1.0, 0.0]])
+    out = apply_top_k_top_p(logits.clone(), torch.tensor([1, 3]), None)
+    assert kept(out[0]) == {1, 2, 3}
+    assert kept(out[1]) == {0, 1, 2, 3}
+
+
 def _smallest_nucleus(logits_row, p):
     probs = logits_row.double().softmax(-1)
     order = probs.argsort(descending=True)

@@ -1,9 +1,10 @@
 """Random sampling: temperature, min-p, top-k, top-p, then a draw that honors per-request generators.
 
-Truncation works on one ascending sort per row: top-k masks all but the last k sorted positions (so it
-keeps exactly k tokens even with ties), top-p masks the sorted prefix whose cumulative probability stays
-within 1 - p (keeping the smallest set of most likely tokens with mass >= p), and the result is scattered
-back to vocabulary order.
+Truncation works on one ascending sort per row: top-k masks every token below the k-th largest logit
+(a token tied with it survives too, as in vLLM and Hugging Face: ties are common with bfloat16 logits,
+and keeping exactly k would choose among them by sort order), top-p masks the sorted prefix whose
+cumulative probability stays within 1 - p (keeping the smallest set of most likely tokens with mass
+>= p), and the result is scattered back to vocabulary order.
 
 The draw is an exponential race: ``argmax(p_i / E_i)`` with ``E_i ~ Exp(1)`` picks token i with
 probability p_i. It needs no cumulative sums, and the noise of each seeded row comes from that row's own
@@ -37,8 +38,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     sorted_logits, sorted_index = logits.sort(dim=-1, descending=False)
     if top_k is not None:
         k = torch.where(top_k > 0, top_k, vocab_size).clamp(max=vocab_size)
-        drop = torch.arange(vocab_size, device=logits.device)[None, :] < (vocab_size - k)[:, None]
-        sorted_logits.masked_fill_(drop, float("-inf"))
+        kth_largest = sorted_logits.gather(1, (vocab_size - k)[:, None])
+        sorted_logits.masked_fill_(sorted_logits < kth_largest, float("-inf"))
     if top_p is not None:
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         drop = cumulative <= (1 - top_p)[:, None]
