@@ -195,7 +195,11 @@ class ModelRunner:
         batch.condense()
 
     def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
-        """Each word as token ids, bare and with a leading space (how it appears mid-sentence)."""
+        """Each word as token ids, bare and with a leading space (how it appears mid-sentence).
+
+        vLLM keeps the spaced form only when it has as many tokens as the bare one and starts with a
+        different token; here every distinct spaced form is kept, so a word whose spaced form
+        tokenizes to a different length is banned mid-sentence too (a superset of vLLM's bans)."""
         if self.tokenizer is None:
             raise ValueError("SamplingParams.bad_words needs a tokenizer; the runner was created without one")
         variants: list[list[int]] = []

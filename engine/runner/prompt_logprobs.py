@@ -58,7 +58,7 @@ class PromptLogprobsCollector:
 
 def _token_logprobs(logprobs: torch.Tensor, targets: torch.Tensor, k: int) -> list[TokenLogprobs]:
     target_logprobs = logprobs.gather(-1, targets[:, None])
-    ranks = ((logprobs > target_logprobs).sum(dim=-1) + 1).tolist()
+    ranks = ((logprobs > target_logprobs).sum(dim=-1) + 1).tolist()  # ties: see sampler/logprobs.py
     token_ids, values = targets[:, None], target_logprobs
     if k > 0:
         top_values, top_ids = logprobs.topk(k, dim=-1)

@@ -40,7 +40,13 @@ def apply_bad_words(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.T
 
 
 def apply_min_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """While a row has produced fewer than min_tokens tokens, it may not emit EOS or a stop token."""
+    """While a row has produced fewer than min_tokens tokens, it may not emit EOS or a stop token.
+
+    Unlike vLLM, a row with ``ignore_eos`` keeps its EOS ids here: EOS does not end it, so nothing is
+    gained by banning it. vLLM bans every EOS id of the model (its ``all_stop_token_ids``) regardless,
+    so with ``ignore_eos`` and ``min_tokens`` an EOS token may appear among the first tokens here but
+    not there.
+    """
     rows, tokens = [], []
     for row, (min_tokens, stop_ids) in metadata.min_tokens.items():
         if len(metadata.output_token_ids[row]) < min_tokens:

@@ -19,7 +19,8 @@ class LogprobsTensors:
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
     token_ids = token_ids.to(torch.long)[:, None]
     token_logprobs = logprobs.gather(-1, token_ids)
-    # Rank counts strictly better tokens, so ties share the better rank.
+    # Rank counts strictly better tokens, so ties share the better rank. vLLM counts tokens at least as
+    # likely (ties take the worse rank); the two differ only for a token tied with another.
     ranks = (logprobs > token_logprobs).sum(dim=-1) + 1
     if num_logprobs > 0:
         top_logprobs, top_ids = logprobs.topk(num_logprobs, dim=-1)
