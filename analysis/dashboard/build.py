@@ -19,6 +19,7 @@ from analysis.dashboard import fidelity_figures, sweep_figures
 from analysis.dashboard.figure_style import DashboardFigure
 from analysis.dashboard.html_tables import config_html, fidelity_table_html, run_list_html, summary_table_html
 from analysis.dashboard.latency_figures import latency_cdf_figure
+from analysis.dashboard.priority_figures import priority_class_figure
 from analysis.dashboard.page import Section, render_page
 from analysis.dashboard.rate_figures import prefix_hit_figure, throughput_figure
 from analysis.dashboard.run_inputs import DashboardRun, RunInput, expand_inputs, label_runs
@@ -69,8 +70,11 @@ def assemble_dashboard(runs: list[DashboardRun], title: str | None = None) -> Da
         sections.append(fidelity)
     if sweep is not None:
         sections.append(Section("sweep", "Sweep", [sweep_figures.latency_throughput_figure(sweep)]))
+    sections.append(Section("latency", "Latency", [latency_cdf_figure(runs)]))
+    by_class = priority_class_figure(runs)
+    if by_class is not None:
+        sections.append(Section("priority", "Priority classes", [by_class]))
     sections += [
-        Section("latency", "Latency", [latency_cdf_figure(runs)]),
         Section("throughput", "Throughput", [throughput_figure(runs)]),
         Section("scheduler", "Scheduler", [scheduler_state_figure(runs)]),
         Section("cache", "KV cache and prefix cache", [kv_usage_figure(runs), prefix_hit_figure(runs)]),

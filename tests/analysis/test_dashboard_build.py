@@ -202,3 +202,24 @@ def test_png_export_is_skipped_with_a_message_without_kaleido(tmp_path: Path, on
     build_dashboard([one_run], tmp_path / "report.html", png_dir=tmp_path / "png")
     assert "PNG export skipped" in capsys.readouterr().err
     assert not (tmp_path / "png").exists()
+
+
+def test_priority_runs_get_a_class_figure_side_by_side(tmp_path: Path, one_run: Path) -> None:
+    from sim.run_pipeline import run_simulation
+    from workloads import example_path, load_workload
+
+    for policy in ("priority", "fcfs"):
+        workload = load_workload(example_path("priority"), overrides=[
+            "workload.num_requests=120", f"engine.scheduling_policy={policy}", f"name=priority-{policy}"])
+        run_simulation(workload, tmp_path / policy)
+    dashboard = assemble_dashboard(prepare_runs([tmp_path / "priority", tmp_path / "fcfs", one_run]))
+    (figure,) = [figure for figure in dashboard.figures if figure.figure_id == "priority-classes"]
+    bars = figure.figure.data
+    # One bar trace per run that has classes (the chat run has none) and panel; three classes each.
+    assert len(bars) == 2 * 4 and all(list(bar.x) == ["0", "1", "2"] for bar in bars)
+    assert {bar.name for bar in bars} == {"priority-priority", "priority-fcfs"}
+    summary = read_run(tmp_path / "priority").summary
+    assert list(bars[0].y) == [summary["by_priority"][c]["ttft_ms"]["p50"] for c in ("0", "1", "2")]
+    layout = figure.figure.layout
+    assert all(layout[name].title.text for name in layout if re.fullmatch(r"[xy]axis\d*", name))
+    assert "priority-classes" not in figure_ids(build(tmp_path, [one_run]))
