@@ -1,0 +1,215 @@
+"""Capacity search: the highest arrival rate one engine sustains within the workload's SLO.
+
+    python -m sim.capacity [WORKLOAD.yaml] [--set PATH=VALUE ...] [--attainment 0.9] [--target-rate R]
+
+The question a fleet engineer asks of a simulator (Vidur's capacity search asks it too): at what rate
+does this deployment stop meeting its SLO, and so how many replicas does a given traffic need? Each
+probe simulates the workload at one arrival rate (``workload.arrival.rate``; the same requests at
+every rate, only their times change, so probes differ by the rate alone) and passes when its SLO
+attainment (the share of finished requests meeting every SLO in ``slo:``) reaches ``--attainment``. The
+search doubles or halves from the workload's own rate until it brackets the boundary, then bisects
+until the bracket is within ``--tolerance``.
+
+With ``--target-rate R`` it also says how many replicas R needs: ceil(R / capacity), which holds when
+the traffic splits evenly over them (round-robin or random routing of Poisson arrivals gives each
+replica a Poisson stream of R / N). Attainment measured on a finite request stream is not exactly
+monotonic in the rate, so the boundary is known to about the tolerance and the noise of one stream;
+more requests (``--set workload.num_requests=...``) narrow the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from analysis.dashboard import write_run_dashboard
+from analysis.report import format_number, format_percent, summary_value
+from sim.cli_support import check_output_directory, open_fraction, warnings_as_lines
+from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
+from sim.run_pipeline import run_simulation
+from workloads import WorkloadError, load_workload
+from workloads.arrivals import BurstArrival
+from workloads.config import WorkloadConfig
+
+# The search gives up past this many doublings or halvings from the workload's own rate.
+MAX_RATE_STEPS = 16
+MAX_PROBES = 40
+
+
+@dataclass
+class Probe:
+    rate: float
+    slo_attainment: float | None
+    passed: bool
+    goodput: float | None
+    request_throughput: float | None
+    ttft_p90_ms: float | None
+    tpot_p90_ms: float | None
+    e2e_p90_ms: float | None
+
+
+@dataclass
+class CapacityResult:
+    workload: str
+    slo: dict
+    attainment_target: float
+    max_rate: float | None  # the highest rate that passed; None if none did
+    first_failing_rate: float | None  # the lowest rate above it that failed; None if none did
+    probes: list[Probe] = field(default_factory=list)
+    target_rate: float | None = None
+    replicas: int | None = None
+
+
+def check_searchable(workload: WorkloadConfig) -> None:
+    """The workloads a rate search means something for; a ValueError names what stands in the way."""
+    if workload.slo is None or not workload.slo.model_dump(exclude_none=True):
+        raise ValueError("slo: the workload sets no SLO to search against; add one, e.g. "
+                         "--set slo.ttft_ms=500 --set slo.tpot_ms=50")
+    if workload.sweep:
+        raise ValueError("sweep: a capacity search varies workload.arrival.rate itself; remove the sweep")
+    if workload.workload.phases:
+        raise ValueError("workload.phases: a capacity search varies one arrival rate; a workload of several "
+                         "stretches has one per stretch (search one stretch at a time)")
+    if isinstance(workload.workload.arrival, BurstArrival):
+        raise ValueError("workload.arrival: bursts have no single rate to search (their rate is the background's)")
+
+
+def probe(workload: WorkloadConfig, rate: float, attainment_target: float,
+          cost_model: str | None = None, out_dir: Path | None = None) -> Probe:
+    summary = run_simulation(workload.with_overrides([f"workload.arrival.rate={rate!r}"]), out_dir,
+                             cost_model=cost_model).summary
+    attainment = summary.get("slo_attainment")
+    return Probe(rate, attainment, attainment is not None and attainment >= attainment_target, summary.get("goodput"),
+                 summary.get("request_throughput"), summary_value(summary, "ttft_ms.p90"),
+                 summary_value(summary, "tpot_ms.p90"), summary_value(summary, "e2e_ms.p90"))
+
+
+def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tolerance: float = 0.02,
+                  cost_model: str | None = None, target_rate: float | None = None,
+                  on_probe=None) -> CapacityResult:
+    """Bracket the highest passing rate by doubling or halving from the workload's rate, then bisect."""
+    check_searchable(workload)
+    probes: list[Probe] = []
+
+    def run(rate: float) -> Probe:
+        result = probe(workload, rate, attainment_target, cost_model)
+        probes.append(result)
+        if on_probe is not None:
+            on_probe(result)
+        return result
+
+    start = workload.workload.arrival.mean_rate()
+    low = high = None
+    first = run(start)
+    if first.passed:
+        low = start
+        for _ in range(MAX_RATE_STEPS):
+            if not run(low * 2).passed:
+                high = low * 2
+                break
+            low *= 2
+    else:
+        high = start
+        for _ in range(MAX_RATE_STEPS):
+            if run(high / 2).passed:
+                low = high / 2
+                break
+            high /= 2
+    while low is not None and high is not None and (high - low) / low > tolerance and len(probes) < MAX_PROBES:
+        middle = (low + high) / 2
+        if run(middle).passed:
+            low = middle
+        else:
+            high = middle
+    replicas = math.ceil(target_rate / low) if target_rate is not None and low else None
+    slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
+    return CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
+                          target_rate, replicas)
+
+
+def probe_table(probes: list[Probe]) -> Table:
+    table = Table(title="probes (one simulation each)", padding=(0, 1))
+    for column in ("rate (req/s)", "SLO met", "pass", "goodput", "TTFT p90 (ms)", "TPOT p90 (ms)", "E2E p90 (ms)"):
+        table.add_column(column, justify="right")
+    for result in probes:
+        table.add_row(format_number(result.rate, 3), format_percent(result.slo_attainment),
+                      "yes" if result.passed else "no", format_number(result.goodput),
+                      format_number(result.ttft_p90_ms), format_number(result.tpot_p90_ms),
+                      format_number(result.e2e_p90_ms))
+    return table
+
+
+def describe(result: CapacityResult) -> str:
+    slo = ", ".join(f"{key} <= {value:g}" for key, value in result.slo.items())
+    share = f"{result.attainment_target:.0%} of requests"
+    if result.max_rate is None:
+        return (f"no rate down to {result.probes[0].rate:.4g} req/s met {slo} for {share}: the SLO is out of "
+                "reach at any load (is a threshold below the time a lone request takes?)")
+    if result.first_failing_rate is None:
+        return f"every rate up to {result.max_rate:.4g} req/s met {slo} for {share}; the search stopped there"
+    line = (f"capacity: {result.max_rate:.4g} req/s meets {slo} for {share} "
+            f"({result.first_failing_rate:.4g} req/s does not)")
+    if result.replicas is not None:
+        line += (f"; {result.target_rate:g} req/s needs {result.replicas} replica(s), "
+                 "with the traffic split evenly between them")
+    return line
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sim.capacity", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", nargs="?", help=f"a workload YAML file or a shipped example (default: "
+                        f"{DEFAULT_WORKLOAD})")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="override a workload field (repeatable), e.g. --set slo.ttft_ms=300")
+    parser.add_argument("--attainment", type=open_fraction, default=0.9,
+                        help="share of finished requests that must meet every SLO (default 0.9)")
+    parser.add_argument("--tolerance", type=open_fraction, default=0.02,
+                        help="stop when the bracket is this close, relatively (default 0.02)")
+    parser.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
+                        help="also say how many replicas this total rate needs")
+    parser.add_argument("--cost-model", default=None, help="as for sim.run: roofline (default) or a profile")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write capacity.json and the run at the capacity there (default: runs/<name>-capacity)")
+    args = parser.parse_args(argv)
+    if args.target_rate is not None and not (math.isfinite(args.target_rate) and args.target_rate > 0):
+        parser.error(f"--target-rate: must be a positive number of requests per second, got {args.target_rate}")
+    check_output_directory(parser, "--out", args.out)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    with warnings_as_lines():
+        try:
+            workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
+            on_probe = (lambda result: console.print(
+                f"  {result.rate:10.4g} req/s: SLO met by {format_percent(result.slo_attainment)}"
+                f" -> {'pass' if result.passed else 'fail'}"))
+            result = find_capacity(workload, args.attainment, args.tolerance, args.cost_model, args.target_rate,
+                                   on_probe)
+        except (WorkloadError, ValueError, FileNotFoundError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        out_dir = args.out or Path("runs") / f"{workload.name}-capacity"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "capacity.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+        if result.max_rate is not None:  # the run at the capacity, with its dashboard, to inspect
+            probe(workload, result.max_rate, args.attainment, args.cost_model, out_dir / "at-capacity")
+            write_run_dashboard(out_dir / "at-capacity")
+    console.print(probe_table(result.probes))
+    console.print(describe(result))
+    console.print(f"written to {out_dir}/ (capacity.json; at-capacity/: the run at that rate)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

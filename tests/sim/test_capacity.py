@@ -1,0 +1,66 @@
+"""sim.capacity: the highest rate within the SLO, bracketed and bisected; what cannot be searched is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.capacity import find_capacity, main as capacity_main, probe
+from workloads import example_path, load_workload
+
+SMALL = ["workload.num_requests=200"]
+
+
+def chat(*overrides):
+    return load_workload(example_path("chat"), overrides=[*SMALL, *overrides])
+
+
+def test_the_capacity_is_bracketed_within_the_tolerance():
+    workload = chat()
+    result = find_capacity(workload, attainment_target=0.9, tolerance=0.05, target_rate=250.0)
+    assert result.max_rate is not None and result.first_failing_rate is not None
+    assert (result.first_failing_rate - result.max_rate) / result.max_rate <= 0.05
+    by_rate = {p.rate: p for p in result.probes}
+    assert by_rate[result.max_rate].passed and not by_rate[result.first_failing_rate].passed
+    assert by_rate[result.max_rate].slo_attainment >= 0.9 > by_rate[result.first_failing_rate].slo_attainment
+    # The same requests at every rate: a probe is reproducible, and the replica count follows.
+    assert probe(workload, result.max_rate, 0.9) == by_rate[result.max_rate]
+    assert result.replicas == -(-250.0 // result.max_rate)
+    # A stricter SLO can only lower the capacity.
+    strict = find_capacity(chat("slo.ttft_ms=100"), attainment_target=0.9, tolerance=0.05)
+    assert strict.max_rate < result.first_failing_rate
+
+
+def test_an_slo_out_of_reach_is_said_so(tmp_path, capsys):
+    assert capacity_main(["chat", *(f"--set={o}" for o in SMALL), "--set", "slo.ttft_ms=0.001",
+                          "--out", str(tmp_path)]) == 0
+    assert "out of reach" in capsys.readouterr().out
+    assert json.loads((tmp_path / "capacity.json").read_text())["max_rate"] is None
+
+
+def test_the_cli_writes_the_answer_and_the_run_at_capacity(tmp_path, capsys):
+    assert capacity_main(["chat", *(f"--set={o}" for o in SMALL), "--tolerance", "0.1", "--target-rate", "90",
+                          "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    assert saved["max_rate"] > 0 and saved["replicas"] >= 1 and len(saved["probes"]) >= 3
+    assert (tmp_path / "at-capacity" / "summary.json").is_file() and (tmp_path / "at-capacity" / "dashboard.html").is_file()
+    assert "replica(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["slo=null"], "slo: the workload sets no SLO"),
+    (["sweep={workload.arrival.rate: [1, 2]}"], "sweep: a capacity search varies"),
+    (["workload.arrival={type: bursts, burst_size: 8, burst_interval_s: 5}"], "workload.arrival: bursts"),
+])
+def test_what_cannot_be_searched_is_named(overrides, message, capsys):
+    assert capacity_main(["chat", *(f"--set={o}" for o in SMALL + overrides)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [(["--attainment", "1.5"], "--attainment"),
+                                            (["--target-rate", "-3"], "--target-rate")])
+def test_bad_flags_are_named(flags, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        capacity_main(["chat", *flags])
+    assert raised.value.code == 2 and message in capsys.readouterr().err
