@@ -35,8 +35,9 @@ from sim.cli_support import check_output_directory, open_fraction, warnings_as_l
 from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, load_workload
-from workloads.arrivals import BurstArrival
+from workloads.arrivals import BurstArrival, TraceArrival
 from workloads.config import WorkloadConfig
+from workloads.trace_sampling import trace_arrivals
 
 # The search gives up past this many doublings or halvings from the workload's own rate.
 MAX_RATE_STEPS = 16
@@ -81,6 +82,17 @@ def check_searchable(workload: WorkloadConfig) -> None:
         raise ValueError("workload.arrival: bursts have no single rate to search (their rate is the background's)")
 
 
+def starting_rate(workload: WorkloadConfig) -> float:
+    """The workload's own mean rate: its arrival process's, or a trace's (its requests over their span)."""
+    stream = workload.workload
+    if isinstance(stream.arrival, TraceArrival) and stream.arrival.rate is None:
+        times, _ = trace_arrivals(stream.arrival, stream.trace, stream.num_requests, stream.duration_s)
+        if len(times) < 2 or times[-1] <= 0:
+            raise ValueError("workload.trace: its requests arrive at one instant; set workload.arrival.rate")
+        return (len(times) - 1) / float(times[-1])
+    return stream.arrival.mean_rate()
+
+
 def probe(workload: WorkloadConfig, rate: float, attainment_target: float,
           cost_model: str | None = None, out_dir: Path | None = None) -> Probe:
     summary = run_simulation(workload.with_overrides([f"workload.arrival.rate={rate!r}"]), out_dir,
@@ -105,7 +117,7 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
             on_probe(result)
         return result
 
-    start = workload.workload.arrival.mean_rate()
+    start = starting_rate(workload)
     low = high = None
     first = run(start)
     if first.passed:

@@ -64,3 +64,14 @@ def test_bad_flags_are_named(flags, message, capsys):
     with pytest.raises(SystemExit) as raised:
         capacity_main(["chat", *flags])
     assert raised.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_trace_replay_starts_from_the_traces_own_rate():
+    from sim.capacity import starting_rate
+
+    workload = load_workload(example_path("code_trace"), overrides=["workload.num_requests=120"])
+    rate = starting_rate(workload)
+    assert 0.1 < rate < 100
+    result = find_capacity(workload, tolerance=0.1)
+    assert result.probes and any(p.rate == pytest.approx(rate) for p in result.probes)
+    assert result.max_rate is not None
