@@ -84,6 +84,8 @@ class Simulation:
                 spec = requests[index]
                 # The workload's own time, not env.now (which may differ from it in the last bit).
                 recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
+                if spec.completion_index:
+                    self.executor.sample_own_token(spec.request_id, spec.completion_index)
                 engine.add_request(make_request(spec, params_by_output_len))
                 index += 1
                 self._num_arrived = index
@@ -108,7 +110,7 @@ class Simulation:
                 self._idle = None
                 continue
             if self.fast_forward:
-                plan = DecodeFastForward.try_plan(scheduler, executor.token_id)
+                plan = DecodeFastForward.try_plan(scheduler, executor.token_id, executor.token_ids_by_request)
                 if plan is not None:
                     durations = self._plan_durations(plan)
                     if durations:

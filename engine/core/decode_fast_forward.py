@@ -16,10 +16,14 @@ tests/core/test_decode_fast_forward.py checks the equivalence on random workload
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from engine.core.fast_forward_block_runs import PlannedBlockRuns
 from engine.core.request import Request, RequestStatus
+
+EMPTY_MAPPING: Mapping[str, int] = MappingProxyType({})
 
 # Event kinds, in the order one request's events of one step happen in an ordinary step.
 _ALLOCATE, _CACHE, _FREE = 0, 1, 2
@@ -53,9 +57,10 @@ class FastForwardResult:
 class DecodeFastForward:
     """Plan, then apply, a run of decode-only steps. Build it only through ``try_plan``."""
 
-    def __init__(self, scheduler, token_id: int) -> None:
+    def __init__(self, scheduler, token_id: int, token_ids_by_request: Mapping[str, int]) -> None:
         self.scheduler = scheduler
         self.token_id = token_id
+        self.token_ids_by_request = token_ids_by_request
         self.requests: list[Request] = list(scheduler.running)
         self.context_lengths = [request.num_computed_tokens for request in self.requests]
         # Request i gets its last token in step remaining_i - 1.
@@ -84,8 +89,10 @@ class DecodeFastForward:
         self._runs = PlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps)
 
     @classmethod
-    def try_plan(cls, scheduler, token_id: int) -> "DecodeFastForward | None":
-        """A plan when the next steps are decode-only and fixed, else None (take ordinary steps)."""
+    def try_plan(cls, scheduler, token_id: int,
+                 token_ids_by_request: Mapping[str, int] = EMPTY_MAPPING) -> "DecodeFastForward | None":
+        """A plan when the next steps are decode-only and fixed, else None (take ordinary steps). Every
+        request samples ``token_id``, but those in ``token_ids_by_request``, which sample their own."""
         running = scheduler.running
         if not running or scheduler.waiting or scheduler.has_pending_outputs():
             return None
@@ -96,7 +103,8 @@ class DecodeFastForward:
         caching = manager.enable_caching
         for request in running:
             computed = request.num_computed_tokens
-            if request.num_tokens - computed != 1 or token_id in request.stop_token_set:
+            token = token_ids_by_request.get(request.request_id, token_id)
+            if request.num_tokens - computed != 1 or token in request.stop_token_set:
                 return None
             # The layout k ordinary steps would extend: exactly the blocks the computed tokens need,
             # and every full block registered.
@@ -104,7 +112,7 @@ class DecodeFastForward:
                 return None
             if caching and manager.num_cached_block[request.request_id] != computed // block_size:
                 return None
-        return cls(scheduler, token_id)
+        return cls(scheduler, token_id, token_ids_by_request)
 
     def step(self, step_index: int) -> FastForwardStep:
         """The batch of step ``step_index``; call with 0, 1, 2, ... in order."""
@@ -162,7 +170,7 @@ class DecodeFastForward:
             finish_step.append(last if finished else -1)
             # Tokens first: block hashes are a pure function of the tokens, and the cache events
             # below need the hash of every block that fills during the run.
-            tokens = [self.token_id] * (last + 1)
+            tokens = [self.token_ids_by_request.get(request.request_id, self.token_id)] * (last + 1)
             request.output_token_ids.extend(tokens)
             request.all_token_ids.extend(tokens)
             request.num_tokens += last + 1

@@ -29,6 +29,8 @@ def traces(workload, fast_forward):
     ("chat", ["workload.num_requests=250"]),
     ("chat", ["workload.num_requests=250", "engine.num_gpu_blocks=160", "engine.max_model_len=2048",
               "workload.arrival.rate=30"]),                      # preemption
+    ("chat", ["workload.num_requests=80", "workload.n=3", "engine.num_gpu_blocks=160", "engine.max_model_len=2048",
+              "workload.arrival.rate=10"]),                      # completions sampling tokens of their own
     ("chat", ["workload.num_requests=200", "engine.block_size=1", "workload.arrival.rate=3"]),
     ("priority", ["workload.num_requests=200"]),
     ("code_trace", ["workload.num_requests=150", "engine.enable_prefix_caching=false"]),
