@@ -72,6 +72,7 @@ class AsyncLLM:
         self._active_request_ids: set[str] = set()
         # request id -> the engine's ids for it: itself, or its n children with parallel sampling.
         self._engine_request_ids: dict[str, list[str]] = {}
+        self._engine_ids_in_use: set[str] = set()  # every id of _engine_request_ids, for collision checks
         self._engine_loop.start()
 
     @classmethod
@@ -143,6 +144,13 @@ class AsyncLLM:
                            [(child_id, child_params, ChildOutputSink(parent, collector))
                             for child_id, child_params in zip(parent.child_ids, parent.child_params)])
         engine_request_ids = [engine_request_id for engine_request_id, _, _ in engine_requests]
+        # A completion's id ("0_x") may be another request's own id: refused here, since the engine's refusal
+        # would come with an abort of the id on the way out, ending the request that holds it.
+        in_use = [engine_id for engine_id in engine_request_ids if engine_id in self._engine_ids_in_use]
+        if in_use:
+            raise ValueError(f"request_id {request_id!r} needs engine request id {in_use[0]!r}, which is already "
+                             "being served")
+        self._engine_ids_in_use.update(engine_request_ids)
         self._active_request_ids.add(request_id)
         self._engine_request_ids[request_id] = engine_request_ids
         finished = False
@@ -160,6 +168,7 @@ class AsyncLLM:
         finally:
             self._active_request_ids.discard(request_id)
             self._engine_request_ids.pop(request_id, None)
+            self._engine_ids_in_use.difference_update(engine_request_ids)
             if not finished:
                 # Cancelled, closed early, or failed: make sure the engine lets go of its blocks.
                 self._engine_loop.abort(engine_request_ids)

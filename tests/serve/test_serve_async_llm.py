@@ -287,3 +287,27 @@ def test_leaving_early_aborts_every_completion(async_llm):
         assert stats.kv_cache_free_blocks == stats.kv_cache_usable_blocks
 
     asyncio.run(run())
+
+
+def test_an_id_taken_by_another_requests_completion_is_refused_without_harming_it(async_llm):
+    """Completion 0 of request "x" is engine request "0_x": a request that would take an id in use is
+    refused before it reaches the engine, whichever came first, and the request in flight runs to its end."""
+    async def run():
+        for first_id, first_params, second_id, second_params in [
+                ("0_x", SamplingParams(max_tokens=300, ignore_eos=True), "x", LONG_N),
+                ("y", LONG_N, "0_y", SamplingParams(max_tokens=300, ignore_eos=True))]:
+            first = async_llm.generate("in flight", first_params, first_id)
+            await first.__anext__()
+            with pytest.raises(ValueError, match="already being served"):
+                async for _ in async_llm.generate("colliding", second_params, second_id):
+                    pass
+            finish_reasons = {}
+            async for output in first:
+                for completion in output.outputs:
+                    if completion.finish_reason is not None:
+                        finish_reasons[completion.index] = completion.finish_reason
+            assert set(finish_reasons.values()) == {"length"}
+            stats = await wait_idle(async_llm)
+            assert stats.kv_cache_free_blocks == stats.kv_cache_usable_blocks
+
+    asyncio.run(run())
