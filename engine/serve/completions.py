@@ -10,6 +10,7 @@ chunk with no choices and the usage (the completion tokens of all choices), then
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from engine.request_inputs import Prompt
 from engine.serve.logprobs_format import completion_logprobs, prompt_completion_logprobs
 from engine.serve.prompt_batch import PromptOutput, merge_prompt_streams
 from engine.serve.protocol import (COMPLETION_PARAM_NAMES, CompletionRequest, completion_prompts,
-                                   completion_sampling_params)
+                                   completion_sampling_params, echo_only)
 from engine.serve.state import ServerState, UsageCounter, engine_error, usage
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
@@ -40,6 +41,7 @@ class _Choices:
         self.return_token_ids = body.return_token_ids
         self.tokens_as_ids = body.return_tokens_as_token_ids
         self.echo = body.echo
+        self.echo_only = echo_only(body)  # max_tokens 0: the one token the engine made is left out
         self.prompts = prompts
         self.tokenizer = tokenizer
         self.skip_special_tokens = params.skip_special_tokens
@@ -48,7 +50,7 @@ class _Choices:
         self.usage_counters = [UsageCounter() for _ in prompts]
 
     def choices(self, item: PromptOutput) -> list[dict[str, Any]]:
-        self.usage_counters[item.prompt_index].count(item.output)
+        self.usage_counters[item.prompt_index].count(item.output, count_completion=not self.echo_only)
         return [self._choice(item.prompt_index * self.n + completion.index, completion, item)
                 for completion in item.output.outputs]
 
@@ -59,6 +61,8 @@ class _Choices:
                      sum(counter.num_cached_tokens for counter in self.usage_counters))
 
     def _choice(self, index: int, completion: CompletionOutput, item: PromptOutput) -> dict[str, Any]:
+        if self.echo_only:
+            completion = dataclasses.replace(completion, text="", token_ids=[], logprobs=None)
         text, logprobs = completion.text, None
         echo_logprobs = None
         if self.echo and index not in self.echoed:

@@ -208,8 +208,16 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     # echo with logprobs scores the prompt too (what evaluation harnesses ask for: a continuation's
     # log-likelihood given its context), as vLLM does: prompt logprobs at the same top-k.
     prompt_logprobs = request.logprobs if request.echo else None
-    return sampling_params_for(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
+    # echo with max_tokens 0 returns the prompt alone (vLLM's "echo without generation"): the engine
+    # still produces one token, which the response leaves out (completions.py).
+    max_tokens = 1 if echo_only(request) else request.max_tokens
+    return sampling_params_for(request, max_tokens=max_tokens, logprobs=request.logprobs,
                                param_names=COMPLETION_PARAM_NAMES, prompt_logprobs=prompt_logprobs)
+
+
+def echo_only(request: CompletionRequest) -> bool:
+    """An echo that asks for no new tokens: the response is the prompt (and its logprobs) alone."""
+    return request.echo and request.max_tokens == 0
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:

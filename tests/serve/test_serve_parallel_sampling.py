@@ -116,3 +116,21 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, tiny_model_p
                                             stream=True))
     assert chunks[0].choices[0].text.startswith(PROMPT)
     assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == text.choices[0].text
+
+
+def test_echo_without_generation_returns_the_prompt_alone(client):
+    # max_tokens=0 with echo: vLLM's "echo without generation", what a harness sends to score a whole text.
+    prompt = [5, 6, 7, 8, 9, 10]
+    response = client.completions.create(model="tiny", prompt=[prompt, prompt[:3]], max_tokens=0, echo=True,
+                                         logprobs=1, temperature=0.0)
+    for choice, tokens in zip(response.choices, (prompt, prompt[:3])):
+        assert len(choice.logprobs.tokens) == len(tokens) and choice.logprobs.token_logprobs[0] is None
+        assert choice.finish_reason == "length"
+    assert response.usage.completion_tokens == 0 and response.usage.prompt_tokens == 9
+    text = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0, echo=True)
+    assert text.choices[0].text == PROMPT
+    streamed = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0, echo=True, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == PROMPT
+    with pytest.raises(openai.BadRequestError) as raised:  # without echo, nothing to return
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0)
+    assert raised.value.body["param"] == "max_tokens"
