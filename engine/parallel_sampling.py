@@ -75,8 +75,7 @@ class ParentRequest:
             completions = [self._latest[i] for i in sorted(self._latest)]
         return dataclasses.replace(
             output, request_id=self.request_id, outputs=completions, finished=self.finished,
-            prompt_logprobs=self._prompt_logprobs, metrics=self._merged_metrics(),
-            status_message=output.status_message)
+            prompt_logprobs=self._prompt_logprobs, metrics=self._merged_metrics())
 
     def _merged_metrics(self) -> RequestMetrics | None:
         """The request's timing as the user saw it: first token of any child, finish of the last."""
