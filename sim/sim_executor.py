@@ -6,13 +6,17 @@ exactly its output length. One shared output (the same token for every request) 
 cost O(1) per step; the scheduler ignores tokens "sampled" for incomplete prefill chunks, as it does
 for the real runner.
 
-The exception is parallel sampling (``workload.n``): the completions of one prompt share it, and with one
-shared token their outputs would be alike too, so a preempted completion would recompute its output
-from its siblings' cached blocks, which the real engine's completions (sampling different tokens)
-never share. Completion i > 0 therefore samples ``token_id + i`` (``sample_own_token``).
+The exception is requests with the same prompt: the completions of one prompt (``workload.n``), and
+any requests whose prompts repeat one another (a trace's repeated hash ids, a shared prefix that is the
+whole prompt). With one shared token their outputs would be alike too, so a preempted request would
+recompute its output from the others' cached blocks, which the real engine's requests (sampling
+different tokens) never share. The k-th request with a prompt seen before therefore samples
+``token_id + k`` (``add_prompt``); a request whose prompt is unique keeps ``token_id``.
 """
 
 from __future__ import annotations
+
+from array import array
 
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.scheduler_output import SchedulerOutput
@@ -28,14 +32,26 @@ class SimulatedExecutor:
         self._sampled = [[token_id]]
         # The requests that sample another token than token_id (row token - token_id of _sampled).
         self.token_ids_by_request: dict[str, int] = {}
+        # How many requests had each prompt so far, by the hash of its bytes: a collision only gives a
+        # request with a unique prompt a token of its own, which no other request's blocks can match.
+        self._num_requests_by_prompt_hash: dict[int, int] = {}
         self.last_duration = 0.0
         self.last_features: StepFeatures | None = None
 
-    def sample_own_token(self, request_id: str, completion_index: int) -> None:
-        """Completion ``completion_index`` (> 0) of a parallel-sampling prompt samples ``token_id + index``."""
-        while len(self._sampled) <= completion_index:
+    def add_prompt(self, request_id: str, prompt_token_ids: array) -> None:
+        """Note a request's prompt before it is added: the k-th request (k > 0) with a prompt seen before
+        samples ``token_id + k``, so that no two requests with one prompt produce the same output."""
+        key = hash(prompt_token_ids.tobytes())
+        num_earlier = self._num_requests_by_prompt_hash.get(key, 0)
+        self._num_requests_by_prompt_hash[key] = num_earlier + 1
+        if num_earlier:
+            self.sample_own_token(request_id, num_earlier)
+
+    def sample_own_token(self, request_id: str, index: int) -> None:
+        """The request samples ``token_id + index`` (index > 0) instead of the shared token."""
+        while len(self._sampled) <= index:
             self._sampled.append([self.token_id + len(self._sampled)])
-        self.token_ids_by_request[request_id] = self.token_id + completion_index
+        self.token_ids_by_request[request_id] = self.token_id + index
 
     def cost_model_time(self, features: StepFeatures) -> float:
         """The cost model's duration for a step described by its features."""

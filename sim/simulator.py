@@ -84,8 +84,7 @@ class Simulation:
                 spec = requests[index]
                 # The workload's own time, not env.now (which may differ from it in the last bit).
                 recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
-                if spec.completion_index:
-                    self.executor.sample_own_token(spec.request_id, spec.completion_index)
+                self.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
                 engine.add_request(make_request(spec, params_by_output_len))
                 index += 1
                 self._num_arrived = index

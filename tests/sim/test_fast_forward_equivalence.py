@@ -31,6 +31,8 @@ def traces(workload, fast_forward):
               "workload.arrival.rate=30"]),                      # preemption
     ("chat", ["workload.num_requests=80", "workload.n=3", "engine.num_gpu_blocks=160", "engine.max_model_len=2048",
               "workload.arrival.rate=10"]),                      # completions sampling tokens of their own
+    ("mooncake", ["workload.num_requests=60", "workload.trace.sample=random_with_replacement",
+                  "workload.arrival={type: poisson, rate: 2}", "engine.num_gpu_blocks=2500"]),  # repeated prompts too
     ("chat", ["workload.num_requests=200", "engine.block_size=1", "workload.arrival.rate=3"]),
     ("priority", ["workload.num_requests=200"]),
     ("code_trace", ["workload.num_requests=150", "engine.enable_prefix_caching=false"]),
