@@ -57,8 +57,12 @@ def _warm_up(llm) -> None:
     from engine.core import SamplingParams
 
     vocab = llm.model_runner.vocab_size
-    prompts = [[(7 * index + 3 * length) % vocab for index in range(length)] for length in (8, 96, 300, 40, 17)]
     params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+    # Cut to the longest sequence the engine serves (max_model_len, the KV capacity), or an engine that
+    # serves less than the longest warm-up prompt would refuse its own warm-up.
+    limit = llm.engine_core.scheduler.max_model_len
+    lengths = [max(1, min(length, limit - params.max_tokens)) for length in (8, 96, 300, 40, 17)]
+    prompts = [[(7 * index + 3 * length) % vocab for index in range(length)] for length in lengths]
     # A batch, then one request alone: kernels compiled for the shapes of both (on a GPU, Triton and
     # cuBLAS pick per shape; a first compilation inside a measured step would cost it half a second).
     llm.generate(prompts[:4], params, use_tqdm=False)
