@@ -185,10 +185,17 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
 
 
 def _replay(args, console: Console) -> int:
+    from sim.cost_models.replay import ReplayDivergedError
     from sim.replay import run_replay
 
     out_dir = args.out or Path(str(args.replay).rstrip("/") + "-replay")
-    result, report = run_replay(args.replay, out_dir)
+    try:
+        result, report = run_replay(args.replay, out_dir)
+    except ReplayDivergedError as error:
+        # The simulation stopped at the first step whose token count differs from the recording: the
+        # answer a replay exists to give (exit 1, as for any other difference), not a crash.
+        console.print(f"replay DIVERGED: {error}")
+        return 1
     if not args.quiet:
         print_summary(result.summary, console=console)
     console.print(report.describe())

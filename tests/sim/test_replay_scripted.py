@@ -8,7 +8,11 @@ preemption. tests/runner has the same test with the real model runner.
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
+
+import pandas as pd
 
 from analysis import read_run, requests_table, steps_table
 from engine.core import CacheConfig, EngineCore, Scheduler, SchedulerConfig, ScriptedExecutor
@@ -55,3 +59,18 @@ def test_replaying_a_wall_clock_run_reproduces_every_decision(tmp_path):
     report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
                             steps_table(recorder.step_columns()).to_pandas())
     assert report.identical, report.describe()
+
+
+def test_the_cli_names_the_step_a_replay_diverged_at(tmp_path, capsys):
+    from sim.run import main as run_main
+
+    shipped = Path(__file__).resolve().parents[2] / "sim" / "data" / "runs" / "cpu-small-float32" / "cpu-long-prompts"
+    recording = tmp_path / "altered"
+    shutil.copytree(shipped, recording)
+    steps = pd.read_parquet(recording / "steps.parquet")
+    steps.loc[steps["step"] == 3, "num_scheduled_tokens"] += 1
+    steps.to_parquet(recording / "steps.parquet")
+    assert run_main(["--replay", str(recording), "--out", str(tmp_path / "replay"), "--no-dashboard", "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert "replay DIVERGED: step 3: the simulation scheduled" in " ".join(captured.out.split())
