@@ -64,9 +64,8 @@ def generate_requests(
         # n > 1: vLLM's ids for a prompt's completions, f"{i}_{request_id}", all arriving with the prompt.
         request_ids = [prompt_id] if len(output_lens) == 1 else [f"{i}_{prompt_id}" for i in range(len(output_lens))]
         specs += [RequestSpec(request_id=request_id, arrival_time=arrival_time, prompt_token_ids=prompt,
-                              output_len=output_len, priority=priority, prefix_group=group,
-                              completion_index=completion_index)
-                  for completion_index, (request_id, output_len) in enumerate(zip(request_ids, output_lens))]
+                              output_len=output_len, priority=priority, prefix_group=group)
+                  for request_id, output_len in zip(request_ids, output_lens)]
     return specs
 
 

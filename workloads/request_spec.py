@@ -12,7 +12,6 @@ class RequestSpec:
 
     ``priority`` follows vLLM (lower is served first under priority scheduling); ``prefix_group`` is the
     shared-prefix group the prompt starts with, or None (kept so analysis can relate prefix hits to groups).
-    ``completion_index`` is which of its prompt's ``workload.n`` completions the request is (0 when n = 1).
     """
 
     request_id: str
@@ -22,7 +21,6 @@ class RequestSpec:
     output_len: int
     priority: int = 0
     prefix_group: int | None = None
-    completion_index: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
