@@ -16,11 +16,12 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from engine.chat_template import check_messages, render_chat
 from engine.core import EngineCore, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine
@@ -124,6 +125,23 @@ class LLM:
             self._abort(added)
             raise
         return [finished[request_id] for request_id in request_ids]
+
+    def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` messages) or a list of
+        them, each through the model's chat template (engine/chat_template.py, as the server's chat route
+        renders it), then ``generate``. One RequestOutput per conversation, in order."""
+        single = isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and bool(messages) \
+            and isinstance(messages[0], Mapping)
+        conversations = [messages] if single else messages
+        if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence) or not conversations:
+            raise ValueError(f"messages must be a conversation (a list of messages) or a list of them, "
+                             f"got {messages!r:.80}")
+        prompts = [render_chat(self.tokenizer, check_messages(conversation, "messages" if single else
+                                                              f"messages[{index}]"), add_generation_prompt)
+                   for index, conversation in enumerate(conversations)]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
 
     def _check_priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
         if priority is None:

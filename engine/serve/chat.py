@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.core import SamplingParams
+from engine.chat_template import ChatTemplateError, render_chat
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.serve.errors import OpenAIError
 from engine.serve.logprobs_format import chat_logprobs
@@ -26,17 +27,13 @@ from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, 
 
 
 def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
-    tokenizer = state.engine.get_tokenizer()
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise OpenAIError("this model has no chat template; use /v1/completions", param="messages",
-                          code="no_chat_template")
     messages = [{"role": message.role, "content": message.text()} for message in body.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=body.add_generation_prompt)
-    except Exception as error:  # a template may raise on, e.g., roles it does not know
-        raise OpenAIError(f"the chat template rejected the messages: {error}", param="messages") from None
-    return {"prompt": text, "prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
+        return render_chat(state.engine.get_tokenizer(), messages, body.add_generation_prompt)
+    except ChatTemplateError as error:
+        no_template = "no chat template" in str(error)
+        message = "this model has no chat template; use /v1/completions" if no_template else str(error)
+        raise OpenAIError(message, param="messages", code="no_chat_template" if no_template else None) from None
 
 
 class _Messages(UsageCounter):

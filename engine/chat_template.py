@@ -1,0 +1,42 @@
+"""A conversation -> the prompt the model's chat template makes of it (``LLM.chat`` and the server's chat
+routes share it, so both send the model the same tokens).
+
+The template renders the messages as text, with the generation prompt (the assistant's turn opener)
+unless told otherwise; the text is then tokenized without adding special tokens again, since templates
+put BOS in themselves. A model without a template, or a template that rejects the messages (a role it
+does not know), is a ``ChatTemplateError`` that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+def check_messages(messages: Any, label: str = "messages") -> list[dict[str, str]]:
+    """A conversation as the template wants it: a non-empty list of {"role": str, "content": str}."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError(f"{label} must be a non-empty list of {{'role', 'content'}} messages, got {messages!r:.80}")
+    checked = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ValueError(f"{label}[{index}] must be a mapping with string 'role' and 'content', "
+                             f"got {message!r:.80}")
+        checked.append({"role": message["role"], "content": message["content"]})
+    return checked
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> dict[str, Any]:
+    """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError("this model has no chat template; send a prompt instead")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as error:  # a template may raise on, e.g., roles it does not know
+        raise ChatTemplateError(f"the chat template rejected the messages: {error}") from None
+    return {"prompt": text, "prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
