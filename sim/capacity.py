@@ -187,7 +187,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="stop when the bracket is this close, relatively (default 0.02)")
     parser.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
                         help="also say how many replicas this total rate needs")
-    parser.add_argument("--cost-model", default=None, help="as for sim.run: roofline (default) or a profile")
+    parser.add_argument("--cost-model", default=None, help="as for sim.run: 'analytical' (the roofline, default) or a calibrated step profile (.json)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write capacity.json and the run at the capacity there (default: runs/<name>-capacity)")
     args = parser.parse_args(argv)
