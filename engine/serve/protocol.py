@@ -9,7 +9,9 @@ clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repet
 ``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``) and ``priority`` (lower is
 served first, with ``--scheduling-policy priority``).
 Unknown fields are ignored, as OpenAI-compatible servers usually do; known ones that ask for what this
-server cannot do (``tools``, ``functions``, a ``response_format`` other than text) are refused, not ignored.
+server cannot do (``tools``, ``functions``, structured output: a ``response_format`` other than text or vLLM's
+``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``, ``structured_outputs``) are refused,
+not ignored.
 Types are strict, as OpenAI's are: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400, not 1 or true.
 
 Validation happens in two places, both reported as 400s naming the parameter: types and ranges here
@@ -69,6 +71,29 @@ class _SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     priority: int = 0
+    # Structured output, OpenAI's (both routes take response_format in vLLM) and vLLM's own fields: accepted
+    # only to refuse them by name, since ignoring them would answer as if the output had been constrained.
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_responses_only(cls, value: Any) -> Any:
+        # {"type": "text"} is OpenAI's default spelled out; structured output (json_object, json_schema) is not done.
+        if value is not None and value != {"type": "text"}:
+            raise ValueError('not supported except {"type": "text"}, the default')
+        return value
+
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+    @classmethod
+    def _no_structured_output(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("not supported: this server does not constrain output (structured output)")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -123,21 +148,12 @@ class ChatCompletionRequest(_SamplingRequest):
     # Accepted only to refuse them by name: ignoring them would answer as if they had been honoured.
     tools: Any = None
     functions: Any = None
-    response_format: Any = None
 
     @field_validator("tools", "functions")
     @classmethod
     def _no_tool_calling(cls, value: Any) -> Any:
         if value is not None and value != []:  # some clients send an empty list for "no tools"; that is honoured
             raise ValueError("not supported: this server does not call tools")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_responses_only(cls, value: Any) -> Any:
-        # {"type": "text"} is OpenAI's default spelled out; structured output (json_object, json_schema) is not done.
-        if value is not None and value != {"type": "text"}:
-            raise ValueError('not supported except {"type": "text"}, the default')
         return value
 
 

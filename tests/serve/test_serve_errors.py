@@ -58,6 +58,10 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"priority": 1}, "priority", "priority 1 needs scheduling_policy='priority'"),
     ({"priority": "high"}, "priority", "valid integer"),
     ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens", "valid boolean"),
+    # Structured output is refused on both routes, vLLM's fields as OpenAI's: ignored, the answer was unconstrained.
+    ({"response_format": {"type": "json_object"}}, "response_format", "not supported"),
+    ({"guided_json": {"type": "object"}}, "guided_json", "not supported"),
+    ({"guided_regex": "[ab]+"}, "guided_regex", "not supported"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
@@ -84,6 +88,9 @@ def test_bad_completion_parameters(server, change, param, message):
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_choice": ["yes", "no"]}, "guided_choice"),
+    ({"guided_grammar": "root ::= 'a'"}, "guided_grammar"),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs"),
 ])
 def test_bad_chat_parameters(server, change, param):
     response = httpx.post(f"{server.url}/v1/chat/completions", json={**GOOD_CHAT, **change}, timeout=10)
@@ -98,6 +105,7 @@ def test_bad_chat_parameters(server, change, param):
     ("completions", {"priority": 0}),  # the default, valid under any policy
     ("completions", {"spaces_between_special_tokens": False, "skip_special_tokens": False}),
     ("completions", {"logit_bias": {"5": -100, "6": 100}}),
+    ("completions", {"response_format": {"type": "text"}, "guided_json": None}),
     ("chat/completions", {"tools": None, "functions": [], "response_format": {"type": "text"}}),
     ("chat/completions", {"messages": [{"role": "developer", "content": "be brief"},
                                        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
