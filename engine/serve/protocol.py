@@ -79,6 +79,9 @@ class _SamplingRequest(BaseModel):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
+    # vLLM extensions this server does not implement, refused by name for the same reason.
+    use_beam_search: bool = False
+    prompt_logprobs: Any = None
 
     @field_validator("response_format")
     @classmethod
@@ -93,6 +96,20 @@ class _SamplingRequest(BaseModel):
     def _no_structured_output(cls, value: Any) -> Any:
         if value is not None:
             raise ValueError("not supported: this server does not constrain output (structured output)")
+        return value
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("not supported: this server samples; beam search is not done")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs_field(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("not supported as a field; on /v1/completions, echo with logprobs scores the prompt")
         return value
 
     @field_validator("logit_bias")
@@ -148,6 +165,14 @@ class ChatCompletionRequest(_SamplingRequest):
     # Accepted only to refuse them by name: ignoring them would answer as if they had been honoured.
     tools: Any = None
     functions: Any = None
+    echo: bool = False  # vLLM's: prepend the last message to the answer; not done here
+
+    @field_validator("echo")
+    @classmethod
+    def _no_chat_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("not supported on chat completions (echo is a /v1/completions field here)")
+        return value
 
     @field_validator("tools", "functions")
     @classmethod

@@ -62,6 +62,9 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"response_format": {"type": "json_object"}}, "response_format", "not supported"),
     ({"guided_json": {"type": "object"}}, "guided_json", "not supported"),
     ({"guided_regex": "[ab]+"}, "guided_regex", "not supported"),
+    # vLLM extensions not implemented: refused rather than ignored.
+    ({"use_beam_search": True}, "use_beam_search", "beam search is not done"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs", "echo with logprobs"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
@@ -91,6 +94,8 @@ def test_bad_completion_parameters(server, change, param, message):
     ({"guided_choice": ["yes", "no"]}, "guided_choice"),
     ({"guided_grammar": "root ::= 'a'"}, "guided_grammar"),
     ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs"),
+    ({"echo": True}, "echo"),
+    ({"use_beam_search": True}, "use_beam_search"),
 ])
 def test_bad_chat_parameters(server, change, param):
     response = httpx.post(f"{server.url}/v1/chat/completions", json={**GOOD_CHAT, **change}, timeout=10)
@@ -105,7 +110,8 @@ def test_bad_chat_parameters(server, change, param):
     ("completions", {"priority": 0}),  # the default, valid under any policy
     ("completions", {"spaces_between_special_tokens": False, "skip_special_tokens": False}),
     ("completions", {"logit_bias": {"5": -100, "6": 100}}),
-    ("completions", {"response_format": {"type": "text"}, "guided_json": None}),
+    ("completions", {"response_format": {"type": "text"}, "guided_json": None, "use_beam_search": False,
+                     "prompt_logprobs": None}),
     ("chat/completions", {"tools": None, "functions": [], "response_format": {"type": "text"}}),
     ("chat/completions", {"messages": [{"role": "developer", "content": "be brief"},
                                        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
