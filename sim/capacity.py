@@ -140,7 +140,8 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
             low = middle
         else:
             high = middle
-    replicas = math.ceil(target_rate / low) if target_rate is not None and low else None
+    # Replicas divide by a capacity: a rate the search stopped at (no failing rate above it) is none.
+    replicas = math.ceil(target_rate / low) if target_rate is not None and low and high is not None else None
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     return CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
                           target_rate, replicas)

@@ -75,3 +75,12 @@ def test_a_trace_replay_starts_from_the_traces_own_rate():
     result = find_capacity(workload, tolerance=0.1)
     assert result.probes and any(p.rate == pytest.approx(rate) for p in result.probes)
     assert result.max_rate is not None
+
+
+def test_no_replica_count_when_the_search_stops_at_its_limit(monkeypatch):
+    # A TPOT-only SLO does not bound queueing, so it is met at every rate: the search stops at its limit,
+    # which is no capacity, and a replica count divided by it (1 for any target) would be false.
+    monkeypatch.setattr("sim.capacity.MAX_RATE_STEPS", 2)
+    result = find_capacity(chat("slo.ttft_ms=null", "slo.tpot_ms=1000"), target_rate=1000.0)
+    assert result.max_rate is not None and result.first_failing_rate is None
+    assert result.replicas is None
