@@ -37,7 +37,8 @@ from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, load_workload
 from workloads.arrivals import BurstArrival, TraceArrival
 from workloads.config import WorkloadConfig
-from workloads.trace_sampling import trace_arrivals
+from workloads.random_streams import Stream, stream_seed
+from workloads.trace_sampling import synthetic_arrivals, trace_arrivals
 
 # The search gives up past this many doublings or halvings from the workload's own rate.
 MAX_RATE_STEPS = 16
@@ -93,6 +94,26 @@ def starting_rate(workload: WorkloadConfig) -> float:
     return stream.arrival.mean_rate()
 
 
+def with_fixed_request_count(workload: WorkloadConfig) -> WorkloadConfig:
+    """A ``duration_s`` workload as the requests it holds at its own rate (``num_requests``), else unchanged.
+
+    With ``duration_s`` the request count grows with the rate: doubling towards a loose SLO's limit would
+    simulate millions of requests (about 2 GB and a minute per 77,000) and probes would differ by more
+    than the rate. Its first requests are the same at every rate (generator.py), so fixing the count keeps
+    every probe the same requests, only their times change."""
+    stream = workload.workload
+    if stream.duration_s is None:
+        return workload
+    if isinstance(stream.arrival, TraceArrival):
+        count = len(trace_arrivals(stream.arrival, stream.trace, None, stream.duration_s)[0])
+    else:
+        count = len(synthetic_arrivals(stream.arrival, stream_seed(workload.seed, Stream.ARRIVALS), None,
+                                       stream.duration_s))
+    if count == 0:  # the run names the problem: no request arrives within duration_s
+        return workload
+    return workload.with_overrides(["workload.duration_s=null", f"workload.num_requests={count}"])
+
+
 def probe(workload: WorkloadConfig, rate: float, attainment_target: float,
           cost_model: str | None = None, out_dir: Path | None = None) -> Probe:
     summary = run_simulation(workload.with_overrides([f"workload.arrival.rate={rate!r}"]), out_dir,
@@ -108,6 +129,7 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
                   on_probe=None) -> CapacityResult:
     """Bracket the highest passing rate by doubling or halving from the workload's rate, then bisect."""
     check_searchable(workload)
+    workload = with_fixed_request_count(workload)
     probes: list[Probe] = []
 
     def run(rate: float) -> Probe:
@@ -203,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     with warnings_as_lines():
         try:
-            workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
+            # The run at the capacity below holds the same requests as the probes.
+            workload = with_fixed_request_count(load_workload(resolve_workload_path(args.workload),
+                                                              overrides=args.overrides))
             on_probe = (lambda result: console.print(
                 f"  {result.rate:10.4g} req/s: SLO met by {format_percent(result.slo_attainment)}"
                 f" -> {'pass' if result.passed else 'fail'}"))

@@ -84,3 +84,25 @@ def test_no_replica_count_when_the_search_stops_at_its_limit(monkeypatch):
     result = find_capacity(chat("slo.ttft_ms=null", "slo.tpot_ms=1000"), target_rate=1000.0)
     assert result.max_rate is not None and result.first_failing_rate is None
     assert result.replicas is None
+
+
+def test_a_duration_workload_keeps_its_requests_at_every_rate(monkeypatch):
+    # With duration_s the request count grows with the rate: a loose SLO's doublings would simulate
+    # millions of requests. Every probe holds the requests of the workload's own rate instead.
+    import sim.capacity
+    from sim.run_pipeline import run_simulation
+
+    counts = []
+
+    def counting_run(*args, **kwargs):
+        result = run_simulation(*args, **kwargs)
+        counts.append(result.summary["num_requests"])
+        return result
+
+    monkeypatch.setattr(sim.capacity, "run_simulation", counting_run)
+    monkeypatch.setattr(sim.capacity, "MAX_RATE_STEPS", 3)
+    workload = load_workload(example_path("chat"), overrides=["workload.num_requests=null", "workload.duration_s=15",
+                                                              "slo.ttft_ms=null", "slo.tpot_ms=1000"])
+    result = find_capacity(workload)
+    assert result.first_failing_rate is None and len(counts) == 4
+    assert 100 < counts[0] < 200 and set(counts) == {counts[0]}
