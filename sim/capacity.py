@@ -183,7 +183,7 @@ def probe_table(probes: list[Probe]) -> Table:
 
 def describe(result: CapacityResult) -> str:
     slo = ", ".join(f"{key} <= {value:g}" for key, value in result.slo.items())
-    share = f"{result.attainment_target:.0%} of requests"
+    share = f"{result.attainment_target * 100:g}% of requests"  # :.0% would call 0.999 100%
     if result.max_rate is None:
         return (f"no rate down to {result.probes[0].rate:.4g} req/s met {slo} for {share}: the SLO is out of "
                 "reach at any load (is a threshold below the time a lone request takes?)")

@@ -106,3 +106,10 @@ def test_a_duration_workload_keeps_its_requests_at_every_rate(monkeypatch):
     result = find_capacity(workload)
     assert result.first_failing_rate is None and len(counts) == 4
     assert 100 < counts[0] < 200 and set(counts) == {counts[0]}
+
+
+def test_the_attainment_target_is_said_as_given():
+    from sim.capacity import CapacityResult, describe
+
+    result = CapacityResult("chat", {"ttft_ms": 500.0}, 0.999, 10.0, 11.0)
+    assert "for 99.9% of requests" in describe(result)
