@@ -14,7 +14,10 @@ With ``--target-rate R`` it also says how many replicas R needs: ceil(R / capaci
 the traffic splits evenly over them (round-robin or random routing of Poisson arrivals gives each
 replica a Poisson stream of R / N). Attainment measured on a finite request stream is not exactly
 monotonic in the rate, so the boundary is known to about the tolerance and the noise of one stream;
-more requests (``--set workload.num_requests=...``) narrow the noise.
+more requests (``--set workload.num_requests=...``) narrow the noise. The stream must also last long
+enough for queues to build at the boundary: a short one ends before they do and overstates the capacity
+(chat: 135 req/s with 200 requests, 33.75 with 1,000). Check that doubling the count leaves the answer
+where it is. A ``duration_s`` workload keeps the requests of its own rate at every probe.
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ def check_searchable(workload: WorkloadConfig) -> None:
     if workload.slo is None or not workload.slo.model_dump(exclude_none=True):
         raise ValueError("slo: the workload sets no SLO to search against; add one, e.g. "
                          "--set slo.ttft_ms=500 --set slo.tpot_ms=50")
+    if workload.slo.ttft_ms is None and workload.slo.e2e_ms is None:
+        # TPOT counts only admitted requests: past saturation the queue grows while TPOT stays put, so a
+        # TPOT-only search would report any rate it reaches (it did: 655,360 req/s for ~24 req/s served).
+        raise ValueError("slo: a TPOT-only SLO does not count waiting, so no rate fails it; add ttft_ms or e2e_ms, "
+                         "e.g. --set slo.ttft_ms=2000")
     if workload.sweep:
         raise ValueError("sweep: a capacity search varies workload.arrival.rate itself; remove the sweep")
     if workload.workload.phases:
@@ -174,7 +182,7 @@ def probe_table(probes: list[Probe]) -> Table:
     for column in ("rate (req/s)", "SLO met", "pass", "goodput", "TTFT p90 (ms)", "TPOT p90 (ms)", "E2E p90 (ms)"):
         table.add_column(column, justify="right")
     for result in probes:
-        table.add_row(format_number(result.rate, 3), format_percent(result.slo_attainment),
+        table.add_row(f"{result.rate:.4g}", format_percent(result.slo_attainment),
                       "yes" if result.passed else "no", format_number(result.goodput),
                       format_number(result.ttft_p90_ms), format_number(result.tpot_p90_ms),
                       format_number(result.e2e_p90_ms))
@@ -197,6 +205,17 @@ def describe(result: CapacityResult) -> str:
     return line
 
 
+def attainment_fraction(text: str) -> float:
+    """argparse ``type`` for --attainment: a share of requests in (0, 1]; 1 asks that every request meet the SLO."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim.capacity", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,7 +223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         f"{DEFAULT_WORKLOAD})")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="override a workload field (repeatable), e.g. --set slo.ttft_ms=300")
-    parser.add_argument("--attainment", type=open_fraction, default=0.9,
+    parser.add_argument("--attainment", type=attainment_fraction, default=0.9,
                         help="share of finished requests that must meet every SLO (default 0.9)")
     parser.add_argument("--tolerance", type=open_fraction, default=0.02,
                         help="stop when the bracket is this close, relatively (default 0.02)")
@@ -244,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
             write_run_dashboard(out_dir / "at-capacity")
     console.print(probe_table(result.probes))
     console.print(describe(result))
-    console.print(f"written to {out_dir}/ (capacity.json; at-capacity/: the run at that rate)")
+    if result.max_rate is not None and result.first_failing_rate is not None and \
+            (result.first_failing_rate - result.max_rate) / result.max_rate > args.tolerance:
+        console.print(f"note: the search stopped at {MAX_PROBES} probes, before the bracket was within "
+                      f"--tolerance {args.tolerance:g}")
+    written = "capacity.json; at-capacity/: the run at that rate" if result.max_rate is not None else "capacity.json"
+    console.print(f"written to {out_dir}/ ({written})")
     return 0
 
 

@@ -50,6 +50,8 @@ def test_the_cli_writes_the_answer_and_the_run_at_capacity(tmp_path, capsys):
 
 @pytest.mark.parametrize("overrides, message", [
     (["slo=null"], "slo: the workload sets no SLO"),
+    # TPOT counts admitted requests only: past saturation it stays put while the queue grows.
+    (["slo.ttft_ms=null"], "slo: a TPOT-only SLO does not count waiting"),
     (["sweep={workload.arrival.rate: [1, 2]}"], "sweep: a capacity search varies"),
     (["workload.arrival={type: bursts, burst_size: 8, burst_interval_s: 5}"], "workload.arrival: bursts"),
 ])
@@ -78,10 +80,10 @@ def test_a_trace_replay_starts_from_the_traces_own_rate():
 
 
 def test_no_replica_count_when_the_search_stops_at_its_limit(monkeypatch):
-    # A TPOT-only SLO does not bound queueing, so it is met at every rate: the search stops at its limit,
-    # which is no capacity, and a replica count divided by it (1 for any target) would be false.
+    # An SLO met at every rate: the search stops at its limit, which is no capacity, and a replica count
+    # divided by it (1 for any target) would be false.
     monkeypatch.setattr("sim.capacity.MAX_RATE_STEPS", 2)
-    result = find_capacity(chat("slo.ttft_ms=null", "slo.tpot_ms=1000"), target_rate=1000.0)
+    result = find_capacity(chat("slo.ttft_ms=1e12", "slo.tpot_ms=1000"), target_rate=1000.0)
     assert result.max_rate is not None and result.first_failing_rate is None
     assert result.replicas is None
 
@@ -102,7 +104,7 @@ def test_a_duration_workload_keeps_its_requests_at_every_rate(monkeypatch):
     monkeypatch.setattr(sim.capacity, "run_simulation", counting_run)
     monkeypatch.setattr(sim.capacity, "MAX_RATE_STEPS", 3)
     workload = load_workload(example_path("chat"), overrides=["workload.num_requests=null", "workload.duration_s=15",
-                                                              "slo.ttft_ms=null", "slo.tpot_ms=1000"])
+                                                              "slo.ttft_ms=1e12", "slo.tpot_ms=1000"])
     result = find_capacity(workload)
     assert result.first_failing_rate is None and len(counts) == 4
     assert 100 < counts[0] < 200 and set(counts) == {counts[0]}
@@ -113,3 +115,9 @@ def test_the_attainment_target_is_said_as_given():
 
     result = CapacityResult("chat", {"ttft_ms": 500.0}, 0.999, 10.0, 11.0)
     assert "for 99.9% of requests" in describe(result)
+
+
+def test_every_request_may_be_asked_to_meet_the_slo():
+    result = find_capacity(chat(), attainment_target=1.0, tolerance=0.1)
+    by_rate = {p.rate: p for p in result.probes}
+    assert by_rate[result.max_rate].slo_attainment == 1.0 and by_rate[result.first_failing_rate].slo_attainment < 1.0
