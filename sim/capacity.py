@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.dashboard import write_run_dashboard
+from analysis.dashboard.capacity_figure import capacity_page
 from analysis.report import format_number, format_percent, summary_value
 from sim.cli_support import check_output_directory, open_fraction, warnings_as_lines
 from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out or Path("runs") / f"{workload.name}-capacity"
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "capacity.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+        (out_dir / "capacity.html").write_text(capacity_page(asdict(result), describe(result)), encoding="utf-8")
         if result.max_rate is not None:  # the run at the capacity, with its dashboard, to inspect
             probe(workload, result.max_rate, args.attainment, args.cost_model, out_dir / "at-capacity")
             write_run_dashboard(out_dir / "at-capacity")
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             (result.first_failing_rate - result.max_rate) / result.max_rate > args.tolerance:
         console.print(f"note: the search stopped at {MAX_PROBES} probes, before the bracket was within "
                       f"--tolerance {args.tolerance:g}")
-    written = "capacity.json; at-capacity/: the run at that rate" if result.max_rate is not None else "capacity.json"
+    written = "capacity.json, capacity.html" + ("; at-capacity/: the run at that rate" if result.max_rate is not None else "")
     console.print(f"written to {out_dir}/ ({written})")
     return 0
 

@@ -45,6 +45,10 @@ def test_the_cli_writes_the_answer_and_the_run_at_capacity(tmp_path, capsys):
     saved = json.loads((tmp_path / "capacity.json").read_text())
     assert saved["max_rate"] > 0 and saved["replicas"] >= 1 and len(saved["probes"]) >= 3
     assert (tmp_path / "at-capacity" / "summary.json").is_file() and (tmp_path / "at-capacity" / "dashboard.html").is_file()
+    from analysis.dashboard.page import self_containment_problems
+
+    page = (tmp_path / "capacity.html").read_text(encoding="utf-8")
+    assert 'id="capacity-search"' in page and self_containment_problems(page) == []
     assert "replica(s)" in capsys.readouterr().out
 
 
