@@ -47,6 +47,8 @@ from workloads.trace_sampling import synthetic_arrivals, trace_arrivals
 # The search gives up past this many doublings or halvings from the workload's own rate.
 MAX_RATE_STEPS = 16
 MAX_PROBES = 40
+# Halvings in a row without a gain in attainment after which an SLO is taken to be out of reach.
+UNCHANGED_HALVINGS = 3
 
 
 @dataclass
@@ -159,12 +161,19 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
                 break
             low *= 2
     else:
-        high = start
+        high, unchanged, attainment = start, 0, first.slo_attainment
         for _ in range(MAX_RATE_STEPS):
-            if run(high / 2).passed:
+            halved = run(high / 2)
+            if halved.passed:
                 low = high / 2
                 break
             high /= 2
+            # Halving no longer helps once the load is gone: what misses the SLO then is each request's
+            # own service time, and lower rates only repeat the answer (a trace spent 15 probes so).
+            unchanged = unchanged + 1 if (halved.slo_attainment or 0.0) <= (attainment or 0.0) + 1e-9 else 0
+            attainment = halved.slo_attainment
+            if unchanged == UNCHANGED_HALVINGS:
+                break
     while low is not None and high is not None and (high - low) / low > tolerance and len(probes) < MAX_PROBES:
         middle = (low + high) / 2
         if run(middle).passed:

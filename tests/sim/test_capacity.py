@@ -36,7 +36,9 @@ def test_an_slo_out_of_reach_is_said_so(tmp_path, capsys):
     assert capacity_main(["chat", *(f"--set={o}" for o in SMALL), "--set", "slo.ttft_ms=0.001",
                           "--out", str(tmp_path)]) == 0
     assert "out of reach" in capsys.readouterr().out
-    assert json.loads((tmp_path / "capacity.json").read_text())["max_rate"] is None
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    # Attainment stays at 0% however low the rate: the search stops after three halvings that gain nothing.
+    assert saved["max_rate"] is None and len(saved["probes"]) == 4
 
 
 def test_the_cli_writes_the_answer_and_the_run_at_capacity(tmp_path, capsys):
