@@ -35,7 +35,7 @@ from rich.table import Table
 from analysis.dashboard import write_run_dashboard
 from analysis.dashboard.capacity_figure import capacity_page
 from analysis.report import format_number, format_percent, summary_value
-from sim.cli_support import check_output_directory, open_fraction, warnings_as_lines
+from sim.cli_support import check_output_directory, open_fraction, positive_fraction, warnings_as_lines
 from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, load_workload
@@ -215,17 +215,6 @@ def describe(result: CapacityResult) -> str:
     return line
 
 
-def attainment_fraction(text: str) -> float:
-    """argparse ``type`` for --attainment: a share of requests in (0, 1]; 1 asks that every request meet the SLO."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim.capacity", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,7 +222,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         f"{DEFAULT_WORKLOAD})")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="override a workload field (repeatable), e.g. --set slo.ttft_ms=300")
-    parser.add_argument("--attainment", type=attainment_fraction, default=0.9,
+    parser.add_argument("--attainment", type=positive_fraction, default=0.9,
                         help="share of finished requests that must meet every SLO (default 0.9)")
     parser.add_argument("--tolerance", type=open_fraction, default=0.02,
                         help="stop when the bracket is this close, relatively (default 0.02)")

@@ -28,12 +28,22 @@ def positive_int(text: str) -> int:
 
 def open_fraction(text: str) -> float:
     """argparse ``type`` for a fraction strictly between 0 and 1 (e.g. the share of steps held out)."""
+    return _fraction(text, include_one=False)
+
+
+def positive_fraction(text: str) -> float:
+    """argparse ``type`` for a fraction in (0, 1] (e.g. the share of requests that must meet an SLO)."""
+    return _fraction(text, include_one=True)
+
+
+def _fraction(text: str, include_one: bool) -> float:
+    interval = "(0, 1]" if include_one else "(0, 1), both ends excluded"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (both excluded), got {text}")
+        raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}") from None
+    if not (0.0 < value <= 1.0 if include_one else 0.0 < value < 1.0):
+        raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
     return value
 
 

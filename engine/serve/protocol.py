@@ -24,7 +24,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from engine.core import SamplingParams
 from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_SEED, MIN_SEED
@@ -40,6 +40,13 @@ _STRICT = ConfigDict(extra="ignore", strict=True)
 class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool = False
+
+
+_STRUCTURED_OUTPUT = "not supported: this server does not constrain output (structured output)"
+_NOT_IMPLEMENTED = {
+    "use_beam_search": "not supported: this server samples; beam search is not done",
+    "prompt_logprobs": "not supported as a field; on /v1/completions, echo with logprobs scores the prompt",
+}
 
 
 class _SamplingRequest(BaseModel):
@@ -91,25 +98,12 @@ class _SamplingRequest(BaseModel):
             raise ValueError('not supported except {"type": "text"}, the default')
         return value
 
-    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                     "use_beam_search", "prompt_logprobs")
     @classmethod
-    def _no_structured_output(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("not supported: this server does not constrain output (structured output)")
-        return value
-
-    @field_validator("use_beam_search")
-    @classmethod
-    def _no_beam_search(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("not supported: this server samples; beam search is not done")
-        return value
-
-    @field_validator("prompt_logprobs")
-    @classmethod
-    def _no_prompt_logprobs_field(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("not supported as a field; on /v1/completions, echo with logprobs scores the prompt")
+    def _not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and value is not False:  # null, and false for flags, ask for nothing
+            raise ValueError(_NOT_IMPLEMENTED.get(info.field_name, _STRUCTURED_OUTPUT))
         return value
 
     @field_validator("logit_bias")

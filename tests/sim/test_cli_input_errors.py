@@ -109,7 +109,7 @@ def test_paths_of_the_wrong_kind_are_named(tmp_path, capsys):
 def test_calibrate_takes_a_held_out_fraction_strictly_between_0_and_1(tmp_path, capsys, held_out):
     assert exit_code(calibrate_main, [str(CPU_RUNS / "cpu-calibrate"), "-o", str(tmp_path / "p.json"),
                                       "--held-out", held_out]) == 2
-    assert f"argument --held-out: must be between 0 and 1 (both excluded), got {held_out}" in one_line_error(capsys)
+    assert f"argument --held-out: must be in (0, 1), both ends excluded, got {held_out}" in one_line_error(capsys)
     assert not (tmp_path / "p.json").exists()
 
 
