@@ -146,7 +146,9 @@ def priority_class_table(classes: Mapping[str, Any]) -> Table:
     """One row per priority class (lower is served first): what the policy gave each (fits 80 columns)."""
     table = Table(title="by priority class (lower is served first; ms)", padding=(0, 1))
     for column in ("class", "finished", "SLO met", "TTFT p50", "TTFT p90", "TPOT p90", "E2E p90"):
-        table.add_column(column, justify="right", style="bold" if column == "class" else None, no_wrap=True)
+        # A class is a priority value, any integer: fold a long one rather than cut it to "92233…".
+        table.add_column(column, justify="right", style="bold" if column == "class" else None,
+                         no_wrap=column != "class", overflow="fold" if column == "class" else "ellipsis")
     for priority, stats in classes.items():
         table.add_row(
             priority, f"{stats.get('num_finished')}/{stats.get('num_requests')}",
