@@ -10,6 +10,9 @@ attainment (the share of finished requests meeting every SLO in ``slo:``) reache
 search doubles or halves from the workload's own rate until it brackets the boundary, then bisects
 until the bracket is within ``--tolerance``.
 
+A workload with a ``sweep:`` (over anything but the arrival) gets one search per point, side by side in
+``capacity.csv``: what a configuration sustains, e.g. ``--set 'sweep={engine.max_num_seqs: [32, 256]}'``.
+
 With ``--target-rate R`` it also says how many replicas R needs: ceil(R / capacity), which holds when
 the traffic splits evenly over them (round-robin or random routing of Poisson arrivals gives each
 replica a Poisson stream of R / N). Attainment measured on a finite request stream is not exactly
@@ -29,6 +32,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -85,8 +89,10 @@ def check_searchable(workload: WorkloadConfig) -> None:
         # TPOT-only search would report any rate it reaches (it did: 655,360 req/s for ~24 req/s served).
         raise ValueError("slo: a TPOT-only SLO does not count waiting, so no rate fails it; add ttft_ms or e2e_ms, "
                          "e.g. --set slo.ttft_ms=2000")
-    if workload.sweep:
-        raise ValueError("sweep: a capacity search varies workload.arrival.rate itself; remove the sweep")
+    for key in workload.sweep or {}:
+        if key == "workload" or key.startswith("workload.arrival"):
+            raise ValueError(f"sweep.{key}: a capacity search varies the arrival rate itself; sweep other fields "
+                             "(each point gets its own search)")
     if workload.workload.phases:
         raise ValueError("workload.phases: a capacity search varies one arrival rate; a workload of several "
                          "stretches has one per stretch (search one stretch at a time)")
@@ -243,33 +249,75 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     with warnings_as_lines():
         try:
-            # The run at the capacity below holds the same requests as the probes.
-            workload = with_fixed_request_count(load_workload(resolve_workload_path(args.workload),
-                                                              overrides=args.overrides))
-            on_probe = (lambda result: console.print(
-                f"  {result.rate:10.4g} req/s: SLO met by {format_percent(result.slo_attainment)}"
-                f" -> {'pass' if result.passed else 'fail'}"))
-            result = find_capacity(workload, args.attainment, args.tolerance, args.cost_model, args.target_rate,
-                                   on_probe)
+            workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
+            check_searchable(workload)
+            points = workload.sweep_points()  # one search per point: the capacity of each configuration
+            out_dir = args.out or Path("runs") / f"{workload.name}-capacity"
+            results = []
+            for label, point in points:
+                if len(points) > 1:
+                    console.print(f"[bold]{label}[/bold]")
+                results.append((label, _search_and_write(point, args, console,
+                                                         out_dir if len(points) == 1 else out_dir / label)))
         except (WorkloadError, ValueError, FileNotFoundError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        out_dir = args.out or Path("runs") / f"{workload.name}-capacity"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "capacity.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
-        (out_dir / "capacity.html").write_text(capacity_page(asdict(result), describe(result)), encoding="utf-8")
-        if result.max_rate is not None:  # the run at the capacity, with its dashboard, to inspect
-            probe(workload, result.max_rate, args.attainment, args.cost_model, out_dir / "at-capacity")
-            write_run_dashboard(out_dir / "at-capacity")
-    console.print(probe_table(result.probes))
-    console.print(describe(result))
-    if result.max_rate is not None and result.first_failing_rate is not None and \
-            (result.first_failing_rate - result.max_rate) / result.max_rate > args.tolerance:
-        console.print(f"note: the search stopped at {MAX_PROBES} probes, before the bracket was within "
-                      f"--tolerance {args.tolerance:g}")
-    written = "capacity.json, capacity.html" + ("; at-capacity/: the run at that rate" if result.max_rate is not None else "")
-    console.print(f"written to {out_dir}/ ({written})")
+    if len(results) == 1:
+        result = results[0][1]
+        console.print(probe_table(result.probes))
+        console.print(describe(result))
+        if result.max_rate is not None and result.first_failing_rate is not None and \
+                (result.first_failing_rate - result.max_rate) / result.max_rate > args.tolerance:
+            console.print(f"note: the search stopped at {MAX_PROBES} probes, before the bracket was within "
+                          f"--tolerance {args.tolerance:g}")
+        written = "capacity.json, capacity.html" + (
+            "; at-capacity/: the run at that rate" if result.max_rate is not None else "")
+        console.print(f"written to {out_dir}/ ({written})")
+        return 0
+    table = point_table(results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_point_table(results, out_dir / "capacity.csv")
+    console.print(table)
+    console.print(f"written to {out_dir}/ (capacity.csv; one directory per point with its search)")
     return 0
+
+
+def _search_and_write(workload: WorkloadConfig, args: argparse.Namespace, console: Console,
+                      out_dir: Path) -> CapacityResult:
+    # The run at the capacity below holds the same requests as the probes.
+    workload = with_fixed_request_count(workload)
+    on_probe = (lambda result: console.print(
+        f"  {result.rate:10.4g} req/s: SLO met by {format_percent(result.slo_attainment)}"
+        f" -> {'pass' if result.passed else 'fail'}"))
+    result = find_capacity(workload, args.attainment, args.tolerance, args.cost_model, args.target_rate, on_probe)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "capacity.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    (out_dir / "capacity.html").write_text(capacity_page(asdict(result), describe(result)), encoding="utf-8")
+    if result.max_rate is not None:  # the run at the capacity, with its dashboard, to inspect
+        probe(workload, result.max_rate, args.attainment, args.cost_model, out_dir / "at-capacity")
+        write_run_dashboard(out_dir / "at-capacity")
+    return result
+
+
+def point_table(results: list[tuple[str, CapacityResult]]) -> Table:
+    """A sweep's searches side by side: which configuration sustains how much."""
+    table = Table(title="capacity per sweep point", padding=(0, 1))
+    for column in ("point", "capacity (req/s)", "fails at (req/s)", "probes", "replicas"):
+        table.add_column(column, justify="left" if column == "point" else "right")
+    for label, result in results:
+        table.add_row(label, _rate_text(result.max_rate), _rate_text(result.first_failing_rate),
+                      str(len(result.probes)), "-" if result.replicas is None else str(result.replicas))
+    return table
+
+
+def write_point_table(results: list[tuple[str, CapacityResult]], path: Path) -> None:
+    rows = [{"point": label, "max_rate": result.max_rate, "first_failing_rate": result.first_failing_rate,
+             "num_probes": len(result.probes), "replicas": result.replicas} for label, result in results]
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def _rate_text(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.4g}"
 
 
 if __name__ == "__main__":

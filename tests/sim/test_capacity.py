@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from sim.capacity import find_capacity, main as capacity_main, probe
@@ -58,7 +59,7 @@ def test_the_cli_writes_the_answer_and_the_run_at_capacity(tmp_path, capsys):
     (["slo=null"], "slo: the workload sets no SLO"),
     # TPOT counts admitted requests only: past saturation it stays put while the queue grows.
     (["slo.ttft_ms=null"], "slo: a TPOT-only SLO does not count waiting"),
-    (["sweep={workload.arrival.rate: [1, 2]}"], "sweep: a capacity search varies"),
+    (["sweep={workload.arrival.rate: [1, 2]}"], "sweep.workload.arrival.rate: a capacity search varies the arrival rate"),
     (["workload.arrival={type: bursts, burst_size: 8, burst_interval_s: 5}"], "workload.arrival: bursts"),
 ])
 def test_what_cannot_be_searched_is_named(overrides, message, capsys):
@@ -127,3 +128,17 @@ def test_every_request_may_be_asked_to_meet_the_slo():
     result = find_capacity(chat(), attainment_target=1.0, tolerance=0.1)
     by_rate = {p.rate: p for p in result.probes}
     assert by_rate[result.max_rate].slo_attainment == 1.0 and by_rate[result.first_failing_rate].slo_attainment < 1.0
+
+
+def test_a_sweep_searches_each_point(tmp_path, capsys):
+    # What a smaller batch costs in capacity: one search per configuration, side by side.
+    assert capacity_main(["chat", *(f"--set={o}" for o in SMALL), "--set", "sweep={engine.max_num_seqs: [8, 128]}",
+                          "--tolerance", "0.1", "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "capacity.csv")
+    assert list(table["point"]) == ["max_num_seqs=8", "max_num_seqs=128"]
+    assert table["max_rate"].iloc[0] < table["max_rate"].iloc[1]
+    for point in table["point"]:
+        saved = json.loads((tmp_path / point / "capacity.json").read_text())
+        assert saved["max_rate"] == table.set_index("point").loc[point, "max_rate"]
+        assert (tmp_path / point / "at-capacity" / "summary.json").is_file()
+    assert "capacity per sweep point" in capsys.readouterr().out
