@@ -17,6 +17,10 @@ class ChatTemplateError(ValueError):
     pass
 
 
+class NoChatTemplateError(ChatTemplateError):
+    """The tokenizer has no chat template at all (a base model): the caller should send a prompt."""
+
+
 def check_messages(messages: Any, label: str = "messages") -> list[dict[str, str]]:
     """A conversation as the template wants it: a non-empty list of {"role": str, "content": str}."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
@@ -34,7 +38,7 @@ def check_messages(messages: Any, label: str = "messages") -> list[dict[str, str
 def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> dict[str, Any]:
     """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ChatTemplateError("this model has no chat template; send a prompt instead")
+        raise NoChatTemplateError("this model has no chat template; send a prompt instead")
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     except Exception as error:  # a template may raise on, e.g., roles it does not know

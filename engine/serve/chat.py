@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.core import SamplingParams
-from engine.chat_template import ChatTemplateError, render_chat
+from engine.chat_template import ChatTemplateError, NoChatTemplateError, render_chat
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.serve.errors import OpenAIError
 from engine.serve.logprobs_format import chat_logprobs
@@ -30,10 +30,11 @@ def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> dict[
     messages = [{"role": message.role, "content": message.text()} for message in body.messages]
     try:
         return render_chat(state.engine.get_tokenizer(), messages, body.add_generation_prompt)
+    except NoChatTemplateError:
+        raise OpenAIError("this model has no chat template; use /v1/completions", param="messages",
+                          code="no_chat_template") from None
     except ChatTemplateError as error:
-        no_template = "no chat template" in str(error)
-        message = "this model has no chat template; use /v1/completions" if no_template else str(error)
-        raise OpenAIError(message, param="messages", code="no_chat_template" if no_template else None) from None
+        raise OpenAIError(str(error), param="messages") from None
 
 
 class _Messages(UsageCounter):

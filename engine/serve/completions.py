@@ -50,7 +50,11 @@ class _Choices:
         self.usage_counters = [UsageCounter() for _ in prompts]
 
     def choices(self, item: PromptOutput) -> list[dict[str, Any]]:
-        self.usage_counters[item.prompt_index].count(item.output, count_completion=not self.echo_only)
+        if self.echo_only:  # the one token the engine made is neither returned nor counted
+            item = dataclasses.replace(item, output=dataclasses.replace(item.output, outputs=[
+                dataclasses.replace(completion, text="", token_ids=[], logprobs=None)
+                for completion in item.output.outputs]))
+        self.usage_counters[item.prompt_index].count(item.output)
         return [self._choice(item.prompt_index * self.n + completion.index, completion, item)
                 for completion in item.output.outputs]
 
@@ -61,8 +65,6 @@ class _Choices:
                      sum(counter.num_cached_tokens for counter in self.usage_counters))
 
     def _choice(self, index: int, completion: CompletionOutput, item: PromptOutput) -> dict[str, Any]:
-        if self.echo_only:
-            completion = dataclasses.replace(completion, text="", token_ids=[], logprobs=None)
         text, logprobs = completion.text, None
         echo_logprobs = None
         if self.echo and index not in self.echoed:

@@ -81,11 +81,9 @@ class UsageCounter:
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
 
-    def count(self, output, count_completion: bool = True) -> None:
+    def count(self, output) -> None:
         # Every completion's tokens: with n > 1 the usage counts each choice's, the prompt once (as OpenAI).
-        # An echo without generation (max_tokens 0) returns no completion tokens, and counts none.
-        if count_completion:
-            self.num_tokens += sum(len(completion.token_ids) for completion in output.outputs)
+        self.num_tokens += sum(len(completion.token_ids) for completion in output.outputs)
         self.num_prompt_tokens = len(output.prompt_token_ids)
         self.num_cached_tokens = output.num_cached_tokens
 
