@@ -1,4 +1,4 @@
-"""Capacity search: the highest arrival rate one engine sustains within the workload's SLO.
+"""Capacity search: the highest arrival rate one engine (or cluster) sustains within the workload's SLO.
 
     python -m sim.capacity [WORKLOAD.yaml] [--set PATH=VALUE ...] [--attainment 0.9] [--target-rate R]
 
@@ -15,7 +15,10 @@ A workload with a ``sweep:`` (over anything but the arrival) gets one search per
 
 With ``--target-rate R`` it also says how many replicas R needs: ceil(R / capacity), which holds when
 the traffic splits evenly over them (round-robin or random routing of Poisson arrivals gives each
-replica a Poisson stream of R / N). Attainment measured on a finite request stream is not exactly
+replica a Poisson stream of R / N). A workload with ``cluster.num_replicas`` N searches the rate into
+the whole cluster, its router included, and counts replicas in clusters of N: searching N = 1, 2, 4 is
+how to see what the even split leaves out (a least-loaded router's pooling gain, a prefix-aware one's
+hits). Attainment measured on a finite request stream is not exactly
 monotonic in the rate, so the boundary is known to about the tolerance and the noise of one stream;
 more requests (``--set workload.num_requests=...``) narrow the noise. The stream must also last long
 enough for queues to build at the boundary: a short one ends before they do and overstates the capacity
@@ -77,6 +80,9 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
     target_rate: float | None = None
     replicas: int | None = None
+    # The workload's cluster.num_replicas: the search's rate is the whole cluster's, and replicas come
+    # in clusters of this many.
+    cluster_size: int = 1
 
 
 def check_searchable(workload: WorkloadConfig) -> None:
@@ -187,10 +193,12 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
         else:
             high = middle
     # Replicas divide by a capacity: a rate the search stopped at (no failing rate above it) is none.
-    replicas = math.ceil(target_rate / low) if target_rate is not None and low and high is not None else None
+    cluster_size = workload.cluster.num_replicas
+    replicas = (math.ceil(target_rate / low) * cluster_size
+                if target_rate is not None and low and high is not None else None)
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     return CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
-                          target_rate, replicas)
+                          target_rate, replicas, cluster_size)
 
 
 def probe_table(probes: list[Probe]) -> Table:
@@ -215,7 +223,11 @@ def describe(result: CapacityResult) -> str:
         return f"every rate up to {result.max_rate:.4g} req/s met {slo} for {share}; the search stopped there"
     line = (f"capacity: {result.max_rate:.4g} req/s meets {slo} for {share} "
             f"({result.first_failing_rate:.4g} req/s does not)")
-    if result.replicas is not None:
+    if result.replicas is not None and result.cluster_size > 1:
+        line += (f"; {result.target_rate:g} req/s needs {result.replicas} replicas "
+                 f"({result.replicas // result.cluster_size} clusters of {result.cluster_size}, the traffic split "
+                 "evenly between the clusters)")
+    elif result.replicas is not None:
         line += (f"; {result.target_rate:g} req/s needs {result.replicas} replica(s), "
                  "with the traffic split evenly between them")
     return line

@@ -12,6 +12,7 @@ import platform
 from dataclasses import dataclass
 
 from engine.core import EngineCore
+from sim.engine_setup import SetupError
 from workloads import WorkloadConfig
 
 
@@ -74,6 +75,12 @@ def _warm_up(llm) -> None:
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
                       dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
                       enforce_eager: bool = False) -> RealEngine:
+    num_replicas = workload.cluster.num_replicas
+    if num_replicas > 1:
+        # Checked before torch is imported: a real run drives one engine in this process.
+        raise SetupError(f"cluster.num_replicas: {num_replicas} replicas run in the simulator only; a real run "
+                         "drives one engine (set cluster.num_replicas=1, or send the workload to a deployment "
+                         "with --executor server)")
     import torch
 
     from engine.llm import LLM

@@ -13,7 +13,9 @@ from pathlib import Path
 from analysis import compute_summary, requests_table, steps_table, write_run
 from engine.core import EngineCore, Scheduler
 from sim.cost_models.calibrated_range import extrapolation_report
+from sim.cluster_trace import ClusterTrace
 from sim.engine_setup import RunSetup, build_setup
+from sim.router import make_router
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
 from sim.trace_recorder import TraceRecorder
@@ -30,9 +32,19 @@ class RunResult:
 
 
 def simulate(setup: RunSetup, *, progress: bool = False, description: str = "simulating",
-             fast_forward: bool = True) -> TraceRecorder:
-    engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
-    return Simulation(engine, setup.requests, progress=progress, description=description,
+             fast_forward: bool = True) -> TraceRecorder | ClusterTrace:
+    """One engine, or a cluster of ``cluster.num_replicas`` identical ones behind its router."""
+    num_replicas = setup.workload.cluster.num_replicas
+    engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+               for _ in range(num_replicas)]
+    router = None
+    if num_replicas > 1:
+        # One hasher for all: a request's block hashes, computed once (by the router or its replica),
+        # are then the ones every replica's scheduler would compute, and are not computed again.
+        for engine in engines[1:]:
+            engine.scheduler.block_hasher = engines[0].scheduler.block_hasher
+        router = make_router(setup.workload)
+    return Simulation(engines, setup.requests, router=router, progress=progress, description=description,
                       fast_forward=fast_forward).run()
 
 

@@ -5,10 +5,17 @@ the executor differs (a cost model instead of a model). A step is scheduled at i
 what the cost model predicts, and its tokens are stamped with its end time. Requests that arrive
 while a step runs wait in the queue and are considered by the next ``schedule()``, exactly as in a
 real server.
+
+A cluster (``cluster.num_replicas`` > 1) is several such engines, each with its own loop, in one
+virtual clock; a router (sim/router.py) gives each arriving request to one of them. The core runs a
+step's scheduling and bookkeeping when the step starts, so at any instant an engine's state is the
+state its current step leaves: that is what the router reads, as a real router reads the counts an
+engine last reported.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import simpy
@@ -16,7 +23,9 @@ from tqdm import tqdm
 
 from engine.core import EngineCore, Request, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
+from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
+from sim.router import Router
 from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
@@ -39,19 +48,43 @@ def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingPara
                    priority=spec.priority)
 
 
-class Simulation:
-    def __init__(self, engine: EngineCore, requests: Sequence[RequestSpec], *, progress: bool = False,
-                 description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False) -> None:
-        if not isinstance(engine.executor, SimulatedExecutor):
+@dataclass
+class Replica:
+    """One engine of the run, with what its loop needs: the executor it owns and the traces it writes."""
+
+    engine: EngineCore
+    recorder: TraceRecorder
+    executor: SimulatedExecutor = field(init=False)
+    # Set while the loop sleeps for lack of work; an arrival routed here wakes it.
+    idle: simpy.Event | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine.executor, SimulatedExecutor):
             raise TypeError("Simulation needs an EngineCore whose executor is a SimulatedExecutor")
-        self.engine = engine
-        self.executor: SimulatedExecutor = engine.executor
+        self.executor = self.engine.executor
+
+    def wake(self) -> None:
+        if self.idle is not None and not self.idle.triggered:
+            self.idle.succeed()
+
+
+class Simulation:
+    def __init__(self, engine: EngineCore | Sequence[EngineCore], requests: Sequence[RequestSpec], *,
+                 router: Router | None = None, progress: bool = False, description: str = "simulating",
+                 fast_forward: bool = True, record_schedule: bool = False) -> None:
+        engines = [engine] if isinstance(engine, EngineCore) else list(engine)
+        if not engines:
+            raise ValueError("Simulation needs at least one engine")
+        if len(engines) > 1 and router is None:
+            raise ValueError(f"a cluster of {len(engines)} engines needs a router")
+        self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
+        self.router = router
         self.requests = sorted(requests, key=lambda spec: spec.arrival_time)
-        self.recorder = TraceRecorder(record_schedule=record_schedule)
         self.env = simpy.Environment()
-        self._idle: simpy.Event | None = None
         self._arrivals_done = False
         self._num_arrived = 0
+        # The replica each request went to, in arrival order (a cluster's traces say it per request).
+        self.replica_of_request: dict[str, int] = {}
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
         # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
         self.fast_forward = fast_forward
@@ -59,12 +92,19 @@ class Simulation:
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
 
-    def run(self) -> TraceRecorder:
+    @property
+    def engine(self) -> EngineCore:
+        return self.replicas[0].engine
+
+    def run(self) -> TraceRecorder | ClusterTrace:
+        """The traces: one engine's recorder, or a cluster's traces with each row's replica."""
         self.env.process(self._arrivals())
-        engine_loop = self.env.process(self._engine_loop())
-        self.env.run(until=engine_loop)
+        loops = [self.env.process(self._engine_loop(replica)) for replica in self.replicas]
+        self.env.run(until=simpy.AllOf(self.env, loops))
         self._progress.close()
-        return self.recorder
+        if len(self.replicas) == 1:
+            return self.replicas[0].recorder
+        return ClusterTrace([replica.recorder for replica in self.replicas], self.replica_of_request)
 
     @property
     def now(self) -> float:
@@ -73,29 +113,37 @@ class Simulation:
     def _arrivals(self):
         """Add each request at its arrival time. Requests arriving at the same instant are added
         together before the engine can wake, as a real driver injects them (see wall_clock_driver.py)."""
-        env, engine, recorder, requests = self.env, self.engine, self.recorder, self.requests
+        env, requests, replicas, router = self.env, self.requests, self.replicas, self.router
+        engines = [replica.engine for replica in replicas]
         params_by_output_len: dict[int, SamplingParams] = {}
         index = 0
         while index < len(requests):
             arrival_time = requests[index].arrival_time
             if arrival_time > env.now:
                 yield env.timeout(arrival_time - env.now)
+            woken: set[int] = set()
             while index < len(requests) and requests[index].arrival_time <= arrival_time:
                 spec = requests[index]
+                request = make_request(spec, params_by_output_len)
+                chosen = router.choose(request, engines) if router is not None else 0
+                replica = replicas[chosen]
+                self.replica_of_request[spec.request_id] = chosen
+                woken.add(chosen)
                 # The workload's own time, not env.now (which may differ from it in the last bit).
-                recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
-                self.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
-                engine.add_request(make_request(spec, params_by_output_len))
+                replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
+                                            spec.priority)
+                replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
+                replica.engine.add_request(request)
                 index += 1
                 self._num_arrived = index
-            if self._idle is not None and not self._idle.triggered:
-                self._idle.succeed()
+            for chosen in woken:
+                replicas[chosen].wake()
         self._arrivals_done = True
-        if self._idle is not None and not self._idle.triggered:
-            self._idle.succeed()
+        for replica in replicas:
+            replica.wake()
 
-    def _engine_loop(self):
-        env, engine, executor, recorder = self.env, self.engine, self.executor, self.recorder
+    def _engine_loop(self, replica: Replica):
+        env, engine, executor, recorder = self.env, replica.engine, replica.executor, replica.recorder
         scheduler = engine.scheduler
         progress = self._progress
         finished_since_update = 0
@@ -104,18 +152,18 @@ class Simulation:
                 if self._arrivals_done:
                     progress.update(finished_since_update)
                     return
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
+                replica.idle = env.event()
+                yield replica.idle
+                replica.idle = None
                 continue
             if self.fast_forward:
                 plan = DecodeFastForward.try_plan(scheduler, executor.token_id, executor.token_ids_by_request)
                 if plan is not None:
-                    durations = self._plan_durations(plan)
-                    if durations:
-                        result = plan.apply(len(durations))
+                    planned = self._plan_durations(plan, executor)
+                    if planned[0]:
+                        result = plan.apply(len(planned[0]))
                         if result.num_steps:
-                            finished_since_update += yield from self._fast_forward(result, durations)
+                            finished_since_update += yield from self._fast_forward(replica, result, *planned)
                             continue
             start = env.now
             result = engine.step()
@@ -146,17 +194,19 @@ class Simulation:
                 finished_since_update = 0
 
     def _next_arrival_time(self) -> float:
+        # Any replica may get the next request, so each one's fast-forward stops at it.
         if self._num_arrived < len(self.requests):
             return self.requests[self._num_arrived].arrival_time
         return float("inf")
 
-    def _plan_durations(self, plan: DecodeFastForward) -> list[float]:
-        """Durations of the decode-only steps that start before the next arrival."""
-        time_features = self.executor.cost_model_time
+    def _plan_durations(self, plan: DecodeFastForward,
+                        executor: SimulatedExecutor) -> tuple[list[float], list[StepFeatures]]:
+        """Durations and features of the decode-only steps that start before the next arrival."""
+        time_features = executor.cost_model_time
         next_arrival = self._next_arrival_time()
         now = self.env.now
         durations: list[float] = []
-        self._planned_steps: list[StepFeatures] = []
+        planned_steps: list[StepFeatures] = []
         while len(durations) < MAX_FAST_FORWARD_STEPS and now < next_arrival:
             step = plan.step(len(durations))
             if step.num_decode_reqs == 0:
@@ -168,13 +218,13 @@ class Simulation:
                 prefill_attention_work=0, max_seq_len=step.max_seq_len,
                 shared_context_tokens=step.shared_kv_tokens, kv_block_runs=step.kv_block_runs)
             duration = time_features(features)
-            self._planned_steps.append(features)
+            planned_steps.append(features)
             durations.append(duration)
             # The same float addition SimPy performs for each timeout, so times match ordinary steps.
             now = now + duration
-        return durations
+        return durations, planned_steps
 
-    def _fast_forward(self, result, durations: list[float]):
+    def _fast_forward(self, replica: Replica, result, durations: list[float], planned_steps: list[StepFeatures]):
         """Advance virtual time through the fast-forwarded steps and record them as ordinary ones."""
         env = self.env
         starts, ends = [], []
@@ -183,8 +233,8 @@ class Simulation:
             starts.append(now)
             now = now + duration
             ends.append(now)
-        self.recorder.on_fast_forward(starts, durations[:result.num_steps], self._planned_steps, result, ends,
-                                      self.engine.scheduler)
+        replica.recorder.on_fast_forward(starts, durations[:result.num_steps], planned_steps, result, ends,
+                                         replica.engine.scheduler)
         self.num_fast_forwarded_steps += result.num_steps
         for duration in durations[:result.num_steps]:
             yield env.timeout(duration)

@@ -35,6 +35,7 @@ from workloads.generator import generate_requests
 from workloads.loader import load_workload, load_workload_text
 from workloads.overrides import parse_override
 from workloads.request_spec import RequestSpec
+from workloads.cluster_section import ROUTERS, ClusterSection
 from workloads.sections import EngineSection, PrioritySection, SharedPrefixSection, SLOSection, TraceSection
 from workloads.traces import TraceFormatError, TraceRecords, read_mooncake_jsonl, read_splitwise_csv, read_trace
 from workloads.workload_section import WorkloadSection
@@ -45,7 +46,9 @@ __all__ = [
     "ChoiceLength",
     "ConstantArrival",
     "ConstantLength",
+    "ClusterSection",
     "EngineSection",
+    "ROUTERS",
     "ExponentialLength",
     "GammaArrival",
     "LengthDistribution",

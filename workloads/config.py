@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from workloads.cluster_section import ClusterSection
 from workloads.errors import NO_VALUE, WorkloadError, format_value, problems_error, problems_from_validation_error
 from workloads.overrides import Override, apply_overrides
 from workloads.schema_base import SchemaModel
@@ -35,6 +36,7 @@ class WorkloadConfig(SchemaModel):
     hardware: str | dict[str, float | str] = "h100-sxm"
     dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
     engine: EngineSection = Field(default_factory=EngineSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
     workload: WorkloadSection
     slo: SLOSection | None = None
     # Dotted override path -> the values to try; several keys give their cartesian product.

@@ -26,6 +26,8 @@ class Stream(enum.IntEnum):
     # Output lengths of completions 1..n-1 of a prompt (workload.n); completion 0 keeps OUTPUT_LENGTHS, so
     # n = 1 draws exactly what it drew before n existed.
     COMPLETION_OUTPUT_LENGTHS = 9
+    # The replica a request goes to under cluster.router: random (sim/router.py).
+    ROUTING = 10
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

@@ -27,6 +27,15 @@ BAD_INPUTS = [
     ("too few gpu blocks", [("set", "engine.num_gpu_blocks", 1)], "engine.num_gpu_blocks", "1"),
     ("zero batched tokens", [("set", "engine.max_num_batched_tokens", 0)], "engine.max_num_batched_tokens", "0"),
     ("unknown scheduling policy", [("set", "engine.scheduling_policy", "lifo")], "engine.scheduling_policy", "'lifo'"),
+    ("no replicas", [("set", "cluster.num_replicas", 0)], "cluster.num_replicas", "0"),
+    ("unknown router", [("set", "cluster.router", "fastest")], "cluster.router", "'fastest'"),
+    ("load gap without the router that reads it", [("set", "cluster.max_load_gap", 8)], "cluster.max_load_gap", "8"),
+    (
+        "negative load gap",
+        [("set", "cluster.router", "prefix_aware"), ("set", "cluster.max_load_gap", -1)],
+        "cluster.max_load_gap",
+        "-1",
+    ),
     ("min > max in a distribution", [("set", "workload.prompt_len.min", 100)], "workload.prompt_len.max", "64"),
     (
         "min > max in clipping bounds",

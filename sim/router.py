@@ -1,0 +1,112 @@
+"""Routers: which replica of a cluster serves an arriving request (workloads/cluster_section.py).
+
+A router reads the replicas' own scheduler state at the moment the request arrives: the waiting queue,
+the running batch and the prefix cache, as the step in progress will leave them (the simulator runs a
+step's scheduling and bookkeeping when the step starts; see sim/simulator.py). It changes nothing: the
+prefix lookup is ``KVCacheManager.get_computed_blocks``, which only reads.
+
+Every router is deterministic given the workload: ``random`` draws from the workload seed's own stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from engine.core import EngineCore, Request
+from workloads import WorkloadConfig
+from workloads.random_streams import Stream, random_stream
+
+
+class Router(Protocol):
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        """The index of the replica that gets ``request``."""
+
+
+def load_score(engine: EngineCore) -> int:
+    """vLLM's data-parallel load score: a waiting request weighs four running ones (it still needs its
+    prefill, and it waits because the replica is full)."""
+    scheduler = engine.scheduler
+    return 4 * len(scheduler.waiting) + len(scheduler.running)
+
+
+def num_outstanding(engine: EngineCore) -> int:
+    scheduler = engine.scheduler
+    return len(scheduler.waiting) + len(scheduler.running)
+
+
+def lowest(scores: Sequence[int]) -> int:
+    """The index of the lowest score; ties go to the lowest index."""
+    return min(range(len(scores)), key=scores.__getitem__)
+
+
+class RoundRobinRouter:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        index = self._next
+        self._next = (index + 1) % len(replicas)
+        return index
+
+
+class RandomRouter:
+    def __init__(self, seed: int) -> None:
+        self._rng = random_stream(seed, Stream.ROUTING)
+
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        return int(self._rng.integers(len(replicas)))
+
+
+class LeastOutstandingRouter:
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        return lowest([num_outstanding(engine) for engine in replicas])
+
+
+class LeastLoadedRouter:
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        return lowest([load_score(engine) for engine in replicas])
+
+
+class PrefixAwareRouter:
+    """The longest cached prefix among the replicas within ``max_load_gap`` of the least loaded one.
+
+    Invariant: the chosen replica's load score is at most the lowest score plus ``max_load_gap``, so a
+    popular prefix cannot pile its requests onto one replica past that gap.
+    """
+
+    def __init__(self, max_load_gap: int) -> None:
+        self.max_load_gap = max_load_gap
+
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        # The replicas share one block hasher (sim/run_pipeline.py), so the hashes computed here for
+        # the lookup are the ones the chosen replica's scheduler keeps.
+        hasher = replicas[0].scheduler.block_hasher
+        if hasher is not None and request.block_hasher is not hasher:
+            request.set_block_hasher(hasher)
+        scores = [load_score(engine) for engine in replicas]
+        limit = min(scores) + self.max_load_gap
+        best_index, best_key = 0, None
+        for index, engine in enumerate(replicas):
+            if scores[index] > limit:
+                continue
+            _, num_cached_tokens = engine.scheduler.kv_cache_manager.get_computed_blocks(request)
+            key = (-num_cached_tokens, scores[index])
+            if best_key is None or key < best_key:
+                best_index, best_key = index, key
+        return best_index
+
+
+def make_router(workload: WorkloadConfig) -> Router:
+    cluster = workload.cluster
+    if cluster.router == "round_robin":
+        return RoundRobinRouter()
+    if cluster.router == "random":
+        return RandomRouter(workload.seed)
+    if cluster.router == "least_outstanding":
+        return LeastOutstandingRouter()
+    if cluster.router == "least_loaded":
+        return LeastLoadedRouter()
+    if cluster.router == "prefix_aware":
+        return PrefixAwareRouter(cluster.prefix_aware_max_load_gap)
+    raise ValueError(f"cluster.router: unknown router {cluster.router!r}")
