@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.json_safe import json_safe
+from analysis.step_aggregates import kv_usage_max, num_preemptions, prefix_cache_hit_rate, time_weighted_kv_usage
 from analysis.trace_schema import (
     COMPLETED_FINISH_REASONS,
     check_requests_frame,
@@ -169,6 +170,8 @@ def compute_summary(
     - ignored_examples / errored_examples (only when requests were ignored / errored and the trace says
       why): the first few, each {request_id, reason}.
     - by_priority (only when the requests carry two or more priorities): priority_class_stats.
+    - by_replica and replica_load_imbalance (only for a cluster run, whose tables carry a ``replica``
+      column with two or more values): analysis.replica_stats.
     """
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
@@ -210,10 +213,10 @@ def compute_summary(
         "goodput": _rate(num_good, duration_s),
         "slo": dict(slo_thresholds),
         "slo_attainment": num_good / num_finished if num_finished else None,
-        "num_preemptions": _num_preemptions(requests, steps),
-        "prefix_cache_hit_rate": _prefix_cache_hit_rate(steps),
-        "kv_usage_mean": _time_weighted_kv_usage(steps),
-        "kv_usage_max": _kv_usage_max(steps),
+        "num_preemptions": num_preemptions(requests, steps),
+        "prefix_cache_hit_rate": prefix_cache_hit_rate(steps),
+        "kv_usage_mean": time_weighted_kv_usage(steps),
+        "kv_usage_max": kv_usage_max(steps),
         "num_steps": int(len(steps)),
         "ttft_ms": latency_stats(latencies["ttft_ms"].to_numpy() / 1000.0),
         "tpot_ms": latency_stats(latencies["tpot_ms"].to_numpy() / 1000.0),
@@ -224,6 +227,13 @@ def compute_summary(
     by_priority = priority_class_stats(requests, slo_thresholds)
     if by_priority is not None:
         summary["by_priority"] = by_priority
+    # Imported here: replica_stats builds on this module's latency helpers.
+    from analysis.replica_stats import load_imbalance, replica_stats
+
+    by_replica = replica_stats(requests, steps, slo_thresholds, duration_s)
+    if by_replica is not None:
+        summary["by_replica"] = by_replica
+        summary["replica_load_imbalance"] = load_imbalance(by_replica)
     for finish_reason in ("ignored", "error"):
         examples = _examples(requests, finish_reason)
         if examples:
@@ -304,39 +314,3 @@ def _rate(count: float, duration_s: float) -> float | None:
         return count / duration_s
     # Nothing happened over no time is a rate of zero; something in zero time has no finite rate.
     return 0.0 if count == 0 else None
-
-
-def _num_preemptions(requests: pd.DataFrame, steps: pd.DataFrame) -> int:
-    if len(steps):
-        return int(steps["num_preemptions"].sum())
-    return int(requests["num_preemptions"].sum())
-
-
-def _prefix_cache_hit_rate(steps: pd.DataFrame) -> float:
-    if "prefix_query_tokens" not in steps.columns:
-        return 0.0
-    queries = float(steps["prefix_query_tokens"].sum())
-    return float(steps["prefix_hit_tokens"].sum()) / queries if queries > 0 else 0.0
-
-
-def _time_weighted_kv_usage(steps: pd.DataFrame) -> float | None:
-    if "kv_usage" not in steps.columns:
-        return None
-    usage = steps["kv_usage"].to_numpy(dtype=np.float64)
-    duration = steps["duration"].to_numpy(dtype=np.float64)
-    known = np.isfinite(usage) & np.isfinite(duration) & (duration >= 0)
-    if not known.any():
-        return None
-    total_time = duration[known].sum()
-    if total_time <= 0:
-        # Steps without durations (e.g. a replay with no timing) still have usage; weigh them alike.
-        return float(usage[known].mean())
-    return float((usage[known] * duration[known]).sum() / total_time)
-
-
-def _kv_usage_max(steps: pd.DataFrame) -> float | None:
-    if "kv_usage" not in steps.columns:
-        return None
-    usage = steps["kv_usage"].to_numpy(dtype=np.float64)
-    usage = usage[np.isfinite(usage)]
-    return float(usage.max()) if usage.size else None

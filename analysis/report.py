@@ -82,6 +82,8 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
     ("KV usage max", lambda s: format_percent(s.get("kv_usage_max"))),
     ("preemptions", lambda s: format_number(s.get("num_preemptions"))),
     ("prefix-cache hit rate", lambda s: format_percent(s.get("prefix_cache_hit_rate"))),
+    # A cluster's busiest replica over its mean one ("-" for one engine): what a sweep over routers compares.
+    ("replica load imbalance", lambda s: format_number(s.get("replica_load_imbalance"), 2)),
 )
 
 
@@ -116,6 +118,9 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     )
     headline.add_row("preemptions", format_number(summary.get("num_preemptions")))
     headline.add_row("prefix-cache hit rate", format_percent(summary.get("prefix_cache_hit_rate")))
+    if summary.get("by_replica"):
+        headline.add_row("replicas (load imbalance)",
+                         f"{len(summary['by_replica'])} ({format_number(summary.get('replica_load_imbalance'), 2)})")
 
     latency = Table(title="latency (ms)", padding=(0, 1))
     latency.add_column("metric", style="bold")
@@ -139,7 +144,35 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     classes = summary.get("by_priority")
     if classes:
         parts += [Text(""), priority_class_table(classes)]
+    replicas = summary.get("by_replica")
+    if replicas:
+        parts += [Text(""), replica_table(replicas)]
     return Group(*parts)
+
+
+# A cluster of hundreds of replicas would print a screen of rows; the first ones and the busiest say enough.
+MAX_REPLICA_ROWS = 16
+
+
+def replica_table(replicas: Mapping[str, Any]) -> Table:
+    """One row per replica of a cluster: the share the router gave it and what it made of it (fits 80
+    columns). Past MAX_REPLICA_ROWS replicas, the busiest ones."""
+    shown = list(replicas.items())
+    title = "by replica (ms)"
+    if len(shown) > MAX_REPLICA_ROWS:
+        shown = sorted(shown, key=lambda item: -(item[1].get("busy_fraction") or 0.0))[:MAX_REPLICA_ROWS]
+        shown.sort(key=lambda item: int(item[0]))
+        title = f"by replica, the {MAX_REPLICA_ROWS} busiest of {len(replicas)} (ms)"
+    table = Table(title=title, padding=(0, 1))
+    for column in ("replica", "requests", "SLO met", "busy", "KV mean", "hits", "TTFT p90", "E2E p90"):
+        table.add_column(column, justify="right", style="bold" if column == "replica" else None, no_wrap=True)
+    for replica, stats in shown:
+        table.add_row(
+            replica, format_number(stats.get("num_requests")), format_percent(stats.get("slo_attainment")),
+            format_percent(stats.get("busy_fraction")), format_percent(stats.get("kv_usage_mean")),
+            format_percent(stats.get("prefix_cache_hit_rate")),
+            *(format_number(summary_value(stats, path), 1) for path in ("ttft_ms.p90", "e2e_ms.p90")))
+    return table
 
 
 def priority_class_table(classes: Mapping[str, Any]) -> Table:

@@ -17,7 +17,7 @@ from workloads import WorkloadConfig
 
 SWEEP_TABLE_COLUMNS = (
     "request_throughput", "output_token_throughput", "goodput", "slo_attainment", "num_preemptions",
-    "prefix_cache_hit_rate", "kv_usage_mean",
+    "prefix_cache_hit_rate", "kv_usage_mean", "replica_load_imbalance",
 )
 
 

@@ -5,6 +5,8 @@ The page adapts to what it is given:
   per step, KV-cache usage with preemptions, prefix-cache hit rate, a per-request timeline and the
   configuration; with several runs every figure overlays them, one colour per run throughout;
 - runs that form a sweep: the latency-throughput curve with the SLO and the best point meeting it;
+- cluster runs: the replicas side by side (requests routed, busy time, hits, TTFT), and the scheduler
+  and KV-cache figures summed over the replicas;
 - a real run beside a simulated or replayed one: predicted vs measured step durations, error
   distributions, per-request latency sim vs real, and the metric-by-metric error table.
 """
@@ -22,6 +24,7 @@ from analysis.dashboard.latency_figures import latency_cdf_figure
 from analysis.dashboard.priority_figures import priority_class_figure
 from analysis.dashboard.page import Section, render_page
 from analysis.dashboard.rate_figures import prefix_hit_figure, throughput_figure
+from analysis.dashboard.replica_figures import replica_figure
 from analysis.dashboard.run_inputs import DashboardRun, RunInput, expand_inputs, label_runs
 from analysis.dashboard.step_figures import kv_usage_figure, scheduler_state_figure
 from analysis.dashboard.timeline_figure import timeline_figure
@@ -74,6 +77,9 @@ def assemble_dashboard(runs: list[DashboardRun], title: str | None = None) -> Da
     by_class = priority_class_figure(runs)
     if by_class is not None:
         sections.append(Section("priority", "Priority classes", [by_class]))
+    by_replica = replica_figure(runs)
+    if by_replica is not None:
+        sections.append(Section("replicas", "Replicas", [by_replica]))
     sections += [
         Section("throughput", "Throughput", [throughput_figure(runs)]),
         Section("scheduler", "Scheduler", [scheduler_state_figure(runs)]),

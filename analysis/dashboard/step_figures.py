@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.dashboard.cluster_steps import cluster_step_view
 from analysis.dashboard.downsample import min_max_indices, sample_indices
 from analysis.dashboard.figure_style import DashboardFigure, new_figure, note_no_data, style
 from analysis.dashboard.rate_figures import TIME_AXIS_TITLE
@@ -46,7 +47,7 @@ def scheduler_state_figure(runs: Sequence[DashboardRun]) -> DashboardFigure:
     return DashboardFigure(
         "scheduler-state", "Queue, batch and scheduled tokens", figure,
         "One point per engine step at its start time; long runs keep each time bucket's minimum and "
-        "maximum, so no spike is lost.",
+        "maximum, so no spike is lost. A cluster's lines are its replicas' sums.",
     )
 
 
@@ -69,19 +70,20 @@ def kv_usage_figure(runs: Sequence[DashboardRun]) -> DashboardFigure:
             hovertemplate=f"{run.label}<br>t=%{{x:.2f}} s<br>KV %{{y:.1f}} {unit}<extra></extra>",
         ))
         drawn = True
-        preempting = np.flatnonzero(run.steps["num_preemptions"].to_numpy() > 0)
+        steps = cluster_step_view(run.steps)
+        preempting = np.flatnonzero(steps["num_preemptions"].to_numpy() > 0)
         if preempting.size == 0:
             continue
-        counts = run.steps["num_preemptions"].to_numpy()[preempting]
+        counts = steps["num_preemptions"].to_numpy()[preempting]
         keep = sample_indices(preempting.size, MAX_PREEMPTION_MARKERS,
                               always_keep=np.argsort(counts)[-100:])
         rows = preempting[keep]
         figure.add_trace(go.Scatter(
-            x=run.steps["start_time"].to_numpy(dtype=np.float64)[rows],
-            y=run.steps[column].to_numpy(dtype=np.float64)[rows] * scale,
+            x=steps["start_time"].to_numpy(dtype=np.float64)[rows],
+            y=steps[column].to_numpy(dtype=np.float64)[rows] * scale,
             mode="markers", name=f"{run.label} preemptions ({int(counts.sum()):,})", legendgroup=run.label,
             marker={"color": run.color, "symbol": "x", "size": 9, "line": {"width": 1}},
-            customdata=run.steps["num_preemptions"].to_numpy()[rows],
+            customdata=steps["num_preemptions"].to_numpy()[rows],
             hovertemplate=f"{run.label}<br>t=%{{x:.2f}} s<br>%{{customdata}} preempted"
                           f"<br>KV %{{y:.1f}} {unit}<extra></extra>",
         ))
@@ -94,8 +96,8 @@ def kv_usage_figure(runs: Sequence[DashboardRun]) -> DashboardFigure:
         figure.update_yaxes(title_text="KV-cache usage (% of usable blocks)", range=[0, 102])
     return DashboardFigure(
         "kv-cache-usage", "KV-cache usage and preemptions", figure,
-        "Share of the usable KV blocks held by requests after each step; an x marks a step that "
-        "preempted requests to free blocks (hover for how many).",
+        "Share of the usable KV blocks held by requests after each step (a cluster: the mean over its "
+        "replicas); an x marks a step that preempted requests to free blocks (hover for how many).",
     )
 
 
@@ -104,7 +106,7 @@ def _has_kv_usage(run: DashboardRun) -> bool:
 
 
 def _decimated(run: DashboardRun, column: str) -> tuple[np.ndarray, np.ndarray]:
-    steps = run.steps
+    steps = cluster_step_view(run.steps)
     if not len(steps) or column not in steps.columns:
         return np.empty(0), np.empty(0)
     times = steps["start_time"].to_numpy(dtype=np.float64)

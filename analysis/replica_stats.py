@@ -1,0 +1,61 @@
+"""Per-replica figures of a cluster run: how the router shared the load, and what each replica made of it.
+
+A cluster's traces carry a ``replica`` column in both tables (sim/cluster_trace.py). The whole-run
+metrics mix the replicas; these set them side by side, so that a router that piles requests (or one
+hot prefix) onto one replica shows as that replica's longer queue, fuller cache or lower attainment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.step_aggregates import kv_usage_max, num_preemptions, prefix_cache_hit_rate, time_weighted_kv_usage
+
+
+def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: Mapping[str, float],
+                  duration_s: float) -> dict[str, Any] | None:
+    """``{"0": {...}, "1": {...}, ...}`` for a run of two or more replicas, else None. Each replica:
+    num_requests, num_finished, slo_attainment, busy_fraction (its steps' total duration over the run's
+    duration_s), kv_usage_mean, kv_usage_max, num_preemptions, prefix_cache_hit_rate, and ttft_ms, e2e_ms,
+    queue_ms as for the whole run."""
+    from analysis.metrics import completed_mask, count_meeting_slo, latency_stats, request_latencies
+
+    if "replica" not in requests.columns:
+        return None
+    replicas = sorted(int(value) for value in requests["replica"].dropna().unique())
+    if "replica" in steps.columns:
+        replicas = sorted(set(replicas) | {int(value) for value in steps["replica"].dropna().unique()})
+    if len(replicas) < 2:
+        return None
+    stats: dict[str, Any] = {}
+    for replica in replicas:
+        members = requests.loc[requests["replica"] == replica]
+        replica_steps = steps.loc[steps["replica"] == replica] if "replica" in steps.columns else steps.iloc[:0]
+        latencies = request_latencies(members)
+        num_finished = int(completed_mask(members).sum())
+        busy_s = float(np.nansum(replica_steps["duration"].to_numpy(dtype=np.float64)))
+        stats[str(replica)] = {
+            "num_requests": int(len(members)),
+            "num_finished": num_finished,
+            "slo_attainment": (count_meeting_slo(latencies, slo_thresholds) / num_finished
+                               if num_finished and slo_thresholds else None),
+            "busy_fraction": busy_s / duration_s if duration_s > 0 else None,
+            "kv_usage_mean": time_weighted_kv_usage(replica_steps),
+            "kv_usage_max": kv_usage_max(replica_steps),
+            "num_preemptions": num_preemptions(members, replica_steps),
+            "prefix_cache_hit_rate": prefix_cache_hit_rate(replica_steps),
+            **{key: latency_stats(latencies[key].to_numpy() / 1000.0) for key in ("ttft_ms", "e2e_ms", "queue_ms")},
+        }
+    return stats
+
+
+def load_imbalance(by_replica: Mapping[str, Any]) -> float | None:
+    """The busiest replica's busy time over the mean replica's: 1.0 is an even split; N (of N replicas)
+    is all the work on one."""
+    busy = [entry["busy_fraction"] for entry in by_replica.values() if entry.get("busy_fraction") is not None]
+    mean = sum(busy) / len(busy) if busy else 0.0
+    return max(busy) / mean if mean > 0 else None
