@@ -1,0 +1,217 @@
+"""A cluster of simulated replicas behind a router (cluster.num_replicas > 1).
+
+The cluster must be exactly its replicas: a state-blind router (round-robin) gives traces equal to
+each replica's sub-stream simulated alone; a state-reading one gives the same traces with and without
+the decode fast-forward (which changes when the core's state is computed, not what it is); every
+request is served by one replica and every block is free again at the end.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analysis import requests_table, steps_table
+from engine.core import EngineCore, Scheduler
+from sim.engine_setup import build_setup
+from sim.router import PrefixAwareRouter, load_score, make_router
+from sim.run_pipeline import run_simulation
+from sim.sim_executor import SimulatedExecutor
+from sim.simulator import Simulation
+from tests.core.helpers import check_scheduler_invariants
+from workloads import ROUTERS, example_path, load_workload
+
+
+def chat(*overrides):
+    return load_workload(example_path("chat"), overrides=["workload.num_requests=240", *overrides])
+
+
+def build_cluster(setup):
+    engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+               for _ in range(setup.workload.cluster.num_replicas)]
+    for engine in engines[1:]:
+        engine.scheduler.block_hasher = engines[0].scheduler.block_hasher
+    return engines
+
+
+def simulate_cluster(workload, fast_forward=True, router=None):
+    setup = build_setup(workload)
+    engines = build_cluster(setup)
+    simulation = Simulation(engines, setup.requests, router=router or make_router(workload), fast_forward=fast_forward)
+    trace = simulation.run()
+    return simulation, engines, trace
+
+
+def tables(trace):
+    return (requests_table(trace.request_columns()).to_pandas(), steps_table(trace.step_columns()).to_pandas())
+
+
+def test_round_robin_replicas_are_exactly_their_substreams_run_alone():
+    workload = chat("cluster.num_replicas=3", "cluster.router=round_robin", "workload.arrival.rate=30",
+                    "engine.num_gpu_blocks=300", "engine.max_model_len=2048")
+    _, _, trace = simulate_cluster(workload)
+    requests, steps = tables(trace)
+    assert steps["num_preemptions"].sum() > 0  # the replicas are pressed, not idle
+    setup = build_setup(workload)
+    for replica in range(3):
+        alone = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+        recorder = Simulation(alone, setup.requests[replica::3]).run()
+        own_requests, own_steps = tables(recorder)
+        cluster_requests = requests[requests["replica"] == replica].drop(columns="replica").reset_index(drop=True)
+        cluster_steps = steps[steps["replica"] == replica].drop(columns="replica").reset_index(drop=True)
+        pd.testing.assert_frame_equal(cluster_requests, own_requests, check_exact=True)
+        pd.testing.assert_frame_equal(cluster_steps, own_steps, check_exact=True)
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "prefix_aware", "least_outstanding"])
+def test_a_state_reading_router_gives_the_same_traces_with_and_without_fast_forward(router):
+    workload = chat("cluster.num_replicas=3", f"cluster.router={router}", "workload.arrival.rate=40",
+                    "engine.num_gpu_blocks=400", "engine.max_model_len=2048")
+    simulation_on, _, trace_on = simulate_cluster(workload, fast_forward=True)
+    simulation_off, _, trace_off = simulate_cluster(workload, fast_forward=False)
+    assert simulation_on.num_fast_forwarded_steps > 0 and simulation_off.num_fast_forwarded_steps == 0
+    assert simulation_on.replica_of_request == simulation_off.replica_of_request
+    for on, off in zip(tables(trace_on), tables(trace_off)):
+        pd.testing.assert_frame_equal(on, off, check_exact=True)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_replicas=st.integers(2, 4), router=st.sampled_from(ROUTERS), rate=st.sampled_from([5, 40, 200]),
+       num_gpu_blocks=st.sampled_from([200, 2000]), seed=st.integers(0, 3))
+def test_every_request_is_served_by_one_replica_and_every_block_comes_back(num_replicas, router, rate,
+                                                                          num_gpu_blocks, seed):
+    workload = chat("workload.num_requests=60", f"cluster.num_replicas={num_replicas}", f"cluster.router={router}",
+                    f"workload.arrival.rate={rate}", f"engine.num_gpu_blocks={num_gpu_blocks}",
+                    "engine.max_model_len=2048", f"seed={seed}")
+    simulation, engines, trace = simulate_cluster(workload)
+    requests, steps = tables(trace)
+    assert sorted(requests["request_id"]) == sorted(spec.request_id for spec in simulation.requests)
+    assert (requests["finish_reason"] == "length").all()
+    assert set(requests["replica"]) <= set(range(num_replicas))
+    assert (requests["replica"].to_numpy() == [simulation.replica_of_request[r] for r in requests["request_id"]]).all()
+    assert (steps["num_scheduled_tokens"] <= workload.engine.max_num_batched_tokens).all()
+    assert (steps["num_running"] <= workload.engine.max_num_seqs).all()
+    for engine in engines:
+        check_scheduler_invariants(engine.scheduler)
+        manager = engine.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_usable_blocks
+        assert not engine.has_work()
+
+
+def test_least_loaded_picks_the_lowest_vllm_score_and_ties_go_to_the_lowest_index():
+    workload = chat("cluster.num_replicas=3", "cluster.router=least_loaded", "workload.arrival.rate=200")
+    chosen_scores = []
+
+    class Watched:
+        def __init__(self):
+            self.inner = make_router(workload)
+
+        def choose(self, request, replicas):
+            # vLLM's score, written out here rather than read from the router under test.
+            scores = [4 * len(engine.scheduler.waiting) + len(engine.scheduler.running) for engine in replicas]
+            index = self.inner.choose(request, replicas)
+            chosen_scores.append((index, scores))
+            return index
+
+    simulate_cluster(workload, router=Watched())
+    assert chosen_scores[0] == (0, [0, 0, 0]) and chosen_scores[1][0] == 1
+    for index, scores in chosen_scores:
+        assert scores[index] == min(scores) and index == scores.index(min(scores))
+    assert any(min(scores) > 0 for _, scores in chosen_scores)  # the load was read, not always zero
+
+
+def test_prefix_aware_sends_a_prefix_back_to_its_replica_within_the_load_gap():
+    workload = load_workload(example_path("cluster_routing"),
+                             overrides=["workload.num_requests=400", "sweep=null", "cluster.router=prefix_aware",
+                                        "cluster.max_load_gap=4"])
+    decisions = []
+
+    class Watched(PrefixAwareRouter):
+        def choose(self, request, replicas):
+            scores = [load_score(engine) for engine in replicas]
+            index = super().choose(request, replicas)
+            hits = [engine.scheduler.kv_cache_manager.get_computed_blocks(request)[1] for engine in replicas]
+            decisions.append((index, scores, hits))
+            return index
+
+    simulate_cluster(workload, router=Watched(4))
+    for index, scores, hits in decisions:
+        assert scores[index] <= min(scores) + 4
+        eligible = [hit for hit, score in zip(hits, scores) if score <= min(scores) + 4]
+        assert hits[index] == max(eligible)
+    assert sum(max(hits) > 0 for _, _, hits in decisions) > len(decisions) // 2
+
+
+def test_prefix_aware_routing_finds_more_hits_than_round_robin_under_a_tight_cache(tmp_path):
+    summaries = {}
+    for router in ("round_robin", "prefix_aware"):
+        workload = load_workload(example_path("cluster_routing"),
+                                 overrides=["workload.num_requests=800", "sweep=null", f"cluster.router={router}"])
+        summaries[router] = run_simulation(workload, tmp_path / router).summary
+    assert summaries["prefix_aware"]["prefix_cache_hit_rate"] > summaries["round_robin"]["prefix_cache_hit_rate"] + 0.1
+    assert summaries["prefix_aware"]["ttft_ms"]["p90"] < summaries["round_robin"]["ttft_ms"]["p90"]
+
+
+def test_random_routing_is_seeded_and_reaches_every_replica():
+    workload = chat("cluster.num_replicas=4", "cluster.router=random")
+    first, _, _ = simulate_cluster(workload)
+    second, _, _ = simulate_cluster(workload)
+    assert first.replica_of_request == second.replica_of_request
+    assert set(first.replica_of_request.values()) == {0, 1, 2, 3}
+    other, _, _ = simulate_cluster(chat("cluster.num_replicas=4", "cluster.router=random", "seed=1"))
+    assert other.replica_of_request != first.replica_of_request
+
+
+def test_a_cluster_run_directory_says_which_replica_served_each_request(tmp_path):
+    from analysis import format_summary, read_run
+    from analysis.dashboard import build_dashboard
+
+    workload = chat("cluster.num_replicas=2", "cluster.router=round_robin")
+    result = run_simulation(workload, tmp_path / "run")
+    run = read_run(tmp_path / "run")
+    assert run.requests["replica"].tolist() == [index % 2 for index in range(240)]
+    assert set(run.steps["replica"]) == {0, 1}
+    by_replica = result.summary["by_replica"]
+    assert [entry["num_requests"] for entry in by_replica.values()] == [120, 120]
+    assert sum(entry["num_finished"] for entry in by_replica.values()) == result.summary["num_finished"]
+    assert 1.0 <= result.summary["replica_load_imbalance"] < 1.2
+    assert "by replica" in format_summary(result.summary)
+    page = build_dashboard([tmp_path / "run"], tmp_path / "dashboard.html").read_text()
+    assert 'id="replicas"' in page or "Replicas of the cluster" in page
+    single = run_simulation(chat(), tmp_path / "single").summary
+    assert "by_replica" not in single and "replica" not in read_run(tmp_path / "single").requests.columns
+
+
+def test_a_real_run_of_a_cluster_is_refused_before_any_model_loads(capsys):
+    from sim.run import main as sim_run_main
+
+    assert sim_run_main(["chat", "--executor", "real", "--set", "cluster.num_replicas=2", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "cluster.num_replicas: 2" in error and "simulator only" in error
+
+
+def test_capacity_of_a_cluster_counts_replicas_in_clusters():
+    from sim.capacity import describe, find_capacity
+
+    workload = chat("cluster.num_replicas=2", "workload.num_requests=200")
+    result = find_capacity(workload, tolerance=0.1, target_rate=100)
+    assert result.cluster_size == 2 and result.replicas % 2 == 0
+    assert result.replicas == 2 * -(-100 // result.max_rate)
+    assert f"{result.replicas // 2} clusters of 2" in describe(result)
+
+
+def test_the_dashboard_sums_a_clusters_replicas_at_each_step():
+    from analysis.dashboard.cluster_steps import cluster_step_view
+
+    steps = pd.DataFrame({"replica": [0, 0, 1, 1], "start_time": [0.0, 2.0, 1.0, 3.0], "num_waiting": [3, 1, 5, 0],
+                          "num_running": [1, 2, 1, 1], "num_scheduled_tokens": [8, 8, 8, 8],
+                          "kv_blocks_used": [10, 20, 30, 40], "kv_usage": [0.1, 0.2, 0.3, 0.4]})
+    view = cluster_step_view(steps)
+    assert view["start_time"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert view["num_waiting"].tolist() == [3, 8, 6, 1]
+    assert view["kv_blocks_used"].tolist() == [10, 40, 50, 60]
+    assert view["kv_usage"].tolist() == pytest.approx([0.05, 0.2, 0.25, 0.3])
+    one_engine = steps[steps["replica"] == 0]
+    assert cluster_step_view(one_engine) is one_engine
