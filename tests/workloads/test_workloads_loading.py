@@ -20,7 +20,7 @@ from workloads import (
     parse_override,
 )
 
-EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority"}
+EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing"}
 
 
 def test_examples_are_listed():
