@@ -58,6 +58,11 @@ def replay_inputs(run: Run) -> tuple[SchedulerConfig, CacheConfig, list[RequestS
     if missing:
         raise ValueError(f"{run.path}: summary.json config lacks {missing}; only real runs can be replayed")
     workload = load_workload(config["workload"])
+    if workload.cluster.num_replicas > 1:
+        # A recording of a deployment of several engines (--executor server) has no per-engine steps to
+        # replay, and one simulated engine would not be that deployment.
+        raise ValueError(f"{run.path}: cluster.num_replicas is {workload.cluster.num_replicas}; a replay and a "
+                         "fidelity comparison drive one engine")
     requests = generate_requests(workload, vocab_size=config["vocab_size"],
                                  reserved_token_ids=config.get("reserved_token_ids", ()),
                                  model_max_len=config["scheduler"].get("max_model_len"))

@@ -215,3 +215,23 @@ def test_the_dashboard_sums_a_clusters_replicas_at_each_step():
     assert view["kv_usage"].tolist() == pytest.approx([0.05, 0.2, 0.25, 0.3])
     one_engine = steps[steps["replica"] == 0]
     assert cluster_step_view(one_engine) is one_engine
+
+
+def test_a_recording_of_a_cluster_is_not_replayed_on_one_engine(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from analysis import read_run
+    from sim.replay import replay_inputs
+
+    shipped = sorted(path for path in (Path(__file__).parents[2] / "sim/data/runs/cpu-small-float32").iterdir()
+                     if (path / "summary.json").exists())[0]
+    recording = tmp_path / "recording"
+    shutil.copytree(shipped, recording)
+    replay_inputs(read_run(recording))  # one engine: accepted
+    summary = json.loads((recording / "summary.json").read_text())
+    summary["config"]["workload"]["cluster"] = {"num_replicas": 2}
+    (recording / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="cluster.num_replicas is 2"):
+        replay_inputs(read_run(recording))
