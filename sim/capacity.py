@@ -15,7 +15,9 @@ A workload with a ``sweep:`` (over anything but the arrival) gets one search per
 
 With ``--target-rate R`` it also says how many replicas R needs: ceil(R / capacity), which holds when
 the traffic splits evenly over them (round-robin or random routing of Poisson arrivals gives each
-replica a Poisson stream of R / N). A workload with ``cluster.num_replicas`` N searches the rate into
+replica a Poisson stream of R / N), and then simulates R on one cluster of that many replicas behind
+the workload's router (``cluster.router``, vLLM's least-loaded by default), and fewer or more, for the
+fewest that meet the SLO (sim/replica_count.py): chat at 68 req/s needs 3 by the estimate, 2 routed. A workload with ``cluster.num_replicas`` N searches the rate into
 the whole cluster, its router included, and counts replicas in clusters of N: searching N = 1, 2, 4 is
 how to see what the even split leaves out (a least-loaded router's pooling gain, a prefix-aware one's
 hits). Attainment measured on a finite request stream is not exactly
@@ -44,6 +46,7 @@ from analysis.dashboard.capacity_figure import capacity_page
 from analysis.report import format_number, format_percent, summary_value
 from sim.cli_support import check_output_directory, open_fraction, positive_fraction, warnings_as_lines
 from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
+from sim.replica_count import ReplicaCount, count_replicas
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, load_workload
 from workloads.arrivals import BurstArrival, TraceArrival
@@ -83,6 +86,11 @@ class CapacityResult:
     # The workload's cluster.num_replicas: the search's rate is the whole cluster's, and replicas come
     # in clusters of this many.
     cluster_size: int = 1
+    # The replicas the target rate needs when simulated as one cluster behind the workload's router
+    # (sim/replica_count.py); None without a target rate or a capacity, or when the workload cannot hold
+    # the larger stream (verification_note says why).
+    replica_count: ReplicaCount | None = None
+    verification_note: str | None = None
 
 
 def check_searchable(workload: WorkloadConfig) -> None:
@@ -149,7 +157,7 @@ def probe(workload: WorkloadConfig, rate: float, attainment_target: float,
 
 def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tolerance: float = 0.02,
                   cost_model: str | None = None, target_rate: float | None = None,
-                  on_probe=None) -> CapacityResult:
+                  on_probe=None, on_check=None) -> CapacityResult:
     """Bracket the highest passing rate by doubling or halving from the workload's rate, then bisect."""
     check_searchable(workload)
     workload = with_fixed_request_count(workload)
@@ -197,8 +205,15 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
     replicas = (math.ceil(target_rate / low) * cluster_size
                 if target_rate is not None and low and high is not None else None)
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
-    return CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
-                          target_rate, replicas, cluster_size)
+    result = CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
+                            target_rate, replicas, cluster_size)
+    if replicas is not None:
+        try:
+            result.replica_count = count_replicas(workload, target_rate, replicas, attainment_target, cost_model,
+                                                  on_check)
+        except WorkloadError as error:  # e.g. a trace read in order holds too few rows for the larger stream
+            result.verification_note = f"not simulated as one cluster: {error}"
+    return result
 
 
 def probe_table(probes: list[Probe]) -> Table:
@@ -230,6 +245,19 @@ def describe(result: CapacityResult) -> str:
     elif result.replicas is not None:
         line += (f"; {result.target_rate:g} req/s needs {result.replicas} replica(s), "
                  "with the traffic split evenly between them")
+    count = result.replica_count
+    if count is not None:
+        failing = [check for check in count.checks if not check.passed]
+        below = (f" ({failing[-1].replicas} replica(s): {format_percent(failing[-1].slo_attainment)} of requests "
+                 "met it)" if failing else "")
+        if count.fewest_passing is None:
+            line += (f"\nsimulated as one cluster behind its router ({count.router}), none of "
+                     f"{count.checks[0].replicas}-{count.checks[-1].replicas} replicas met it{below}")
+        else:
+            line += (f"\nsimulated as one cluster behind its router ({count.router}): "
+                     f"{count.fewest_passing} replica(s) meet it{below}")
+    elif result.verification_note is not None:
+        line += f"\n{result.verification_note}"
     return line
 
 
@@ -301,7 +329,11 @@ def _search_and_write(workload: WorkloadConfig, args: argparse.Namespace, consol
     on_probe = (lambda result: console.print(
         f"  {result.rate:10.4g} req/s: SLO met by {format_percent(result.slo_attainment)}"
         f" -> {'pass' if result.passed else 'fail'}"))
-    result = find_capacity(workload, args.attainment, args.tolerance, args.cost_model, args.target_rate, on_probe)
+    on_check = (lambda check: console.print(
+        f"  {args.target_rate:10.4g} req/s on {check.replicas} replica(s): SLO met by "
+        f"{format_percent(check.slo_attainment)} -> {'pass' if check.passed else 'fail'}"))
+    result = find_capacity(workload, args.attainment, args.tolerance, args.cost_model, args.target_rate, on_probe,
+                           on_check)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "capacity.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     (out_dir / "capacity.html").write_text(capacity_page(asdict(result), describe(result)), encoding="utf-8")
@@ -314,17 +346,25 @@ def _search_and_write(workload: WorkloadConfig, args: argparse.Namespace, consol
 def point_table(results: list[tuple[str, CapacityResult]]) -> Table:
     """A sweep's searches side by side: which configuration sustains how much."""
     table = Table(title="capacity per sweep point", padding=(0, 1))
-    for column in ("point", "capacity (req/s)", "fails at (req/s)", "probes", "replicas"):
+    for column in ("point", "capacity (req/s)", "fails at (req/s)", "probes", "replicas", "simulated"):
         table.add_column(column, justify="left" if column == "point" else "right")
     for label, result in results:
+        simulated = simulated_replicas(result)
         table.add_row(label, _rate_text(result.max_rate), _rate_text(result.first_failing_rate),
-                      str(len(result.probes)), "-" if result.replicas is None else str(result.replicas))
+                      str(len(result.probes)), "-" if result.replicas is None else str(result.replicas),
+                      "-" if simulated is None else str(simulated))
     return table
+
+
+def simulated_replicas(result: CapacityResult) -> int | None:
+    """The replicas the target rate needs as one simulated cluster, where that was found."""
+    return result.replica_count.fewest_passing if result.replica_count is not None else None
 
 
 def write_point_table(results: list[tuple[str, CapacityResult]], path: Path) -> None:
     rows = [{"point": label, "max_rate": result.max_rate, "first_failing_rate": result.first_failing_rate,
-             "num_probes": len(result.probes), "replicas": result.replicas} for label, result in results]
+             "num_probes": len(result.probes), "replicas": result.replicas,
+             "replicas_simulated": simulated_replicas(result)} for label, result in results]
     pd.DataFrame(rows).to_csv(path, index=False)
 
 

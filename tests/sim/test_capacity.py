@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from sim.capacity import find_capacity, main as capacity_main, probe
+from sim.capacity import describe, find_capacity, main as capacity_main, probe, starting_rate
 from workloads import example_path, load_workload
 
 SMALL = ["workload.num_requests=200"]
@@ -142,3 +142,22 @@ def test_a_sweep_searches_each_point(tmp_path, capsys):
         assert saved["max_rate"] == table.set_index("point").loc[point, "max_rate"]
         assert (tmp_path / point / "at-capacity" / "summary.json").is_file()
     assert "capacity per sweep point" in capsys.readouterr().out
+
+
+def test_the_target_rate_is_checked_on_one_routed_cluster():
+    # 1,000 requests per replica: long enough for the queues to build at the boundary.
+    result = find_capacity(chat("workload.num_requests=1000"), tolerance=0.05, target_rate=68.0)
+    count = result.replica_count
+    assert result.replicas == 3 and count is not None and count.router == "least_loaded"
+    by_replicas = {check.replicas: check for check in count.checks}
+    assert by_replicas[result.replicas].passed  # the estimate was simulated first
+    # The fewest that pass, with the one below failing: vLLM's router pools the queues, which an even
+    # split of the traffic into separate queues leaves out.
+    assert count.fewest_passing == 2 and not by_replicas[1].passed
+    assert "simulated as one cluster behind its router (least_loaded): 2 replica(s)" in describe(result)
+
+
+def test_a_stream_too_short_for_the_cluster_is_said_so():
+    workload = load_workload(example_path("code_trace"), overrides=["workload.num_requests=600"])
+    result = find_capacity(workload, tolerance=0.1, target_rate=50 * starting_rate(workload))
+    assert result.replica_count is None and "not simulated as one cluster" in result.verification_note
