@@ -4,13 +4,17 @@ For each model shape and token count in ``sim/data/a100_mlp_tp1.csv`` (Vidur's p
 A100 profiles, tensor-parallel 1), predict the non-attention part of one transformer layer (QKV, O,
 gate+up and down projections, both norms, RoPE, the activation and a residual add) with
 ``AnalyticalCostModel.layer_operator_times`` and compare with the measured sum of the same kernels.
+``--tensor-parallel-size 2|4|8`` does the same for one GPU's shard of each layer
+(``sim/data/a100_mlp_tp248.csv``, the same profiles at those degrees; the factors were fitted at 1
+only, so these rows are held out). The all-reduces are not in these profiles.
 
 Beside each row, the measured GEMM time is turned into achieved TFLOP/s and GB/s and set against the
 datasheet peaks: the small-batch rows should sit near the bandwidth ceiling, the large ones near the
 FLOP ceiling, and none above either.
 
-    python -m benchmarks.cost_model_vs_a100            # table and summary
-    python -m benchmarks.cost_model_vs_a100 --json     # the same as JSON
+    python -m benchmarks.cost_model_vs_a100                          # table and summary
+    python -m benchmarks.cost_model_vs_a100 --tensor-parallel-size 4  # one GPU's shard at TP 4
+    python -m benchmarks.cost_model_vs_a100 --json                   # the same as JSON
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from sim.hardware import HARDWARE_PRESETS, HardwareSpec, resolve_hardware
 from sim.model_shapes import dtype_bytes, resolve_model
 
 DATA = Path(sim.__file__).parent / "data" / "a100_mlp_tp1.csv"
+DATA_TENSOR_PARALLEL = Path(sim.__file__).parent / "data" / "a100_mlp_tp248.csv"
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 DTYPE = "float16"  # the profiles were taken in fp16
 # Our operator name -> the profile's column (milliseconds, median of repeated runs).
 OPERATOR_COLUMNS = {
@@ -43,11 +49,18 @@ OPERATOR_COLUMNS = {
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
-def load_measurements(path: Path = DATA) -> list[dict]:
+def load_measurements(path: Path = DATA, tensor_parallel_size: int = 1) -> list[dict]:
+    """The rows measured at ``tensor_parallel_size`` (a file without that column is all degree 1)."""
     with path.open(newline="") as file:
         return [{"model": row["model"], "num_tokens": int(row["num_tokens"]),
                  **{op: float(row[column]) / 1e3 for op, column in OPERATOR_COLUMNS.items()}}
-                for row in csv.DictReader(file)]
+                for row in csv.DictReader(file) if int(row.get("tensor_parallel_size", 1)) == tensor_parallel_size]
+
+
+def measurement_file(tensor_parallel_size: int) -> Path:
+    if tensor_parallel_size not in TENSOR_PARALLEL_SIZES:
+        raise ValueError(f"tensor_parallel_size: measured at {TENSOR_PARALLEL_SIZES}, got {tensor_parallel_size!r}")
+    return DATA if tensor_parallel_size == 1 else DATA_TENSOR_PARALLEL
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -58,15 +71,18 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def compare(hardware: str | dict | HardwareSpec = "a100-80gb", path: Path = DATA) -> dict:
-    """Predicted against measured per-layer times, with error summaries per model and per operator."""
+def compare(hardware: str | dict | HardwareSpec = "a100-80gb", path: Path | None = None,
+            tensor_parallel_size: int = 1) -> dict:
+    """Predicted against measured per-layer times (one GPU's shard at ``tensor_parallel_size``), with
+    error summaries per model and per operator."""
     hardware = resolve_hardware(hardware)
+    path = path or measurement_file(tensor_parallel_size)
     rows, models = [], {}
     operator_errors: dict[str, list[float]] = {op: [] for op in OPERATOR_COLUMNS}
-    for measured in load_measurements(path):
+    for measured in load_measurements(path, tensor_parallel_size):
         name, tokens = measured["model"], measured["num_tokens"]
         if name not in models:
-            models[name] = AnalyticalCostModel(resolve_model(name), hardware, DTYPE)
+            models[name] = AnalyticalCostModel(resolve_model(name), hardware, DTYPE, tensor_parallel_size)
         cost_model = models[name]
         predicted = cost_model.layer_operator_times(tokens)
         measured_s = sum(measured[op] for op in OPERATOR_COLUMNS)
@@ -91,6 +107,7 @@ def compare(hardware: str | dict | HardwareSpec = "a100-80gb", path: Path = DATA
                          "num_points": len(errors)}
     return {
         "hardware": hardware.to_dict(),
+        "tensor_parallel_size": tensor_parallel_size,
         "dtype": DTYPE,
         "peak_tflops": hardware.peak_flops(DTYPE) / 1e12,
         "peak_gbps": hardware.memory_bandwidth_gbps,
@@ -127,9 +144,11 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hardware", default="a100-80gb", choices=sorted(HARDWARE_PRESETS), metavar="PRESET",
                         help="hardware preset to predict with (default a100-80gb; one of %(choices)s)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, choices=TENSOR_PARALLEL_SIZES,
+                        help="compare one GPU's shard at this degree (default 1)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = parser.parse_args(argv)
-    result = compare(args.hardware)
+    result = compare(args.hardware, tensor_parallel_size=args.tensor_parallel_size)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -57,12 +57,17 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     except ValueError as error:
         raise _named("hardware", error) from None
     engine = workload.engine
+    try:
+        model.shard(engine.tensor_parallel_size)
+    except ValueError as error:
+        raise SetupError(str(error)) from None
     if engine.num_gpu_blocks is not None:
         num_gpu_blocks = engine.num_gpu_blocks
     else:
         try:
             num_gpu_blocks = kv_cache_num_blocks(model, hardware, workload.dtype, engine.block_size,
-                                                 engine.gpu_memory_utilization)
+                                                 engine.gpu_memory_utilization,
+                                                 tensor_parallel_size=engine.tensor_parallel_size)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
     max_model_len = engine.max_model_len or model.max_position_embeddings
@@ -81,9 +86,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     except ValueError as error:
         raise _named("engine", error) from None
     try:
-        cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype)
+        cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size)
     except (ValueError, OSError) as error:
-        raise _named("cost_model", error) from None
+        message = str(error)
+        raise (SetupError(message) if message.startswith("engine.") else _named("cost_model", error)) from None
     if requests is None:
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests)

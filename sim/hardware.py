@@ -38,6 +38,13 @@ class HardwareSpec:
     kernel_launch_overhead_s: float = 3e-6    # added to every kernel: launch gap and minimum duration
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S  # fixed CPU cost per engine step
     source: str = ""                          # where the datasheet figures come from
+    # Tensor parallelism (engine.tensor_parallel_size > 1): the GPUs of one engine all-reduce activations
+    # twice per layer over this link. GB/s one way per GPU (NVLink: half the datasheet's bidirectional
+    # total; else PCIe x16 one way), the fraction an all-reduce's bus bandwidth reaches, and the fixed
+    # cost of one all-reduce (what a decode step's kilobyte-sized ones mostly pay).
+    interconnect_bandwidth_gbps: float = 300.0
+    interconnect_efficiency: float = 0.75
+    allreduce_latency_s: float = 8e-6
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -46,11 +53,15 @@ class HardwareSpec:
             value = getattr(self, name)
             if not _is_number(value) or value <= 0:
                 raise ValueError(f"hardware.{name} must be a positive number, got {value!r}")
-        for name in ("gemm_flops_efficiency", "attention_flops_efficiency", "bandwidth_efficiency"):
+        if not _is_number(self.interconnect_bandwidth_gbps) or self.interconnect_bandwidth_gbps <= 0:
+            raise ValueError(f"hardware.interconnect_bandwidth_gbps must be a positive number, got "
+                             f"{self.interconnect_bandwidth_gbps!r}")
+        for name in ("gemm_flops_efficiency", "attention_flops_efficiency", "bandwidth_efficiency",
+                     "interconnect_efficiency"):
             value = getattr(self, name)
             if not _is_number(value) or not 0 < value <= 1:
                 raise ValueError(f"hardware.{name} must be a fraction in (0, 1], got {value!r}")
-        for name in ("kernel_launch_overhead_s", "step_overhead_s"):
+        for name in ("kernel_launch_overhead_s", "step_overhead_s", "allreduce_latency_s"):
             value = getattr(self, name)
             if not _is_number(value) or not 0 <= value < 1:
                 raise ValueError(f"hardware.{name} must be a number of seconds in [0, 1), got {value!r}")
@@ -75,6 +86,14 @@ class HardwareSpec:
         """Bytes per second a streaming kernel reaches."""
         return self.memory_bandwidth_gbps * 1e9 * self.bandwidth_efficiency
 
+    def allreduce_time(self, num_bytes: float, num_gpus: int) -> float:
+        """Seconds to all-reduce ``num_bytes`` over ``num_gpus`` GPUs: a ring sends and receives
+        2 (n - 1) / n of the buffer on every GPU's link, after a fixed latency. 0 on one GPU."""
+        if num_gpus <= 1:
+            return 0.0
+        link = self.interconnect_bandwidth_gbps * 1e9 * self.interconnect_efficiency
+        return self.allreduce_latency_s + 2 * (num_gpus - 1) / num_gpus * num_bytes / link
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -97,31 +116,41 @@ def _preset(name: str, tflops16: float, tflops32: float, bandwidth: float, memor
 # Efficiency factors: the field defaults are the A100 fit (a100-80gb below); the others are not fitted.
 # Hopper reaches a smaller fraction of its much higher peak with the cuBLAS and FlashAttention-2 kernels
 # vLLM uses (about 600-700 of 989 TFLOP/s on large GEMMs), and the 72 W L4 throttles under tensor load.
+# The link tensor-parallel GPUs all-reduce over. NVLink: the datasheet's total (900 GB/s NVLink 4 on
+# H100/H200 SXM, 600 GB/s NVLink 3 on A100 SXM) halved for one direction; a small all-reduce costs about
+# 8 us there (vLLM's custom all-reduce; NCCL's is slower). PCIe cards talk through the host: x16 one way
+# (Gen5 64 GB/s, Gen4 32 GB/s) and about 25 us per small all-reduce. Not measured here: no multi-GPU
+# machine was available; efficiency 0.75 is what NCCL's bus bandwidth typically reaches of the link.
+NVLINK4 = {"interconnect_bandwidth_gbps": 450.0, "allreduce_latency_s": 8e-6}
+NVLINK3 = {"interconnect_bandwidth_gbps": 300.0, "allreduce_latency_s": 8e-6}
+PCIE5 = {"interconnect_bandwidth_gbps": 64.0, "allreduce_latency_s": 25e-6}
+PCIE4 = {"interconnect_bandwidth_gbps": 32.0, "allreduce_latency_s": 25e-6}
+
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {spec.name: spec for spec in (
     _preset("h100-sxm", 989.5, 67.0, 3350, 81559, "NVIDIA H100 SXM5 80GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, **NVLINK4),
     _preset("h100-pcie", 756.5, 51.0, 2000, 81559, "NVIDIA H100 PCIe 80GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, **PCIE5),
     _preset("h200", 989.5, 67.0, 4800, 143771, "NVIDIA H200 SXM 141GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, **NVLINK4),
     # Fitted by benchmarks/cost_model_vs_a100.py to measured per-operator A100 kernel times (TP=1,
     # Llama-2-7B, Llama-3-8B, Llama-2-70B layers, 1-32768 tokens): GEMMs at 70% of 312 TFLOP/s (218),
     # streaming at 75% of 2039 GB/s (1.53 TB/s; a batch-1 GEMV measured 1.5-1.6 TB/s), 3 us per kernel.
     # Attention efficiency is not in that data: 0.5 is FlashAttention-2's causal forward on A100.
     _preset("a100-80gb", 312.0, 19.5, 2039, 81920, "NVIDIA A100 SXM4 80GB datasheet",
             gemm_flops_efficiency=0.70, attention_flops_efficiency=0.5, bandwidth_efficiency=0.75,
-            kernel_launch_overhead_s=3e-6),
+            kernel_launch_overhead_s=3e-6, **NVLINK3),
     _preset("a100-40gb", 312.0, 19.5, 1555, 40960, "NVIDIA A100 SXM4 40GB datasheet",
             gemm_flops_efficiency=0.70, attention_flops_efficiency=0.5, bandwidth_efficiency=0.75,
-            kernel_launch_overhead_s=3e-6),
+            kernel_launch_overhead_s=3e-6, **NVLINK3),
     _preset("l4", 121.0, 30.3, 300, 23034, "NVIDIA L4 datasheet",
-            gemm_flops_efficiency=0.6, attention_flops_efficiency=0.4),
+            gemm_flops_efficiency=0.6, attention_flops_efficiency=0.4, **PCIE4),
     _preset("l40s", 362.05, 91.6, 864, 46068, "NVIDIA L40S datasheet",
-            gemm_flops_efficiency=0.65, attention_flops_efficiency=0.45),
+            gemm_flops_efficiency=0.65, attention_flops_efficiency=0.45, **PCIE4),
     # NVIDIA publishes no A10G datasheet; AWS G5 documentation and public comparisons give 70 dense
     # FP16 tensor TFLOP/s (the A10 has 125), 35 FP32 TFLOP/s and the A10's 600 GB/s GDDR6.
     _preset("a10g", 70.0, 35.0, 600, 23028, "AWS G5 (A10G) figures; no NVIDIA datasheet",
-            gemm_flops_efficiency=0.7, attention_flops_efficiency=0.45),
+            gemm_flops_efficiency=0.7, attention_flops_efficiency=0.45, **PCIE4),
     # A placeholder for CPU runs of the tiny model: a few-core server with DDR memory, where each torch
     # operator costs tens of microseconds of Python and dispatch. Fit a calibrated profile instead.
     _preset("cpu", 1.0, 1.0, 100, 64 * 1024, "generic CPU placeholder (not a datasheet)",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,6 +107,35 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype: str) -> int:
         """2 (K and V) * layers * kv_heads * head_dim * dtype bytes."""
         return self.num_layers * self.kv_bytes_per_token_per_layer(dtype)
+
+    # --- tensor parallelism -------------------------------------------------------------------
+    def shard(self, tensor_parallel_size: int) -> ModelShape:
+        """What one of ``tensor_parallel_size`` GPUs holds and computes, Megatron-style as vLLM shards:
+        attention heads and MLP columns split evenly, the vocabulary (embedding and lm_head) split in
+        ceil-sized parts, the hidden width and norms whole on every GPU. KV heads split too, or, when
+        there are fewer KV heads than GPUs, each GPU keeps one (vLLM replicates them).
+
+        A ValueError names ``engine.tensor_parallel_size`` when the model cannot be split that way."""
+        tp = tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"engine.tensor_parallel_size must be a positive integer, got {tp!r}")
+        if tp == 1:
+            return self
+        problems = []
+        if self.num_attention_heads % tp:
+            problems.append(f"the {self.num_attention_heads} attention heads")
+        if (self.num_kv_heads % tp) if self.num_kv_heads >= tp else (tp % self.num_kv_heads):
+            problems.append(f"the {self.num_kv_heads} KV heads (nor do they divide it)")
+        if self.intermediate_size % tp:
+            problems.append(f"the MLP width {self.intermediate_size}")
+        if problems:
+            raise ValueError(f"engine.tensor_parallel_size: {tp} does not divide {' or '.join(problems)} of model "
+                             f"{self.name!r}")
+        return replace(self, name=f"{self.name} (1/{tp} tensor-parallel shard)",
+                       num_attention_heads=self.num_attention_heads // tp,
+                       num_kv_heads=max(1, self.num_kv_heads // tp),
+                       intermediate_size=self.intermediate_size // tp,
+                       vocab_size=-(-self.vocab_size // tp))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -234,7 +263,7 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
 
 def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, block_size: int,
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
-                        kv_cache_dtype: str | None = None) -> int:
+                        kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -242,7 +271,13 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     bytes of one block. We do not run a profiling pass, so the peak is a fraction of device memory:
     3% is about 2.4 GiB on an 80 GB card, in line with what vLLM reports for 7-8B models at 8k batched
     tokens (1-2 GiB of activations plus under 1 GiB outside torch).
+
+    With tensor parallelism every GPU holds its shard of the weights and of every block (each block
+    spans all GPUs), so the count is what one GPU's memory fits of its shards (``ModelShape.shard``).
     """
+    tensor_parallel_size = int(tensor_parallel_size)
+    full_model = model
+    model = model.shard(tensor_parallel_size)
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ValueError(f"cache.block_size must be a positive integer, got {block_size!r}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -257,8 +292,11 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     block_bytes = block_size * model.kv_bytes_per_token(kv_cache_dtype or dtype)
     if free_for_kv < block_bytes:
         raise ValueError(
-            f"model: {model.name} weights take {weights / GIB:.2f} GiB in {dtype}, but {hardware.name} at "
+            f"model: {full_model.name} weights take {weights / GIB:.2f} GiB in {dtype}"
+            f"{f' per GPU at tensor_parallel_size {tensor_parallel_size}' if tensor_parallel_size > 1 else ''}"
+            f", but {hardware.name} at "
             f"gpu_memory_utilization {gpu_memory_utilization} offers {usable / GIB:.2f} GiB, of which "
             f"{reserve / GIB:.2f} GiB is reserved for activations: no room for even one KV block "
-            f"({block_bytes / 2**20:.2f} MiB). Use a larger device, a smaller model or a smaller dtype.")
+            f"({block_bytes / 2**20:.2f} MiB). Use a larger device, more tensor parallelism, a smaller model or a "
+            "smaller dtype.")
     return math.floor(free_for_kv / block_bytes)

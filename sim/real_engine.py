@@ -75,6 +75,9 @@ def _warm_up(llm) -> None:
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
                       dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
                       enforce_eager: bool = False) -> RealEngine:
+    if workload.engine.tensor_parallel_size > 1:
+        raise SetupError(f"engine.tensor_parallel_size: {workload.engine.tensor_parallel_size} GPUs per engine run in "
+                         "the simulator only; a real run uses one device (set engine.tensor_parallel_size=1)")
     num_replicas = workload.cluster.num_replicas
     if num_replicas > 1:
         # Checked before torch is imported: a real run drives one engine in this process.

@@ -44,6 +44,8 @@ class EngineSection(SchemaModel):
     long_prefill_token_threshold: NonNegativeInt = 0
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # GPUs one engine shards the model over (simulated; the model must split evenly: sim/model_shapes.py).
+    tensor_parallel_size: PositiveInt = 1
 
     @field_validator("block_size")
     @classmethod

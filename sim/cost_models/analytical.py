@@ -16,6 +16,10 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
 * lm_head computes logits for one row per request (only the last position is sampled), and sampling
   makes a few passes over those logits in FP32.
 * a fixed cost per kernel (launch gap and minimum duration) and per step (CPU scheduling and I/O).
+* with tensor parallelism (``tensor_parallel_size`` GPUs per engine), every count above is one GPU's
+  shard (``ModelShape.shard``: heads, MLP columns and vocabulary split; norms and residuals whole), and
+  the GPUs all-reduce the hidden state twice per layer (after O and after down) and gather the logits
+  (``HardwareSpec.allreduce_time``). The GPUs run in lockstep, so a step takes one GPU's time.
 
 The FLOP and byte counts are exact for the shape; the efficiency factors in ``HardwareSpec`` carry all
 the empiricism. ``benchmarks/cost_model_vs_a100.py`` checks the per-operator times against measured A100
@@ -44,7 +48,10 @@ KERNELS_OUTSIDE_LAYERS = 7
 
 # What ``AnalyticalCostModel.breakdown`` reports, in the order ``component_times`` returns them.
 COMPONENTS = ("linear_layers", "elementwise", "attention_decode", "attention_prefill", "lm_head", "sampling",
-              "fixed_overhead")
+              "fixed_overhead", "tensor_parallel_communication")
+# All-reduces per layer under tensor parallelism: after the attention output projection and after the
+# MLP down projection (Megatron's row-parallel layers).
+ALLREDUCES_PER_LAYER = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +80,14 @@ class LinearCost:
 class AnalyticalCostModel:
     name = "analytical"
 
-    def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16") -> None:
+    def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16",
+                 tensor_parallel_size: int = 1) -> None:
         self.model = model
         self.hardware = hardware
         self.dtype = dtype
+        self.tensor_parallel_size = tensor_parallel_size
+        full_vocab_size = model.vocab_size
+        model = model.shard(tensor_parallel_size)  # from here on, one GPU's part
         element_bytes = dtype_bytes(dtype)
         gemm_flops = hardware.achievable_gemm_flops(dtype)
         attention_flops = hardware.achievable_attention_flops(dtype)
@@ -129,9 +140,15 @@ class AnalyticalCostModel:
         self._prefill_s_per_context_token = layers * kv_bytes_per_token_per_layer / bandwidth
         self._prefill_s_per_token = layers * (2 * q_size + 2 * kv_size) * element_bytes / bandwidth
         self.lm_head = linear("lm_head", h, model.vocab_size)
-        self._sampling_s_per_request = SAMPLING_PASSES_OVER_LOGITS * model.vocab_size * LOGIT_BYTES / bandwidth
+        # Sampling reads the whole vocabulary's logits, gathered from every GPU's part.
+        self._sampling_s_per_request = SAMPLING_PASSES_OVER_LOGITS * full_vocab_size * LOGIT_BYTES / bandwidth
+        # (An all-reduce's own launch is in its latency: HardwareSpec.allreduce_latency_s.)
         self._fixed_s = hardware.step_overhead_s + hardware.kernel_launch_overhead_s * (
             layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE_LAYERS)
+        self.shard = model
+        self._allreduces_per_step = layers * ALLREDUCES_PER_LAYER
+        self._hidden_bytes_per_token = h * element_bytes
+        self._logit_bytes_per_request = full_vocab_size * element_bytes
 
     # --- the cost-model interface -----------------------------------------------------------------
     def step_time(self, batch: StepBatch) -> float:
@@ -149,7 +166,7 @@ class AnalyticalCostModel:
         """Seconds of each of ``COMPONENTS`` for a step with features ``f``."""
         tokens = f.num_tokens
         if tokens == 0:  # nothing scheduled: no kernel runs, only the engine loop's own cost
-            return (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.hardware.step_overhead_s)
+            return (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.hardware.step_overhead_s, 0.0)
         linear_layers = 0.0
         for compute, weight_read, activation in self._linears_all_layers:
             linear_layers += max(tokens * compute, weight_read + tokens * activation)
@@ -160,8 +177,16 @@ class AnalyticalCostModel:
             attention_prefill = max(f.prefill_attention_work * self._prefill_s_per_pair,
                                     f.prefill_context_tokens * self._prefill_s_per_context_token
                                     + f.num_prefill_tokens * self._prefill_s_per_token)
+        communication = 0.0
+        if self.tensor_parallel_size > 1:
+            allreduce = self.hardware.allreduce_time
+            tp = self.tensor_parallel_size
+            # A gather moves half an all-reduce's bytes (no reduce-scatter half); counted as one at that size.
+            communication = (self._allreduces_per_step * allreduce(tokens * self._hidden_bytes_per_token, tp)
+                             + allreduce(f.num_reqs * self._logit_bytes_per_request / 2, tp))
         return (linear_layers, tokens * self._elementwise_s_per_token, attention_decode, attention_prefill,
-                self.lm_head.time(f.num_reqs), f.num_reqs * self._sampling_s_per_request, self._fixed_s)
+                self.lm_head.time(f.num_reqs), f.num_reqs * self._sampling_s_per_request, self._fixed_s,
+                communication)
 
     def layer_operator_times(self, num_tokens: int) -> dict[str, float]:
         """Seconds per non-attention operator of one layer for ``num_tokens`` rows, each with its kernel
@@ -176,21 +201,24 @@ class AnalyticalCostModel:
     def describe(self) -> dict:
         m, hw, dtype = self.model, self.hardware, self.dtype
         weight_bytes = m.weight_bytes(dtype)
+        weight_bytes_per_gpu = self.shard.weight_bytes(dtype)
         gemm_flops = hw.achievable_gemm_flops(dtype)
         return {
             "kind": "analytical",
             "model": m.to_dict(),
+            "tensor_parallel_size": self.tensor_parallel_size,
             "hardware": hw.to_dict(),
             "dtype": dtype,
             "weight_bytes": weight_bytes,
+            "weight_bytes_per_gpu": weight_bytes_per_gpu,
             "kv_bytes_per_token": m.kv_bytes_per_token(dtype),
             "achievable_gemm_tflops": gemm_flops / 1e12,
             "achievable_bandwidth_gbps": hw.achievable_bandwidth / 1e9,
             # Tokens per step past which linear layers stop being bound by reading their weights.
             "ridge_point_tokens": gemm_flops * self._element_bytes / (2 * hw.achievable_bandwidth),
-            # The floor of any step, before fixed costs: every weight read once (slightly high: the
-            # embedding table is only gathered row by row).
-            "weight_read_s": weight_bytes / hw.achievable_bandwidth,
+            # The floor of any step, before fixed costs: every weight of a GPU's shard read once (slightly
+            # high: the embedding table is only gathered row by row).
+            "weight_read_s": weight_bytes_per_gpu / hw.achievable_bandwidth,
             "fixed_overhead_s": self._fixed_s,
             "kernels_per_layer": KERNELS_PER_LAYER,
             "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,

@@ -33,9 +33,11 @@ class CostModel(Protocol):
         ...
 
 
-def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: HardwareSpec, dtype: str) -> CostModel:
-    """``None`` or ``"analytical"``: the roofline model for ``model`` on ``hardware``.
-    A path ending in ``.json``: a calibrated step profile. A mapping: ``{"kind": "analytical"}``,
+def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: HardwareSpec, dtype: str,
+                    tensor_parallel_size: int = 1) -> CostModel:
+    """``None`` or ``"analytical"``: the roofline model for ``model`` on ``hardware`` (on
+    ``tensor_parallel_size`` of them). A path ending in ``.json``: a calibrated step profile (measured on
+    one device, so refused with tensor parallelism). A mapping: ``{"kind": "analytical"}``,
     ``{"kind": "calibrated", "path": "..."}``, or a whole profile inline (it has a ``"format"`` key).
     """
     from sim.cost_models.analytical import AnalyticalCostModel
@@ -44,7 +46,7 @@ def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: Hardwa
     model = resolve_model(model)
     hardware = resolve_hardware(hardware)
     if spec is None or spec == "analytical":
-        return AnalyticalCostModel(model, hardware, dtype)
+        return AnalyticalCostModel(model, hardware, dtype, tensor_parallel_size)
     if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".json")):
         calibrated = CalibratedCostModel.from_file(spec)
     elif isinstance(spec, str):
@@ -62,12 +64,17 @@ def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: Hardwa
                     raise ValueError(f"cost_model: unknown key {key!r} for kind {kind!r} "
                                      f"(keys: {', '.join(sorted(allowed))})")
             if kind == "analytical":
-                return AnalyticalCostModel(model, hardware, dtype)
+                return AnalyticalCostModel(model, hardware, dtype, tensor_parallel_size)
             if not isinstance(spec.get("path"), str):
                 raise ValueError(f"cost_model.path must name a .json step profile, got {spec.get('path')!r}")
             calibrated = CalibratedCostModel.from_file(spec["path"])
     else:
         raise ValueError(f"cost_model: expected None, 'analytical', a .json path or a mapping, got {spec!r}")
+    if tensor_parallel_size != 1:
+        # A profile's step times are one engine's on the device it was recorded on; no factor turns them
+        # into another parallelism's (the all-reduces are not in them).
+        raise ValueError(f"engine.tensor_parallel_size: {tensor_parallel_size} needs the analytical cost model; "
+                         "a calibrated profile is measured on one device")
     _warn_on_mismatch(calibrated.profile.provenance, model, hardware, dtype)
     return calibrated
 
