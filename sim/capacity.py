@@ -86,6 +86,8 @@ class CapacityResult:
     # The workload's cluster.num_replicas: the search's rate is the whole cluster's, and replicas come
     # in clusters of this many.
     cluster_size: int = 1
+    # engine.tensor_parallel_size: GPUs per replica, so that a replica count is also a GPU count.
+    gpus_per_replica: int = 1
     # The replicas the target rate needs when simulated as one cluster behind the workload's router
     # (sim/replica_count.py); None without a target rate or a capacity, or when the workload cannot hold
     # the larger stream (verification_note says why).
@@ -206,7 +208,7 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
                 if target_rate is not None and low and high is not None else None)
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     result = CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
-                            target_rate, replicas, cluster_size)
+                            target_rate, replicas, cluster_size, workload.engine.tensor_parallel_size)
     if replicas is not None:
         try:
             result.replica_count = count_replicas(workload, target_rate, replicas, attainment_target, cost_model,
@@ -245,6 +247,8 @@ def describe(result: CapacityResult) -> str:
     elif result.replicas is not None:
         line += (f"; {result.target_rate:g} req/s needs {result.replicas} replica(s), "
                  "with the traffic split evenly between them")
+    if result.replicas is not None and result.gpus_per_replica > 1:
+        line += f" ({result.replicas * result.gpus_per_replica} GPUs at {result.gpus_per_replica} per replica)"
     count = result.replica_count
     if count is not None:
         failing = [check for check in count.checks if not check.passed]
@@ -254,8 +258,10 @@ def describe(result: CapacityResult) -> str:
             line += (f"\nsimulated as one cluster behind its router ({count.router}), none of "
                      f"{count.checks[0].replicas}-{count.checks[-1].replicas} replicas met it{below}")
         else:
+            gpus = (f" ({count.fewest_passing * result.gpus_per_replica} GPUs)" if result.gpus_per_replica > 1
+                    else "")
             line += (f"\nsimulated as one cluster behind its router ({count.router}): "
-                     f"{count.fewest_passing} replica(s) meet it{below}")
+                     f"{count.fewest_passing} replica(s){gpus} meet it{below}")
     elif result.verification_note is not None:
         line += f"\n{result.verification_note}"
     return line

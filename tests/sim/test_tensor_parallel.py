@@ -125,3 +125,12 @@ def test_what_cannot_run_with_tensor_parallelism_is_refused_by_field(capsys):
     assert "engine.tensor_parallel_size: 2 GPUs per engine run in the simulator only" in capsys.readouterr().err
     with pytest.raises(WorkloadError, match="engine.tensor_parallel_size"):
         load_workload(example_path("chat"), overrides=["engine.tensor_parallel_size=0"])
+
+
+def test_a_capacity_answer_counts_the_gpus_of_tensor_parallel_replicas():
+    from sim.capacity import CapacityResult, describe
+
+    result = CapacityResult("chat", {"ttft_ms": 500}, 0.9, max_rate=10.0, first_failing_rate=11.0, target_rate=35.0,
+                            replicas=4, gpus_per_replica=4)
+    assert "35 req/s needs 4 replica(s), with the traffic split evenly between them (16 GPUs at 4 per replica)" \
+        in describe(result)
