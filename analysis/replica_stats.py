@@ -17,23 +17,24 @@ from analysis.step_aggregates import kv_usage_max, num_preemptions, prefix_cache
 
 
 def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: Mapping[str, float],
-                  duration_s: float) -> dict[str, Any] | None:
-    """``{"0": {...}, "1": {...}, ...}`` for a run of two or more replicas, else None. Each replica:
+                  duration_s: float, num_replicas: int | None = None) -> dict[str, Any] | None:
+    """``{"0": {...}, "1": {...}, ...}`` for a run of two or more replicas, else None. ``num_replicas``
+    (the run's ``cluster.num_replicas``) counts the replicas the router never chose too. Each replica:
     num_requests, num_finished, slo_attainment, busy_fraction (its steps' total duration over the run's
     duration_s), kv_usage_mean, kv_usage_max, num_preemptions, prefix_cache_hit_rate, and ttft_ms, e2e_ms,
     queue_ms as for the whole run."""
     from analysis.metrics import completed_mask, count_meeting_slo, latency_stats, request_latencies
 
-    if "replica" not in requests.columns:
-        return None
-    replicas = sorted(int(value) for value in requests["replica"].dropna().unique())
+    replicas: set[int] = set(range(num_replicas or 0))
+    if "replica" in requests.columns:
+        replicas |= {int(value) for value in requests["replica"].dropna().unique()}
     if "replica" in steps.columns:
-        replicas = sorted(set(replicas) | {int(value) for value in steps["replica"].dropna().unique()})
+        replicas |= {int(value) for value in steps["replica"].dropna().unique()}
     if len(replicas) < 2:
         return None
     stats: dict[str, Any] = {}
-    for replica in replicas:
-        members = requests.loc[requests["replica"] == replica]
+    for replica in sorted(replicas):
+        members = requests.loc[requests["replica"] == replica] if "replica" in requests.columns else requests.iloc[:0]
         replica_steps = steps.loc[steps["replica"] == replica] if "replica" in steps.columns else steps.iloc[:0]
         latencies = request_latencies(members)
         num_finished = int(completed_mask(members).sum())
@@ -59,3 +60,10 @@ def load_imbalance(by_replica: Mapping[str, Any]) -> float | None:
     busy = [entry["busy_fraction"] for entry in by_replica.values() if entry.get("busy_fraction") is not None]
     mean = sum(busy) / len(busy) if busy else 0.0
     return max(busy) / mean if mean > 0 else None
+
+
+def configured_replicas(config: Mapping[str, Any] | None) -> int | None:
+    """``cluster.num_replicas`` of the workload a run's summary config holds, where it says."""
+    cluster = ((config or {}).get("workload") or {}).get("cluster") or {}
+    value = cluster.get("num_replicas")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

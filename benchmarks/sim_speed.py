@@ -20,6 +20,7 @@ import json
 import tempfile
 import time
 
+from sim.cli_support import positive_int
 from sim.engine_setup import build_setup
 from sim.run_pipeline import simulate, summarize
 from analysis import write_run
@@ -72,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--num-requests", type=int, default=10_000)
-    parser.add_argument("--replicas", type=int, default=1, help="a cluster of this many engines (rate scaled)")
+    parser.add_argument("--replicas", type=positive_int, default=1, help="a cluster of this many engines (rate scaled)")
     args = parser.parse_args()
     result = measure(args.num_requests, args.replicas)
     if args.json:

@@ -242,7 +242,7 @@ def describe(result: CapacityResult) -> str:
             f"({result.first_failing_rate:.4g} req/s does not)")
     if result.replicas is not None and result.cluster_size > 1:
         line += (f"; {result.target_rate:g} req/s needs {result.replicas} replicas "
-                 f"({result.replicas // result.cluster_size} clusters of {result.cluster_size}, the traffic split "
+                 f"({result.replicas // result.cluster_size} cluster(s) of {result.cluster_size}, the traffic split "
                  "evenly between the clusters)")
     elif result.replicas is not None:
         line += (f"; {result.target_rate:g} req/s needs {result.replicas} replica(s), "

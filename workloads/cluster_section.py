@@ -27,11 +27,14 @@ from workloads.errors import problems_error
 from workloads.schema_base import SchemaModel
 
 DEFAULT_MAX_LOAD_GAP = 4
+MAX_REPLICAS = 256
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_loaded", "prefix_aware")
 
 
 class ClusterSection(SchemaModel):
-    num_replicas: PositiveInt = 1
+    # Each replica is a whole engine in this process (its block pool alone is megabytes): a cap that
+    # keeps a typo from exhausting memory, far above the data-parallel sizes vLLM deployments use.
+    num_replicas: PositiveInt = Field(default=1, le=MAX_REPLICAS)
     router: Literal["round_robin", "random", "least_outstanding", "least_loaded", "prefix_aware"] = "least_loaded"
     # prefix_aware only (null: DEFAULT_MAX_LOAD_GAP). In units of least_loaded's score: 4 is one more
     # waiting request, or four more running ones.

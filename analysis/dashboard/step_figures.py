@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.dashboard.cluster_steps import cluster_step_view
+from analysis.dashboard.cluster_steps import cluster_size, cluster_step_view
 from analysis.dashboard.downsample import min_max_indices, sample_indices
 from analysis.dashboard.figure_style import DashboardFigure, new_figure, note_no_data, style
 from analysis.dashboard.rate_figures import TIME_AXIS_TITLE
@@ -70,7 +70,7 @@ def kv_usage_figure(runs: Sequence[DashboardRun]) -> DashboardFigure:
             hovertemplate=f"{run.label}<br>t=%{{x:.2f}} s<br>KV %{{y:.1f}} {unit}<extra></extra>",
         ))
         drawn = True
-        steps = cluster_step_view(run.steps)
+        steps = cluster_step_view(run.steps, cluster_size(run.summary))
         preempting = np.flatnonzero(steps["num_preemptions"].to_numpy() > 0)
         if preempting.size == 0:
             continue
@@ -106,7 +106,7 @@ def _has_kv_usage(run: DashboardRun) -> bool:
 
 
 def _decimated(run: DashboardRun, column: str) -> tuple[np.ndarray, np.ndarray]:
-    steps = cluster_step_view(run.steps)
+    steps = cluster_step_view(run.steps, cluster_size(run.summary))
     if not len(steps) or column not in steps.columns:
         return np.empty(0), np.empty(0)
     times = steps["start_time"].to_numpy(dtype=np.float64)

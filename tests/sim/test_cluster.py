@@ -199,23 +199,43 @@ def test_capacity_of_a_cluster_counts_replicas_in_clusters():
     result = find_capacity(workload, tolerance=0.1, target_rate=100)
     assert result.cluster_size == 2 and result.replicas % 2 == 0
     assert result.replicas == 2 * -(-100 // result.max_rate)
-    assert f"{result.replicas // 2} clusters of 2" in describe(result)
+    assert f"{result.replicas // 2} cluster(s) of 2" in describe(result)
 
 
 def test_the_dashboard_sums_a_clusters_replicas_at_each_step():
     from analysis.dashboard.cluster_steps import cluster_step_view
 
-    steps = pd.DataFrame({"replica": [0, 0, 1, 1], "start_time": [0.0, 2.0, 1.0, 3.0], "num_waiting": [3, 1, 5, 0],
-                          "num_running": [1, 2, 1, 1], "num_scheduled_tokens": [8, 8, 8, 8],
+    steps = pd.DataFrame({"replica": [0, 0, 1, 1], "start_time": [0.0, 2.0, 1.0, 3.0], "duration": [1.5, 0.5, 1.0, 1.0],
+                          "num_waiting": [3, 1, 5, 0], "num_running": [1, 2, 1, 1], "num_scheduled_tokens": [8, 4, 2, 1],
                           "kv_blocks_used": [10, 20, 30, 40], "kv_usage": [0.1, 0.2, 0.3, 0.4]})
-    view = cluster_step_view(steps)
+    view = cluster_step_view(steps, num_replicas=4)
     assert view["start_time"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert view["num_waiting"].tolist() == [3, 8, 6, 1]
     assert view["kv_blocks_used"].tolist() == [10, 40, 50, 60]
-    assert view["kv_usage"].tolist() == pytest.approx([0.05, 0.2, 0.25, 0.3])
+    # Averaged over all four replicas: two were never chosen and hold nothing.
+    assert view["kv_usage"].tolist() == pytest.approx([0.025, 0.1, 0.125, 0.15])
+    # Only steps still running count: replica 1's first ends at 2.0, replica 0's second at 2.5.
+    assert view["num_scheduled_tokens"].tolist() == [8, 10, 4, 1]
     one_engine = steps[steps["replica"] == 0]
     assert cluster_step_view(one_engine) is one_engine
 
+
+def test_the_summed_view_of_a_real_cluster_run_is_what_each_replica_was_doing(tmp_path):
+    import numpy as np
+
+    from analysis import read_run
+    from analysis.dashboard.cluster_steps import cluster_step_view
+
+    run_simulation(chat("cluster.num_replicas=3", "workload.arrival.rate=40", "workload.num_requests=120"), tmp_path)
+    steps = read_run(tmp_path).steps
+    view = cluster_step_view(steps, num_replicas=3)
+    for row in view.sample(60, random_state=0).itertuples():
+        earlier = steps[steps["start_time"] <= row.start_time]
+        latest = earlier.sort_values("start_time").groupby("replica").tail(1)
+        running = latest[latest["start_time"] + latest["duration"] > row.start_time]
+        assert row.num_running == latest["num_running"].sum()
+        assert row.num_scheduled_tokens == running["num_scheduled_tokens"].sum()
+        assert np.isclose(row.kv_usage, latest["kv_usage"].sum() / 3)
 
 def test_a_recording_of_a_cluster_is_not_replayed_on_one_engine(tmp_path):
     import json
@@ -235,3 +255,14 @@ def test_a_recording_of_a_cluster_is_not_replayed_on_one_engine(tmp_path):
     (recording / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match="cluster.num_replicas is 2"):
         replay_inputs(read_run(recording))
+
+
+def test_replicas_the_router_never_chose_still_count(tmp_path):
+    summary = run_simulation(chat("cluster.num_replicas=64", "workload.num_requests=10"), tmp_path).summary
+    by_replica = summary["by_replica"]
+    assert len(by_replica) == 64 and sum(entry["num_requests"] for entry in by_replica.values()) == 10
+    idle = [entry for entry in by_replica.values() if entry["num_requests"] == 0]
+    assert len(idle) == 54 and all(entry["busy_fraction"] == 0.0 for entry in idle)
+    assert summary["replica_load_imbalance"] > 6  # ten busy replicas of 64
+    with pytest.raises(Exception, match="cluster.num_replicas"):
+        chat("cluster.num_replicas=100000")
