@@ -12,7 +12,8 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
 * element-wise operators (norms, RoPE, residual adds, SiLU-and-multiply, KV-cache write) only stream
   activations.
 * attention: a decode reads its whole KV cache (memory-bound); a prefill chunk computes 4 * heads *
-  head_dim FLOPs per query-key pair under the causal mask and reads the KV of its earlier chunks.
+  head_dim FLOPs per query-key pair under the causal mask and reads the KV of its earlier chunks. The
+  cache's bytes are ``kv_cache_dtype``'s (an fp8 cache: one byte an element).
 * lm_head computes logits for one row per request (only the last position is sampled), and sampling
   makes a few passes over those logits in FP32.
 * a fixed cost per kernel (launch gap and minimum duration) and per step (CPU scheduling and I/O).
@@ -81,11 +82,15 @@ class AnalyticalCostModel:
     name = "analytical"
 
     def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16",
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None) -> None:
         self.model = model
         self.hardware = hardware
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size
+        # None or "auto": the cache holds the model's dtype. Attention computes in the model's dtype
+        # either way (an fp8 cache is widened as it is read), so only the bytes change.
+        self.kv_cache_dtype = dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+        kv_element_bytes = dtype_bytes(self.kv_cache_dtype)
         full_vocab_size = model.vocab_size
         model = model.shard(tensor_parallel_size)  # from here on, one GPU's part
         element_bytes = dtype_bytes(dtype)
@@ -115,7 +120,7 @@ class AnalyticalCostModel:
         self.layer_elementwise_bytes_per_token: dict[str, int] = {
             "input_norm": 2 * h * element_bytes,
             "rope": 2 * (q_size + kv_size) * element_bytes,
-            "kv_cache_write": 2 * 2 * kv_size * element_bytes,
+            "kv_cache_write": 2 * kv_size * (element_bytes + kv_element_bytes),  # read new K and V, store them
             "residual_add": 3 * h * element_bytes,
             "post_attention_norm": 2 * h * element_bytes,
             "activation": (model.mlp_up_size + model.intermediate_size) * element_bytes,
@@ -131,14 +136,14 @@ class AnalyticalCostModel:
             for c in self.layer_linears)
         self._elementwise_s_per_token = (layers * layer_elementwise_bytes + outside_elementwise_bytes) / bandwidth
         attention_flops_per_pair = 4 * q_size  # QK^T and PV: 2 FLOPs per multiply-add, head_dim per head
-        kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer(dtype)
+        kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer(self.kv_cache_dtype)
         # Decode: per KV token read, the slower of its FLOPs and its bytes (bytes win by ~100x).
         self._decode_s_per_context_token = layers * max(attention_flops_per_pair / attention_flops,
                                                         kv_bytes_per_token_per_layer / bandwidth)
         self._decode_s_per_request = layers * 2 * q_size * element_bytes / bandwidth  # read q, write output
         self._prefill_s_per_pair = layers * attention_flops_per_pair / attention_flops
         self._prefill_s_per_context_token = layers * kv_bytes_per_token_per_layer / bandwidth
-        self._prefill_s_per_token = layers * (2 * q_size + 2 * kv_size) * element_bytes / bandwidth
+        self._prefill_s_per_token = layers * (2 * q_size * element_bytes + 2 * kv_size * kv_element_bytes) / bandwidth
         self.lm_head = linear("lm_head", h, model.vocab_size)
         # Sampling reads the whole vocabulary's logits, gathered from every GPU's part.
         self._sampling_s_per_request = SAMPLING_PASSES_OVER_LOGITS * full_vocab_size * LOGIT_BYTES / bandwidth
@@ -207,11 +212,12 @@ class AnalyticalCostModel:
             "kind": "analytical",
             "model": m.to_dict(),
             "tensor_parallel_size": self.tensor_parallel_size,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "hardware": hw.to_dict(),
             "dtype": dtype,
             "weight_bytes": weight_bytes,
             "weight_bytes_per_gpu": weight_bytes_per_gpu,
-            "kv_bytes_per_token": m.kv_bytes_per_token(dtype),
+            "kv_bytes_per_token": m.kv_bytes_per_token(self.kv_cache_dtype),
             "achievable_gemm_tflops": gemm_flops / 1e12,
             "achievable_bandwidth_gbps": hw.achievable_bandwidth / 1e9,
             # Tokens per step past which linear layers stop being bound by reading their weights.
@@ -236,6 +242,6 @@ class AnalyticalCostModel:
         flops = layers * (2 * f.num_tokens * linear_params + 4 * m.q_size * attention_pairs) \
             + 2 * f.num_reqs * m.hidden_size * m.vocab_size
         kv_tokens_read = f.decode_context_tokens + f.prefill_context_tokens
-        kv_read = layers * m.kv_bytes_per_token_per_layer(self.dtype) * kv_tokens_read
+        kv_read = layers * m.kv_bytes_per_token_per_layer(self.kv_cache_dtype) * kv_tokens_read
         weights = (layers * linear_params + m.hidden_size * m.vocab_size) * b
         return float(flops), float(weights + kv_read)
