@@ -68,7 +68,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             num_gpu_blocks = kv_cache_num_blocks(
                 model, hardware, workload.dtype, engine.block_size, engine.gpu_memory_utilization,
                 kv_cache_dtype=None if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype,
-                tensor_parallel_size=engine.tensor_parallel_size)
+                tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
     max_model_len = engine.max_model_len or model.max_position_embeddings
@@ -88,7 +88,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         raise _named("engine", error) from None
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
-                                     engine.kv_cache_dtype)
+                                     engine.kv_cache_dtype, engine.quantization)
     except (ValueError, OSError) as error:
         message = str(error)
         raise (SetupError(message) if message.startswith("engine.") else _named("cost_model", error)) from None

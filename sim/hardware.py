@@ -38,6 +38,9 @@ class HardwareSpec:
     kernel_launch_overhead_s: float = 3e-6    # added to every kernel: launch gap and minimum duration
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S  # fixed CPU cost per engine step
     source: str = ""                          # where the datasheet figures come from
+    # Dense FP8 tensor-core TFLOP/s (Hopper, Ada); 0 where there are none (Ampere), and fp8 weights are
+    # then widened to 16 bits for the product (weight-only quantization: fewer bytes, no more FLOP/s).
+    dense_fp8_tflops: float = 0.0
     # Tensor parallelism (engine.tensor_parallel_size > 1): the GPUs of one engine all-reduce activations
     # twice per layer over this link. GB/s one way per GPU (NVLink: half the datasheet's bidirectional
     # total; else PCIe x16 one way), the fraction an all-reduce's bus bandwidth reaches, and the fixed
@@ -53,6 +56,8 @@ class HardwareSpec:
             value = getattr(self, name)
             if not _is_number(value) or value <= 0:
                 raise ValueError(f"hardware.{name} must be a positive number, got {value!r}")
+        if not _is_number(self.dense_fp8_tflops) or self.dense_fp8_tflops < 0:
+            raise ValueError(f"hardware.dense_fp8_tflops must be a number >= 0, got {self.dense_fp8_tflops!r}")
         if not _is_number(self.interconnect_bandwidth_gbps) or self.interconnect_bandwidth_gbps <= 0:
             raise ValueError(f"hardware.interconnect_bandwidth_gbps must be a positive number, got "
                              f"{self.interconnect_bandwidth_gbps!r}")
@@ -75,7 +80,10 @@ class HardwareSpec:
         16-bit rate, which is conservative), plain FP32 units for 32-bit (TF32 is off by default in torch)."""
         return (self.fp32_tflops if dtype_bytes(dtype) == 4 else self.dense_fp16_tflops) * 1e12
 
-    def achievable_gemm_flops(self, dtype: str) -> float:
+    def achievable_gemm_flops(self, dtype: str, quantization: str | None = None) -> float:
+        """FLOP/s a large GEMM reaches: with fp8 weights, the fp8 rate where the device has one."""
+        if quantization is not None and self.dense_fp8_tflops > 0:
+            return self.dense_fp8_tflops * 1e12 * self.gemm_flops_efficiency
         return self.peak_flops(dtype) * self.gemm_flops_efficiency
 
     def achievable_attention_flops(self, dtype: str) -> float:
@@ -128,11 +136,11 @@ PCIE4 = {"interconnect_bandwidth_gbps": 32.0, "allreduce_latency_s": 25e-6}
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {spec.name: spec for spec in (
     _preset("h100-sxm", 989.5, 67.0, 3350, 81559, "NVIDIA H100 SXM5 80GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, **NVLINK4),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4),
     _preset("h100-pcie", 756.5, 51.0, 2000, 81559, "NVIDIA H100 PCIe 80GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, **PCIE5),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1513.0, **PCIE5),
     _preset("h200", 989.5, 67.0, 4800, 143771, "NVIDIA H200 SXM 141GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, **NVLINK4),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4),
     # Fitted by benchmarks/cost_model_vs_a100.py to measured per-operator A100 kernel times (TP=1,
     # Llama-2-7B, Llama-3-8B, Llama-2-70B layers, 1-32768 tokens): GEMMs at 70% of 312 TFLOP/s (218),
     # streaming at 75% of 2039 GB/s (1.53 TB/s; a batch-1 GEMV measured 1.5-1.6 TB/s), 3 us per kernel.
@@ -144,9 +152,9 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {spec.name: spec for spec in (
             gemm_flops_efficiency=0.70, attention_flops_efficiency=0.5, bandwidth_efficiency=0.75,
             kernel_launch_overhead_s=3e-6, **NVLINK3),
     _preset("l4", 121.0, 30.3, 300, 23034, "NVIDIA L4 datasheet",
-            gemm_flops_efficiency=0.6, attention_flops_efficiency=0.4, **PCIE4),
+            gemm_flops_efficiency=0.6, attention_flops_efficiency=0.4, dense_fp8_tflops=242.5, **PCIE4),
     _preset("l40s", 362.05, 91.6, 864, 46068, "NVIDIA L40S datasheet",
-            gemm_flops_efficiency=0.65, attention_flops_efficiency=0.45, **PCIE4),
+            gemm_flops_efficiency=0.65, attention_flops_efficiency=0.45, dense_fp8_tflops=733.0, **PCIE4),
     # NVIDIA publishes no A10G datasheet; AWS G5 documentation and public comparisons give 70 dense
     # FP16 tensor TFLOP/s (the A10 has 125), 35 FP32 TFLOP/s and the A10's 600 GB/s GDDR6.
     _preset("a10g", 70.0, 35.0, 600, 23028, "AWS G5 (A10G) figures; no NVIDIA datasheet",

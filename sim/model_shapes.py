@@ -97,8 +97,21 @@ class ModelShape:
         final_norm = self.hidden_size
         return embedding + self.num_layers * self.layer_parameters + final_norm + lm_head
 
-    def weight_bytes(self, dtype: str) -> int:
-        return self.num_parameters * dtype_bytes(dtype)
+    @property
+    def linear_parameters(self) -> int:
+        """Weights of the projections of all layers (QKV, O, gate+up, down): what weight quantization
+        (vLLM's ``quantization: fp8``) stores in fewer bytes. Embedding, lm_head, norms and biases stay."""
+        h = self.hidden_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + h * self.mlp_up_size \
+            + self.intermediate_size * h
+        return self.num_layers * per_layer
+
+    def weight_bytes(self, dtype: str, quantization: str | None = None) -> int:
+        """Bytes of all weights in ``dtype``, the projections in ``quantization``'s type when given."""
+        if quantization is None:
+            return self.num_parameters * dtype_bytes(dtype)
+        return (self.num_parameters - self.linear_parameters) * dtype_bytes(dtype) \
+            + self.linear_parameters * dtype_bytes(quantization)
 
     # --- KV cache -----------------------------------------------------------------------------
     def kv_bytes_per_token_per_layer(self, dtype: str) -> int:
@@ -263,7 +276,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
 
 def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, block_size: int,
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
-                        kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1) -> int:
+                        kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
+                        quantization: str | None = None) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -286,7 +300,7 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
         raise ValueError(f"cache.activation_reserve_fraction must be in [0, 1), got {activation_reserve_fraction!r}")
     total = hardware.memory_bytes
     usable = total * gpu_memory_utilization
-    weights = model.weight_bytes(dtype)
+    weights = model.weight_bytes(dtype, quantization)
     reserve = total * activation_reserve_fraction
     free_for_kv = usable - weights - reserve
     block_bytes = block_size * model.kv_bytes_per_token(kv_cache_dtype or dtype)

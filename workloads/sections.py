@@ -49,6 +49,9 @@ class EngineSection(SchemaModel):
     # The KV cache's element type (simulated): auto is the model's dtype; an fp8 cache holds twice the
     # tokens in the same memory and halves the bytes attention reads.
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    # Weights of the layers' projections in fp8 (simulated): half the bytes, the fp8 tensor-core rate
+    # where the hardware has one. null: the model's dtype.
+    quantization: Literal["fp8"] | None = None
 
     @field_validator("block_size")
     @classmethod

@@ -82,8 +82,13 @@ class AnalyticalCostModel:
     name = "analytical"
 
     def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16",
-                 tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None) -> None:
+                 tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None,
+                 quantization: str | None = None) -> None:
         self.model = model
+        # fp8 weights (vLLM's quantization: fp8) in the four projections of every layer; embedding and
+        # lm_head stay in dtype. The products run at the device's fp8 rate, or at its 16-bit rate on
+        # one without fp8 tensor cores (weight-only: the weights are widened as they are read).
+        self.quantization = quantization
         self.hardware = hardware
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size
@@ -101,18 +106,26 @@ class AnalyticalCostModel:
         self._element_bytes = element_bytes
         self._bandwidth = bandwidth
 
-        def linear(name: str, in_features: int, out_features: int) -> LinearCost:
+        def linear(name: str, in_features: int, out_features: int, quantized: bool = False) -> LinearCost:
+            weight_bytes = dtype_bytes(quantization) if quantized else element_bytes
+            flops = hardware.achievable_gemm_flops(dtype, quantization) if quantized else gemm_flops
+            row_bytes = (in_features + out_features) * element_bytes
+            if quantized and hardware.dense_fp8_tflops > 0:
+                # fp8 x fp8 products: each input row is first quantized (read in dtype, written in fp8),
+                # then read by the product in fp8.
+                row_bytes += 2 * in_features * dtype_bytes(quantization)
             return LinearCost(name, in_features, out_features,
-                              weight_read_s=in_features * out_features * element_bytes / bandwidth,
-                              compute_s_per_row=2 * in_features * out_features / gemm_flops,
-                              activation_s_per_row=(in_features + out_features) * element_bytes / bandwidth)
+                              weight_read_s=in_features * out_features * weight_bytes / bandwidth,
+                              compute_s_per_row=2 * in_features * out_features / flops,
+                              activation_s_per_row=row_bytes / bandwidth)
 
         # --- one layer, operator by operator (the benchmark compares these with measured kernels) ---
+        quantized = quantization is not None
         self.layer_linears: tuple[LinearCost, ...] = (
-            linear("qkv_proj", h, q_size + 2 * kv_size),
-            linear("o_proj", q_size, h),
-            linear("gate_up_proj", h, model.mlp_up_size),
-            linear("down_proj", model.intermediate_size, h),
+            linear("qkv_proj", h, q_size + 2 * kv_size, quantized),
+            linear("o_proj", q_size, h, quantized),
+            linear("gate_up_proj", h, model.mlp_up_size, quantized),
+            linear("down_proj", model.intermediate_size, h, quantized),
         )
         # Bytes each element-wise operator streams per token: a norm reads and writes the hidden state,
         # an add reads two and writes one, RoPE rewrites q and k, SiLU-and-multiply reads gate and up and
@@ -205,14 +218,15 @@ class AnalyticalCostModel:
 
     def describe(self) -> dict:
         m, hw, dtype = self.model, self.hardware, self.dtype
-        weight_bytes = m.weight_bytes(dtype)
-        weight_bytes_per_gpu = self.shard.weight_bytes(dtype)
+        weight_bytes = m.weight_bytes(dtype, self.quantization)
+        weight_bytes_per_gpu = self.shard.weight_bytes(dtype, self.quantization)
         gemm_flops = hw.achievable_gemm_flops(dtype)
         return {
             "kind": "analytical",
             "model": m.to_dict(),
             "tensor_parallel_size": self.tensor_parallel_size,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "quantization": self.quantization,
             "hardware": hw.to_dict(),
             "dtype": dtype,
             "weight_bytes": weight_bytes,
