@@ -199,7 +199,8 @@ def comparison_renderable(
     table = Table(title="runs compared", padding=(0, 1))
     table.add_column("metric", style="bold")
     for label in labels:
-        table.add_column(label, justify="right")
+        # Sweep labels share their prefix ("tensor_parallel_size=2", "=4", ...): fold, never cut them.
+        table.add_column(label, justify="right", overflow="fold")
     for row_label, read in COMPARISON_ROWS:
         table.add_row(row_label, *(read(summary) for summary in summaries))
     return table

@@ -121,6 +121,8 @@ def compare(hardware: str | dict | HardwareSpec = "a100-80gb", path: Path | None
 def print_report(result: dict) -> None:
     hw = result["hardware"]
     peak_tflops, peak_gbps = result["peak_tflops"], result["peak_gbps"]
+    tp = result.get("tensor_parallel_size", 1)
+    print(f"{'one GPU of ' + str(tp) + ' (tensor parallel), ' if tp > 1 else ''}measured: {Path(result['source']).name}")
     print(f"hardware {hw['name']}: peak {peak_tflops:.0f} TFLOP/s fp16, {peak_gbps:.0f} GB/s; model uses "
           f"GEMM {hw['gemm_flops_efficiency']:.0%} ({peak_tflops * hw['gemm_flops_efficiency']:.0f} TFLOP/s), "
           f"bandwidth {hw['bandwidth_efficiency']:.0%} ({peak_gbps * hw['bandwidth_efficiency']:.0f} GB/s), "

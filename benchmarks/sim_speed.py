@@ -20,11 +20,11 @@ import json
 import tempfile
 import time
 
-from sim.cli_support import positive_int
 from sim.engine_setup import build_setup
 from sim.run_pipeline import simulate, summarize
 from analysis import write_run
 from workloads import example_path, load_workload
+from workloads.cluster_section import MAX_REPLICAS
 
 VIDUR_REQUESTS_PER_S = 625.0
 
@@ -69,11 +69,19 @@ def measure(num_requests: int, replicas: int = 1) -> dict:
             "simulated_duration_s": summary["duration_s"]}
 
 
+def replica_count(text: str) -> int:
+    value = int(text) if text.strip().lstrip("-").isdigit() else None
+    if value is None or not 1 <= value <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_REPLICAS}, got {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--num-requests", type=int, default=10_000)
-    parser.add_argument("--replicas", type=positive_int, default=1, help="a cluster of this many engines (rate scaled)")
+    parser.add_argument("--replicas", type=replica_count, default=1,
+                        help=f"a cluster of this many engines, 1..{MAX_REPLICAS} (rate scaled)")
     args = parser.parse_args()
     result = measure(args.num_requests, args.replicas)
     if args.json:

@@ -279,7 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=open_fraction, default=0.02,
                         help="stop when the bracket is this close, relatively (default 0.02)")
     parser.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
-                        help="also say how many replicas this total rate needs")
+                        help="also say how many replicas (and GPUs) this total rate needs: the even-split "
+                             "estimate, then simulations of that rate on one routed cluster of about that size")
     parser.add_argument("--cost-model", default=None, help="as for sim.run: 'analytical' (the roofline, default) or a calibrated step profile (.json)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write capacity.json and the run at the capacity there (default: runs/<name>-capacity)")

@@ -91,7 +91,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                                      engine.kv_cache_dtype, engine.quantization)
     except (ValueError, OSError) as error:
         message = str(error)
-        raise (SetupError(message) if message.startswith("engine.") else _named("cost_model", error)) from None
+        own_field = message.startswith(("engine.", "hardware."))
+        raise (SetupError(message) if own_field else _named("cost_model", error)) from None
     if requests is None:
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests)

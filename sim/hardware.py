@@ -44,10 +44,11 @@ class HardwareSpec:
     # Tensor parallelism (engine.tensor_parallel_size > 1): the GPUs of one engine all-reduce activations
     # twice per layer over this link. GB/s one way per GPU (NVLink: half the datasheet's bidirectional
     # total; else PCIe x16 one way), the fraction an all-reduce's bus bandwidth reaches, and the fixed
-    # cost of one all-reduce (what a decode step's kilobyte-sized ones mostly pay).
-    interconnect_bandwidth_gbps: float = 300.0
+    # cost of one all-reduce (what a decode step's kilobyte-sized ones mostly pay). None: no link known
+    # (inline hardware that names none, the cpu placeholder), and tensor parallelism is refused.
+    interconnect_bandwidth_gbps: float | None = None
     interconnect_efficiency: float = 0.75
-    allreduce_latency_s: float = 8e-6
+    allreduce_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -58,7 +59,8 @@ class HardwareSpec:
                 raise ValueError(f"hardware.{name} must be a positive number, got {value!r}")
         if not _is_number(self.dense_fp8_tflops) or self.dense_fp8_tflops < 0:
             raise ValueError(f"hardware.dense_fp8_tflops must be a number >= 0, got {self.dense_fp8_tflops!r}")
-        if not _is_number(self.interconnect_bandwidth_gbps) or self.interconnect_bandwidth_gbps <= 0:
+        if self.interconnect_bandwidth_gbps is not None and (
+                not _is_number(self.interconnect_bandwidth_gbps) or self.interconnect_bandwidth_gbps <= 0):
             raise ValueError(f"hardware.interconnect_bandwidth_gbps must be a positive number, got "
                              f"{self.interconnect_bandwidth_gbps!r}")
         for name in ("gemm_flops_efficiency", "attention_flops_efficiency", "bandwidth_efficiency",
@@ -68,6 +70,8 @@ class HardwareSpec:
                 raise ValueError(f"hardware.{name} must be a fraction in (0, 1], got {value!r}")
         for name in ("kernel_launch_overhead_s", "step_overhead_s", "allreduce_latency_s"):
             value = getattr(self, name)
+            if value is None and name == "allreduce_latency_s":
+                continue
             if not _is_number(value) or not 0 <= value < 1:
                 raise ValueError(f"hardware.{name} must be a number of seconds in [0, 1), got {value!r}")
 
@@ -99,8 +103,17 @@ class HardwareSpec:
         2 (n - 1) / n of the buffer on every GPU's link, after a fixed latency. 0 on one GPU."""
         if num_gpus <= 1:
             return 0.0
+        self.check_link()
         link = self.interconnect_bandwidth_gbps * 1e9 * self.interconnect_efficiency
         return self.allreduce_latency_s + 2 * (num_gpus - 1) / num_gpus * num_bytes / link
+
+    def check_link(self) -> None:
+        """A ValueError naming the field when the link between GPUs is not known."""
+        for name in ("interconnect_bandwidth_gbps", "allreduce_latency_s"):
+            if getattr(self, name) is None:
+                raise ValueError(f"hardware.{name}: {self.name!r} names no link between GPUs, which tensor "
+                                 f"parallelism needs; set hardware.interconnect_bandwidth_gbps and "
+                                 f"hardware.allreduce_latency_s (the GPU presets have them)")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -137,13 +137,18 @@ class ModelShape:
         problems = []
         if self.num_attention_heads % tp:
             problems.append(f"the {self.num_attention_heads} attention heads")
-        if (self.num_kv_heads % tp) if self.num_kv_heads >= tp else (tp % self.num_kv_heads):
-            problems.append(f"the {self.num_kv_heads} KV heads (nor do they divide it)")
+        if self.num_kv_heads >= tp and self.num_kv_heads % tp:
+            problems.append(f"the {self.num_kv_heads} KV heads")
         if self.intermediate_size % tp:
             problems.append(f"the MLP width {self.intermediate_size}")
         if problems:
-            raise ValueError(f"engine.tensor_parallel_size: {tp} does not divide {' or '.join(problems)} of model "
-                             f"{self.name!r}")
+            listed = problems[0] if len(problems) == 1 else f"{', '.join(problems[:-1])} or {problems[-1]}"
+            raise ValueError(f"engine.tensor_parallel_size: {tp} does not divide {listed} of model {self.name!r}")
+        if self.num_kv_heads < tp and tp % self.num_kv_heads:
+            # Fewer KV heads than GPUs: each GPU keeps one, so the GPUs must share them out evenly.
+            raise ValueError(f"engine.tensor_parallel_size: {tp} is not a multiple of the {self.num_kv_heads} KV heads "
+                             f"of model {self.name!r} (with fewer KV heads than GPUs, each KV head is copied to "
+                             "the same number of GPUs)")
         return replace(self, name=f"{self.name} (1/{tp} tensor-parallel shard)",
                        num_attention_heads=self.num_attention_heads // tp,
                        num_kv_heads=max(1, self.num_kv_heads // tp),

@@ -15,6 +15,9 @@ Routers (each sees the replicas' scheduler state at the moment the request arriv
 - ``prefix_aware``: the replica whose prefix cache holds the longest prefix of the prompt, among those
   whose ``least_loaded`` score is within ``max_load_gap`` of the lowest (ties: the lower score, then the
   lower index). A cache-aware router in the manner of SGLang's and llm-d's: it trades balance for hits.
+  Without prefix caching it finds no hits and is ``least_loaded``.
+
+With one replica every router sends everything to it: a sweep over routers needs ``num_replicas`` > 1.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class ClusterSection(SchemaModel):
         # A setting that the chosen router never reads would silently do nothing.
         if self.max_load_gap is not None and self.router != "prefix_aware":
             raise problems_error([("max_load_gap", f"applies to router 'prefix_aware' only, and router is "
-                                   f"{self.router!r}", self.max_load_gap)])
+                                   f"{self.router!r} (beside other routers in a sweep, sweep the whole section: "
+                                   "sweep={cluster: [{router: least_loaded}, {router: prefix_aware, max_load_gap: 8}]})",
+                                   self.max_load_gap)])
         return self
 
     @property

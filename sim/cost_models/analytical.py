@@ -98,6 +98,8 @@ class AnalyticalCostModel:
         kv_element_bytes = dtype_bytes(self.kv_cache_dtype)
         full_vocab_size = model.vocab_size
         model = model.shard(tensor_parallel_size)  # from here on, one GPU's part
+        if tensor_parallel_size > 1:
+            hardware.check_link()
         element_bytes = dtype_bytes(dtype)
         gemm_flops = hardware.achievable_gemm_flops(dtype)
         attention_flops = hardware.achievable_attention_flops(dtype)

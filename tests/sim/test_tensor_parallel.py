@@ -37,10 +37,19 @@ def test_fewer_kv_heads_than_gpus_are_replicated_one_per_gpu():
     assert model.shard(8).kv_bytes_per_token("bfloat16") * 8 == model.kv_bytes_per_token("bfloat16")
 
 
+def test_fewer_kv_heads_than_gpus_must_share_out_evenly():
+    from dataclasses import replace
+
+    model = replace(resolve_model("llama-3-8b"), num_attention_heads=48, num_kv_heads=4, intermediate_size=12288)
+    assert model.shard(8).num_kv_heads == 1
+    with pytest.raises(ValueError, match="engine.tensor_parallel_size: 6 is not a multiple of the 4 KV heads"):
+        model.shard(6)
+
+
 @pytest.mark.parametrize("model, tensor_parallel_size, names", [
-    ("llama-3-8b", 3, "32 attention heads"),
-    ("qwen2-0.5b", 4, "14 attention heads"),
-    ("qwen2-0.5b", 3, "2 KV heads"),
+    ("llama-3-8b", 3, "the 32 attention heads, the 8 KV heads or the MLP width 14336"),
+    ("qwen2-0.5b", 4, "the 14 attention heads of"),
+    ("qwen2-0.5b", 7, "the MLP width 4864 of"),
 ])
 def test_a_model_that_does_not_split_evenly_is_refused_by_field(model, tensor_parallel_size, names):
     with pytest.raises(ValueError, match=rf"engine.tensor_parallel_size: {tensor_parallel_size} does not divide .*{names}"):
@@ -90,6 +99,12 @@ def test_a_hardware_link_is_validated_by_name():
     with pytest.raises(ValueError, match="hardware.interconnect_bandwidth_gbps"):
         resolve_hardware({"preset": "h100-sxm", "interconnect_bandwidth_gbps": 0})
     assert resolve_hardware("h100-sxm").allreduce_time(1e6, 1) == 0.0
+    # Hardware that names no link (the cpu placeholder, inline figures without one) cannot shard.
+    workload = load_workload(example_path("chat"), overrides=["hardware=cpu", "engine.max_model_len=4096",
+                                                              "engine.tensor_parallel_size=2"])
+    with pytest.raises(SetupError, match="^hardware.interconnect_bandwidth_gbps: 'cpu' names no link"):
+        build_setup(workload)
+    assert build_setup(workload.with_overrides(["engine.tensor_parallel_size=1"])).cost_model is not None
     # A ring over 4 GPUs sends 2 * 3/4 of 1 MB on each 450 GB/s NVLink at 75%, after 8 us.
     assert resolve_hardware("h100-sxm").allreduce_time(1e6, 4) == pytest.approx(8e-6 + 1.5e6 / (450e9 * 0.75))
 
