@@ -144,6 +144,7 @@ def _preset(name: str, tflops16: float, tflops32: float, bandwidth: float, memor
 # machine was available; efficiency 0.75 is what NCCL's bus bandwidth typically reaches of the link.
 NVLINK4 = {"interconnect_bandwidth_gbps": 450.0, "allreduce_latency_s": 8e-6}
 NVLINK3 = {"interconnect_bandwidth_gbps": 300.0, "allreduce_latency_s": 8e-6}
+NVLINK5 = {"interconnect_bandwidth_gbps": 900.0, "allreduce_latency_s": 8e-6}
 PCIE5 = {"interconnect_bandwidth_gbps": 64.0, "allreduce_latency_s": 25e-6}
 PCIE4 = {"interconnect_bandwidth_gbps": 32.0, "allreduce_latency_s": 25e-6}
 
@@ -154,6 +155,10 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {spec.name: spec for spec in (
             gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1513.0, **PCIE5),
     _preset("h200", 989.5, 67.0, 4800, 143771, "NVIDIA H200 SXM 141GB datasheet",
             gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4),
+    # HGX B200 (1,000 W): 2.25 PFLOP/s dense FP16/BF16, 4.5 dense FP8, 8 TB/s HBM3e, 180 GB per GPU
+    # (DGX B200: 1,440 GB for eight), NVLink 5 at 1.8 TB/s both ways. Efficiencies: Hopper's, by judgement.
+    _preset("b200", 2250.0, 80.0, 8000, 183359, "NVIDIA HGX/DGX B200 figures (180 GB per GPU)",
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=4500.0, **NVLINK5),
     # Fitted by benchmarks/cost_model_vs_a100.py to measured per-operator A100 kernel times (TP=1,
     # Llama-2-7B, Llama-3-8B, Llama-2-70B layers, 1-32768 tokens): GEMMs at 70% of 312 TFLOP/s (218),
     # streaming at 75% of 2039 GB/s (1.53 TB/s; a batch-1 GEMV measured 1.5-1.6 TB/s), 3 us per kernel.

@@ -17,7 +17,7 @@ GIB = 2**30
 
 
 def test_required_hardware_presets_exist_with_plausible_figures():
-    for name in ("h100-sxm", "h100-pcie", "h200", "a100-80gb", "a100-40gb", "l4", "l40s", "a10g", "cpu"):
+    for name in ("b200", "h100-sxm", "h100-pcie", "h200", "a100-80gb", "a100-40gb", "l4", "l40s", "a10g", "cpu"):
         spec = resolve_hardware(name)
         assert spec.name == name
         assert 0 < spec.gemm_flops_efficiency <= 1 and 0 < spec.bandwidth_efficiency <= 1
@@ -28,6 +28,13 @@ def test_required_hardware_presets_exist_with_plausible_figures():
     assert resolve_hardware("h200").memory_bandwidth_gbps > h100.memory_bandwidth_gbps > a100.memory_bandwidth_gbps
     assert 79 < h100.memory_gib < 80  # 81559 MiB as nvidia-smi shows it
     assert resolve_hardware("A100-80GB") is a100  # names are case-insensitive
+    b200 = resolve_hardware("b200")
+    assert (b200.dense_fp16_tflops, b200.dense_fp8_tflops) == (2250.0, 4500.0)  # dense, not sparse
+    assert b200.interconnect_bandwidth_gbps == 2 * h100.interconnect_bandwidth_gbps  # NVLink 5 against 4
+    # fp8 tensor cores on Hopper, Ada and Blackwell only; every GPU names its link, the CPU placeholder none.
+    assert [name for name in ("b200", "h100-sxm", "h200", "l4", "l40s", "a100-80gb", "a10g")
+            if resolve_hardware(name).dense_fp8_tflops > 0] == ["b200", "h100-sxm", "h200", "l4", "l40s"]
+    assert resolve_hardware("cpu").interconnect_bandwidth_gbps is None
 
 
 def test_peak_flops_follow_the_dtype():
