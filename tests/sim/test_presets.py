@@ -45,9 +45,9 @@ def test_peak_flops_follow_the_dtype():
 
 def test_unknown_hardware_preset_lists_the_presets():
     with pytest.raises(ValueError) as error:
-        resolve_hardware("b200")
+        resolve_hardware("b300")
     message = str(error.value)
-    assert message.startswith("hardware: unknown preset 'b200'")
+    assert message.startswith("hardware: unknown preset 'b300'")
     assert all(name in message for name in HARDWARE_PRESETS)
 
 
