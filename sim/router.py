@@ -10,6 +10,8 @@ Every router is deterministic given the workload: ``random`` draws from the work
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -68,6 +70,18 @@ class LeastLoadedRouter:
         return lowest([load_score(engine) for engine in replicas])
 
 
+class PowerOfTwoRouter:
+    """Two distinct replicas drawn at random (the workload seed's ROUTING stream); the lower
+    ``load_score`` of the two, the first drawn on a tie."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random_stream(seed, Stream.ROUTING)
+
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        first, second = (int(index) for index in self._rng.choice(len(replicas), size=2, replace=False))
+        return second if load_score(replicas[second]) < load_score(replicas[first]) else first
+
+
 class PrefixAwareRouter:
     """The longest cached prefix among the replicas within ``max_load_gap`` of the least loaded one.
 
@@ -97,8 +111,41 @@ class PrefixAwareRouter:
         return best_index
 
 
+class RouterError(ValueError):
+    """A router of the user's own that cannot be loaded, or that chose no replica of the cluster."""
+
+
+def load_custom_router(workload: WorkloadConfig) -> Router:
+    """``cluster.router: "module:Class"``: the class, built with the workload when its constructor takes
+    an argument (for its seed or settings), else with none."""
+    name = workload.cluster.router
+    module_name, class_name = name.split(":")
+    try:
+        router_class = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise RouterError(f"cluster.router: cannot load {name!r}: {error}") from None
+    if not callable(getattr(router_class, "choose", None)):
+        raise RouterError(f"cluster.router: {name!r} has no choose(request, replicas) method")
+    try:
+        takes_workload = bool(inspect.signature(router_class).parameters)
+    except (TypeError, ValueError):  # a builtin or extension type: build it without arguments
+        takes_workload = False
+    return router_class(workload) if takes_workload else router_class()
+
+
+def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCore]) -> int:
+    """The router's choice, refused by name when it is not a replica of the cluster."""
+    index = router.choose(request, replicas)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(replicas):
+        raise RouterError(f"cluster.router {type(router).__name__} chose {index!r} for request {request.request_id!r}; "
+                          f"a replica is an int in 0..{len(replicas) - 1}")
+    return index
+
+
 def make_router(workload: WorkloadConfig) -> Router:
     cluster = workload.cluster
+    if cluster.is_custom_router:
+        return load_custom_router(workload)
     if cluster.router == "round_robin":
         return RoundRobinRouter()
     if cluster.router == "random":
@@ -107,6 +154,8 @@ def make_router(workload: WorkloadConfig) -> Router:
         return LeastOutstandingRouter()
     if cluster.router == "least_loaded":
         return LeastLoadedRouter()
+    if cluster.router == "power_of_two":
+        return PowerOfTwoRouter(workload.seed)
     if cluster.router == "prefix_aware":
         return PrefixAwareRouter(cluster.prefix_aware_max_load_gap)
     raise ValueError(f"cluster.router: unknown router {cluster.router!r}")

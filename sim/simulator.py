@@ -25,7 +25,7 @@ from engine.core import EngineCore, Request, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
 from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
-from sim.router import Router
+from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
@@ -125,7 +125,7 @@ class Simulation:
             while index < len(requests) and requests[index].arrival_time <= arrival_time:
                 spec = requests[index]
                 request = make_request(spec, params_by_output_len)
-                chosen = router.choose(request, engines) if router is not None else 0
+                chosen = checked_choice(router, request, engines) if router is not None else 0
                 replica = replicas[chosen]
                 self.replica_of_request[spec.request_id] = chosen
                 woken.add(chosen)

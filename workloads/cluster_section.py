@@ -12,36 +12,58 @@ Routers (each sees the replicas' scheduler state at the moment the request arriv
 - ``least_outstanding``: fewest unfinished requests (Vidur's ``lor``).
 - ``least_loaded``: vLLM's data-parallel balancing, the lowest ``4 * waiting + running``; ties go to
   the lowest replica index. The default, as in vLLM.
+- ``power_of_two``: the lower ``least_loaded`` score of two replicas drawn at random (the "power of
+  two choices": nearly least-loaded balance from two reads, what vLLM notes for large data-parallel
+  sizes and what Envoy-style balancers do).
 - ``prefix_aware``: the replica whose prefix cache holds the longest prefix of the prompt, among those
   whose ``least_loaded`` score is within ``max_load_gap`` of the lowest (ties: the lower score, then the
   lower index). A cache-aware router in the manner of SGLang's and llm-d's: it trades balance for hits.
   Without prefix caching it finds no hits and is ``least_loaded``.
 
 With one replica every router sends everything to it: a sweep over routers needs ``num_replicas`` > 1.
+
+Your own router: ``router: "my_module:MyRouter"`` imports ``MyRouter`` from ``my_module`` (found on
+Python's path: the directory you run from is on it), a class with ``choose(request, replicas) -> int``
+that reads the replicas (``engine.core.EngineCore``: their schedulers, queues and KV caches) without
+changing them (sim/router.py defines the protocol and the built-in routers).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from workloads.errors import problems_error
 from workloads.schema_base import SchemaModel
 
 DEFAULT_MAX_LOAD_GAP = 4
 MAX_REPLICAS = 256
-ROUTERS = ("round_robin", "random", "least_outstanding", "least_loaded", "prefix_aware")
+ROUTERS = ("round_robin", "random", "least_outstanding", "least_loaded", "power_of_two", "prefix_aware")
+# A router of the user's own: "package.module:ClassName".
+CUSTOM_ROUTER_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ClusterSection(SchemaModel):
     # Each replica is a whole engine in this process (its block pool alone is megabytes): a cap that
     # keeps a typo from exhausting memory, far above the data-parallel sizes vLLM deployments use.
     num_replicas: PositiveInt = Field(default=1, le=MAX_REPLICAS)
-    router: Literal["round_robin", "random", "least_outstanding", "least_loaded", "prefix_aware"] = "least_loaded"
+    # One of ROUTERS, or "module:Class" for a router of your own (imported by the simulator).
+    router: str = "least_loaded"
     # prefix_aware only (null: DEFAULT_MAX_LOAD_GAP). In units of least_loaded's score: 4 is one more
     # waiting request, or four more running ones.
     max_load_gap: int | None = Field(default=None, ge=0)
+
+    @field_validator("router")
+    @classmethod
+    def _known_or_importable(cls, value: str) -> str:
+        if value not in ROUTERS and not CUSTOM_ROUTER_PATTERN.fullmatch(value):
+            raise ValueError(f"must be one of {', '.join(ROUTERS)}, or 'module:Class' naming a router of your own")
+        return value
+
+    @property
+    def is_custom_router(self) -> bool:
+        return self.router not in ROUTERS
 
     @model_validator(mode="after")
     def _gap_only_for_prefix_aware(self) -> ClusterSection:

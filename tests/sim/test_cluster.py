@@ -65,7 +65,7 @@ def test_round_robin_replicas_are_exactly_their_substreams_run_alone():
         pd.testing.assert_frame_equal(cluster_steps, own_steps, check_exact=True)
 
 
-@pytest.mark.parametrize("router", ["least_loaded", "prefix_aware", "least_outstanding"])
+@pytest.mark.parametrize("router", ["least_loaded", "prefix_aware", "least_outstanding", "power_of_two"])
 def test_a_state_reading_router_gives_the_same_traces_with_and_without_fast_forward(router):
     workload = chat("cluster.num_replicas=3", f"cluster.router={router}", "workload.arrival.rate=40",
                     "engine.num_gpu_blocks=400", "engine.max_model_len=2048")
@@ -266,3 +266,47 @@ def test_replicas_the_router_never_chose_still_count(tmp_path):
     assert summary["replica_load_imbalance"] > 6  # ten busy replicas of 64
     with pytest.raises(Exception, match="cluster.num_replicas"):
         chat("cluster.num_replicas=100000")
+
+
+def test_a_router_of_your_own_is_loaded_by_module_and_class(tmp_path):
+    module = "tests.sim.custom_router_example"
+    simulation, _, _ = simulate_cluster(chat("cluster.num_replicas=3", f"cluster.router={module}:EveryOtherToTheLast"))
+    assert list(simulation.replica_of_request.values())[:4] == [0, 2, 0, 2]
+    summary = run_simulation(chat("cluster.num_replicas=3", f"cluster.router={module}:FewestWaiting",
+                                  "workload.arrival.rate=60"), tmp_path).summary
+    assert summary["num_finished"] == 240 and len(summary["by_replica"]) == 3
+
+
+@pytest.mark.parametrize("router, message", [
+    ("tests.sim.custom_router_example:OutOfRange", "chose 3 for request 'req-000000'; a replica is an int in 0..2"),
+    ("tests.sim.custom_router_example:NoChoose", "has no choose(request, replicas) method"),
+    ("tests.sim.custom_router_example:Missing", "cannot load 'tests.sim.custom_router_example:Missing'"),
+    ("no_such_module_here:Router", "cannot load 'no_such_module_here:Router': No module named"),
+])
+def test_a_router_of_your_own_that_cannot_route_is_named(router, message, capsys):
+    from sim.run import main as sim_run_main
+
+    assert sim_run_main(["chat", "--set", "cluster.num_replicas=3", "--set", f"cluster.router={router}",
+                         "--set", "workload.num_requests=5", "--no-dashboard", "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_power_of_two_choices_takes_the_less_loaded_of_two_random_replicas():
+    from sim.router import PowerOfTwoRouter
+    from workloads.random_streams import Stream, random_stream
+
+    workload = chat("cluster.num_replicas=4", "cluster.router=power_of_two", "workload.arrival.rate=200")
+    draws = random_stream(workload.seed, Stream.ROUTING)  # the router's own draws, replayed here
+    checked = []
+
+    class Watched(PowerOfTwoRouter):
+        def choose(self, request, replicas):
+            first, second = (int(i) for i in draws.choice(len(replicas), size=2, replace=False))
+            score = [4 * len(e.scheduler.waiting) + len(e.scheduler.running) for e in replicas]
+            index = super().choose(request, replicas)
+            checked.append(index == (second if score[second] < score[first] else first))
+            return index
+
+    simulation, _, _ = simulate_cluster(workload, router=Watched(workload.seed))
+    assert len(checked) == 240 and all(checked)
+    assert set(simulation.replica_of_request.values()) == {0, 1, 2, 3}
