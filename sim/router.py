@@ -22,7 +22,8 @@ from workloads.random_streams import Stream, random_stream
 
 class Router(Protocol):
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
-        """The index of the replica that gets ``request``."""
+        """The index of the replica that gets ``request``. With prefix caching on, the request's block
+        hashes are computed already (``checked_choice``), so ``get_computed_blocks`` finds its hits."""
 
 
 def load_score(engine: EngineCore) -> int:
@@ -93,11 +94,6 @@ class PrefixAwareRouter:
         self.max_load_gap = max_load_gap
 
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
-        # The replicas share one block hasher (sim/run_pipeline.py), so the hashes computed here for
-        # the lookup are the ones the chosen replica's scheduler keeps.
-        hasher = replicas[0].scheduler.block_hasher
-        if hasher is not None and request.block_hasher is not hasher:
-            request.set_block_hasher(hasher)
         scores = [load_score(engine) for engine in replicas]
         limit = min(scores) + self.max_load_gap
         best_index, best_key = 0, None
@@ -135,6 +131,11 @@ def load_custom_router(workload: WorkloadConfig) -> Router:
 
 def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCore]) -> int:
     """The router's choice, refused by name when it is not a replica of the cluster."""
+    # The replicas share one block hasher (sim/run_pipeline.py), so the hashes computed here for the
+    # router's lookups are the ones the chosen replica's scheduler keeps, not computed again.
+    hasher = replicas[0].scheduler.block_hasher
+    if hasher is not None and request.block_hasher is not hasher:
+        request.set_block_hasher(hasher)
     index = router.choose(request, replicas)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(replicas):
         raise RouterError(f"cluster.router {type(router).__name__} chose {index!r} for request {request.request_id!r}; "

@@ -310,3 +310,16 @@ def test_power_of_two_choices_takes_the_less_loaded_of_two_random_replicas():
     simulation, _, _ = simulate_cluster(workload, router=Watched(workload.seed))
     assert len(checked) == 240 and all(checked)
     assert set(simulation.replica_of_request.values()) == {0, 1, 2, 3}
+
+
+def test_a_router_sees_the_requests_block_hashes_so_its_prefix_lookups_hit():
+    hits = []
+
+    class MostCached:
+        def choose(self, request, replicas):
+            cached = [engine.scheduler.kv_cache_manager.get_computed_blocks(request)[1] for engine in replicas]
+            hits.append(max(cached))
+            return cached.index(max(cached))
+
+    simulate_cluster(chat("cluster.num_replicas=2", "workload.arrival.rate=5"), router=MostCached())
+    assert sum(hit > 0 for hit in hits) > len(hits) // 4  # chat: half the requests share 8 system prompts
