@@ -39,7 +39,7 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
                for _ in range(num_replicas)]
     router = None
     if num_replicas > 1:
-        # One hasher for all: a request's block hashes, computed once (by the router or its replica),
+        # One hasher for all: a request's block hashes, computed once before it is routed (checked_choice),
         # are then the ones every replica's scheduler would compute, and are not computed again.
         for engine in engines[1:]:
             engine.scheduler.block_hasher = engines[0].scheduler.block_hasher
