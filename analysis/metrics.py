@@ -170,8 +170,8 @@ def compute_summary(
     - ignored_examples / errored_examples (only when requests were ignored / errored and the trace says
       why): the first few, each {request_id, reason}.
     - by_priority (only when the requests carry two or more priorities): priority_class_stats.
-    - by_replica and replica_load_imbalance (only for a cluster run, whose tables carry a ``replica``
-      column with two or more values): analysis.replica_stats.
+    - by_replica and replica_load_imbalance (only for a simulated cluster run: its tables carry a
+      ``replica`` column, and its config names two or more replicas): analysis.replica_stats.
     """
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")

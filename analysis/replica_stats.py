@@ -25,6 +25,9 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
     queue_ms as for the whole run."""
     from analysis.metrics import completed_mask, count_meeting_slo, latency_stats, request_latencies
 
+    if "replica" not in requests.columns and "replica" not in steps.columns:
+        # Not traces of a simulated cluster (a server run of a cluster workload records no replicas).
+        return None
     replicas: set[int] = set(range(num_replicas or 0))
     if "replica" in requests.columns:
         replicas |= {int(value) for value in requests["replica"].dropna().unique()}

@@ -323,3 +323,10 @@ def test_a_router_sees_the_requests_block_hashes_so_its_prefix_lookups_hit():
 
     simulate_cluster(chat("cluster.num_replicas=2", "workload.arrival.rate=5"), router=MostCached())
     assert sum(hit > 0 for hit in hits) > len(hits) // 4  # chat: half the requests share 8 system prompts
+
+
+def test_traces_without_replicas_get_no_replica_table_whatever_their_config_says():
+    from analysis.replica_stats import replica_stats
+
+    requests = pd.DataFrame({"request_id": ["a"], "arrival_time": [0.0], "finish_reason": ["length"]})
+    assert replica_stats(requests, pd.DataFrame({"duration": [0.1]}), {}, 1.0, num_replicas=4) is None
