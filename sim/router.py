@@ -1,9 +1,10 @@
 """Routers: which replica of a cluster serves an arriving request (workloads/cluster_section.py).
 
-A router reads the replicas' own scheduler state at the moment the request arrives: the waiting queue,
-the running batch and the prefix cache, as the step in progress will leave them (the simulator runs a
-step's scheduling and bookkeeping when the step starts; see sim/simulator.py). It changes nothing: the
-prefix lookup is ``KVCacheManager.get_computed_blocks``, which only reads.
+A router reads the replicas' own scheduler state at the moment the request arrives: the prefix cache,
+and the waiting and running counts (``ReplicaLoads``: live, as the step in progress will leave them, or
+as last published, vLLM-style; the simulator runs a step's scheduling and bookkeeping when the step
+starts, see sim/simulator.py). It changes nothing: the prefix lookup is
+``KVCacheManager.get_computed_blocks``, which only reads.
 
 Every router is deterministic given the workload: ``random`` draws from the workload seed's own stream.
 """
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from engine.core import EngineCore, Request
+from sim.replica_loads import ReplicaLoads
 from workloads import WorkloadConfig
 from workloads.random_streams import Stream, random_stream
 
@@ -24,18 +26,6 @@ class Router(Protocol):
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
         """The index of the replica that gets ``request``. With prefix caching on, the request's block
         hashes are computed already (``checked_choice``), so ``get_computed_blocks`` finds its hits."""
-
-
-def load_score(engine: EngineCore) -> int:
-    """vLLM's data-parallel load score: a waiting request weighs four running ones (it still needs its
-    prefill, and it waits because the replica is full)."""
-    scheduler = engine.scheduler
-    return 4 * len(scheduler.waiting) + len(scheduler.running)
-
-
-def num_outstanding(engine: EngineCore) -> int:
-    scheduler = engine.scheduler
-    return len(scheduler.waiting) + len(scheduler.running)
 
 
 def lowest(scores: Sequence[int]) -> int:
@@ -62,25 +52,32 @@ class RandomRouter:
 
 
 class LeastOutstandingRouter:
+    def __init__(self, loads: ReplicaLoads) -> None:
+        self.loads = loads
+
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
-        return lowest([num_outstanding(engine) for engine in replicas])
+        return lowest([self.loads.outstanding(index) for index in range(len(replicas))])
 
 
 class LeastLoadedRouter:
+    def __init__(self, loads: ReplicaLoads) -> None:
+        self.loads = loads
+
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
-        return lowest([load_score(engine) for engine in replicas])
+        return lowest([self.loads.score(index) for index in range(len(replicas))])
 
 
 class PowerOfTwoRouter:
     """Two distinct replicas drawn at random (the workload seed's ROUTING stream); the lower
-    ``load_score`` of the two, the first drawn on a tie."""
+    load score of the two, the first drawn on a tie."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, loads: ReplicaLoads) -> None:
         self._rng = random_stream(seed, Stream.ROUTING)
+        self.loads = loads
 
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
         first, second = (int(index) for index in self._rng.choice(len(replicas), size=2, replace=False))
-        return second if load_score(replicas[second]) < load_score(replicas[first]) else first
+        return second if self.loads.score(second) < self.loads.score(first) else first
 
 
 class PrefixAwareRouter:
@@ -90,11 +87,12 @@ class PrefixAwareRouter:
     popular prefix cannot pile its requests onto one replica past that gap.
     """
 
-    def __init__(self, max_load_gap: int) -> None:
+    def __init__(self, max_load_gap: int, loads: ReplicaLoads) -> None:
         self.max_load_gap = max_load_gap
+        self.loads = loads
 
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
-        scores = [load_score(engine) for engine in replicas]
+        scores = [self.loads.score(index) for index in range(len(replicas))]
         limit = min(scores) + self.max_load_gap
         best_index, best_key = 0, None
         for index, engine in enumerate(replicas):
@@ -129,8 +127,9 @@ def load_custom_router(workload: WorkloadConfig) -> Router:
     return router_class(workload) if takes_workload else router_class()
 
 
-def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCore]) -> int:
-    """The router's choice, refused by name when it is not a replica of the cluster."""
+def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCore], loads: ReplicaLoads) -> int:
+    """The router's choice, refused by name when it is not a replica of the cluster, and counted in the
+    loads the router reads until the replicas next publish theirs."""
     # The replicas share one block hasher (sim/run_pipeline.py), so the hashes computed here for the
     # router's lookups are the ones the chosen replica's scheduler keeps, not computed again.
     hasher = replicas[0].scheduler.block_hasher
@@ -140,10 +139,12 @@ def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCo
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(replicas):
         raise RouterError(f"cluster.router {type(router).__name__} chose {index!r} for request {request.request_id!r}; "
                           f"a replica is an int in 0..{len(replicas) - 1}")
+    loads.routed(index)
     return index
 
 
-def make_router(workload: WorkloadConfig) -> Router:
+def make_router(workload: WorkloadConfig, loads: ReplicaLoads) -> Router:
+    """The workload's router; the built-in ones that weigh load read it from ``loads``."""
     cluster = workload.cluster
     if cluster.is_custom_router:
         return load_custom_router(workload)
@@ -152,11 +153,11 @@ def make_router(workload: WorkloadConfig) -> Router:
     if cluster.router == "random":
         return RandomRouter(workload.seed)
     if cluster.router == "least_outstanding":
-        return LeastOutstandingRouter()
+        return LeastOutstandingRouter(loads)
     if cluster.router == "least_loaded":
-        return LeastLoadedRouter()
+        return LeastLoadedRouter(loads)
     if cluster.router == "power_of_two":
-        return PowerOfTwoRouter(workload.seed)
+        return PowerOfTwoRouter(workload.seed, loads)
     if cluster.router == "prefix_aware":
-        return PrefixAwareRouter(cluster.prefix_aware_max_load_gap)
+        return PrefixAwareRouter(cluster.prefix_aware_max_load_gap, loads)
     raise ValueError(f"cluster.router: unknown router {cluster.router!r}")

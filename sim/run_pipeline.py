@@ -15,6 +15,7 @@ from engine.core import EngineCore, Scheduler
 from sim.cost_models.calibrated_range import extrapolation_report
 from sim.cluster_trace import ClusterTrace
 from sim.engine_setup import RunSetup, build_setup
+from sim.replica_loads import ReplicaLoads
 from sim.router import make_router
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
@@ -38,13 +39,14 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
     engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
                for _ in range(num_replicas)]
     router = None
+    loads = ReplicaLoads(engines, setup.workload.cluster.stats_interval_s)
     if num_replicas > 1:
         # One hasher for all: a request's block hashes, computed once before it is routed (checked_choice),
         # are then the ones every replica's scheduler would compute, and are not computed again.
         for engine in engines[1:]:
             engine.scheduler.block_hasher = engines[0].scheduler.block_hasher
-        router = make_router(setup.workload)
-    return Simulation(engines, setup.requests, router=router, progress=progress, description=description,
+        router = make_router(setup.workload, loads)
+    return Simulation(engines, setup.requests, router=router, loads=loads, progress=progress, description=description,
                       fast_forward=fast_forward).run()
 
 

@@ -25,6 +25,7 @@ from engine.core import EngineCore, Request, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
 from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
+from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
@@ -70,8 +71,8 @@ class Replica:
 
 class Simulation:
     def __init__(self, engine: EngineCore | Sequence[EngineCore], requests: Sequence[RequestSpec], *,
-                 router: Router | None = None, progress: bool = False, description: str = "simulating",
-                 fast_forward: bool = True, record_schedule: bool = False) -> None:
+                 router: Router | None = None, loads: ReplicaLoads | None = None, progress: bool = False,
+                 description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False) -> None:
         engines = [engine] if isinstance(engine, EngineCore) else list(engine)
         if not engines:
             raise ValueError("Simulation needs at least one engine")
@@ -79,10 +80,14 @@ class Simulation:
             raise ValueError(f"a cluster of {len(engines)} engines needs a router")
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
         self.router = router
+        # The counts the router weighs (live by default); the router's built-in policies read the same object.
+        self.loads = loads if loads is not None else ReplicaLoads(engines)
         self.requests = sorted(requests, key=lambda spec: spec.arrival_time)
         self.env = simpy.Environment()
         self._arrivals_done = False
         self._num_arrived = 0
+        # When the replicas next publish their counts to the router (published loads only).
+        self._next_publish_time = float("inf")
         # The replica each request went to, in arrival order (a cluster's traces say it per request).
         self.replica_of_request: dict[str, int] = {}
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
@@ -99,6 +104,8 @@ class Simulation:
     def run(self) -> TraceRecorder | ClusterTrace:
         """The traces: one engine's recorder, or a cluster's traces with each row's replica."""
         self.env.process(self._arrivals())
+        if self.router is not None and self.loads.published:
+            self.env.process(self._publish_loads())
         loops = [self.env.process(self._engine_loop(replica)) for replica in self.replicas]
         self.env.run(until=simpy.AllOf(self.env, loops))
         self._progress.close()
@@ -125,7 +132,7 @@ class Simulation:
             while index < len(requests) and requests[index].arrival_time <= arrival_time:
                 spec = requests[index]
                 request = make_request(spec, params_by_output_len)
-                chosen = checked_choice(router, request, engines) if router is not None else 0
+                chosen = checked_choice(router, request, engines, self.loads) if router is not None else 0
                 replica = replicas[chosen]
                 self.replica_of_request[spec.request_id] = chosen
                 woken.add(chosen)
@@ -141,6 +148,15 @@ class Simulation:
         self._arrivals_done = True
         for replica in replicas:
             replica.wake()
+
+    def _publish_loads(self):
+        """Every stats_interval_s from t = 0, the replicas publish their counts, until the last arrival
+        (no request is routed after it)."""
+        while not self._arrivals_done:
+            self.loads.publish()
+            self._next_publish_time = self.env.now + self.loads.stats_interval_s
+            yield self.env.timeout(self.loads.stats_interval_s)
+        self._next_publish_time = float("inf")
 
     def _engine_loop(self, replica: Replica):
         env, engine, executor, recorder = self.env, replica.engine, replica.executor, replica.recorder
@@ -193,21 +209,24 @@ class Simulation:
                 progress.update(finished_since_update)
                 finished_since_update = 0
 
-    def _next_arrival_time(self) -> float:
-        # Any replica may get the next request, so each one's fast-forward stops at it.
+    def _next_event_time(self) -> float:
+        """Where every replica's fast-forward stops: the next arrival (any replica may get it) and the
+        next publication of the loads (it reads every replica's state, which a fast-forward has already
+        advanced to the end of its planned steps)."""
         if self._num_arrived < len(self.requests):
-            return self.requests[self._num_arrived].arrival_time
-        return float("inf")
+            return min(self.requests[self._num_arrived].arrival_time, self._next_publish_time)
+        return self._next_publish_time
 
     def _plan_durations(self, plan: DecodeFastForward,
                         executor: SimulatedExecutor) -> tuple[list[float], list[StepFeatures]]:
-        """Durations and features of the decode-only steps that start before the next arrival."""
+        """Durations and features of the decode-only steps that start before the next arrival (or the next
+        publication of the loads)."""
         time_features = executor.cost_model_time
-        next_arrival = self._next_arrival_time()
+        next_event = self._next_event_time()
         now = self.env.now
         durations: list[float] = []
         planned_steps: list[StepFeatures] = []
-        while len(durations) < MAX_FAST_FORWARD_STEPS and now < next_arrival:
+        while len(durations) < MAX_FAST_FORWARD_STEPS and now < next_event:
             step = plan.step(len(durations))
             if step.num_decode_reqs == 0:
                 break

@@ -6,7 +6,9 @@ the whole ``engine`` section to itself: its own KV cache of ``num_gpu_blocks`` (
 its own ``hardware``), its own scheduler and its own prefix cache. Arrival rates stay the rate into the
 whole cluster.
 
-Routers (each sees the replicas' scheduler state at the moment the request arrives):
+Routers (each sees the replicas' scheduler state at the moment the request arrives; the waiting and
+running counts live, or as last published every ``stats_interval_s`` plus the router's own routing since,
+as vLLM's data-parallel front end sees them: sim/replica_loads.py):
 - ``round_robin``: replica 0, 1, ..., n-1, 0, ... in arrival order.
 - ``random``: uniform, from the workload's seed (its own stream, so the requests do not change).
 - ``least_outstanding``: fewest unfinished requests (Vidur's ``lor``).
@@ -40,6 +42,7 @@ from workloads.schema_base import SchemaModel
 DEFAULT_MAX_LOAD_GAP = 4
 MAX_REPLICAS = 256
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_loaded", "power_of_two", "prefix_aware")
+LOAD_READING_ROUTERS = ("least_outstanding", "least_loaded", "power_of_two", "prefix_aware")
 # A router of the user's own: "package.module:ClassName".
 CUSTOM_ROUTER_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -53,6 +56,9 @@ class ClusterSection(SchemaModel):
     # prefix_aware only (null: DEFAULT_MAX_LOAD_GAP). In units of least_loaded's score: 4 is one more
     # waiting request, or four more running ones.
     max_load_gap: int | None = Field(default=None, ge=0)
+    # How often the replicas' waiting and running counts reach the router (sim/replica_loads.py): 0 reads
+    # them live; vLLM's data-parallel front end gets them every 0.1 s and counts its own routing between.
+    stats_interval_s: float = Field(default=0.0, ge=0)
 
     @field_validator("router")
     @classmethod
@@ -73,6 +79,15 @@ class ClusterSection(SchemaModel):
                                    f"{self.router!r} (beside other routers in a sweep, sweep the whole section: "
                                    "sweep={cluster: [{router: least_loaded}, {router: prefix_aware, max_load_gap: 8}]})",
                                    self.max_load_gap)])
+        return self
+
+    @model_validator(mode="after")
+    def _interval_only_for_routers_that_weigh_load(self) -> ClusterSection:
+        if self.stats_interval_s > 0 and self.router not in LOAD_READING_ROUTERS:
+            what = "reads the replicas itself" if self.is_custom_router else "weighs no load"
+            raise problems_error([("stats_interval_s", f"applies to routers that weigh the replicas' load "
+                                   f"({', '.join(LOAD_READING_ROUTERS)}); router {self.router!r} {what}",
+                                   self.stats_interval_s)])
         return self
 
     @property

@@ -16,12 +16,14 @@ from hypothesis import strategies as st
 from analysis import requests_table, steps_table
 from engine.core import EngineCore, Scheduler
 from sim.engine_setup import build_setup
-from sim.router import PrefixAwareRouter, load_score, make_router
+from sim.replica_loads import ReplicaLoads
+from sim.router import PrefixAwareRouter, make_router
 from sim.run_pipeline import run_simulation
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
 from tests.core.helpers import check_scheduler_invariants
 from workloads import ROUTERS, example_path, load_workload
+from workloads.cluster_section import LOAD_READING_ROUTERS
 
 
 def chat(*overrides):
@@ -37,9 +39,15 @@ def build_cluster(setup):
 
 
 def simulate_cluster(workload, fast_forward=True, router=None):
+    """``router``: a router, a function of the run's ReplicaLoads making one, or None for the workload's."""
     setup = build_setup(workload)
     engines = build_cluster(setup)
-    simulation = Simulation(engines, setup.requests, router=router or make_router(workload), fast_forward=fast_forward)
+    loads = ReplicaLoads(engines, workload.cluster.stats_interval_s)
+    if router is None:
+        router = make_router(workload, loads)
+    elif not hasattr(router, "choose"):
+        router = router(loads)
+    simulation = Simulation(engines, setup.requests, router=router, loads=loads, fast_forward=fast_forward)
     trace = simulation.run()
     return simulation, engines, trace
 
@@ -79,12 +87,13 @@ def test_a_state_reading_router_gives_the_same_traces_with_and_without_fast_forw
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(num_replicas=st.integers(2, 4), router=st.sampled_from(ROUTERS), rate=st.sampled_from([5, 40, 200]),
-       num_gpu_blocks=st.sampled_from([200, 2000]), seed=st.integers(0, 3))
+       num_gpu_blocks=st.sampled_from([200, 2000]), seed=st.integers(0, 3), stats=st.sampled_from([0.0, 0.05]))
 def test_every_request_is_served_by_one_replica_and_every_block_comes_back(num_replicas, router, rate,
-                                                                          num_gpu_blocks, seed):
+                                                                          num_gpu_blocks, seed, stats):
+    stats = stats if router in LOAD_READING_ROUTERS else 0.0
     workload = chat("workload.num_requests=60", f"cluster.num_replicas={num_replicas}", f"cluster.router={router}",
                     f"workload.arrival.rate={rate}", f"engine.num_gpu_blocks={num_gpu_blocks}",
-                    "engine.max_model_len=2048", f"seed={seed}")
+                    "engine.max_model_len=2048", f"seed={seed}", f"cluster.stats_interval_s={stats}")
     simulation, engines, trace = simulate_cluster(workload)
     requests, steps = tables(trace)
     assert sorted(requests["request_id"]) == sorted(spec.request_id for spec in simulation.requests)
@@ -105,8 +114,8 @@ def test_least_loaded_picks_the_lowest_vllm_score_and_ties_go_to_the_lowest_inde
     chosen_scores = []
 
     class Watched:
-        def __init__(self):
-            self.inner = make_router(workload)
+        def __init__(self, loads):
+            self.inner = make_router(workload, loads)
 
         def choose(self, request, replicas):
             # vLLM's score, written out here rather than read from the router under test.
@@ -115,7 +124,7 @@ def test_least_loaded_picks_the_lowest_vllm_score_and_ties_go_to_the_lowest_inde
             chosen_scores.append((index, scores))
             return index
 
-    simulate_cluster(workload, router=Watched())
+    simulate_cluster(workload, router=lambda loads: Watched(loads))
     assert chosen_scores[0] == (0, [0, 0, 0]) and chosen_scores[1][0] == 1
     for index, scores in chosen_scores:
         assert scores[index] == min(scores) and index == scores.index(min(scores))
@@ -130,13 +139,13 @@ def test_prefix_aware_sends_a_prefix_back_to_its_replica_within_the_load_gap():
 
     class Watched(PrefixAwareRouter):
         def choose(self, request, replicas):
-            scores = [load_score(engine) for engine in replicas]
+            scores = [4 * len(e.scheduler.waiting) + len(e.scheduler.running) for e in replicas]
             index = super().choose(request, replicas)
             hits = [engine.scheduler.kv_cache_manager.get_computed_blocks(request)[1] for engine in replicas]
             decisions.append((index, scores, hits))
             return index
 
-    simulate_cluster(workload, router=Watched(4))
+    simulate_cluster(workload, router=lambda loads: Watched(4, loads))
     for index, scores, hits in decisions:
         assert scores[index] <= min(scores) + 4
         eligible = [hit for hit, score in zip(hits, scores) if score <= min(scores) + 4]
@@ -307,7 +316,7 @@ def test_power_of_two_choices_takes_the_less_loaded_of_two_random_replicas():
             checked.append(index == (second if score[second] < score[first] else first))
             return index
 
-    simulation, _, _ = simulate_cluster(workload, router=Watched(workload.seed))
+    simulation, _, _ = simulate_cluster(workload, router=lambda loads: Watched(workload.seed, loads))
     assert len(checked) == 240 and all(checked)
     assert set(simulation.replica_of_request.values()) == {0, 1, 2, 3}
 
@@ -330,3 +339,48 @@ def test_traces_without_replicas_get_no_replica_table_whatever_their_config_says
 
     requests = pd.DataFrame({"request_id": ["a"], "arrival_time": [0.0], "finish_reason": ["length"]})
     assert replica_stats(requests, pd.DataFrame({"duration": [0.1]}), {}, 1.0, num_replicas=4) is None
+
+
+def test_published_loads_lag_the_replicas_by_the_interval_plus_the_routers_own_count():
+    workload = chat("cluster.num_replicas=3", "workload.arrival.rate=40")
+    engines = build_cluster(build_setup(workload))
+    loads = ReplicaLoads(engines, stats_interval_s=0.1)
+    assert loads.counts(0) == (0, 0)
+    loads.routed(0)
+    loads.routed(0)
+    loads.routed(2)
+    assert [loads.score(index) for index in range(3)] == [8, 0, 4]
+    loads.publish()  # the replicas hold nothing yet: the router's own count is replaced by theirs
+    assert [loads.counts(index) for index in range(3)] == [(0, 0)] * 3
+    live = ReplicaLoads(engines)
+    live.routed(1)  # live counts are the replicas' own, with nothing added
+    assert live.counts(1) == (0, 0)
+
+
+def test_with_counts_never_published_least_loaded_balances_by_its_own_count_alone():
+    # Published once at t = 0 (all idle) and never again within the run: the router sees only the
+    # requests it routed, so least_loaded deals them out in turn, exactly as round_robin does.
+    stale, _, _ = simulate_cluster(chat("cluster.num_replicas=3", "cluster.stats_interval_s=10000"))
+    in_turn, _, _ = simulate_cluster(chat("cluster.num_replicas=3", "cluster.router=round_robin"))
+    assert stale.replica_of_request == in_turn.replica_of_request
+    live, _, _ = simulate_cluster(chat("cluster.num_replicas=3", "workload.arrival.rate=40"))
+    assert live.replica_of_request != in_turn.replica_of_request
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_loaded", "power_of_two", "prefix_aware"])
+def test_published_loads_give_the_same_traces_with_and_without_fast_forward(router):
+    # A publication reads every replica's state, so a fast-forward must stop at it as at an arrival.
+    workload = chat("cluster.num_replicas=3", f"cluster.router={router}", "cluster.stats_interval_s=0.1",
+                    "workload.arrival.rate=40", "engine.num_gpu_blocks=400", "engine.max_model_len=2048")
+    _, _, trace_on = simulate_cluster(workload, fast_forward=True)
+    _, _, trace_off = simulate_cluster(workload, fast_forward=False)
+    for on, off in zip(tables(trace_on), tables(trace_off)):
+        pd.testing.assert_frame_equal(on, off, check_exact=True)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random", "tests.sim.custom_router_example:FewestWaiting"])
+def test_a_stats_interval_for_a_router_that_weighs_no_published_load_is_refused(router):
+    from workloads import WorkloadError
+
+    with pytest.raises(WorkloadError, match="cluster.stats_interval_s: applies to routers that weigh"):
+        chat("cluster.num_replicas=2", f"cluster.router={router}", "cluster.stats_interval_s=0.1")
