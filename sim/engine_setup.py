@@ -15,6 +15,12 @@ from sim.model_shapes import ModelShape, kv_cache_num_blocks, resolve_model
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
 
+# What one KV block costs the simulator's process (the core's block object and its queue links: about
+# 125 bytes measured, 18 million blocks in 2.2 GB), and the most the pools of one run may take.
+BYTES_PER_SIMULATED_BLOCK = 125
+MAX_SIMULATED_POOL_BYTES = 8 * 2**30
+
+
 class SetupError(ValueError):
     """A workload that validates on its own but cannot run with the chosen model or hardware."""
 
@@ -71,6 +77,13 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
+    pool_bytes = num_gpu_blocks * BYTES_PER_SIMULATED_BLOCK * max(1, workload.cluster.num_replicas)
+    if pool_bytes > MAX_SIMULATED_POOL_BYTES:
+        # Every block is a Python object in the core; a tiny model on a large GPU derives tens of millions.
+        field = "engine.num_gpu_blocks" if engine.num_gpu_blocks is not None else "engine.gpu_memory_utilization"
+        raise SetupError(f"{field}: the KV pool would hold {num_gpu_blocks:,} blocks per replica "
+                         f"(model {model.name!r} on {hardware.name}), about {pool_bytes / 2**30:.1f} GiB of block "
+                         f"objects in this process; set engine.num_gpu_blocks to what the workload needs")
     max_model_len = engine.max_model_len or model.max_position_embeddings
     if max_model_len > model.max_position_embeddings:
         # As vLLM (and this project's real executor) refuse: past its position embeddings the model has

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from analysis import requests_table, steps_table
 from engine.core import EngineCore, Scheduler
-from sim.engine_setup import build_setup
+from sim.engine_setup import SetupError, build_setup
 from sim.replica_loads import ReplicaLoads
 from sim.router import PrefixAwareRouter, make_router
 from sim.run_pipeline import run_simulation
@@ -384,3 +384,12 @@ def test_a_stats_interval_for_a_router_that_weighs_no_published_load_is_refused(
 
     with pytest.raises(WorkloadError, match="cluster.stats_interval_s: applies to routers that weigh"):
         chat("cluster.num_replicas=2", f"cluster.router={router}", "cluster.stats_interval_s=0.1")
+
+
+def test_a_pool_too_large_for_the_process_is_refused_before_it_is_built():
+    # The tiny model on an H100 derives ~18 million blocks per replica (~2 GB of block objects); four replicas
+    # would be ~9 GB, and a run would crawl or be killed: refused with the field to set instead.
+    with pytest.raises(SetupError, match=r"^engine.gpu_memory_utilization: the KV pool would hold .* blocks per replica"):
+        build_setup(chat("model=tiny", "engine.max_model_len=2048", "cluster.num_replicas=4"))
+    with pytest.raises(SetupError, match=r"^engine.num_gpu_blocks: the KV pool would hold 100,000,000 blocks"):
+        build_setup(chat("engine.num_gpu_blocks=100000000"))
