@@ -17,12 +17,14 @@ With ``--target-rate R`` it also says how many replicas R needs: ceil(R / capaci
 the traffic splits evenly over them (round-robin or random routing of Poisson arrivals gives each
 replica a Poisson stream of R / N), and then simulates R on one cluster of that many replicas behind
 the workload's router (``cluster.router``, vLLM's least-loaded by default), and fewer or more, for the
-fewest that meet the SLO (sim/replica_count.py): chat at 68 req/s needs 3 by the estimate, 2 routed. A workload with ``cluster.num_replicas`` N searches the rate into
-the whole cluster, its router included, and counts replicas in clusters of N: searching N = 1, 2, 4 is
-how to see what the even split leaves out (a least-loaded router's pooling gain, a prefix-aware one's
-hits). Attainment measured on a finite request stream is not exactly
-monotonic in the rate, so the boundary is known to about the tolerance and the noise of one stream;
-more requests (``--set workload.num_requests=...``) narrow the noise. The stream must also last long
+fewest that meet the SLO (sim/replica_count.py): chat at 68 req/s needs 3 by the estimate, 2 routed.
+A workload with ``cluster.num_replicas`` N searches the rate into the whole cluster, its router
+included, and counts replicas in clusters of N: searching N = 1, 2, 4 is how to see what the even
+split leaves out (a least-loaded router's pooling gain, a prefix-aware one's hits).
+
+Attainment measured on a finite request stream is not exactly monotonic in the rate, so the boundary
+is known to about the tolerance and the noise of one stream; more requests (``--set
+workload.num_requests=...``) narrow the noise. The stream must also last long
 enough for queues to build at the boundary: a short one ends before they do and overstates the capacity
 (chat: 135 req/s with 200 requests, 33.75 with 1,000). Check that doubling the count leaves the answer
 where it is. A ``duration_s`` workload keeps the requests of its own rate at every probe.
