@@ -39,13 +39,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pandas as pd
 from rich.console import Console
-from rich.table import Table
 
 from analysis.dashboard import write_run_dashboard
 from analysis.dashboard.capacity_figure import capacity_page
-from analysis.report import format_number, format_percent, summary_value
+from analysis.report import format_percent, summary_value
+from sim.capacity_report import describe, point_table, probe_table, write_point_table
 from sim.cli_support import check_output_directory, open_fraction, positive_fraction, warnings_as_lines
 from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
 from sim.replica_count import ReplicaCount, count_replicas
@@ -73,6 +72,7 @@ class Probe:
     ttft_p90_ms: float | None
     tpot_p90_ms: float | None
     e2e_p90_ms: float | None
+    output_token_throughput: float | None = None
 
 
 @dataclass
@@ -95,6 +95,27 @@ class CapacityResult:
     # the larger stream (verification_note says why).
     replica_count: ReplicaCount | None = None
     verification_note: str | None = None
+    # --gpu-hour-price: dollars per GPU-hour, and what a million output tokens cost at the capacity.
+    gpu_hour_price: float | None = None
+    usd_per_million_output_tokens: float | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the configuration searched: its replicas times each one's tensor-parallel GPUs."""
+        return self.cluster_size * self.gpus_per_replica
+
+    def at_capacity(self) -> Probe | None:
+        return next((probe for probe in self.probes if probe.rate == self.max_rate), None)
+
+    def price(self, gpu_hour_price: float) -> None:
+        """Set the cost of a million output tokens at the capacity: the GPUs' hourly price over the
+        output tokens the run at the capacity served per hour."""
+        self.gpu_hour_price = gpu_hour_price
+        probe = self.at_capacity()
+        if self.first_failing_rate is None or probe is None or not probe.output_token_throughput:
+            return  # no capacity found: nothing to price
+        tokens_per_hour = probe.output_token_throughput * 3600
+        self.usd_per_million_output_tokens = gpu_hour_price * self.num_gpus / tokens_per_hour * 1e6
 
 
 def check_searchable(workload: WorkloadConfig) -> None:
@@ -156,7 +177,8 @@ def probe(workload: WorkloadConfig, rate: float, attainment_target: float,
     attainment = summary.get("slo_attainment")
     return Probe(rate, attainment, attainment is not None and attainment >= attainment_target, summary.get("goodput"),
                  summary.get("request_throughput"), summary_value(summary, "ttft_ms.p90"),
-                 summary_value(summary, "tpot_ms.p90"), summary_value(summary, "e2e_ms.p90"))
+                 summary_value(summary, "tpot_ms.p90"), summary_value(summary, "e2e_ms.p90"),
+                 summary.get("output_token_throughput"))
 
 
 def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tolerance: float = 0.02,
@@ -220,55 +242,6 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
     return result
 
 
-def probe_table(probes: list[Probe]) -> Table:
-    table = Table(title="probes (one simulation each)", padding=(0, 1))
-    for column in ("rate (req/s)", "SLO met", "pass", "goodput", "TTFT p90 (ms)", "TPOT p90 (ms)", "E2E p90 (ms)"):
-        table.add_column(column, justify="right")
-    for result in probes:
-        table.add_row(f"{result.rate:.4g}", format_percent(result.slo_attainment),
-                      "yes" if result.passed else "no", format_number(result.goodput),
-                      format_number(result.ttft_p90_ms), format_number(result.tpot_p90_ms),
-                      format_number(result.e2e_p90_ms))
-    return table
-
-
-def describe(result: CapacityResult) -> str:
-    slo = ", ".join(f"{key} <= {value:g}" for key, value in result.slo.items())
-    share = f"{result.attainment_target * 100:g}% of requests"  # :.0% would call 0.999 100%
-    if result.max_rate is None:
-        return (f"no rate down to {result.probes[0].rate:.4g} req/s met {slo} for {share}: the SLO is out of "
-                "reach at any load (is a threshold below the time a lone request takes?)")
-    if result.first_failing_rate is None:
-        return f"every rate up to {result.max_rate:.4g} req/s met {slo} for {share}; the search stopped there"
-    line = (f"capacity: {result.max_rate:.4g} req/s meets {slo} for {share} "
-            f"({result.first_failing_rate:.4g} req/s does not)")
-    if result.replicas is not None and result.cluster_size > 1:
-        line += (f"; {result.target_rate:g} req/s needs {result.replicas} replicas "
-                 f"({result.replicas // result.cluster_size} cluster(s) of {result.cluster_size}, the traffic split "
-                 "evenly between the clusters)")
-    elif result.replicas is not None:
-        line += (f"; {result.target_rate:g} req/s needs {result.replicas} replica(s), "
-                 "with the traffic split evenly between them")
-    if result.replicas is not None and result.gpus_per_replica > 1:
-        line += f" ({result.replicas * result.gpus_per_replica} GPUs at {result.gpus_per_replica} per replica)"
-    count = result.replica_count
-    if count is not None:
-        failing = [check for check in count.checks if not check.passed]
-        below = (f" ({failing[-1].replicas} replica(s): {format_percent(failing[-1].slo_attainment)} of requests "
-                 "met it)" if failing else "")
-        if count.fewest_passing is None:
-            line += (f"\nsimulated as one cluster behind its router ({count.router}), none of "
-                     f"{count.checks[0].replicas}-{count.checks[-1].replicas} replicas met it{below}")
-        else:
-            gpus = (f" ({count.fewest_passing * result.gpus_per_replica} GPUs)" if result.gpus_per_replica > 1
-                    else "")
-            line += (f"\nsimulated as one cluster behind its router ({count.router}): "
-                     f"{count.fewest_passing} replica(s){gpus} meet it{below}")
-    elif result.verification_note is not None:
-        line += f"\n{result.verification_note}"
-    return line
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim.capacity", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -283,12 +256,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
                         help="also say how many replicas (and GPUs) this total rate needs: the even-split "
                              "estimate, then simulations of that rate on one routed cluster of about that size")
+    parser.add_argument("--gpu-hour-price", type=float, default=None, metavar="USD",
+                        help="also say what a million output tokens cost at the capacity, at this price per GPU-hour")
     parser.add_argument("--cost-model", default=None, help="as for sim.run: 'analytical' (the roofline, default) or a calibrated step profile (.json)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write capacity.json and the run at the capacity there (default: runs/<name>-capacity)")
     args = parser.parse_args(argv)
     if args.target_rate is not None and not (math.isfinite(args.target_rate) and args.target_rate > 0):
         parser.error(f"--target-rate: must be a positive number of requests per second, got {args.target_rate}")
+    if args.gpu_hour_price is not None and not (math.isfinite(args.gpu_hour_price) and args.gpu_hour_price > 0):
+        parser.error(f"--gpu-hour-price: must be a positive number of dollars, got {args.gpu_hour_price}")
     check_output_directory(parser, "--out", args.out)
     return args
 
@@ -343,6 +320,8 @@ def _search_and_write(workload: WorkloadConfig, args: argparse.Namespace, consol
         f"{format_percent(check.slo_attainment)} -> {'pass' if check.passed else 'fail'}"))
     result = find_capacity(workload, args.attainment, args.tolerance, args.cost_model, args.target_rate, on_probe,
                            on_check)
+    if args.gpu_hour_price is not None:
+        result.price(args.gpu_hour_price)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "capacity.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     (out_dir / "capacity.html").write_text(capacity_page(asdict(result), describe(result)), encoding="utf-8")
@@ -350,35 +329,6 @@ def _search_and_write(workload: WorkloadConfig, args: argparse.Namespace, consol
         probe(workload, result.max_rate, args.attainment, args.cost_model, out_dir / "at-capacity")
         write_run_dashboard(out_dir / "at-capacity")
     return result
-
-
-def point_table(results: list[tuple[str, CapacityResult]]) -> Table:
-    """A sweep's searches side by side: which configuration sustains how much."""
-    table = Table(title="capacity per sweep point", padding=(0, 1))
-    for column in ("point", "capacity (req/s)", "fails at (req/s)", "probes", "replicas", "simulated"):
-        table.add_column(column, justify="left" if column == "point" else "right")
-    for label, result in results:
-        simulated = simulated_replicas(result)
-        table.add_row(label, _rate_text(result.max_rate), _rate_text(result.first_failing_rate),
-                      str(len(result.probes)), "-" if result.replicas is None else str(result.replicas),
-                      "-" if simulated is None else str(simulated))
-    return table
-
-
-def simulated_replicas(result: CapacityResult) -> int | None:
-    """The replicas the target rate needs as one simulated cluster, where that was found."""
-    return result.replica_count.fewest_passing if result.replica_count is not None else None
-
-
-def write_point_table(results: list[tuple[str, CapacityResult]], path: Path) -> None:
-    rows = [{"point": label, "max_rate": result.max_rate, "first_failing_rate": result.first_failing_rate,
-             "num_probes": len(result.probes), "replicas": result.replicas,
-             "replicas_simulated": simulated_replicas(result)} for label, result in results]
-    pd.DataFrame(rows).to_csv(path, index=False)
-
-
-def _rate_text(rate: float | None) -> str:
-    return "-" if rate is None else f"{rate:.4g}"
 
 
 if __name__ == "__main__":

@@ -161,3 +161,30 @@ def test_a_stream_too_short_for_the_cluster_is_said_so():
     workload = load_workload(example_path("code_trace"), overrides=["workload.num_requests=600"])
     result = find_capacity(workload, tolerance=0.1, target_rate=50 * starting_rate(workload))
     assert result.replica_count is None and "not simulated as one cluster" in result.verification_note
+
+
+def test_the_capacity_is_priced_per_million_output_tokens_on_all_its_gpus():
+    from sim.capacity import CapacityResult, Probe
+
+    at_capacity = Probe(10.0, 0.95, True, 9.5, 10.0, 100.0, 20.0, 2000.0, output_token_throughput=1000.0)
+    result = CapacityResult("chat", {"ttft_ms": 500}, 0.9, max_rate=10.0, first_failing_rate=11.0,
+                            probes=[at_capacity], cluster_size=2, gpus_per_replica=4)
+    result.price(2.0)
+    # 8 GPUs at $2 an hour serve 3.6 million output tokens an hour.
+    assert result.num_gpus == 8 and result.usd_per_million_output_tokens == pytest.approx(16 / 3.6)
+    assert "1,000 output tokens/s on 8 GPU(s) at $2 per GPU-hour: $4.444 per million output tokens" in describe(result)
+    unbracketed = CapacityResult("chat", {"ttft_ms": 500}, 0.9, max_rate=10.0, first_failing_rate=None,
+                                 probes=[at_capacity])
+    unbracketed.price(2.0)
+    assert unbracketed.usd_per_million_output_tokens is None  # no failing rate above it: not a capacity
+
+
+def test_the_cli_prices_the_capacity_and_refuses_a_bad_price(tmp_path, capsys):
+    assert capacity_main(["chat", *(f"--set={o}" for o in SMALL), "--tolerance", "0.2", "--gpu-hour-price", "3",
+                          "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    assert saved["gpu_hour_price"] == 3 and saved["usd_per_million_output_tokens"] > 0
+    assert "per million output tokens" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        capacity_main(["chat", "--gpu-hour-price", "-1"])
+    assert "--gpu-hour-price: must be a positive number of dollars, got -1" in capsys.readouterr().err
