@@ -47,6 +47,7 @@ from analysis.report import format_percent, summary_value
 from sim.capacity_report import describe, point_table, probe_table, write_point_table
 from sim.cli_support import check_output_directory, open_fraction, positive_fraction, warnings_as_lines
 from sim.run import DEFAULT_WORKLOAD, resolve_workload_path
+from sim.engine_setup import SetupError
 from sim.replica_count import ReplicaCount, count_replicas
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, load_workload
@@ -107,15 +108,23 @@ class CapacityResult:
     def at_capacity(self) -> Probe | None:
         return next((probe for probe in self.probes if probe.rate == self.max_rate), None)
 
+    def sustained_output_tokens_per_s(self) -> float | None:
+        """Output tokens per second while requests arrive at the capacity: the rate times the run's output
+        tokens per request. (The run's own throughput also counts the drain after its last arrival.)"""
+        probe = self.at_capacity()
+        if self.first_failing_rate is None or probe is None or not probe.output_token_throughput \
+                or not probe.request_throughput:
+            return None
+        return self.max_rate * probe.output_token_throughput / probe.request_throughput
+
     def price(self, gpu_hour_price: float) -> None:
         """Set the cost of a million output tokens at the capacity: the GPUs' hourly price over the
-        output tokens the run at the capacity served per hour."""
+        output tokens they serve in an hour at that rate."""
         self.gpu_hour_price = gpu_hour_price
-        probe = self.at_capacity()
-        if self.first_failing_rate is None or probe is None or not probe.output_token_throughput:
+        tokens_per_s = self.sustained_output_tokens_per_s()
+        if tokens_per_s is None:
             return  # no capacity found: nothing to price
-        tokens_per_hour = probe.output_token_throughput * 3600
-        self.usd_per_million_output_tokens = gpu_hour_price * self.num_gpus / tokens_per_hour * 1e6
+        self.usd_per_million_output_tokens = gpu_hour_price * self.num_gpus / (tokens_per_s * 3600) * 1e6
 
 
 def check_searchable(workload: WorkloadConfig) -> None:
@@ -237,7 +246,7 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
         try:
             result.replica_count = count_replicas(workload, target_rate, replicas, attainment_target, cost_model,
                                                   on_check)
-        except WorkloadError as error:  # e.g. a trace read in order holds too few rows for the larger stream
+        except (WorkloadError, SetupError) as error:  # a trace read in order holds too few rows, a pool too large
             result.verification_note = f"not simulated as one cluster: {error}"
     return result
 

@@ -65,8 +65,8 @@ def describe(result: CapacityResult) -> str:
     elif result.verification_note is not None:
         line += f"\n{result.verification_note}"
     if result.usd_per_million_output_tokens is not None:
-        probe = result.at_capacity()
-        line += (f"\nat the capacity, {probe.output_token_throughput:,.0f} output tokens/s on {result.num_gpus} GPU(s) "
+        tokens_per_s = result.sustained_output_tokens_per_s()
+        line += (f"\nat the capacity, {tokens_per_s:,.0f} output tokens/s on {result.num_gpus} GPU(s) "
                  f"at ${result.gpu_hour_price:g} per GPU-hour: ${result.usd_per_million_output_tokens:.3f} per million "
                  "output tokens")
     return line

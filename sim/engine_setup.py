@@ -77,13 +77,18 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
-    pool_bytes = num_gpu_blocks * BYTES_PER_SIMULATED_BLOCK * max(1, workload.cluster.num_replicas)
-    if pool_bytes > MAX_SIMULATED_POOL_BYTES:
+    num_replicas = max(1, workload.cluster.num_replicas)
+    replica_bytes = num_gpu_blocks * BYTES_PER_SIMULATED_BLOCK
+    if replica_bytes * num_replicas > MAX_SIMULATED_POOL_BYTES:
         # Every block is a Python object in the core; a tiny model on a large GPU derives tens of millions.
-        field = "engine.num_gpu_blocks" if engine.num_gpu_blocks is not None else "engine.gpu_memory_utilization"
-        raise SetupError(f"{field}: the KV pool would hold {num_gpu_blocks:,} blocks per replica "
-                         f"(model {model.name!r} on {hardware.name}), about {pool_bytes / 2**30:.1f} GiB of block "
-                         f"objects in this process; set engine.num_gpu_blocks to what the workload needs")
+        if replica_bytes <= MAX_SIMULATED_POOL_BYTES:
+            field = "cluster.num_replicas"
+        else:
+            field = "engine.num_gpu_blocks" if engine.num_gpu_blocks is not None else "engine.gpu_memory_utilization"
+        raise SetupError(f"{field}: {num_replicas} replica(s) of {num_gpu_blocks:,} KV blocks (model {model.name!r} on "
+                         f"{hardware.name}) would take about {replica_bytes * num_replicas / 2**30:.1f} GiB of block "
+                         f"objects in this process, past {MAX_SIMULATED_POOL_BYTES / 2**30:g} GiB; set "
+                         "engine.num_gpu_blocks to what the workload needs, or fewer replicas")
     max_model_len = engine.max_model_len or model.max_position_embeddings
     if max_model_len > model.max_position_embeddings:
         # As vLLM (and this project's real executor) refuse: past its position embeddings the model has

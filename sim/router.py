@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import operator
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -121,10 +122,18 @@ def load_custom_router(workload: WorkloadConfig) -> Router:
     if not callable(getattr(router_class, "choose", None)):
         raise RouterError(f"cluster.router: {name!r} has no choose(request, replicas) method")
     try:
-        takes_workload = bool(inspect.signature(router_class).parameters)
+        parameters = inspect.signature(router_class).parameters
     except (TypeError, ValueError):  # a builtin or extension type: build it without arguments
-        takes_workload = False
-    return router_class(workload) if takes_workload else router_class()
+        parameters = {}
+    required = [parameter for parameter in parameters.values() if parameter.default is parameter.empty
+                and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)]
+    try:
+        if "workload" in parameters:
+            return router_class(workload=workload)
+        return router_class(workload) if required else router_class()
+    except TypeError as error:
+        raise RouterError(f"cluster.router: cannot build {name!r} (it is given the workload, as `workload`, or "
+                          f"nothing): {error}") from None
 
 
 def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCore], loads: ReplicaLoads) -> int:
@@ -135,9 +144,13 @@ def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCo
     hasher = replicas[0].scheduler.block_hasher
     if hasher is not None and request.block_hasher is not hasher:
         request.set_block_hasher(hasher)
-    index = router.choose(request, replicas)
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(replicas):
-        raise RouterError(f"cluster.router {type(router).__name__} chose {index!r} for request {request.request_id!r}; "
+    choice = router.choose(request, replicas)
+    try:  # any integer type (a numpy argmin too), but not a bool or a float
+        index = None if isinstance(choice, bool) else operator.index(choice)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < len(replicas):
+        raise RouterError(f"cluster.router {type(router).__name__} chose {choice!r} for request {request.request_id!r}; "
                           f"a replica is an int in 0..{len(replicas) - 1}")
     loads.routed(index)
     return index

@@ -30,3 +30,35 @@ class OutOfRange:
 
 class NoChoose:
     pass
+
+
+class KeywordWorkload:
+    """Takes the workload by name, with a default: everything to the last replica."""
+
+    def __init__(self, *, workload=None) -> None:
+        self.last = workload.cluster.num_replicas - 1
+
+    def choose(self, request, replicas) -> int:
+        return self.last
+
+
+class NumpyArgmin:
+    """Answers with numpy's integer type, as a router written with numpy would."""
+
+    def choose(self, request, replicas):
+        import numpy as np
+
+        return np.argmin([len(engine.scheduler.waiting) + len(engine.scheduler.running) for engine in replicas])
+
+
+class NeedsTwo:
+    def __init__(self, workload, threshold) -> None:
+        self.threshold = threshold
+
+    def choose(self, request, replicas) -> int:
+        return 0
+
+
+class ChoosesAFloat:
+    def choose(self, request, replicas):
+        return 0.0

@@ -166,7 +166,9 @@ def test_a_stream_too_short_for_the_cluster_is_said_so():
 def test_the_capacity_is_priced_per_million_output_tokens_on_all_its_gpus():
     from sim.capacity import CapacityResult, Probe
 
-    at_capacity = Probe(10.0, 0.95, True, 9.5, 10.0, 100.0, 20.0, 2000.0, output_token_throughput=1000.0)
+    # The run served 8 req/s over its whole span (its drain after the last arrival included), 100 output
+    # tokens a request: at the 10 req/s it sustains, 1,000 output tokens a second.
+    at_capacity = Probe(10.0, 0.95, True, 7.6, 8.0, 100.0, 20.0, 2000.0, output_token_throughput=800.0)
     result = CapacityResult("chat", {"ttft_ms": 500}, 0.9, max_rate=10.0, first_failing_rate=11.0,
                             probes=[at_capacity], cluster_size=2, gpus_per_replica=4)
     result.price(2.0)
@@ -188,3 +190,15 @@ def test_the_cli_prices_the_capacity_and_refuses_a_bad_price(tmp_path, capsys):
     with pytest.raises(SystemExit):
         capacity_main(["chat", "--gpu-hour-price", "-1"])
     assert "--gpu-hour-price: must be a positive number of dollars, got -1" in capsys.readouterr().err
+
+
+def test_a_cluster_too_large_to_simulate_keeps_the_search_and_says_why(monkeypatch):
+    import sim.engine_setup
+
+    # One replica's pool fits under the cap, two do not: the search runs, the cluster check cannot.
+    one_replica = sim.engine_setup.build_setup(chat()).cache_config.num_gpu_blocks \
+        * sim.engine_setup.BYTES_PER_SIMULATED_BLOCK
+    monkeypatch.setattr(sim.engine_setup, "MAX_SIMULATED_POOL_BYTES", int(1.5 * one_replica))
+    result = find_capacity(chat(), tolerance=0.2, target_rate=300.0)
+    assert result.max_rate is not None and result.replicas >= 2 and result.replica_count is None
+    assert result.verification_note.startswith("not simulated as one cluster: cluster.num_replicas:")

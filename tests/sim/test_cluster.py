@@ -286,7 +286,17 @@ def test_a_router_of_your_own_is_loaded_by_module_and_class(tmp_path):
     assert summary["num_finished"] == 240 and len(summary["by_replica"]) == 3
 
 
+def test_a_router_of_your_own_may_take_the_workload_by_name_and_answer_with_a_numpy_int():
+    module = "tests.sim.custom_router_example"
+    keyword, _, _ = simulate_cluster(chat("cluster.num_replicas=3", f"cluster.router={module}:KeywordWorkload"))
+    assert set(keyword.replica_of_request.values()) == {2}
+    numpy_choice, _, _ = simulate_cluster(chat("cluster.num_replicas=3", f"cluster.router={module}:NumpyArgmin"))
+    assert len(set(numpy_choice.replica_of_request.values())) == 3
+
+
 @pytest.mark.parametrize("router, message", [
+    ("tests.sim.custom_router_example:NeedsTwo", "cannot build 'tests.sim.custom_router_example:NeedsTwo'"),
+    ("tests.sim.custom_router_example:ChoosesAFloat", "chose 0.0 for request 'req-000000'"),
     ("tests.sim.custom_router_example:OutOfRange", "chose 3 for request 'req-000000'; a replica is an int in 0..2"),
     ("tests.sim.custom_router_example:NoChoose", "has no choose(request, replicas) method"),
     ("tests.sim.custom_router_example:Missing", "cannot load 'tests.sim.custom_router_example:Missing'"),
@@ -378,18 +388,23 @@ def test_published_loads_give_the_same_traces_with_and_without_fast_forward(rout
         pd.testing.assert_frame_equal(on, off, check_exact=True)
 
 
-@pytest.mark.parametrize("router", ["round_robin", "random", "tests.sim.custom_router_example:FewestWaiting"])
-def test_a_stats_interval_for_a_router_that_weighs_no_published_load_is_refused(router):
+def test_a_stats_interval_is_the_deployments_and_leaves_routers_that_weigh_no_load_alone():
     from workloads import WorkloadError
 
-    with pytest.raises(WorkloadError, match="cluster.stats_interval_s: applies to routers that weigh"):
-        chat("cluster.num_replicas=2", f"cluster.router={router}", "cluster.stats_interval_s=0.1")
+    published, _, _ = simulate_cluster(chat("cluster.num_replicas=2", "cluster.router=round_robin",
+                                            "cluster.stats_interval_s=0.1"))
+    live, _, _ = simulate_cluster(chat("cluster.num_replicas=2", "cluster.router=round_robin"))
+    assert published.replica_of_request == live.replica_of_request
+    for value in ("1e-300", "-1"):  # a vanishing period would publish at one instant forever
+        with pytest.raises(WorkloadError, match="cluster.stats_interval_s"):
+            chat("cluster.num_replicas=2", f"cluster.stats_interval_s={value}")
 
 
 def test_a_pool_too_large_for_the_process_is_refused_before_it_is_built():
     # The tiny model on an H100 derives ~18 million blocks per replica (~2 GB of block objects); four replicas
     # would be ~9 GB, and a run would crawl or be killed: refused with the field to set instead.
-    with pytest.raises(SetupError, match=r"^engine.gpu_memory_utilization: the KV pool would hold .* blocks per replica"):
+    with pytest.raises(SetupError, match=r"^cluster.num_replicas: 4 replica\(s\) of [0-9,]+ KV blocks .* past 8 GiB"):
         build_setup(chat("model=tiny", "engine.max_model_len=2048", "cluster.num_replicas=4"))
-    with pytest.raises(SetupError, match=r"^engine.num_gpu_blocks: the KV pool would hold 100,000,000 blocks"):
+    assert build_setup(chat("model=tiny", "engine.max_model_len=2048")).cache_config.num_gpu_blocks > 10_000_000
+    with pytest.raises(SetupError, match=r"^engine.num_gpu_blocks: 1 replica\(s\) of 100,000,000 KV blocks"):
         build_setup(chat("engine.num_gpu_blocks=100000000"))
