@@ -73,7 +73,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         try:
             num_gpu_blocks = kv_cache_num_blocks(
                 model, hardware, workload.dtype, engine.block_size, engine.gpu_memory_utilization,
-                kv_cache_dtype=None if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype,
+                kv_cache_dtype=engine.kv_cache_dtype,
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None

@@ -103,9 +103,15 @@ class HardwareSpec:
         2 (n - 1) / n of the buffer on every GPU's link, after a fixed latency. 0 on one GPU."""
         if num_gpus <= 1:
             return 0.0
+        latency_s, seconds_per_byte = self.allreduce_coefficients(num_gpus)
+        return latency_s + num_bytes * seconds_per_byte
+
+    def allreduce_coefficients(self, num_gpus: int) -> tuple[float, float]:
+        """(fixed seconds, seconds per byte) of an all-reduce over ``num_gpus`` GPUs, for callers that
+        time many of them (the cost model, once per step)."""
         self.check_link()
         link = self.interconnect_bandwidth_gbps * 1e9 * self.interconnect_efficiency
-        return self.allreduce_latency_s + 2 * (num_gpus - 1) / num_gpus * num_bytes / link
+        return self.allreduce_latency_s, 2 * (num_gpus - 1) / num_gpus / link
 
     def check_link(self) -> None:
         """A ValueError naming the field when the link between GPUs is not known."""

@@ -295,6 +295,7 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     spans all GPUs), so the count is what one GPU's memory fits of its shards (``ModelShape.shard``).
     """
     tensor_parallel_size = int(tensor_parallel_size)
+    kv_cache_dtype = None if kv_cache_dtype == "auto" else kv_cache_dtype  # vLLM's "auto": the model's dtype
     full_model = model
     model = model.shard(tensor_parallel_size)
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:

@@ -97,10 +97,6 @@ class Simulation:
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
 
-    @property
-    def engine(self) -> EngineCore:
-        return self.replicas[0].engine
-
     def run(self) -> TraceRecorder | ClusterTrace:
         """The traces: one engine's recorder, or a cluster's traces with each row's replica."""
         self.env.process(self._arrivals())

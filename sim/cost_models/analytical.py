@@ -98,8 +98,9 @@ class AnalyticalCostModel:
         kv_element_bytes = dtype_bytes(self.kv_cache_dtype)
         full_vocab_size = model.vocab_size
         model = model.shard(tensor_parallel_size)  # from here on, one GPU's part
-        if tensor_parallel_size > 1:
-            hardware.check_link()
+        # Every all-reduce of a step costs latency + bytes * per_byte (0 and 0 on one GPU).
+        self._allreduce_latency_s, self._allreduce_s_per_byte = (
+            hardware.allreduce_coefficients(tensor_parallel_size) if tensor_parallel_size > 1 else (0.0, 0.0))
         element_bytes = dtype_bytes(dtype)
         gemm_flops = hardware.achievable_gemm_flops(dtype)
         attention_flops = hardware.achievable_attention_flops(dtype)
@@ -199,11 +200,12 @@ class AnalyticalCostModel:
                                     + f.num_prefill_tokens * self._prefill_s_per_token)
         communication = 0.0
         if self.tensor_parallel_size > 1:
-            allreduce = self.hardware.allreduce_time
-            tp = self.tensor_parallel_size
-            # A gather moves half an all-reduce's bytes (no reduce-scatter half); counted as one at that size.
-            communication = (self._allreduces_per_step * allreduce(tokens * self._hidden_bytes_per_token, tp)
-                             + allreduce(f.num_reqs * self._logit_bytes_per_request / 2, tp))
+            # Two all-reduces of the hidden states per layer, and the logits gathered: a gather moves half an
+            # all-reduce's bytes (no reduce-scatter half), counted as one at that size.
+            per_byte = self._allreduce_s_per_byte
+            communication = (
+                self._allreduces_per_step * (self._allreduce_latency_s + tokens * self._hidden_bytes_per_token * per_byte)
+                + self._allreduce_latency_s + f.num_reqs * self._logit_bytes_per_request / 2 * per_byte)
         return (linear_layers, tokens * self._elementwise_s_per_token, attention_decode, attention_prefill,
                 self.lm_head.time(f.num_reqs), f.num_reqs * self._sampling_s_per_request, self._fixed_s,
                 communication)
