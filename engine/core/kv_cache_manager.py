@@ -81,12 +81,14 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False) -> list[KVCacheBlock] | None:
         """Give the request KV slots for ``num_new_tokens`` more tokens, after its cached prefix.
 
         ``new_computed_blocks`` / ``num_new_computed_tokens`` are a prefix-cache hit from
         ``get_computed_blocks`` for a request being admitted. Returns the newly allocated blocks
-        (possibly empty) or None when the pool cannot hold them.
+        (possibly empty) or None when the pool cannot hold them. ``delay_cache_blocks``: the new tokens'
+        KV comes from another engine, so their blocks enter the prefix cache only once it has arrived
+        (``cache_blocks``); another request must not hit blocks whose contents are still in flight.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens!r}")
@@ -140,7 +142,7 @@ class KVCacheManager:
         if self.enable_caching:
             # Blocks whose every token is known are cached now, before they are computed: the runner
             # writes every token's KV before any attention of the same step reads it.
-            num_tokens_to_cache = num_computed_tokens + num_new_tokens
+            num_tokens_to_cache = num_computed_tokens if delay_cache_blocks else num_computed_tokens + num_new_tokens
             if num_tokens_to_cache > request.num_tokens:
                 num_tokens_to_cache = request.num_tokens
             num_full_blocks = num_tokens_to_cache // block_size
@@ -150,6 +152,19 @@ class KVCacheManager:
                                              request.all_token_ids, block_size)
                 self.num_cached_block[request_id] = num_full_blocks
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's full blocks up to ``num_computed_tokens`` in the prefix cache (its KV,
+        loaded from another engine, has arrived; see ``delay_cache_blocks``)."""
+        if not self.enable_caching:
+            return
+        request_id = request.request_id
+        num_full_blocks = min(num_computed_tokens, request.num_tokens) // self.block_size
+        num_cached_blocks = self.num_cached_block[request_id]
+        if num_full_blocks > num_cached_blocks:
+            self.block_pool.cache_full_blocks(request.block_hashes, self.req_to_blocks[request_id], num_cached_blocks,
+                                              num_full_blocks, request.all_token_ids, self.block_size)
+            self.num_cached_block[request_id] = num_full_blocks
 
     def free(self, request: Request) -> None:
         """Drop the request's blocks, tail first.

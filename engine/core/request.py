@@ -4,6 +4,11 @@ State machine (vLLM V1's, see the seed's section 8.2):
 
     WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED_*
 
+With KV transfer between a prefill engine and a decode engine (engine/core/kv_transfer.py), a decode
+engine's request whose prompt KV comes from elsewhere waits with its blocks allocated while it loads:
+
+    WAITING -> WAITING_FOR_REMOTE_KVS -> WAITING -> RUNNING -> ...
+
 Invariants kept by the scheduler:
 - ``all_token_ids == prompt_token_ids + output_token_ids`` and ``num_tokens == len(all_token_ids)``.
 - ``0 <= num_computed_tokens <= num_tokens``; a preempted request has ``num_computed_tokens == 0``.
@@ -23,14 +28,16 @@ _NEVER = 1 << 62
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
+    # Blocks allocated, its prompt's KV still arriving from the engine that computed it (vLLM's name).
+    WAITING_FOR_REMOTE_KVS = 1
+    RUNNING = 2
+    PREEMPTED = 3
     # Every status after PREEMPTED is final.
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_IGNORED = 6
-    FINISHED_ERROR = 7
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8
 
     @staticmethod
     def is_finished(status: "RequestStatus") -> bool:
@@ -55,7 +62,7 @@ class Request:
         "cache_salt", "status", "output_token_ids", "all_token_ids", "num_prompt_tokens", "num_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
         "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
-        "stop_token_set",
+        "stop_token_set", "do_remote_prefill", "do_remote_decode",
     )
 
     def __init__(
@@ -69,6 +76,8 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         block_hasher: Callable[["Request"], list] | None = None,
+        do_remote_prefill: bool = False,
+        do_remote_decode: bool = False,
     ) -> None:
         self.request_id = request_id
         # Kept as given when already a list, tuple or array (a workload's prompts need no extra copy).
@@ -105,6 +114,11 @@ class Request:
         if eos_token_id is not None and not params.ignore_eos:
             stop_tokens.add(eos_token_id)
         self.stop_token_set = frozenset(stop_tokens)
+        # Disaggregated prefill (vLLM's kv_transfer_params): on a decode engine, the prompt's KV is loaded
+        # from the prefill engine instead of computed (cleared once the load starts: a request preempted
+        # later is recomputed here); on a prefill engine, the blocks outlive the request until they are sent.
+        self.do_remote_prefill = do_remote_prefill
+        self.do_remote_decode = do_remote_decode
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 

@@ -22,14 +22,17 @@ from typing import Iterable
 from engine.core.block_hash import make_block_hasher
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_transfer import KVTransfers
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerStats
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.request_queue import create_request_queue
-from engine.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from engine.core.scheduler_output import SchedulerOutput
+from engine.core.scheduler_output_builder import build_scheduler_output
 from engine.core.stop_conditions import finish_if_stopped
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
+_LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class Scheduler:
@@ -49,6 +52,8 @@ class Scheduler:
             enable_caching=cache_config.enable_prefix_caching,
             enable_kv_cache_events=cache_config.enable_kv_cache_events)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
+        # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
+        self.kv_transfers = KVTransfers(self.kv_cache_manager)
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
@@ -115,13 +120,17 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove_request(request)
+                if request.status == _LOADING:
+                    self.kv_transfers.drop(request)
             request.status = finished_status
             self._free_request(request)
             self._pending_outputs.append(EngineCoreOutput(request_id, [], FINISH_REASONS[finished_status],
                                                           num_cached_tokens=max(request.num_cached_tokens, 0)))
 
     def _free_request(self, request: Request) -> None:
-        self.kv_cache_manager.free(request)
+        # A prefill engine's disaggregated request keeps its blocks until the decode engine has read them.
+        if not self.kv_transfers.hold_for_send(request):
+            self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -207,8 +216,37 @@ class Scheduler:
         if not preempted:
             waiting = self.waiting
             max_num_seqs = self.max_num_seqs
+            kv_transfers = self.kv_transfers
+            if kv_transfers.loaded:
+                # KV arrived from a prefill engine: one token each, in slots the requests hold already.
+                for request in kv_transfers.take_loaded(min(token_budget, max_num_seqs - len(running))):
+                    waiting.remove_request(request)
+                    if allocate_slots(request, 1) is None:
+                        raise RuntimeError(f"{request}: its loaded blocks hold no slot for its last prompt token")
+                    running.append(request)
+                    scheduled_new.append(request)
+                    request.status = _RUNNING
+                    if request.num_cached_tokens < 0:
+                        request.num_cached_tokens = request.num_computed_tokens
+                    num_scheduled_tokens[request.request_id] = 1
+                    token_budget -= 1
+            # Requests whose KV is still loading: passed over, back at the head afterwards.
+            skipped: list[Request] = []
             while waiting and token_budget > 0 and len(running) < max_num_seqs:
                 request = waiting.peek_request()
+                if request.status == _LOADING:
+                    skipped.append(waiting.pop_request())
+                    continue
+                if request.do_remote_prefill:
+                    num_hit_tokens = kv_transfers.start_load(request)
+                    if num_hit_tokens is None:
+                        break
+                    skipped.append(waiting.pop_request())
+                    kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
+                    if request.num_preemptions == 0:
+                        num_prefix_query_tokens += request.num_tokens
+                        num_prefix_hit_tokens += num_hit_tokens
+                    continue
                 computed_blocks, num_hit_tokens = kv_cache_manager.get_computed_blocks(request)
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 if 0 < threshold < num_new_tokens:
@@ -236,65 +274,16 @@ class Scheduler:
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
 
-        return self._make_output(scheduled_new, scheduled_resumed, scheduled_running, running_new_blocks,
-                                 running_computed_before, num_scheduled_tokens, preempted, num_prefix_query_tokens,
-                                 num_prefix_hit_tokens)
+            for request in reversed(skipped):
+                waiting.prepend_request(request)
 
-    def _make_output(self, scheduled_new, scheduled_resumed, scheduled_running, running_new_blocks,
-                     running_computed_before, num_scheduled_tokens, preempted, num_prefix_query_tokens,
-                     num_prefix_hit_tokens) -> SchedulerOutput:
-        """Describe the step to the runner, and advance the admitted requests' computed counts.
-
-        The counts in the output are the values *before* this step; advancing them at scheduling time
-        (not after the model runs) lets the next schedule() see in-flight work as done, as vLLM does.
-        Running requests were advanced in phase 1 already.
-        """
-        kv_cache_manager = self.kv_cache_manager
-        new_reqs_data = []
-        for request in scheduled_new:
-            new_reqs_data.append(NewRequestData(
-                request.request_id, request.prompt_token_ids, request.sampling_params,
-                kv_cache_manager.get_block_ids(request.request_id), request.num_computed_tokens,
-                request.eos_token_id))
-            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
-
-        # Running requests, then resumed ones; built with comprehensions, this runs for every request.
-        resumed = scheduled_resumed
-        cached = CachedRequestData(
-            req_ids=[request.request_id for request in scheduled_running]
-            + [request.request_id for request in resumed],
-            resumed_from_preemption=[False] * len(scheduled_running) + [True] * len(resumed),
-            new_block_ids=[[block.block_id for block in blocks] if blocks else None
-                           for blocks in running_new_blocks]
-            + [kv_cache_manager.get_block_ids(request.request_id) for request in resumed],
-            num_computed_tokens=running_computed_before + [request.num_computed_tokens for request in resumed],
-            num_output_tokens=[len(request.output_token_ids) for request in scheduled_running]
-            + [len(request.output_token_ids) for request in resumed],
-            resumed_token_ids={request.request_id: list(request.all_token_ids) for request in resumed},
-        )
-        for request in resumed:
-            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
-
-        running = self.running
-        num_common_prefix_blocks = (kv_cache_manager.get_num_common_prefix_blocks(running[0].request_id, len(running))
-                                    if running else 0)
-        finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         self.last_step_num_preemptions = len(preempted)
         self.num_preemptions_total += len(preempted)
-        return SchedulerOutput(
-            scheduled_new_reqs=new_reqs_data,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
-            num_common_prefix_blocks=num_common_prefix_blocks,
-            finished_req_ids=finished_req_ids,
-            preempted_req_ids={request.request_id for request in preempted},
-            new_block_ids_to_zero=kv_cache_manager.block_pool.take_newly_allocated_block_ids(),
-            num_prefix_query_tokens=num_prefix_query_tokens,
-            num_prefix_hit_tokens=num_prefix_hit_tokens,
-            num_shared_kv_tokens=kv_cache_manager.block_pool.num_shared_refs * kv_cache_manager.block_size,
-            num_kv_block_runs=kv_cache_manager.num_block_runs,
-        )
+        finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        return build_scheduler_output(
+            self.kv_cache_manager, self.running, scheduled_new, scheduled_resumed, scheduled_running,
+            running_new_blocks, running_computed_before, num_scheduled_tokens, preempted, finished_req_ids,
+            num_prefix_query_tokens, num_prefix_hit_tokens, self.kv_transfers.take_loads_started())
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""
@@ -355,6 +344,18 @@ class Scheduler:
             for request in stopped:
                 self._free_request(request)
         return outputs
+
+    def finish_kv_load(self, request_id: str) -> bool:
+        """A remote prefill's KV has arrived (vLLM: the connector's finished_recving); the next schedule()
+        takes the request before any other waiting one. False if it was aborted meanwhile."""
+        return self.kv_transfers.finish_load(request_id)
+
+    def finish_kv_send(self, request_id: str) -> bool:
+        """The decode engine has read a finished request's KV (vLLM: finished_sending): free its blocks."""
+        return self.kv_transfers.finish_send(request_id)
+
+    def has_kv_transfers_in_flight(self) -> bool:
+        return self.kv_transfers.in_flight()
 
     def take_pending_outputs(self) -> list[EngineCoreOutput]:
         """Outputs of requests that ended between steps (for drivers that skip an empty step)."""

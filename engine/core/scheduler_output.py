@@ -64,6 +64,8 @@ class SchedulerOutput:
     # Runs of consecutive physical block ids over every live request's block table, as of this
     # schedule (KVCacheManager.num_block_runs): how scattered the KV a step gathers lies.
     num_kv_block_runs: int = 0
+    # Remote prefills whose KV load this step starts (request id -> tokens to load; engine/core/kv_transfer.py).
+    kv_loads: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_scheduled_reqs(self) -> int:

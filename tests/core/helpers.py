@@ -76,12 +76,29 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         assert request.status == RequestStatus.RUNNING
         held = len(manager.get_blocks(request.request_id)) * manager.block_size
         assert held >= request.num_computed_tokens, f"{request} holds only {held} slots"
+    transfers = scheduler.kv_transfers
     for request in scheduler.waiting:
-        assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        assert request.num_computed_tokens == 0
-        assert request.request_id not in manager.req_to_blocks
-    # Blocks are held by live requests only.
-    assert set(manager.req_to_blocks) <= set(scheduler.requests)
+        request_id = request.request_id
+        assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.WAITING_FOR_REMOTE_KVS)
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            # Loading from a prefill engine: blocks for its whole prompt; only the local prefix hit computed.
+            assert request_id in transfers.loading and not request.do_remote_prefill
+            assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_tokens
+            assert manager.num_cached_block[request_id] * manager.block_size <= request.num_computed_tokens
+        elif request_id in manager.req_to_blocks:
+            # Loaded, not yet scheduled: every prompt token but the last computed.
+            assert request_id not in transfers.loading
+            assert request.num_computed_tokens == request.num_tokens - 1
+        else:
+            assert request.num_computed_tokens == 0
+    assert set(transfers.loading) <= {request.request_id for request in scheduler.waiting}
+    assert transfers.loaded <= set(transfers.loading)
+    for request_id, request in transfers.sending.items():
+        # Finished, gone from the scheduler, its blocks held until the decode engine has read them.
+        assert request.is_finished and request_id not in scheduler.requests
+        assert request_id in manager.req_to_blocks
+    # Blocks are held by live requests (and finished ones whose KV is being sent) only.
+    assert set(manager.req_to_blocks) <= set(scheduler.requests) | set(transfers.sending)
 
 
 def check_cached_blocks_were_computed(scheduler: Scheduler, executor: ScriptedExecutor) -> None:

@@ -6,6 +6,12 @@ moment. After every rule: every DESIGN.md invariant. After every step: the token
 size, slots for every scheduled token, no admissions in a step that preempted. At the end: every
 request finished or aborted, every block free, and every request that ran to its length produced
 exactly the tokens it would have produced alone (preemption and batching change nothing).
+
+The engine also plays both halves of disaggregated prefill and decode (engine/core/kv_transfer.py):
+some requests are a prefill engine's (their blocks outlive them until a send finishes), some a decode
+engine's (their prompt KV is loaded, at any later moment, into blocks allocated for it). A loaded
+request must still produce exactly the tokens it would have computed alone, and a loading request's
+blocks must never be found by a prefix-cache hit before its KV is there.
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.time = 0.0
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
-          priority=st.integers(0, 3))
-    def add_request(self, prefix, suffix_len, max_tokens, priority):
+          priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]))
+    def add_request(self, prefix, suffix_len, max_tokens, priority, transfer):
         self.counter += 1
         self.time += 0.25
         request_id = f"r{self.counter}"
@@ -53,7 +59,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.max_tokens[request_id] = max_tokens
         self.tokens[request_id] = []
         self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
-                                           arrival_time=self.time))
+                                           arrival_time=self.time, do_remote_prefill=transfer == "remote_prefill",
+                                           do_remote_decode=transfer == "remote_decode"))
+
+    @rule(pick=st.integers(0, 10_000))
+    def finish_load(self, pick):
+        """A remote prefill's KV arrives: the executor's slots for the loaded tokens now hold KV."""
+        transfers = self.scheduler.kv_transfers
+        pending = sorted(set(transfers.loading) - transfers.loaded)
+        if not pending:
+            return
+        request_id = pending[pick % len(pending)]
+        request = transfers.loading[request_id]
+        manager = self.scheduler.kv_cache_manager
+        blocks = manager.get_blocks(request_id)
+        for position in range(request.num_computed_tokens, request.num_tokens):
+            block = blocks[position // manager.block_size]
+            self.core.executor.computed_slots.setdefault(block.block_id, set()).add(position % manager.block_size)
+        assert self.scheduler.finish_kv_load(request_id)
+        check_cached_blocks_were_computed(self.scheduler, self.core.executor)
+
+    @rule(pick=st.integers(0, 10_000))
+    def finish_send(self, pick):
+        sending = sorted(self.scheduler.kv_transfers.sending)
+        if sending:
+            assert self.scheduler.finish_kv_send(sending[pick % len(sending)])
 
     @rule(pick=st.integers(0, 10_000))
     def abort(self, pick):
@@ -99,7 +129,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "core"):
             return
         for _ in range(20_000):
-            if not self.core.has_work():
+            self.finish_load(0)
+            self.finish_send(0)
+            if not self.core.has_work() and not self.scheduler.has_kv_transfers_in_flight():
                 break
             self.step()
         assert not self.scheduler.requests and not self.scheduler.running and not self.scheduler.waiting
