@@ -172,6 +172,8 @@ def compute_summary(
     - by_priority (only when the requests carry two or more priorities): priority_class_stats.
     - by_replica and replica_load_imbalance (only for a simulated cluster run: its tables carry a
       ``replica`` column, and its config names two or more replicas): analysis.replica_stats.
+    - disaggregation (a disaggregated cluster run: its requests table has the KV load's columns): the
+      parts of TTFT, analysis.disaggregation_stats.
     """
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
@@ -230,10 +232,15 @@ def compute_summary(
     # Imported here: replica_stats builds on this module's latency helpers.
     from analysis.replica_stats import configured_replicas, load_imbalance, replica_stats
 
+    from analysis.disaggregation_stats import disaggregation_stats
+
     by_replica = replica_stats(requests, steps, slo_thresholds, duration_s, configured_replicas(config))
     if by_replica is not None:
         summary["by_replica"] = by_replica
         summary["replica_load_imbalance"] = load_imbalance(by_replica)
+    disaggregation = disaggregation_stats(requests)
+    if disaggregation is not None:
+        summary["disaggregation"] = disaggregation
     for finish_reason in ("ignored", "error"):
         examples = _examples(requests, finish_reason)
         if examples:

@@ -22,7 +22,8 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
     (the run's ``cluster.num_replicas``) counts the replicas the router never chose too. Each replica:
     num_requests, num_finished, slo_attainment, busy_fraction (its steps' total duration over the run's
     duration_s), kv_usage_mean, kv_usage_max, num_preemptions, prefix_cache_hit_rate, and ttft_ms, e2e_ms,
-    queue_ms as for the whole run."""
+    queue_ms as for the whole run. A disaggregated run's replicas also get their ``role``, prefill or
+    decode; a prefill replica's requests are those whose prompts it ran (``prefill_replica``)."""
     from analysis.metrics import completed_mask, count_meeting_slo, latency_stats, request_latencies
 
     if "replica" not in requests.columns and "replica" not in steps.columns:
@@ -36,8 +37,11 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
     if len(replicas) < 2:
         return None
     stats: dict[str, Any] = {}
+    prefill_replicas = ({int(value) for value in requests["prefill_replica"].unique() if value >= 0}
+                        if "prefill_replica" in requests.columns else set())
     for replica in sorted(replicas):
-        members = requests.loc[requests["replica"] == replica] if "replica" in requests.columns else requests.iloc[:0]
+        column = "prefill_replica" if replica in prefill_replicas else "replica"
+        members = requests.loc[requests[column] == replica] if column in requests.columns else requests.iloc[:0]
         replica_steps = steps.loc[steps["replica"] == replica] if "replica" in steps.columns else steps.iloc[:0]
         latencies = request_latencies(members)
         num_finished = int(completed_mask(members).sum())
@@ -54,15 +58,21 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
             "prefix_cache_hit_rate": prefix_cache_hit_rate(replica_steps),
             **{key: latency_stats(latencies[key].to_numpy() / 1000.0) for key in ("ttft_ms", "e2e_ms", "queue_ms")},
         }
+        if "prefill_replica" in requests.columns:
+            stats[str(replica)]["role"] = "prefill" if replica in prefill_replicas else "decode"
     return stats
 
 
 def load_imbalance(by_replica: Mapping[str, Any]) -> float | None:
     """The busiest replica's busy time over the mean replica's: 1.0 is an even split; N (of N replicas)
-    is all the work on one."""
-    busy = [entry["busy_fraction"] for entry in by_replica.values() if entry.get("busy_fraction") is not None]
-    mean = sum(busy) / len(busy) if busy else 0.0
-    return max(busy) / mean if mean > 0 else None
+    is all the work on one. A disaggregated run's prefill and decode replicas do different work, so each
+    pool is measured on its own and the larger imbalance is the run's."""
+    pools: dict[Any, list[float]] = {}
+    for entry in by_replica.values():
+        if entry.get("busy_fraction") is not None:
+            pools.setdefault(entry.get("role"), []).append(entry["busy_fraction"])
+    imbalances = [max(busy) / (sum(busy) / len(busy)) for busy in pools.values() if sum(busy) > 0]
+    return max(imbalances) if imbalances else None
 
 
 def configured_replicas(config: Mapping[str, Any] | None) -> int | None:

@@ -147,7 +147,24 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     replicas = summary.get("by_replica")
     if replicas:
         parts += [Text(""), replica_table(replicas)]
+    disaggregation = summary.get("disaggregation")
+    if disaggregation:
+        parts += [Text(""), ttft_parts_table(disaggregation)]
     return Group(*parts)
+
+
+def ttft_parts_table(disaggregation: Mapping[str, Any]) -> Table:
+    """A disaggregated run's time to first token, part by part (analysis.disaggregation_stats)."""
+    table = Table(title=f"time to first token, disaggregated: {format_number(disaggregation.get('num_kv_loads'))} "
+                        f"KV loads of {format_number(disaggregation.get('kv_load_tokens'))} tokens (ms)", padding=(0, 1))
+    table.add_column("part", style="bold")
+    for column in ("mean", "p50", "p90", "p99"):
+        table.add_column(column, justify="right")
+    for label, key in (("prefill (queue and prompt)", "prefill_ms"), ("wait for the KV load", "kv_wait_ms"),
+                       ("KV load", "kv_load_ms"), ("first decode step", "first_token_ms")):
+        stats = disaggregation.get(key) or {}
+        table.add_row(label, *(format_number(stats.get(column)) for column in ("mean", "p50", "p90", "p99")))
+    return table
 
 
 # A cluster of hundreds of replicas would print a screen of rows; the first ones and the busiest say enough.
@@ -163,12 +180,15 @@ def replica_table(replicas: Mapping[str, Any]) -> Table:
         shown = sorted(shown, key=lambda item: -(item[1].get("busy_fraction") or 0.0))[:MAX_REPLICA_ROWS]
         shown.sort(key=lambda item: int(item[0]))
         title = f"by replica, the {MAX_REPLICA_ROWS} busiest of {len(replicas)} (ms)"
+    if any(stats.get("role") for stats in replicas.values()):
+        title = title.replace(" (ms)", " (ms; P: prefill, D: decode)")
     table = Table(title=title, padding=(0, 1))
     for column in ("replica", "requests", "SLO met", "busy", "KV mean", "hits", "TTFT p90", "E2E p90"):
         table.add_column(column, justify="right", style="bold" if column == "replica" else None, no_wrap=True)
     for replica, stats in shown:
+        role = stats.get("role")  # disaggregated: "0 P" prefills, "1 D" decodes (the title says so)
         table.add_row(
-            replica, format_number(stats.get("num_requests")), format_percent(stats.get("slo_attainment")),
+            f"{replica} {role[0].upper()}" if role else replica, format_number(stats.get("num_requests")), format_percent(stats.get("slo_attainment")),
             format_percent(stats.get("busy_fraction")), format_percent(stats.get("kv_usage_mean")),
             format_percent(stats.get("prefix_cache_hit_rate")),
             *(format_number(summary_value(stats, path), 1) for path in ("ttft_ms.p90", "e2e_ms.p90")))

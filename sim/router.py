@@ -45,8 +45,8 @@ class RoundRobinRouter:
 
 
 class RandomRouter:
-    def __init__(self, seed: int) -> None:
-        self._rng = random_stream(seed, Stream.ROUTING)
+    def __init__(self, seed: int, stream: Stream = Stream.ROUTING) -> None:
+        self._rng = random_stream(seed, stream)
 
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
         return int(self._rng.integers(len(replicas)))
@@ -72,11 +72,13 @@ class PowerOfTwoRouter:
     """Two distinct replicas drawn at random (the workload seed's ROUTING stream); the lower
     load score of the two, the first drawn on a tie."""
 
-    def __init__(self, seed: int, loads: ReplicaLoads) -> None:
-        self._rng = random_stream(seed, Stream.ROUTING)
+    def __init__(self, seed: int, loads: ReplicaLoads, stream: Stream = Stream.ROUTING) -> None:
+        self._rng = random_stream(seed, stream)
         self.loads = loads
 
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        if len(replicas) == 1:  # a disaggregated cluster's pool of one
+            return 0
         first, second = (int(index) for index in self._rng.choice(len(replicas), size=2, replace=False))
         return second if self.loads.score(second) < self.loads.score(first) else first
 
@@ -156,21 +158,22 @@ def checked_choice(router: Router, request: Request, replicas: Sequence[EngineCo
     return index
 
 
-def make_router(workload: WorkloadConfig, loads: ReplicaLoads) -> Router:
-    """The workload's router; the built-in ones that weigh load read it from ``loads``."""
+def make_router(workload: WorkloadConfig, loads: ReplicaLoads, stream: Stream = Stream.ROUTING) -> Router:
+    """The workload's router; the built-in ones that weigh load read it from ``loads``, those that draw
+    draw from ``stream`` (a disaggregated cluster has a second router, for its decode replicas)."""
     cluster = workload.cluster
     if cluster.is_custom_router:
         return load_custom_router(workload)
     if cluster.router == "round_robin":
         return RoundRobinRouter()
     if cluster.router == "random":
-        return RandomRouter(workload.seed)
+        return RandomRouter(workload.seed, stream)
     if cluster.router == "least_outstanding":
         return LeastOutstandingRouter(loads)
     if cluster.router == "least_loaded":
         return LeastLoadedRouter(loads)
     if cluster.router == "power_of_two":
-        return PowerOfTwoRouter(workload.seed, loads)
+        return PowerOfTwoRouter(workload.seed, loads, stream)
     if cluster.router == "prefix_aware":
         return PrefixAwareRouter(cluster.prefix_aware_max_load_gap, loads)
     raise ValueError(f"cluster.router: unknown router {cluster.router!r}")

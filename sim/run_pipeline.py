@@ -14,6 +14,7 @@ from analysis import compute_summary, requests_table, steps_table, write_run
 from engine.core import EngineCore, Scheduler
 from sim.cost_models.calibrated_range import extrapolation_report
 from sim.cluster_trace import ClusterTrace
+from sim.disaggregation import DisaggregationSetup
 from sim.engine_setup import RunSetup, build_setup
 from sim.replica_loads import ReplicaLoads
 from sim.router import make_router
@@ -21,6 +22,7 @@ from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
 from sim.trace_recorder import TraceRecorder
 from workloads import WorkloadConfig
+from workloads.random_streams import Stream
 
 
 @dataclass
@@ -39,15 +41,37 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
     engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
                for _ in range(num_replicas)]
     router = None
-    loads = ReplicaLoads(engines, setup.workload.cluster.stats_interval_s)
+    cluster = setup.workload.cluster
+    loads = ReplicaLoads(engines, cluster.stats_interval_s)
+    disaggregation = None
     if num_replicas > 1:
         # One hasher for all: a request's block hashes, computed once before it is routed (checked_choice),
         # are then the ones every replica's scheduler would compute, and are not computed again.
         for engine in engines[1:]:
             engine.scheduler.block_hasher = engines[0].scheduler.block_hasher
-        router = make_router(setup.workload, loads)
+        if cluster.disaggregated:
+            disaggregation = disaggregation_setup(setup, engines)
+        else:
+            router = make_router(setup.workload, loads)
     return Simulation(engines, setup.requests, router=router, loads=loads, progress=progress, description=description,
-                      fast_forward=fast_forward).run()
+                      fast_forward=fast_forward, disaggregation=disaggregation).run()
+
+
+def disaggregation_setup(setup: RunSetup, engines: list[EngineCore]) -> DisaggregationSetup:
+    """The two pools of a disaggregated cluster, each behind its own instance of the workload's router, and
+    the KV link. At tensor parallelism each GPU of the decode replica receives its own shard of the KV."""
+    cluster, engine = setup.workload.cluster, setup.workload.engine
+    prefill, decode = engines[:cluster.prefill_replicas], engines[cluster.prefill_replicas:]
+    prefill_loads = ReplicaLoads(prefill, cluster.stats_interval_s)
+    decode_loads = ReplicaLoads(decode, cluster.stats_interval_s)
+    shape = setup.model.shard(engine.tensor_parallel_size)
+    kv_dtype = setup.workload.dtype if engine.kv_cache_dtype in (None, "auto") else engine.kv_cache_dtype
+    return DisaggregationSetup(
+        num_prefill=cluster.prefill_replicas,
+        prefill_router=make_router(setup.workload, prefill_loads), prefill_loads=prefill_loads,
+        decode_router=make_router(setup.workload, decode_loads, Stream.DECODE_ROUTING), decode_loads=decode_loads,
+        bytes_per_token=shape.kv_bytes_per_token(kv_dtype), bandwidth_gbps=cluster.kv_transfer_bandwidth_gbps,
+        latency_s=cluster.kv_transfer_latency_s)
 
 
 def summarize(recorder: TraceRecorder, setup: RunSetup, mode: str = "sim"):

@@ -11,6 +11,11 @@ virtual clock; a router (sim/router.py) gives each arriving request to one of th
 step's scheduling and bookkeeping when the step starts, so at any instant an engine's state is the
 state its current step leaves: that is what the router reads, as a real router reads the counts an
 engine last reported.
+
+A disaggregated cluster (``cluster.prefill_replicas`` > 0) routes arrivals to its prefill replicas and
+hands each finished prefill to a decode replica, which loads the prompt's KV over its link
+(sim/disaggregation.py). Its decode replicas take every step in order: the fast-forward is off, since a
+hand-off may reach a decode replica at the end of any prefill step.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from engine.core import EngineCore, Request, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
 from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
+from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
@@ -72,11 +78,12 @@ class Replica:
 class Simulation:
     def __init__(self, engine: EngineCore | Sequence[EngineCore], requests: Sequence[RequestSpec], *,
                  router: Router | None = None, loads: ReplicaLoads | None = None, progress: bool = False,
-                 description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False) -> None:
+                 description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False,
+                 disaggregation: DisaggregationSetup | None = None) -> None:
         engines = [engine] if isinstance(engine, EngineCore) else list(engine)
         if not engines:
             raise ValueError("Simulation needs at least one engine")
-        if len(engines) > 1 and router is None:
+        if len(engines) > 1 and router is None and disaggregation is None:
             raise ValueError(f"a cluster of {len(engines)} engines needs a router")
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
         self.router = router
@@ -84,6 +91,9 @@ class Simulation:
         self.loads = loads if loads is not None else ReplicaLoads(engines)
         self.requests = sorted(requests, key=lambda spec: spec.arrival_time)
         self.env = simpy.Environment()
+        self.disaggregation = None if disaggregation is None else Disaggregation(
+            self.env, engines, disaggregation, self.requests, wake=lambda index: self.replicas[index].wake(),
+            on_decode_arrival=self._on_decode_arrival)
         self._arrivals_done = False
         self._num_arrived = 0
         # When the replicas next publish their counts to the router (published loads only).
@@ -92,7 +102,7 @@ class Simulation:
         self.replica_of_request: dict[str, int] = {}
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
         # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
-        self.fast_forward = fast_forward
+        self.fast_forward = fast_forward and disaggregation is None
         self.num_fast_forwarded_steps = 0
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
@@ -100,14 +110,32 @@ class Simulation:
     def run(self) -> TraceRecorder | ClusterTrace:
         """The traces: one engine's recorder, or a cluster's traces with each row's replica."""
         self.env.process(self._arrivals())
-        if self.router is not None and self.loads.published:
+        if self._published_loads():
             self.env.process(self._publish_loads())
-        loops = [self.env.process(self._engine_loop(replica)) for replica in self.replicas]
+        loops = [self.env.process(self._engine_loop(index, replica)) for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
         self._progress.close()
         if len(self.replicas) == 1:
             return self.replicas[0].recorder
-        return ClusterTrace([replica.recorder for replica in self.replicas], self.replica_of_request)
+        replica_of_request = self.replica_of_request
+        if self.disaggregation is not None:
+            decode_replica_of = self.disaggregation.decode_replica_of
+            replica_of_request = {request_id: decode_replica_of.get(request_id, prefill)
+                                  for request_id, prefill in replica_of_request.items()}
+        return ClusterTrace([replica.recorder for replica in self.replicas], replica_of_request, self.disaggregation)
+
+    def _published_loads(self) -> list[ReplicaLoads]:
+        """The loads that publish every stats_interval_s (none when they are read live)."""
+        if self.disaggregation is not None:
+            every = [self.disaggregation.prefill_loads, self.disaggregation.decode_loads]
+        else:
+            every = [self.loads] if self.router is not None else []
+        return [loads for loads in every if loads.published]
+
+    def _on_decode_arrival(self, index: int, spec: RequestSpec) -> None:
+        replica = self.replicas[index]
+        replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
+        replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
 
     @property
     def now(self) -> float:
@@ -118,6 +146,7 @@ class Simulation:
         together before the engine can wake, as a real driver injects them (see wall_clock_driver.py)."""
         env, requests, replicas, router = self.env, self.requests, self.replicas, self.router
         engines = [replica.engine for replica in replicas]
+        disaggregation = self.disaggregation
         params_by_output_len: dict[int, SamplingParams] = {}
         index = 0
         while index < len(requests):
@@ -127,8 +156,12 @@ class Simulation:
             woken: set[int] = set()
             while index < len(requests) and requests[index].arrival_time <= arrival_time:
                 spec = requests[index]
-                request = make_request(spec, params_by_output_len)
-                chosen = checked_choice(router, request, engines, self.loads) if router is not None else 0
+                if disaggregation is not None:
+                    request = disaggregation.make_prefill_request(spec)
+                    chosen = disaggregation.route_arrival(request)
+                else:
+                    request = make_request(spec, params_by_output_len)
+                    chosen = checked_choice(router, request, engines, self.loads) if router is not None else 0
                 replica = replicas[chosen]
                 self.replica_of_request[spec.request_id] = chosen
                 woken.add(chosen)
@@ -148,20 +181,26 @@ class Simulation:
     def _publish_loads(self):
         """Every stats_interval_s from t = 0, the replicas publish their counts, until the last arrival
         (no request is routed after it)."""
+        published = self._published_loads()
         while not self._arrivals_done:
-            self.loads.publish()
+            for loads in published:
+                loads.publish()
             self._next_publish_time = self.env.now + self.loads.stats_interval_s
             yield self.env.timeout(self.loads.stats_interval_s)
         self._next_publish_time = float("inf")
 
-    def _engine_loop(self, replica: Replica):
+    def _engine_loop(self, index: int, replica: Replica):
         env, engine, executor, recorder = self.env, replica.engine, replica.executor, replica.recorder
         scheduler = engine.scheduler
         progress = self._progress
         finished_since_update = 0
+        disaggregation = self.disaggregation
+        # A prefill replica's finished requests are handed on (and counted where they finish, at the decode).
+        hands_off = disaggregation is not None and disaggregation.is_prefill(index)
+        gets_handoffs = disaggregation is not None and not hands_off
         while True:
             if not engine.has_work():
-                if self._arrivals_done:
+                if self._arrivals_done and not (gets_handoffs and not disaggregation.all_settled):
                     progress.update(finished_since_update)
                     return
                 replica.idle = env.event()
@@ -180,13 +219,23 @@ class Simulation:
             start = env.now
             result = engine.step()
             scheduler_output = result.scheduler_output
+            if scheduler_output is not None and scheduler_output.kv_loads:
+                disaggregation.start_loads(index, scheduler_output.kv_loads)
             if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
                 recorder.on_outputs(result.outputs, start)
-                finished_since_update += sum(output.finish_reason is not None for output in result.outputs)
+                if hands_off:
+                    disaggregation.on_prefill_outputs(result.outputs, start)
+                else:
+                    finished_since_update += sum(output.finish_reason is not None for output in result.outputs)
                 if scheduler_output is not None and scheduler_output.preempted_req_ids:
                     # Progress without a token: the running request that needed a block was its own
                     # victim (the lowest priority), and its blocks are free for the next step.
                     recorder.on_empty_step(scheduler_output)
+                elif scheduler_output is not None and scheduler.has_kv_transfers_in_flight():
+                    # Its waiting requests wait on KV transfers (loads to arrive, or sends to free blocks).
+                    replica.idle = env.event()
+                    yield replica.idle
+                    replica.idle = None
                 elif scheduler.has_unfinished_requests() and scheduler_output is not None:
                     raise SchedulerStalledError(
                         f"at t={start:.6f}s {len(scheduler.waiting)} requests wait and none was scheduled")
@@ -198,6 +247,9 @@ class Simulation:
             now = env.now
             outputs = result.outputs
             recorder.on_outputs(outputs, now)
+            if hands_off:
+                disaggregation.on_prefill_outputs(outputs, now)
+                continue
             for output in outputs:
                 if output.finish_reason is not None:
                     finished_since_update += 1

@@ -24,6 +24,15 @@ as vLLM's data-parallel front end sees them: sim/replica_loads.py):
 
 With one replica every router sends everything to it: a sweep over routers needs ``num_replicas`` > 1.
 
+Disaggregated prefill and decode (``prefill_replicas`` > 0): the first ``prefill_replicas`` replicas only
+prefill (vLLM's ``kv_producer``), the others only decode (``kv_consumer``), as in vLLM's disaggregated
+serving behind its proxy. The router picks a prefill replica for each arriving request, which computes the
+prompt and one token; the router then picks a decode replica among the decode replicas, which allocates
+blocks for the prompt, loads its KV over its link (``kv_transfer_bandwidth_gbps``, ``kv_transfer_latency_s``:
+one transfer at a time per decode replica, first come first served) and decodes; the prefill replica
+keeps the blocks until they are read. The user sees the decode replica's tokens: the first comes from its
+first step after the load (sim/disaggregation.py).
+
 Your own router: ``router: "my_module:MyRouter"`` imports ``MyRouter`` from ``my_module`` (found on
 Python's path: the directory you run from is on it), a class with ``choose(request, replicas) -> int``
 that reads the replicas (``engine.core.EngineCore``: their schedulers, queues and KV caches) without
@@ -62,6 +71,13 @@ class ClusterSection(SchemaModel):
     # A property of the deployment, not of one router: the routers that weigh load (LOAD_READING_ROUTERS)
     # read it, the others route as they do without it, so a sweep over routers compares them under it.
     stats_interval_s: float = Field(default=0.0, ge=0)
+    # Disaggregated prefill and decode: how many of the replicas prefill (0: none; every replica does both).
+    prefill_replicas: int = Field(default=0, ge=0)
+    # The link a decode replica loads KV over, one way, per GPU (GB/s; 50: one 400 Gb/s RDMA NIC per GPU,
+    # as GPU servers are built; at tensor parallelism each GPU moves its shard over its own), and the fixed
+    # cost of one transfer (a request's whole prompt moves as one read). Assumed figures, not measured.
+    kv_transfer_bandwidth_gbps: float = Field(default=50.0, gt=0)
+    kv_transfer_latency_s: float = Field(default=1e-4, ge=0)
 
     @field_validator("router")
     @classmethod
@@ -83,6 +99,18 @@ class ClusterSection(SchemaModel):
                                    "sweep={cluster: [{router: least_loaded}, {router: prefix_aware, max_load_gap: 8}]})",
                                    self.max_load_gap)])
         return self
+
+    @model_validator(mode="after")
+    def _both_roles_present(self) -> ClusterSection:
+        if self.prefill_replicas and self.prefill_replicas >= self.num_replicas:
+            raise problems_error([("prefill_replicas", f"must leave at least one decode replica: it is "
+                                   f"{self.prefill_replicas} of num_replicas {self.num_replicas}",
+                                   self.prefill_replicas)])
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_replicas > 0
 
     @field_validator("stats_interval_s")
     @classmethod

@@ -28,6 +28,8 @@ class Stream(enum.IntEnum):
     COMPLETION_OUTPUT_LENGTHS = 9
     # The replica a request goes to under cluster.router: random (sim/router.py).
     ROUTING = 10
+    # The decode replica a request goes to after its prefill (cluster.prefill_replicas > 0).
+    DECODE_ROUTING = 11
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

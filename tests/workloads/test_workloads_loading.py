@@ -20,7 +20,8 @@ from workloads import (
     parse_override,
 )
 
-EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing"}
+EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing",
+                     "disaggregation"}
 
 
 def test_examples_are_listed():

@@ -1,0 +1,146 @@
+"""Disaggregated prefill and decode in the simulator (cluster.prefill_replicas > 0, sim/disaggregation.py).
+
+Every request runs its prompt on a prefill replica and its decode on a decode replica, once each; its KV
+moves in between on the decode replica's link, one load at a time, for exactly the link's time; the
+prefill replica holds the blocks until then; every block of every replica is free at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analysis import compute_summary
+from sim.engine_setup import build_setup
+from sim.run_pipeline import disaggregation_setup, run_simulation
+from sim.simulator import Simulation
+from tests.core.helpers import check_scheduler_invariants
+from tests.sim.test_cluster import build_cluster, chat, tables
+from workloads import ROUTERS, WorkloadError
+
+# Llama-3-8B in bfloat16: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes.
+LLAMA3_8B_KV_BYTES_PER_TOKEN = 131_072
+
+
+def simulate_disaggregated(workload):
+    setup = build_setup(workload)
+    engines = build_cluster(setup)
+    simulation = Simulation(engines, setup.requests, disaggregation=disaggregation_setup(setup, engines))
+    return simulation, engines, tables(simulation.run())
+
+
+def pd_chat(*overrides):
+    return chat("cluster.num_replicas=3", "cluster.prefill_replicas=1", "workload.arrival.rate=20",
+                "workload.num_requests=120", *overrides)
+
+
+def test_each_request_prefills_on_a_prefill_replica_then_decodes_on_a_decode_replica():
+    simulation, engines, (requests, steps) = simulate_disaggregated(pd_chat())
+    assert sorted(requests["request_id"]) == sorted(spec.request_id for spec in simulation.requests)
+    assert (requests["finish_reason"] == "length").all()
+    output_len = {spec.request_id: spec.output_len for spec in simulation.requests}
+    assert (requests["num_output_tokens"] == requests["request_id"].map(output_len)).all()
+    assert set(requests["prefill_replica"]) == {0} and set(requests["replica"]) == {1, 2}
+    # Time runs forward through the parts of TTFT.
+    order = requests[["arrival_time", "prefill_end_time", "kv_load_start_time", "kv_load_end_time",
+                      "first_token_time"]].to_numpy()
+    assert (np.diff(order, axis=1) >= 0).all()
+    assert (requests["scheduled_time"] <= requests["prefill_end_time"]).all()
+    # The prefill replica computes each prompt past its prefix-cache hit, once, and never decodes; a decode
+    # replica computes each loaded prompt's last token (a one-token query, timed as a decode) and the rest
+    # of the output, and no prompt chunk.
+    prefill_steps, decode_steps = steps[steps["replica"] == 0], steps[steps["replica"] > 0]
+    assert steps["num_preemptions"].sum() == 0
+    assert prefill_steps["num_scheduled_tokens"].sum() == (requests["num_prompt_tokens"]
+                                                           - requests["num_cached_tokens"]).sum()
+    assert decode_steps["num_scheduled_tokens"].sum() == requests["num_output_tokens"].sum()
+    assert decode_steps["num_prefill_tokens"].sum() == 0
+    for engine in engines:
+        check_scheduler_invariants(engine.scheduler)
+        manager = engine.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_usable_blocks
+        assert not engine.scheduler.has_kv_transfers_in_flight()
+
+
+def test_a_load_takes_the_links_latency_plus_its_bytes_over_its_bandwidth_one_at_a_time():
+    workload = pd_chat("cluster.kv_transfer_bandwidth_gbps=2", "cluster.kv_transfer_latency_s=0.003",
+                       "workload.arrival.rate=40")
+    _, _, (requests, _) = simulate_disaggregated(workload)
+    duration = requests["kv_load_end_time"] - requests["kv_load_start_time"]
+    expected = 0.003 + requests["kv_load_tokens"] * LLAMA3_8B_KV_BYTES_PER_TOKEN / 2e9
+    assert np.allclose(duration, expected, rtol=1e-9, atol=1e-12)
+    # A local prefix hit on the decode replica is not loaded again.
+    assert (requests["kv_load_tokens"] <= requests["num_prompt_tokens"]).all()
+    assert (requests["kv_load_tokens"] < requests["num_prompt_tokens"]).any()
+    for _, on_link in requests.groupby("replica"):
+        spans = on_link.sort_values("kv_load_start_time")[["kv_load_start_time", "kv_load_end_time"]].to_numpy()
+        assert (spans[1:, 0] >= spans[:-1, 1] - 1e-12).all(), "two loads shared a link at once"
+    # A slow link queues loads: some wait for the link, not for the decode replica's blocks.
+    assert ((requests["kv_load_start_time"] - requests["prefill_end_time"]) > 0.05).any()
+
+
+def test_a_faster_link_gives_a_shorter_time_to_first_token():
+    slow = run_simulation(pd_chat("cluster.kv_transfer_bandwidth_gbps=1"), None).summary
+    fast = run_simulation(pd_chat("cluster.kv_transfer_bandwidth_gbps=400"), None).summary
+    assert fast["disaggregation"]["kv_load_ms"]["p50"] < slow["disaggregation"]["kv_load_ms"]["p50"] / 50
+    assert fast["ttft_ms"]["p90"] < slow["ttft_ms"]["p90"]
+
+
+def test_the_summary_splits_ttft_into_its_parts_and_names_each_replicas_role():
+    summary = run_simulation(pd_chat(), None).summary
+    parts = summary["disaggregation"]
+    assert parts["num_kv_loads"] == 120
+    total = sum(parts[key]["mean"] for key in ("prefill_ms", "kv_wait_ms", "kv_load_ms", "first_token_ms"))
+    assert total == pytest.approx(summary["ttft_ms"]["mean"], rel=1e-9)
+    assert [summary["by_replica"][str(index)]["role"] for index in range(3)] == ["prefill", "decode", "decode"]
+    assert summary["by_replica"]["0"]["num_requests"] == 120
+
+
+def test_a_prompt_no_replica_can_hold_ends_at_its_prefill_replica_with_a_row_of_its_own():
+    workload = pd_chat("engine.num_gpu_blocks=40", "engine.max_model_len=4096")
+    simulation, engines, (requests, _) = simulate_disaggregated(workload)
+    ignored = requests[requests["finish_reason"] == "ignored"]
+    assert len(ignored) > 0 and (ignored["replica"] == 0).all() and ignored["kv_load_end_time"].isna().all()
+    assert len(requests) == len(simulation.requests)
+    for engine in engines:
+        manager = engine.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_replicas=st.integers(2, 4), router=st.sampled_from(ROUTERS), rate=st.sampled_from([5, 40, 200]),
+       num_gpu_blocks=st.sampled_from([160, 2000]), bandwidth=st.sampled_from([0.5, 50.0]), seed=st.integers(0, 3),
+       data=st.data())
+def test_every_request_is_served_once_and_every_block_comes_back(num_replicas, router, rate, num_gpu_blocks,
+                                                                 bandwidth, seed, data):
+    prefill = data.draw(st.integers(1, num_replicas - 1))
+    workload = chat("workload.num_requests=40", f"cluster.num_replicas={num_replicas}", f"cluster.router={router}",
+                    f"cluster.prefill_replicas={prefill}", f"workload.arrival.rate={rate}",
+                    f"engine.num_gpu_blocks={num_gpu_blocks}", "engine.max_model_len=2048", f"seed={seed}",
+                    f"cluster.kv_transfer_bandwidth_gbps={bandwidth}")
+    simulation, engines, (requests, steps) = simulate_disaggregated(workload)
+    assert sorted(requests["request_id"]) == sorted(spec.request_id for spec in simulation.requests)
+    assert requests["finish_reason"].isin(["length", "ignored"]).all()
+    served = requests[requests["finish_reason"] == "length"]
+    assert (served["replica"] >= prefill).all() and (served["prefill_replica"] < prefill).all()
+    assert (steps["num_scheduled_tokens"] <= workload.engine.max_num_batched_tokens).all()
+    for engine in engines:
+        check_scheduler_invariants(engine.scheduler)
+        manager = engine.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_usable_blocks
+        assert not engine.has_work() and not engine.scheduler.has_kv_transfers_in_flight()
+    summary = compute_summary(requests, steps, name="pd", mode="sim", config={})
+    assert summary["num_finished"] == len(requests)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["cluster.num_replicas=2", "cluster.prefill_replicas=2"], "cluster.prefill_replicas"),
+    (["cluster.prefill_replicas=1"], "cluster.prefill_replicas"),
+    (["cluster.num_replicas=2", "cluster.prefill_replicas=1", "cluster.kv_transfer_bandwidth_gbps=0"],
+     "cluster.kv_transfer_bandwidth_gbps"),
+])
+def test_an_impossible_disaggregation_is_refused_by_field(overrides, field):
+    with pytest.raises(WorkloadError, match=field.replace(".", r"\.")):
+        chat(*overrides)
