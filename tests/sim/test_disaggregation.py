@@ -144,3 +144,22 @@ def test_every_request_is_served_once_and_every_block_comes_back(num_replicas, r
 def test_an_impossible_disaggregation_is_refused_by_field(overrides, field):
     with pytest.raises(WorkloadError, match=field.replace(".", r"\.")):
         chat(*overrides)
+
+
+def test_the_dashboard_stacks_the_parts_of_ttft_beside_a_colocated_run(tmp_path):
+    from analysis.dashboard.build import assemble_dashboard
+    from analysis.dashboard.run_inputs import expand_inputs, label_runs
+
+    run_simulation(pd_chat(), tmp_path / "pd")
+    run_simulation(pd_chat("cluster.prefill_replicas=0"), tmp_path / "colocated")
+    runs = label_runs(expand_inputs([tmp_path / "pd", tmp_path / "colocated"]))
+    dashboard = assemble_dashboard(runs)
+    section = next(section for section in dashboard.sections if section.section_id == "disaggregation")
+    figure = section.items[0].figure
+    parts = {trace.name: trace.x for trace in figure.data}
+    pd_summary, colocated_summary = runs[0].summary, runs[1].summary
+    stacked = sum(values[0] for name, values in parts.items() if values[0] is not None)
+    assert stacked == pytest.approx(pd_summary["ttft_ms"]["mean"], rel=1e-9)
+    assert [values[1] for values in parts.values()] == [None] * 4 + [colocated_summary["ttft_ms"]["mean"]]
+    # Without a disaggregated run the section is absent.
+    assert all(section.section_id != "disaggregation" for section in assemble_dashboard(runs[1:]).sections)
