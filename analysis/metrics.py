@@ -230,11 +230,12 @@ def compute_summary(
     if by_priority is not None:
         summary["by_priority"] = by_priority
     # Imported here: replica_stats builds on this module's latency helpers.
-    from analysis.replica_stats import configured_replicas, load_imbalance, replica_stats
+    from analysis.replica_stats import configured_prefill_replicas, configured_replicas, load_imbalance, replica_stats
 
     from analysis.disaggregation_stats import disaggregation_stats
 
-    by_replica = replica_stats(requests, steps, slo_thresholds, duration_s, configured_replicas(config))
+    by_replica = replica_stats(requests, steps, slo_thresholds, duration_s, configured_replicas(config),
+                               configured_prefill_replicas(config) or None)
     if by_replica is not None:
         summary["by_replica"] = by_replica
         summary["replica_load_imbalance"] = load_imbalance(by_replica)

@@ -17,7 +17,8 @@ from analysis.step_aggregates import kv_usage_max, num_preemptions, prefix_cache
 
 
 def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: Mapping[str, float],
-                  duration_s: float, num_replicas: int | None = None) -> dict[str, Any] | None:
+                  duration_s: float, num_replicas: int | None = None,
+                  num_prefill_replicas: int | None = None) -> dict[str, Any] | None:
     """``{"0": {...}, "1": {...}, ...}`` for a run of two or more replicas, else None. ``num_replicas``
     (the run's ``cluster.num_replicas``) counts the replicas the router never chose too. Each replica:
     num_requests, num_finished, slo_attainment, busy_fraction (its steps' total duration over the run's
@@ -37,8 +38,13 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
     if len(replicas) < 2:
         return None
     stats: dict[str, Any] = {}
-    prefill_replicas = ({int(value) for value in requests["prefill_replica"].unique() if value >= 0}
-                        if "prefill_replica" in requests.columns else set())
+    # The roles are the configuration's (cluster.prefill_replicas): a prefill replica the router never
+    # chose has no request naming it, and must not pass for a decode replica.
+    if num_prefill_replicas is not None:
+        prefill_replicas = set(range(num_prefill_replicas))
+    else:
+        prefill_replicas = ({int(value) for value in requests["prefill_replica"].unique() if value >= 0}
+                            if "prefill_replica" in requests.columns else set())
     for replica in sorted(replicas):
         column = "prefill_replica" if replica in prefill_replicas else "replica"
         members = requests.loc[requests[column] == replica] if column in requests.columns else requests.iloc[:0]
@@ -73,6 +79,13 @@ def load_imbalance(by_replica: Mapping[str, Any]) -> float | None:
             pools.setdefault(entry.get("role"), []).append(entry["busy_fraction"])
     imbalances = [max(busy) / (sum(busy) / len(busy)) for busy in pools.values() if sum(busy) > 0]
     return max(imbalances) if imbalances else None
+
+
+def configured_prefill_replicas(config: Mapping[str, Any] | None) -> int | None:
+    """``cluster.prefill_replicas`` of the workload a run's summary config holds, where it says."""
+    cluster = ((config or {}).get("workload") or {}).get("cluster") or {}
+    value = cluster.get("prefill_replicas")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def configured_replicas(config: Mapping[str, Any] | None) -> int | None:

@@ -178,15 +178,21 @@ class Simulation:
         for replica in replicas:
             replica.wake()
 
+    def _routing_done(self) -> bool:
+        """No request will be routed any more: every one has arrived and, in a disaggregated cluster, has been
+        handed to its decode replica (or ended at its prefill)."""
+        return self._arrivals_done and (self.disaggregation is None or self.disaggregation.all_settled)
+
     def _publish_loads(self):
-        """Every stats_interval_s from t = 0, the replicas publish their counts, until the last arrival
-        (no request is routed after it)."""
+        """Every stats_interval_s from t = 0, the replicas publish their counts, until no request is routed
+        any more (a disaggregated cluster routes hand-offs to its decode replicas after the last arrival)."""
         published = self._published_loads()
-        while not self._arrivals_done:
+        while not self._routing_done():
             for loads in published:
                 loads.publish()
-            self._next_publish_time = self.env.now + self.loads.stats_interval_s
-            yield self.env.timeout(self.loads.stats_interval_s)
+            interval = published[0].stats_interval_s
+            self._next_publish_time = self.env.now + interval
+            yield self.env.timeout(interval)
         self._next_publish_time = float("inf")
 
     def _engine_loop(self, index: int, replica: Replica):
@@ -232,7 +238,9 @@ class Simulation:
                     # victim (the lowest priority), and its blocks are free for the next step.
                     recorder.on_empty_step(scheduler_output)
                 elif scheduler_output is not None and scheduler.has_kv_transfers_in_flight():
-                    # Its waiting requests wait on KV transfers (loads to arrive, or sends to free blocks).
+                    # Its waiting requests wait on KV transfers (loads to arrive, or sends to free blocks). The
+                    # loads this step started looked up the prefix cache: the next recorded step counts them.
+                    recorder.on_empty_step(scheduler_output)
                     replica.idle = env.event()
                     yield replica.idle
                     replica.idle = None

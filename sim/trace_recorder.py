@@ -38,6 +38,9 @@ class TraceRecorder:
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
+        # Prefix-cache lookups of such steps (a disaggregated decode replica's load starting while it is idle).
+        self._carried_prefix_hit_tokens = 0
+        self._carried_prefix_query_tokens = 0
         if record_schedule:
             self.steps["scheduled_request_ids"] = []
             self.steps["scheduled_token_counts"] = []
@@ -58,12 +61,15 @@ class TraceRecorder:
 
     def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
         """A step that scheduled no token but preempted requests (the one running request that needed a
-        block was its own victim): it takes no time and gets no row, and its preemptions are counted in the
-        next recorded step's row, which starts at the same instant, so that the step table's preemptions
-        still add up to the requests'."""
+        block was its own victim), or started KV loads (a disaggregated decode replica): it takes no time and
+        gets no row, and its preemptions and prefix-cache lookups are counted in the next recorded step's
+        row, so that the step table's preemptions still add up to the requests', and its lookups to the
+        prompts'."""
         for request_id in scheduler_output.preempted_req_ids:
             self.num_preemptions[self._index[request_id]] += 1
         self._carried_preemptions += len(scheduler_output.preempted_req_ids)
+        self._carried_prefix_hit_tokens += scheduler_output.num_prefix_hit_tokens
+        self._carried_prefix_query_tokens += scheduler_output.num_prefix_query_tokens
 
     def _take_carried_preemptions(self) -> int:
         carried, self._carried_preemptions = self._carried_preemptions, 0
@@ -92,8 +98,9 @@ class TraceRecorder:
         steps["kv_blocks_used"].append(num_used)
         steps["kv_usage"].append(num_used / manager.num_usable_blocks)
         steps["num_preemptions"].append(len(scheduler_output.preempted_req_ids) + self._take_carried_preemptions())
-        steps["prefix_hit_tokens"].append(scheduler_output.num_prefix_hit_tokens)
-        steps["prefix_query_tokens"].append(scheduler_output.num_prefix_query_tokens)
+        steps["prefix_hit_tokens"].append(scheduler_output.num_prefix_hit_tokens + self._carried_prefix_hit_tokens)
+        steps["prefix_query_tokens"].append(scheduler_output.num_prefix_query_tokens + self._carried_prefix_query_tokens)
+        self._carried_prefix_hit_tokens = self._carried_prefix_query_tokens = 0
         steps["prefill_attention_work"].append(features.prefill_attention_work)
         steps["decode_context_tokens"].append(features.decode_context_tokens)
         steps["prefill_context_tokens"].append(features.prefill_context_tokens)

@@ -76,8 +76,10 @@ class ClusterSection(SchemaModel):
     # The link a decode replica loads KV over, one way, per GPU (GB/s; 50: one 400 Gb/s RDMA NIC per GPU,
     # as GPU servers are built; at tensor parallelism each GPU moves its shard over its own), and the fixed
     # cost of one transfer (a request's whole prompt moves as one read). Assumed figures, not measured.
-    kv_transfer_bandwidth_gbps: float = Field(default=50.0, gt=0)
-    kv_transfer_latency_s: float = Field(default=1e-4, ge=0)
+    # Bounded so that a load's time stays a finite number of seconds (1e-320 GB/s made it inf: the run jumped
+    # to t = inf and reported every request finished, with no latency).
+    kv_transfer_bandwidth_gbps: float = Field(default=50.0, ge=1e-3)
+    kv_transfer_latency_s: float = Field(default=1e-4, ge=0, le=3600)
 
     @field_validator("router")
     @classmethod

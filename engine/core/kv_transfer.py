@@ -3,7 +3,7 @@
 In a disaggregated deployment (vLLM's ``kv_transfer_config`` with a connector such as NIXL), one engine
 computes a prompt's KV and another decodes from it. This file keeps what the scheduler must know about
 transfers in flight, in the manner of vLLM's scheduler-side connector; the bytes themselves move in the
-executor (the simulator times them, sim/kv_transfer_link.py).
+executor (the simulator times them, sim/disaggregation.py).
 
 - Prefill engine (``request.do_remote_decode``): the request runs its prompt and one sampled token and
   finishes, but its blocks stay allocated until the decode engine has read them (vLLM's

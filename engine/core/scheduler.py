@@ -70,6 +70,10 @@ class Scheduler:
         """Queue a request, or finish it at once as IGNORED if it could never be served."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        if request.request_id in self.kv_transfers.sending:
+            # Its blocks are still held (keyed by id) for the decode engine: a second request of that id would
+            # take them as its own, and finish_kv_send would then free a live request's blocks.
+            raise ValueError(f"request_id {request.request_id!r} still holds blocks being sent to a decode engine")
         if request.sampling_params.n != 1:
             # The front ends fan n out into n requests (engine/parallel_sampling.py); a core request that still
             # says n > 1 would silently produce one completion.

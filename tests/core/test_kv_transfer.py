@@ -6,6 +6,8 @@ these pin down each step of the protocol as vLLM's scheduler and connector run i
 
 from __future__ import annotations
 
+import pytest
+
 from engine.core import RequestStatus
 
 from tests.core.helpers import check_scheduler_invariants, expected_tokens, make_core, make_request, run_to_completion
@@ -132,4 +134,18 @@ def test_a_loaded_request_preempted_later_is_recomputed_here_not_loaded_again():
     assert not any(loads), "a preempted request's KV was loaded a second time"
     assert scheduler.num_preemptions_total >= 1
     manager = scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+def test_an_id_whose_blocks_are_still_being_sent_is_refused():
+    core = make_core(num_gpu_blocks=20)
+    core.add_request(make_request("p", PROMPT, max_tokens=1, do_remote_decode=True))
+    run_to_completion(core)
+    with pytest.raises(ValueError, match="'p'"):
+        core.add_request(make_request("p", PROMPT[:10], max_tokens=4))
+    check_scheduler_invariants(core.scheduler)
+    assert core.scheduler.finish_kv_send("p")
+    core.add_request(make_request("p", PROMPT[:10], max_tokens=4))
+    run_to_completion(core)
+    manager = core.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks

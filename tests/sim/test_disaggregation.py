@@ -19,6 +19,7 @@ from sim.simulator import Simulation
 from tests.core.helpers import check_scheduler_invariants
 from tests.sim.test_cluster import build_cluster, chat, tables
 from workloads import ROUTERS, WorkloadError
+from workloads.cluster_section import LOAD_READING_ROUTERS
 
 # Llama-3-8B in bfloat16: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes.
 LLAMA3_8B_KV_BYTES_PER_TOKEN = 131_072
@@ -112,14 +113,15 @@ def test_a_prompt_no_replica_can_hold_ends_at_its_prefill_replica_with_a_row_of_
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(num_replicas=st.integers(2, 4), router=st.sampled_from(ROUTERS), rate=st.sampled_from([5, 40, 200]),
        num_gpu_blocks=st.sampled_from([160, 2000]), bandwidth=st.sampled_from([0.5, 50.0]), seed=st.integers(0, 3),
-       data=st.data())
+       stats=st.sampled_from([0.0, 0.05]), data=st.data())
 def test_every_request_is_served_once_and_every_block_comes_back(num_replicas, router, rate, num_gpu_blocks,
-                                                                 bandwidth, seed, data):
+                                                                 bandwidth, seed, stats, data):
     prefill = data.draw(st.integers(1, num_replicas - 1))
+    stats = stats if router in LOAD_READING_ROUTERS else 0.0
     workload = chat("workload.num_requests=40", f"cluster.num_replicas={num_replicas}", f"cluster.router={router}",
                     f"cluster.prefill_replicas={prefill}", f"workload.arrival.rate={rate}",
                     f"engine.num_gpu_blocks={num_gpu_blocks}", "engine.max_model_len=2048", f"seed={seed}",
-                    f"cluster.kv_transfer_bandwidth_gbps={bandwidth}")
+                    f"cluster.kv_transfer_bandwidth_gbps={bandwidth}", f"cluster.stats_interval_s={stats}")
     simulation, engines, (requests, steps) = simulate_disaggregated(workload)
     assert sorted(requests["request_id"]) == sorted(spec.request_id for spec in simulation.requests)
     assert requests["finish_reason"].isin(["length", "ignored"]).all()
@@ -140,6 +142,10 @@ def test_every_request_is_served_once_and_every_block_comes_back(num_replicas, r
     (["cluster.prefill_replicas=1"], "cluster.prefill_replicas"),
     (["cluster.num_replicas=2", "cluster.prefill_replicas=1", "cluster.kv_transfer_bandwidth_gbps=0"],
      "cluster.kv_transfer_bandwidth_gbps"),
+    (["cluster.num_replicas=2", "cluster.prefill_replicas=1", "cluster.kv_transfer_bandwidth_gbps=1e-320"],
+     "cluster.kv_transfer_bandwidth_gbps"),
+    (["cluster.num_replicas=2", "cluster.prefill_replicas=1", "cluster.kv_transfer_latency_s=1e308"],
+     "cluster.kv_transfer_latency_s"),
 ])
 def test_an_impossible_disaggregation_is_refused_by_field(overrides, field):
     with pytest.raises(WorkloadError, match=field.replace(".", r"\.")):
