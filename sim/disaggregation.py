@@ -8,8 +8,8 @@ The deployment vLLM's disaggregated serving builds (a proxy in front of prefill 
 2. When it finishes, the router picks a decode replica among the decode replicas, which queues the
    request (``do_remote_prefill``). At its turn the decode scheduler allocates blocks for the prompt past
    its own prefix-cache hit, and the load starts (engine/core/kv_transfer.py).
-3. The load takes ``latency + bytes / bandwidth`` on the decode replica's link, one load at a time, first
-   come first served. Then the prefill replica frees its blocks (they stay in its prefix cache), and the
+3. The load takes ``latency + bytes / bandwidth`` and holds both replicas' links, each of which moves one
+   load at a time, first come first served. Then the prefill replica frees its blocks (they stay in its prefix cache), and the
    decode replica schedules the request with every prompt token but the last computed: its first step
    computes that token and samples the user's first token.
 
@@ -31,13 +31,17 @@ from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from workloads import RequestSpec
 
-# The finish reasons of a prefill that produced its KV; any other (ignored, aborted) ends the request there.
-_HANDED_OFF_REASONS = ("stop", "length")
+# The finish reason of a prefill whose KV is sent (engine/core/kv_transfer.py); any other (ignored, aborted)
+# ends the request there.
+_HANDED_OFF_REASONS = ("length",)
 _PREFILL_PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)
 
 
 class KVTransferLink:
-    """A decode replica's link: ``latency_s + tokens * bytes_per_token / bandwidth``, one load at a time."""
+    """One replica's network link: a load takes ``latency_s + tokens * bytes_per_token / bandwidth`` and
+    holds the link of both ends, the decode replica's (receiving) and the prefill replica's (sending):
+    each moves one load at a time, first come first served, at the full bandwidth. (A real NIC shares
+    its bandwidth between concurrent transfers; taking them in turn finishes the last at the same time.)"""
 
     def __init__(self, env: simpy.Environment, bytes_per_token: float, bandwidth_gbps: float,
                  latency_s: float) -> None:
@@ -81,8 +85,10 @@ class Disaggregation:
         self.decode_engines = self.engines[num_prefill:]
         self.prefill_router, self.prefill_loads = setup.prefill_router, setup.prefill_loads
         self.decode_router, self.decode_loads = setup.decode_router, setup.decode_loads
+        # Every replica's link, by its index in the cluster: a load holds its decode replica's, then its
+        # prefill replica's (always in that order, so two loads never wait on each other's).
         self.links = [KVTransferLink(env, setup.bytes_per_token, setup.bandwidth_gbps, setup.latency_s)
-                      for _ in self.decode_engines]
+                      for _ in self.engines]
         self.spec_of = {spec.request_id: spec for spec in requests}
         self.num_requests = len(self.spec_of)
         self._wake = wake
@@ -140,18 +146,20 @@ class Disaggregation:
 
     def start_loads(self, index: int, kv_loads: dict[str, int]) -> None:
         """A decode replica's step allocated blocks for these requests: their loads start on its link."""
-        link = self.links[index - self.num_prefill]
         for request_id, num_tokens in kv_loads.items():
-            self.env.process(self._load(link, index, request_id, num_tokens))
+            self.env.process(self._load(index, request_id, num_tokens))
 
-    def _load(self, link: KVTransferLink, index: int, request_id: str, num_tokens: int):
-        with link.channel.request() as turn:
-            yield turn
-            self.kv_load_start_time[request_id] = self.env.now
-            self.kv_load_tokens[request_id] = num_tokens
-            yield self.env.timeout(link.duration(num_tokens))
-        self.kv_load_end_time[request_id] = self.env.now
+    def _load(self, index: int, request_id: str, num_tokens: int):
         prefill = self.prefill_replica_of[request_id]
+        receiving, sending = self.links[index], self.links[prefill]
+        with receiving.channel.request() as receiver_turn:
+            yield receiver_turn
+            with sending.channel.request() as sender_turn:
+                yield sender_turn
+                self.kv_load_start_time[request_id] = self.env.now
+                self.kv_load_tokens[request_id] = num_tokens
+                yield self.env.timeout(receiving.duration(num_tokens))
+        self.kv_load_end_time[request_id] = self.env.now
         self.engines[prefill].scheduler.finish_kv_send(request_id)
         self.engines[index].scheduler.finish_kv_load(request_id)
         self._wake(prefill)

@@ -28,9 +28,10 @@ Disaggregated prefill and decode (``prefill_replicas`` > 0): the first ``prefill
 prefill (vLLM's ``kv_producer``), the others only decode (``kv_consumer``), as in vLLM's disaggregated
 serving behind its proxy. The router picks a prefill replica for each arriving request, which computes the
 prompt and one token; the router then picks a decode replica among the decode replicas, which allocates
-blocks for the prompt, loads its KV over its link (``kv_transfer_bandwidth_gbps``, ``kv_transfer_latency_s``:
-one transfer at a time per decode replica, first come first served) and decodes; the prefill replica
-keeps the blocks until they are read. The user sees the decode replica's tokens: the first comes from its
+blocks for the prompt, loads its KV over the two replicas' links (``kv_transfer_bandwidth_gbps``,
+``kv_transfer_latency_s``: each link moves one load at a time, first come first served) and decodes; the
+prefill replica keeps the blocks until they are read. Each pool's router is its own instance of the
+workload's router over that pool's replicas (a router of your own is built twice, and sees its pool). The user sees the decode replica's tokens: the first comes from its
 first step after the load (sim/disaggregation.py).
 
 Your own router: ``router: "my_module:MyRouter"`` imports ``MyRouter`` from ``my_module`` (found on

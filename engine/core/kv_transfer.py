@@ -14,9 +14,13 @@ executor (the simulator times them, sim/disaggregation.py).
   ``WAITING_FOR_REMOTE_KVS``, still in the waiting queue but skipped; its blocks join the prefix cache only
   once the load is done (``finish_load``). Then it is scheduled with every prompt token but the last
   computed: the last is recomputed for its logits, so the decode engine samples the first output token.
-  A loaded request is scheduled before any other waiting request (``take_loaded``). vLLM takes it when
-  its turn in the queue comes, usually at the head; but a request preempted meanwhile goes ahead of it,
-  and if that request needs the blocks the loaded one holds, neither would ever run.
+  A loaded request is scheduled before any other waiting request (``take_loaded``), under the priority
+  policy too. vLLM takes it when its turn in the queue comes, usually at the head. But a request
+  preempted meanwhile goes ahead of it, and if that request needs the blocks the loaded one holds,
+  neither would ever run; taking loaded requests in queue order and looking past a blocked head is not
+  enough either (the state machine found a head that resumes, takes the whole token budget and preempts
+  itself again, for ever). A loaded request needs one token and no new block, so going first costs
+  little.
 
 Invariants (checked with the scheduler's):
 - a loading request is in the waiting queue and holds blocks for its whole prompt;
@@ -115,4 +119,6 @@ class KVTransfers:
         return started
 
 
-_SENT_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+# As vLLM's NIXL connector: only a prefill that reached its one token is sent (one that stopped on a stop
+# token is the whole answer, and the decode engine never asks for it).
+_SENT_STATUSES = (RequestStatus.FINISHED_LENGTH_CAPPED,)

@@ -149,3 +149,15 @@ def test_an_id_whose_blocks_are_still_being_sent_is_refused():
     run_to_completion(core)
     manager = core.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+def test_a_prefill_that_stopped_on_a_stop_token_is_not_sent():
+    # As vLLM's NIXL connector: only a prefill that reached its one token hands its KV on.
+    core = make_core(num_gpu_blocks=20)
+    first_token = expected_tokens(core.executor, "p", PROMPT, 1)[0]
+    core.add_request(make_request("p", PROMPT, max_tokens=2, stop_token_ids=[first_token], do_remote_decode=True))
+    results = run_to_completion(core)
+    assert results["p"]["finish_reason"] == "stop"
+    assert not core.scheduler.kv_transfers.sending
+    manager = core.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks

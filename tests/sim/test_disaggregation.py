@@ -75,9 +75,11 @@ def test_a_load_takes_the_links_latency_plus_its_bytes_over_its_bandwidth_one_at
     # A local prefix hit on the decode replica is not loaded again.
     assert (requests["kv_load_tokens"] <= requests["num_prompt_tokens"]).all()
     assert (requests["kv_load_tokens"] < requests["num_prompt_tokens"]).any()
-    for _, on_link in requests.groupby("replica"):
-        spans = on_link.sort_values("kv_load_start_time")[["kv_load_start_time", "kv_load_end_time"]].to_numpy()
-        assert (spans[1:, 0] >= spans[:-1, 1] - 1e-12).all(), "two loads shared a link at once"
+    # Each link, the receiving decode replica's and the sending prefill replica's, moves one load at a time.
+    for column in ("replica", "prefill_replica"):
+        for _, on_link in requests.groupby(column):
+            spans = on_link.sort_values("kv_load_start_time")[["kv_load_start_time", "kv_load_end_time"]].to_numpy()
+            assert (spans[1:, 0] >= spans[:-1, 1] - 1e-12).all(), f"two loads shared a {column}'s link at once"
     # A slow link queues loads: some wait for the link, not for the decode replica's blocks.
     assert ((requests["kv_load_start_time"] - requests["prefill_end_time"]) > 0.05).any()
 
