@@ -206,7 +206,8 @@ class Simulation:
         gets_handoffs = disaggregation is not None and not hands_off
         while True:
             if not engine.has_work():
-                if self._arrivals_done and not (gets_handoffs and not disaggregation.all_settled):
+                no_more_work = self._arrivals_done and (not gets_handoffs or disaggregation.all_settled)
+                if no_more_work:
                     progress.update(finished_since_update)
                     return
                 replica.idle = env.event()

@@ -85,12 +85,9 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
             assert request_id in transfers.loading and not request.do_remote_prefill
             assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_tokens
             assert manager.num_cached_block[request_id] * manager.block_size <= request.num_computed_tokens
-        elif request_id in manager.req_to_blocks:
-            # Loaded, not yet scheduled: every prompt token but the last computed.
-            assert request_id not in transfers.loading
-            assert request.num_computed_tokens == request.num_tokens - 1
         else:
-            assert request.num_computed_tokens == 0
+            # A loaded request is scheduled in the schedule() that finds it loaded: none waits with blocks.
+            assert request.num_computed_tokens == 0 and request_id not in manager.req_to_blocks
     assert set(transfers.loading) <= {request.request_id for request in scheduler.waiting}
     assert transfers.loaded <= set(transfers.loading)
     for request_id, request in transfers.sending.items():
