@@ -242,14 +242,7 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     result = CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
                             target_rate, replicas, cluster_size, workload.engine.tensor_parallel_size)
-    if replicas is not None and workload.cluster.disaggregated:
-        # Its replicas come in pools of fixed sizes: the estimate is in whole copies of the configured
-        # cluster, and a check one replica at a time would change the pools' ratio.
-        result.verification_note = ("not simulated as one cluster: a disaggregated cluster grows by whole copies "
-                                    f"of its {workload.cluster.prefill_replicas} prefill and "
-                                    f"{cluster_size - workload.cluster.prefill_replicas} decode replicas; sweep "
-                                    "cluster.num_replicas and cluster.prefill_replicas to size the pools")
-    elif replicas is not None:
+    if replicas is not None:
         try:
             result.replica_count = count_replicas(workload, target_rate, replicas, attainment_target, cost_model,
                                                   on_check)

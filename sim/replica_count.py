@@ -9,6 +9,9 @@ reports the fewest replicas that meet the SLO.
 
 Each replica keeps the request count a replica had in the capacity search, so queues have as long to
 build at every K (a fixed count split over more replicas would end before they do).
+
+A disaggregated cluster (``cluster.prefill_replicas``) grows and shrinks by whole copies of itself, so the
+ratio of prefill to decode replicas stays the one configured: K counts up and down in steps of its size.
 """
 
 from __future__ import annotations
@@ -38,10 +41,15 @@ class ReplicaCount:
 
 
 def cluster_at(workload: WorkloadConfig, replicas: int, target_rate: float) -> WorkloadConfig:
-    """The workload on ``replicas`` engines at ``target_rate``, each with the search's requests per engine."""
-    per_replica = workload.workload.num_requests / workload.cluster.num_replicas
-    return workload.with_overrides([f"cluster.num_replicas={replicas}", f"workload.arrival.rate={target_rate!r}",
-                                    f"workload.num_requests={math.ceil(per_replica * replicas)}"])
+    """The workload on ``replicas`` engines at ``target_rate``, each with the search's requests per engine
+    (a disaggregated cluster: ``replicas`` is a multiple of its size, its pools scaled alike)."""
+    cluster = workload.cluster
+    per_replica = workload.workload.num_requests / cluster.num_replicas
+    overrides = [f"cluster.num_replicas={replicas}", f"workload.arrival.rate={target_rate!r}",
+                 f"workload.num_requests={math.ceil(per_replica * replicas)}"]
+    if cluster.disaggregated:
+        overrides.append(f"cluster.prefill_replicas={replicas // cluster.num_replicas * cluster.prefill_replicas}")
+    return workload.with_overrides(overrides)
 
 
 def count_replicas(workload: WorkloadConfig, target_rate: float, estimate: int, attainment_target: float,
@@ -59,13 +67,15 @@ def count_replicas(workload: WorkloadConfig, target_rate: float, estimate: int, 
             on_check(checks[replicas])
         return checks[replicas].passed
 
+    # Replicas come one at a time, or a whole disaggregated cluster at a time.
+    unit = workload.cluster.num_replicas if workload.cluster.disaggregated else 1
     fewest: int | None = None
     if check(estimate):
         fewest = estimate
-        while fewest > 1 and check(fewest - 1):
-            fewest -= 1
+        while fewest > unit and check(fewest - unit):
+            fewest -= unit
     else:
-        for replicas in range(estimate + 1, estimate + MAX_EXTRA_REPLICAS + 1):
+        for replicas in range(estimate + unit, estimate + unit * MAX_EXTRA_REPLICAS + 1, unit):
             if check(replicas):
                 fewest = replicas
                 break

@@ -171,3 +171,15 @@ def test_the_dashboard_stacks_the_parts_of_ttft_beside_a_colocated_run(tmp_path)
     assert [values[1] for values in parts.values()] == [None] * 4 + [colocated_summary["ttft_ms"]["mean"]]
     # Without a disaggregated run the section is absent.
     assert all(section.section_id != "disaggregation" for section in assemble_dashboard(runs[1:]).sections)
+
+
+def test_a_routed_capacity_check_grows_a_disaggregated_cluster_by_whole_copies():
+    from sim.replica_count import cluster_at, count_replicas
+
+    workload = pd_chat("workload.num_requests=60")
+    doubled = cluster_at(workload, 6, 40.0)
+    assert (doubled.cluster.num_replicas, doubled.cluster.prefill_replicas) == (6, 2)
+    assert doubled.workload.num_requests == 120
+    count = count_replicas(workload, 40.0, estimate=3, attainment_target=0.9)
+    assert {check.replicas for check in count.checks} <= {3, 6, 9, 12}
+    assert count.fewest_passing is None or count.fewest_passing % 3 == 0
