@@ -91,6 +91,8 @@ class CapacityResult:
     cluster_size: int = 1
     # engine.tensor_parallel_size: GPUs per replica, so that a replica count is also a GPU count.
     gpus_per_replica: int = 1
+    # cluster.prefill_replicas of each cluster (disaggregated; 0: every replica prefills and decodes).
+    prefill_replicas: int = 0
     # The replicas the target rate needs when simulated as one cluster behind the workload's router
     # (sim/replica_count.py); None without a target rate or a capacity, or when the workload cannot hold
     # the larger stream (verification_note says why).
@@ -241,7 +243,8 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
                 if target_rate is not None and low and high is not None else None)
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     result = CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
-                            target_rate, replicas, cluster_size, workload.engine.tensor_parallel_size)
+                            target_rate, replicas, cluster_size, workload.engine.tensor_parallel_size,
+                            prefill_replicas=workload.cluster.prefill_replicas)
     if replicas is not None:
         try:
             result.replica_count = count_replicas(workload, target_rate, replicas, attainment_target, cost_model,

@@ -60,6 +60,9 @@ def describe(result: CapacityResult) -> str:
         else:
             gpus = (f" ({count.fewest_passing * result.gpus_per_replica} GPUs)" if result.gpus_per_replica > 1
                     else "")
+            if result.prefill_replicas:
+                prefill = count.fewest_passing // result.cluster_size * result.prefill_replicas
+                gpus += f" ({prefill} prefill + {count.fewest_passing - prefill} decode)"
             line += (f"\nsimulated as one cluster behind its router ({count.router}): "
                      f"{count.fewest_passing} replica(s){gpus} meet it{below}")
     elif result.verification_note is not None:

@@ -1,7 +1,7 @@
 """Disaggregated prefill and decode in the simulator: the hand-off between the two pools, and the KV link.
 
-The deployment vLLM's disaggregated serving builds (a proxy in front of prefill engines configured as
-``kv_producer`` and decode engines as ``kv_consumer``, their KV moved by a connector such as NIXL):
+The deployment vLLM's disaggregated serving builds (a proxy in front of prefill engines and decode engines,
+their KV moved by a connector such as NIXL):
 
 1. The request arrives; the router picks a prefill replica, which runs the prompt with ``max_tokens`` 1
    (``do_remote_decode``). Its one sampled token is not the user's: the proxy discards it.

@@ -85,6 +85,11 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
         raise SetupError(f"engine.kv_cache_dtype: {workload.engine.kv_cache_dtype!r} is simulated only; the real "
                          "runner keeps its cache in the model's dtype (set engine.kv_cache_dtype=auto)")
     num_replicas = workload.cluster.num_replicas
+    if workload.cluster.disaggregated:
+        # Checked first: the advice below would otherwise lead to prefill_replicas' own error.
+        raise SetupError(f"cluster.prefill_replicas: {workload.cluster.prefill_replicas} prefill replicas (disaggregated "
+                         "prefill and decode) run in the simulator only; the real executor has no KV connector (set "
+                         "cluster.prefill_replicas=0 and cluster.num_replicas=1)")
     if num_replicas > 1:
         # Checked before torch is imported: a real run drives one engine in this process.
         raise SetupError(f"cluster.num_replicas: {num_replicas} replicas run in the simulator only; a real run "

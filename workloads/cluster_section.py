@@ -25,8 +25,8 @@ as vLLM's data-parallel front end sees them: sim/replica_loads.py):
 With one replica every router sends everything to it: a sweep over routers needs ``num_replicas`` > 1.
 
 Disaggregated prefill and decode (``prefill_replicas`` > 0): the first ``prefill_replicas`` replicas only
-prefill (vLLM's ``kv_producer``), the others only decode (``kv_consumer``), as in vLLM's disaggregated
-serving behind its proxy. The router picks a prefill replica for each arriving request, which computes the
+prefill, the others only decode, as in vLLM's disaggregated serving (a proxy in front of prefill and decode
+engines whose KV a connector such as NIXL moves). The router picks a prefill replica for each arriving request, which computes the
 prompt and one token; the router then picks a decode replica among the decode replicas, which allocates
 blocks for the prompt, loads its KV over the two replicas' links (``kv_transfer_bandwidth_gbps``,
 ``kv_transfer_latency_s``: each link moves one load at a time, first come first served) and decodes; the
@@ -106,9 +106,9 @@ class ClusterSection(SchemaModel):
     @model_validator(mode="after")
     def _both_roles_present(self) -> ClusterSection:
         if self.prefill_replicas and self.prefill_replicas >= self.num_replicas:
-            raise problems_error([("prefill_replicas", f"must leave at least one decode replica: it is "
-                                   f"{self.prefill_replicas} of num_replicas {self.num_replicas}",
-                                   self.prefill_replicas)])
+            raise problems_error([("prefill_replicas", f"must leave at least one decode replica, and "
+                                   f"cluster.num_replicas is {self.num_replicas} (set cluster.num_replicas to at least "
+                                   f"{self.prefill_replicas + 1}, or fewer prefill replicas)", self.prefill_replicas)])
         return self
 
     @property

@@ -183,3 +183,24 @@ def test_a_routed_capacity_check_grows_a_disaggregated_cluster_by_whole_copies()
     count = count_replicas(workload, 40.0, estimate=3, attainment_target=0.9)
     assert {check.replicas for check in count.checks} <= {3, 6, 9, 12}
     assert count.fewest_passing is None or count.fewest_passing % 3 == 0
+
+
+def test_a_real_run_of_a_disaggregated_cluster_is_refused_naming_prefill_replicas(capsys):
+    from sim.run import main as sim_run_main
+
+    assert sim_run_main(["chat", "--executor", "real", "--set", "cluster.num_replicas=2", "--set",
+                         "cluster.prefill_replicas=1", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "cluster.prefill_replicas: 1" in error and "no KV connector" in error
+    assert "cluster.prefill_replicas=0" in error
+
+
+def test_the_capacity_answer_names_the_pools_of_the_replicas_it_counts():
+    from sim.capacity import CapacityResult
+    from sim.capacity_report import describe
+    from sim.replica_count import ReplicaCheck, ReplicaCount
+
+    result = CapacityResult("pd", {}, 0.9, 80.0, 82.5, target_rate=150.0, replicas=6, cluster_size=3,
+                            prefill_replicas=1)
+    result.replica_count = ReplicaCount("least_loaded", 6, [ReplicaCheck(3, 0.25, False), ReplicaCheck(6, 0.95, True)])
+    assert "6 replica(s) (2 prefill + 4 decode) meet it" in describe(result)
