@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.disaggregation_stats import TTFT_PARTS
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadConfig
 
@@ -52,12 +53,19 @@ def run_sweep(workload: WorkloadConfig, out_dir: Path, *, cost_model=None, jobs:
 
 def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFrame:
     rows = []
+    disaggregated = any(result.summary.get("disaggregation") for result in results)
     for result in results:
         row = {"point": result.label, "run_dir": str(result.out_dir)}
         row.update({name: result.summary.get(name) for name in SWEEP_TABLE_COLUMNS})
         for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
             for stat in ("p50", "p90", "p99"):
                 row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
+        if disaggregated:
+            # The parts of TTFT (analysis.disaggregation_stats); empty for a point whose replicas do both.
+            parts = result.summary.get("disaggregation") or {}
+            for key, _, _ in TTFT_PARTS:
+                for stat in ("mean", "p90"):
+                    row[f"{key}_{stat}"] = (parts.get(key) or {}).get(stat)
         rows.append(row)
     table = pd.DataFrame(rows)
     path.parent.mkdir(parents=True, exist_ok=True)

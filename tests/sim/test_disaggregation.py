@@ -204,3 +204,19 @@ def test_the_capacity_answer_names_the_pools_of_the_replicas_it_counts():
                             prefill_replicas=1)
     result.replica_count = ReplicaCount("least_loaded", 6, [ReplicaCheck(3, 0.25, False), ReplicaCheck(6, 0.95, True)])
     assert "6 replica(s) (2 prefill + 4 decode) meet it" in describe(result)
+
+
+def test_a_sweeps_table_carries_the_parts_of_ttft_when_a_point_is_disaggregated(tmp_path):
+    from sim.sweep import SweepPointResult, write_sweep_table
+
+    disaggregated = run_simulation(pd_chat(), None).summary
+    colocated = run_simulation(pd_chat("cluster.prefill_replicas=0"), None).summary
+    table = write_sweep_table([SweepPointResult("pd", disaggregated, tmp_path / "pd"),
+                               SweepPointResult("colocated", colocated, tmp_path / "colocated")], tmp_path / "sweep.csv")
+    assert table.loc[0, "kv_load_ms_mean"] == pytest.approx(disaggregated["disaggregation"]["kv_load_ms"]["mean"])
+    assert table[["prefill_ms_mean", "kv_wait_ms_mean", "kv_load_ms_mean", "first_token_ms_mean"]].iloc[0].sum() \
+        == pytest.approx(disaggregated["ttft_ms"]["mean"])
+    assert table.loc[1, ["prefill_ms_mean", "kv_load_ms_p90"]].isna().all()
+    # A sweep of colocated points only keeps its columns.
+    plain = write_sweep_table([SweepPointResult("colocated", colocated, tmp_path / "c")], tmp_path / "plain.csv")
+    assert "kv_load_ms_mean" not in plain.columns
