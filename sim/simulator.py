@@ -13,7 +13,7 @@ state its current step leaves: that is what the router reads, as a real router r
 engine last reported.
 
 A disaggregated cluster (``cluster.prefill_replicas`` > 0) routes arrivals to its prefill replicas and
-hands each finished prefill to a decode replica, which loads the prompt's KV over its link
+hands each finished prefill to a decode replica, which loads the prompt's KV over the two replicas' links
 (sim/disaggregation.py). Its decode replicas take every step in order: the fast-forward is off, since a
 hand-off may reach a decode replica at the end of any prefill step.
 """
