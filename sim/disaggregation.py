@@ -27,6 +27,7 @@ import simpy
 
 from engine.core import EngineCore, Request, SamplingParams
 from engine.core.outputs import EngineCoreOutput
+from sim.engine_requests import make_request
 from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from workloads import RequestSpec
@@ -34,7 +35,6 @@ from workloads import RequestSpec
 # The finish reason of a prefill whose KV is sent (engine/core/kv_transfer.py); any other (ignored, aborted)
 # ends the request there.
 _HANDED_OFF_REASONS = ("length",)
-_PREFILL_PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)
 
 
 class KVTransferLink:
@@ -90,6 +90,7 @@ class Disaggregation:
         self.links = [KVTransferLink(env, setup.bytes_per_token, setup.bandwidth_gbps, setup.latency_s)
                       for _ in self.engines]
         self.spec_of = {spec.request_id: spec for spec in requests}
+        self._params_by_output_len: dict[int, SamplingParams] = {}
         self.num_requests = len(self.spec_of)
         self._wake = wake
         self._on_decode_arrival = on_decode_arrival
@@ -112,8 +113,7 @@ class Disaggregation:
         return index < self.num_prefill
 
     def make_prefill_request(self, spec: RequestSpec) -> Request:
-        return Request(spec.request_id, spec.prompt_token_ids, _PREFILL_PARAMS, arrival_time=spec.arrival_time,
-                       priority=spec.priority, do_remote_decode=True)
+        return make_request(spec, self._params_by_output_len, max_tokens=1, do_remote_decode=True)
 
     def route_arrival(self, request: Request) -> int:
         index = checked_choice(self.prefill_router, request, self.prefill_engines, self.prefill_loads)
@@ -133,9 +133,7 @@ class Disaggregation:
                 self._wake(index)
 
     def _hand_off(self, spec: RequestSpec, now: float) -> None:
-        request = Request(spec.request_id, spec.prompt_token_ids, SamplingParams(max_tokens=spec.output_len,
-                          ignore_eos=True), arrival_time=spec.arrival_time, priority=spec.priority,
-                          do_remote_prefill=True)
+        request = make_request(spec, self._params_by_output_len, do_remote_prefill=True)
         decode = checked_choice(self.decode_router, request, self.decode_engines, self.decode_loads)
         index = self.num_prefill + decode
         self.decode_replica_of[spec.request_id] = index

@@ -279,6 +279,12 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
     )
 
 
+def kv_cache_storage_dtype(dtype: str, kv_cache_dtype: str | None) -> str:
+    """The dtype the KV cache is stored in: ``engine.kv_cache_dtype``, where None or vLLM's "auto" mean the
+    model's ``dtype``."""
+    return dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+
+
 def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, block_size: int,
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
                         kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
@@ -295,7 +301,6 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     spans all GPUs), so the count is what one GPU's memory fits of its shards (``ModelShape.shard``).
     """
     tensor_parallel_size = int(tensor_parallel_size)
-    kv_cache_dtype = None if kv_cache_dtype == "auto" else kv_cache_dtype  # vLLM's "auto": the model's dtype
     full_model = model
     model = model.shard(tensor_parallel_size)
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
@@ -309,7 +314,7 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     weights = model.weight_bytes(dtype, quantization)
     reserve = total * activation_reserve_fraction
     free_for_kv = usable - weights - reserve
-    block_bytes = block_size * model.kv_bytes_per_token(kv_cache_dtype or dtype)
+    block_bytes = block_size * model.kv_bytes_per_token(kv_cache_storage_dtype(dtype, kv_cache_dtype))
     if free_for_kv < block_bytes:
         raise ValueError(
             f"model: {full_model.name} weights take {weights / GIB:.2f} GiB in {dtype}"

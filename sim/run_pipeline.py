@@ -15,6 +15,7 @@ from engine.core import EngineCore, Scheduler
 from sim.cost_models.calibrated_range import extrapolation_report
 from sim.cluster_trace import ClusterTrace
 from sim.disaggregation import DisaggregationSetup
+from sim.model_shapes import kv_cache_storage_dtype
 from sim.engine_setup import RunSetup, build_setup
 from sim.replica_loads import ReplicaLoads
 from sim.router import make_router
@@ -65,12 +66,12 @@ def disaggregation_setup(setup: RunSetup, engines: list[EngineCore]) -> Disaggre
     prefill_loads = ReplicaLoads(prefill, cluster.stats_interval_s)
     decode_loads = ReplicaLoads(decode, cluster.stats_interval_s)
     shape = setup.model.shard(engine.tensor_parallel_size)
-    kv_dtype = setup.workload.dtype if engine.kv_cache_dtype in (None, "auto") else engine.kv_cache_dtype
     return DisaggregationSetup(
         num_prefill=cluster.prefill_replicas,
         prefill_router=make_router(setup.workload, prefill_loads), prefill_loads=prefill_loads,
         decode_router=make_router(setup.workload, decode_loads, Stream.DECODE_ROUTING), decode_loads=decode_loads,
-        bytes_per_token=shape.kv_bytes_per_token(kv_dtype), bandwidth_gbps=cluster.kv_transfer_bandwidth_gbps,
+        bytes_per_token=shape.kv_bytes_per_token(kv_cache_storage_dtype(setup.workload.dtype, engine.kv_cache_dtype)),
+        bandwidth_gbps=cluster.kv_transfer_bandwidth_gbps,
         latency_s=cluster.kv_transfer_latency_s)
 
 

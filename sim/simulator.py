@@ -26,11 +26,12 @@ from typing import Sequence
 import simpy
 from tqdm import tqdm
 
-from engine.core import EngineCore, Request, SamplingParams
+from engine.core import EngineCore, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
 from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
 from sim.disaggregation import Disaggregation, DisaggregationSetup
+from sim.engine_requests import make_request
 from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
@@ -44,15 +45,6 @@ MAX_FAST_FORWARD_STEPS = 1024
 
 class SchedulerStalledError(RuntimeError):
     """Requests are pending but the scheduler scheduled nothing: a bug, never a workload property."""
-
-
-def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingParams]) -> Request:
-    """The engine request for a workload request: exactly ``output_len`` tokens, EOS ignored."""
-    params = params_by_output_len.get(spec.output_len)
-    if params is None:
-        params = params_by_output_len[spec.output_len] = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
-    return Request(spec.request_id, spec.prompt_token_ids, params, arrival_time=spec.arrival_time,
-                   priority=spec.priority)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from engine.core import EngineCore, SamplingParams
 from sim.cost_models.replay import ReplayDivergedError
 from sim.scheduled_batch import scheduler_output_features
-from sim.simulator import make_request
+from sim.engine_requests import make_request
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
 

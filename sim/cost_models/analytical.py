@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.hardware import HardwareSpec
-from sim.model_shapes import ModelShape, dtype_bytes
+from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
 
 # Sampling converts the logits to FP32 and makes a few passes over them (temperature, softmax,
 # top-k/top-p, the draw). Four passes is between greedy (one argmax) and a full top-p sort.
@@ -94,7 +94,7 @@ class AnalyticalCostModel:
         self.tensor_parallel_size = tensor_parallel_size
         # None or "auto": the cache holds the model's dtype. Attention computes in the model's dtype
         # either way (an fp8 cache is widened as it is read), so only the bytes change.
-        self.kv_cache_dtype = dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+        self.kv_cache_dtype = kv_cache_storage_dtype(dtype, kv_cache_dtype)
         kv_element_bytes = dtype_bytes(self.kv_cache_dtype)
         full_vocab_size = model.vocab_size
         model = model.shard(tensor_parallel_size)  # from here on, one GPU's part

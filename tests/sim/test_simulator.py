@@ -104,7 +104,7 @@ def test_more_load_gives_monotonically_worse_latency(tmp_path):
 def test_one_pass_features_equal_the_definition():
     setup = build_setup(small_chat("engine.max_num_batched_tokens=512", "engine.long_prefill_token_threshold=200"))
     engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
-    from sim.simulator import make_request
+    from sim.engine_requests import make_request
     params = {}
     for spec in setup.requests[:80]:
         engine.add_request(make_request(spec, params))

@@ -1,0 +1,18 @@
+"""The engine request for a workload request, as every driver (simulated, wall-clock, disaggregated) makes it."""
+
+from __future__ import annotations
+
+from engine.core import Request, SamplingParams
+from workloads import RequestSpec
+
+
+def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingParams], *, max_tokens: int | None = None,
+                 do_remote_prefill: bool = False, do_remote_decode: bool = False) -> Request:
+    """Exactly ``output_len`` tokens (or ``max_tokens``: a disaggregated prefill's one), EOS ignored. The
+    sampling parameters are shared by every request of one length (``params_by_output_len`` caches them)."""
+    num_tokens = spec.output_len if max_tokens is None else max_tokens
+    params = params_by_output_len.get(num_tokens)
+    if params is None:
+        params = params_by_output_len[num_tokens] = SamplingParams(max_tokens=num_tokens, ignore_eos=True)
+    return Request(spec.request_id, spec.prompt_token_ids, params, arrival_time=spec.arrival_time,
+                   priority=spec.priority, do_remote_prefill=do_remote_prefill, do_remote_decode=do_remote_decode)
