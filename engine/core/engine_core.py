@@ -28,6 +28,13 @@ class Executor(Protocol):
 
 
 @dataclass(slots=True)
+class StartedStep:
+    """A batch scheduled and handed to the executor, whose outputs the scheduler has not applied yet."""
+    scheduler_output: SchedulerOutput
+    model_runner_output: ModelRunnerOutput
+
+
+@dataclass(slots=True)
 class EngineStepResult:
     outputs: list[EngineCoreOutput]
     scheduler_output: SchedulerOutput | None   # None when there was nothing to schedule
@@ -60,7 +67,15 @@ class EngineCore:
         scheduler = self.scheduler
         if not scheduler.has_unfinished_requests():
             return EngineStepResult(scheduler.take_pending_outputs(), None)
-        scheduler_output = scheduler.schedule()
-        model_runner_output = self.executor.execute_model(scheduler_output)
-        outputs = scheduler.update_from_output(scheduler_output, model_runner_output)
-        return EngineStepResult(outputs, scheduler_output)
+        started = self.start_step()
+        return EngineStepResult(self.finish_step(started), started.scheduler_output)
+
+    # A step in two halves, for a driver that keeps several batches in flight (vLLM's batch queue under
+    # pipeline parallelism, engine/core/batches_in_flight.py): it may start further steps before finishing
+    # this one, and finishes them in the order it started them.
+    def start_step(self) -> StartedStep:
+        scheduler_output = self.scheduler.schedule()
+        return StartedStep(scheduler_output, self.executor.execute_model(scheduler_output))
+
+    def finish_step(self, started: StartedStep) -> list[EngineCoreOutput]:
+        return self.scheduler.update_from_output(started.scheduler_output, started.model_runner_output)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from engine.core.batches_in_flight import BatchesInFlight
 from engine.core.block_hash import make_block_hasher
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
@@ -63,6 +64,8 @@ class Scheduler:
         self._pending_outputs: list[EngineCoreOutput] = []
         self.num_preemptions_total = 0
         self.last_step_num_preemptions = 0
+        # Batches scheduled and not yet updated: more than one only behind a batch queue (pipeline parallelism).
+        self.batches_in_flight = BatchesInFlight()
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -150,6 +153,8 @@ class Scheduler:
         scheduled_running: list[Request] = []
         running_new_blocks: list = []
         preempted: list[Request] = []
+        # Chunks that end before their request's known tokens: they sample nothing.
+        partial_prefill_req_ids: set[str] = set()
 
         # Phase 1: running requests. Each scheduled request's computed count advances at once (its
         # value before the step is kept in running_computed_before for the SchedulerOutput).
@@ -177,6 +182,10 @@ class Scheduler:
                     token_budget -= 1
                     req_index += 1
                     continue
+            if num_new_tokens == 0:
+                # Its last token is still being computed by a batch in flight (engine/core/batches_in_flight.py).
+                req_index += 1
+                continue
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
             if num_new_tokens > token_budget:
@@ -208,6 +217,8 @@ class Scheduler:
             scheduled_running.append(request)
             running_new_blocks.append(new_blocks)
             running_computed_before.append(num_computed)
+            if num_computed + num_new_tokens < request.num_tokens:
+                partial_prefill_req_ids.add(request.request_id)
             request.num_computed_tokens = num_computed + num_new_tokens
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
@@ -273,6 +284,8 @@ class Scheduler:
                     scheduled_new.append(request)
                 request.status = _RUNNING
                 request.num_computed_tokens = num_hit_tokens
+                if num_hit_tokens + num_new_tokens < request.num_tokens:
+                    partial_prefill_req_ids.add(request.request_id)
                 if request.num_cached_tokens < 0:
                     request.num_cached_tokens = num_hit_tokens
                 num_scheduled_tokens[request.request_id] = num_new_tokens
@@ -284,14 +297,18 @@ class Scheduler:
         self.last_step_num_preemptions = len(preempted)
         self.num_preemptions_total += len(preempted)
         finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
-        return build_scheduler_output(
+        scheduler_output = build_scheduler_output(
             self.kv_cache_manager, self.running, scheduled_new, scheduled_resumed, scheduled_running,
             running_new_blocks, running_computed_before, num_scheduled_tokens, preempted, finished_req_ids,
             num_prefix_query_tokens, num_prefix_hit_tokens, self.kv_transfers.take_loads_started())
+        scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
+        scheduler_output.batch_index = self.batches_in_flight.start()
+        return scheduler_output
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""
         self.kv_cache_manager.free(request)
+        self.batches_in_flight.on_preempt(request.request_id)
         request.status = _PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -306,10 +323,16 @@ class Scheduler:
         index_of = model_runner_output.req_id_to_index.get
         logprobs = model_runner_output.logprobs
         stopped: list[Request] = []
+        batches = self.batches_in_flight
+        batch_index = scheduler_output.batch_index
+        partial = scheduler_output.partial_prefill_req_ids
+        any_preempted = batches.any_preempted
         for request_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(request_id)
-            # Aborted after scheduling, or still in the middle of its prefill: nothing to append.
-            if request is None or request.num_computed_tokens < request.num_tokens:
+            # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.
+            if request is None or request_id in partial:
+                continue
+            if any_preempted and batches.dropped(request_id, batch_index):
                 continue
             index = index_of(request_id)
             if index is None:
@@ -347,6 +370,7 @@ class Scheduler:
             self.running = [request for request in self.running if id(request) not in stopped_ids]
             for request in stopped:
                 self._free_request(request)
+        batches.finish(batch_index)
         return outputs
 
     def finish_kv_load(self, request_id: str) -> bool:

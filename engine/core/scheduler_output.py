@@ -66,6 +66,11 @@ class SchedulerOutput:
     num_kv_block_runs: int = 0
     # Remote prefills whose KV load this step starts (request id -> tokens to load; engine/core/kv_transfer.py).
     kv_loads: dict[str, int] = field(default_factory=dict)
+    # Requests whose chunk ends before their known tokens: they sample nothing this step. Fixed when the
+    # batch is scheduled, because a later batch may advance the request before this one is back.
+    partial_prefill_req_ids: set[str] = field(default_factory=set)
+    # The batch's place in the scheduler's order (engine/core/batches_in_flight.py).
+    batch_index: int = 0
 
     @property
     def num_scheduled_reqs(self) -> int:

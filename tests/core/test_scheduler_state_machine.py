@@ -12,9 +12,15 @@ some requests are a prefill engine's (their blocks outlive them until a send fin
 engine's (their prompt KV is loaded, at any later moment, into blocks allocated for it). A loaded
 request must still produce exactly the tokens it would have computed alone, and a loading request's
 blocks must never be found by a prefix-cache hit before its KV is there.
+
+Up to three batches may be in flight, as behind vLLM's batch queue under pipeline parallelism
+(engine/core/batches_in_flight.py): a batch is scheduled and executed at once but its outputs are applied
+later, in order, and further batches are scheduled meanwhile. The tokens must still be each request's own.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -33,9 +39,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         num_gpu_blocks=st.integers(4, 48), block_size=st.sampled_from([2, 4, 16]),
         max_num_seqs=st.integers(1, 8), max_num_batched_tokens=st.integers(4, 160),
         max_model_len=st.integers(16, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
-        policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans())
+        policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
+        max_in_flight=st.sampled_from([1, 2, 3]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
-              threshold, policy, caching):
+              threshold, policy, caching, max_in_flight):
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
@@ -47,6 +54,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.max_tokens: dict[str, int] = {}
         self.counter = 0
         self.time = 0.0
+        self.max_in_flight = max_in_flight
+        self.in_flight: deque = deque()
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
           priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]))
@@ -91,12 +100,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         target = live[pick % len(live)] if live else "never-existed"
         self.core.abort_requests([target])
 
-    @rule()
-    def step(self):
-        scheduler = self.scheduler
-        if not scheduler.has_unfinished_requests():
-            self.collect(scheduler.take_pending_outputs())
+    @rule(ahead=st.sampled_from([False, True, True]))
+    def step(self, ahead=False):
+        """One whole step; with ``ahead``, a batch scheduled and executed whose outputs wait (while there is
+        room in flight); with batches in flight and no ``ahead``, the oldest one's outputs applied."""
+        if ahead and len(self.in_flight) < self.max_in_flight and self.scheduler.has_unfinished_requests():
+            self.start_batch()
             return
+        if self.in_flight:
+            self.finish_batch()
+            return
+        if not self.scheduler.has_unfinished_requests():
+            self.collect(self.scheduler.take_pending_outputs())
+            return
+        self.start_batch()
+        self.finish_batch()
+
+    def start_batch(self):
+        scheduler = self.scheduler
         output = scheduler.schedule()
         assert output.total_num_scheduled_tokens <= scheduler.max_num_batched_tokens
         assert output.total_num_scheduled_tokens == sum(output.num_scheduled_tokens.values())
@@ -109,9 +130,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             request = scheduler.requests[request_id]
             assert request.status == RequestStatus.RUNNING
             assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_computed_tokens
+            assert request.num_computed_tokens <= request.num_tokens
         check_scheduler_invariants(scheduler)
-        self.collect(scheduler.update_from_output(output, self.core.executor.execute_model(output)))
-        check_cached_blocks_were_computed(scheduler, self.core.executor)
+        self.in_flight.append((output, self.core.executor.execute_model(output)))
+        assert scheduler.batches_in_flight.num_in_flight == len(self.in_flight)
+
+    def finish_batch(self):
+        output, model_runner_output = self.in_flight.popleft()
+        outputs = self.scheduler.update_from_output(output, model_runner_output)
+        for each in outputs:
+            if each.finish_reason in ("length", "stop"):
+                # A request that stops is in no later batch in flight (its blocks are freed now).
+                assert not any(each.request_id in later.num_scheduled_tokens for later, _ in self.in_flight)
+        self.collect(outputs)
+        check_cached_blocks_were_computed(self.scheduler, self.core.executor)
 
     def collect(self, outputs):
         for output in outputs:
@@ -128,12 +160,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "core"):
             return
+        # Run everything to the end, keeping as many batches in flight as the machine allows (the way a
+        # batch queue drains a backlog), so most requests run their whole life behind a full queue.
         for _ in range(20_000):
             self.finish_load(0)
             self.finish_send(0)
-            if not self.core.has_work() and not self.scheduler.has_kv_transfers_in_flight():
+            if not self.in_flight and not self.core.has_work() and not self.scheduler.has_kv_transfers_in_flight():
                 break
-            self.step()
+            self.step(ahead=True)
         assert not self.scheduler.requests and not self.scheduler.running and not self.scheduler.waiting
         manager = self.scheduler.kv_cache_manager
         assert manager.num_free_blocks == manager.num_usable_blocks, "blocks leaked"
