@@ -65,6 +65,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     engine = workload.engine
     try:
         model.shard(engine.tensor_parallel_size)
+        model.pipeline_stage_layers(engine.pipeline_parallel_size)
     except ValueError as error:
         raise SetupError(str(error)) from None
     if engine.num_gpu_blocks is not None:
@@ -74,7 +75,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             num_gpu_blocks = kv_cache_num_blocks(
                 model, hardware, workload.dtype, engine.block_size, engine.gpu_memory_utilization,
                 kv_cache_dtype=engine.kv_cache_dtype,
-                tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization)
+                tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
+                pipeline_parallel_size=engine.pipeline_parallel_size)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
     num_replicas = max(1, workload.cluster.num_replicas)
@@ -106,7 +108,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         raise _named("engine", error) from None
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
-                                     engine.kv_cache_dtype, engine.quantization)
+                                     engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size)
     except (ValueError, OSError) as error:
         message = str(error)
         own_field = message.startswith(("engine.", "hardware."))

@@ -113,12 +113,18 @@ class HardwareSpec:
         link = self.interconnect_bandwidth_gbps * 1e9 * self.interconnect_efficiency
         return self.allreduce_latency_s, 2 * (num_gpus - 1) / num_gpus / link
 
+    def send_coefficients(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per byte) of one GPU sending a buffer to the next over the link (pipeline
+        parallelism's hand-over between stages); the fixed part is the all-reduce's latency."""
+        self.check_link()
+        return self.allreduce_latency_s, 1 / (self.interconnect_bandwidth_gbps * 1e9 * self.interconnect_efficiency)
+
     def check_link(self) -> None:
         """A ValueError naming the field when the link between GPUs is not known."""
         for name in ("interconnect_bandwidth_gbps", "allreduce_latency_s"):
             if getattr(self, name) is None:
                 raise ValueError(f"hardware.{name}: {self.name!r} names no link between GPUs, which tensor "
-                                 f"parallelism needs; set hardware.interconnect_bandwidth_gbps and "
+                                 f"and pipeline parallelism need; set hardware.interconnect_bandwidth_gbps and "
                                  f"hardware.allreduce_latency_s (the GPU presets have them)")
 
     def to_dict(self) -> dict:

@@ -155,6 +155,44 @@ class ModelShape:
                        intermediate_size=self.intermediate_size // tp,
                        vocab_size=-(-self.vocab_size // tp))
 
+    # --- pipeline parallelism ------------------------------------------------------------------
+    def pipeline_stage_layers(self, pipeline_parallel_size: int) -> list[int]:
+        """Layers of each pipeline stage, split as vLLM's default partition does: evenly, the remainder one
+        each to the stages before the last (which also runs the final norm and lm_head).
+
+        A ValueError names ``engine.pipeline_parallel_size`` when there are more stages than layers."""
+        pp = pipeline_parallel_size
+        if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+            raise ValueError(f"engine.pipeline_parallel_size must be a positive integer, got {pp!r}")
+        if pp > self.num_layers:
+            raise ValueError(f"engine.pipeline_parallel_size: {pp} stages, but model {self.name!r} has only "
+                             f"{self.num_layers} layers to split between them")
+        layers = [self.num_layers // pp] * pp
+        for stage in range(pp - 1 - self.num_layers % pp, pp - 1):
+            layers[stage] += 1
+        return layers
+
+    def pipeline_stage_weight_bytes(self, stage: int, pipeline_parallel_size: int, dtype: str,
+                                    quantization: str | None = None) -> int:
+        """Bytes of weights one GPU of pipeline ``stage`` holds: its layers, the embedding on the first stage,
+        the final norm and lm_head on the last (both, tied or not, on a one-stage pipeline)."""
+        stage_layers = self.pipeline_stage_layers(pipeline_parallel_size)
+        element = dtype_bytes(dtype)
+        linear_per_layer = self.linear_parameters // self.num_layers
+        other_per_layer = self.layer_parameters - linear_per_layer
+        linear_bytes = element if quantization is None else dtype_bytes(quantization)
+        total = stage_layers[stage] * (linear_per_layer * linear_bytes + other_per_layer * element)
+        embedding = self.vocab_size * self.hidden_size * element
+        last = stage == pipeline_parallel_size - 1
+        if stage == 0:
+            total += embedding
+        if last:
+            total += self.hidden_size * element
+            if not self.tied_embeddings or pipeline_parallel_size > 1:
+                # Tied weights are one tensor on one GPU; split across stages, each end keeps a copy.
+                total += embedding
+        return total
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -288,7 +326,7 @@ def kv_cache_storage_dtype(dtype: str, kv_cache_dtype: str | None) -> str:
 def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, block_size: int,
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
                         kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
-                        quantization: str | None = None) -> int:
+                        quantization: str | None = None, pipeline_parallel_size: int = 1) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -299,6 +337,8 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
 
     With tensor parallelism every GPU holds its shard of the weights and of every block (each block
     spans all GPUs), so the count is what one GPU's memory fits of its shards (``ModelShape.shard``).
+    With pipeline parallelism every stage's GPUs hold their layers' weights and their layers' part of every
+    block, so the count is the smallest any stage fits (``ModelShape.pipeline_stage_layers``).
     """
     tensor_parallel_size = int(tensor_parallel_size)
     full_model = model
@@ -311,17 +351,29 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
         raise ValueError(f"cache.activation_reserve_fraction must be in [0, 1), got {activation_reserve_fraction!r}")
     total = hardware.memory_bytes
     usable = total * gpu_memory_utilization
-    weights = model.weight_bytes(dtype, quantization)
     reserve = total * activation_reserve_fraction
+    kv_bytes_per_layer = block_size * model.kv_bytes_per_token_per_layer(kv_cache_storage_dtype(dtype, kv_cache_dtype))
+    stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
+    # Each stage's weights and bytes per block; the stage that fits the fewest blocks bounds the pool (every
+    # stage holds its layers' part of the same block ids).
+    stages = [(model.pipeline_stage_weight_bytes(stage, pipeline_parallel_size, dtype, quantization),
+               layers * kv_bytes_per_layer) for stage, layers in enumerate(stage_layers)]
+    weights, block_bytes = min(stages, key=lambda stage: (usable - stage[0] - reserve) / stage[1])
     free_for_kv = usable - weights - reserve
-    block_bytes = block_size * model.kv_bytes_per_token(kv_cache_storage_dtype(dtype, kv_cache_dtype))
     if free_for_kv < block_bytes:
         raise ValueError(
             f"model: {full_model.name} weights take {weights / GIB:.2f} GiB in {dtype}"
-            f"{f' per GPU at tensor_parallel_size {tensor_parallel_size}' if tensor_parallel_size > 1 else ''}"
+            f"{_per_gpu(tensor_parallel_size, pipeline_parallel_size)}"
             f", but {hardware.name} at "
             f"gpu_memory_utilization {gpu_memory_utilization} offers {usable / GIB:.2f} GiB, of which "
             f"{reserve / GIB:.2f} GiB is reserved for activations: no room for even one KV block "
-            f"({block_bytes / 2**20:.2f} MiB). Use a larger device, more tensor parallelism, a smaller model or a "
-            "smaller dtype.")
+            f"({block_bytes / 2**20:.2f} MiB). Use a larger device, more tensor or pipeline parallelism, a smaller "
+            "model or a smaller dtype.")
     return math.floor(free_for_kv / block_bytes)
+
+
+def _per_gpu(tensor_parallel_size: int, pipeline_parallel_size: int) -> str:
+    parts = [f"tensor_parallel_size {tensor_parallel_size}"] if tensor_parallel_size > 1 else []
+    if pipeline_parallel_size > 1:
+        parts.append(f"pipeline_parallel_size {pipeline_parallel_size}")
+    return f" per GPU at {' and '.join(parts)}" if parts else ""

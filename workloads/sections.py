@@ -46,6 +46,9 @@ class EngineSection(SchemaModel):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     # GPUs one engine shards the model over (simulated; the model must split evenly: sim/model_shapes.py).
     tensor_parallel_size: PositiveInt = 1
+    # Pipeline stages one engine splits the model's layers over, each on tensor_parallel_size GPUs
+    # (simulated): up to this many batches are in flight, as vLLM's batch queue keeps them.
+    pipeline_parallel_size: PositiveInt = 1
     # The KV cache's element type (simulated): auto is the model's dtype; an fp8 cache holds twice the
     # tokens in the same memory and halves the bytes attention reads.
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"

@@ -24,7 +24,7 @@ What the outputs cannot say by themselves, this keeps:
   already been sent in full.
 
 Invariants (the state machine checks them, with batches left in flight at random):
-- batches are updated in the order they were scheduled;
+- batches with tokens are updated in the order they were scheduled (an empty one may be updated at once);
 - a request that stops in a batch's update is in no later batch in flight (a batch that samples for a
   request leaves it no token to schedule until that batch is back), so finishing it frees no block a
   batch in flight still writes for it.
@@ -36,20 +36,25 @@ from __future__ import annotations
 class BatchesInFlight:
     def __init__(self) -> None:
         self.num_scheduled = 0
-        self.num_in_flight = 0
+        # Indices of the batches scheduled and not yet updated, oldest first.
+        self._in_flight: list[int] = []
         # Request id -> index of the batch whose schedule() preempted it while it was in an earlier batch.
         self._preempted_after: dict[str, int] = {}
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
 
     def start(self) -> int:
         """A batch has been scheduled: its index."""
         index = self.num_scheduled
         self.num_scheduled = index + 1
-        self.num_in_flight += 1
+        self._in_flight.append(index)
         return index
 
     def on_preempt(self, request_id: str) -> None:
         """Called while a batch is being scheduled (its index is ``num_scheduled``)."""
-        if self.num_in_flight:
+        if len(self._in_flight):
             self._preempted_after[request_id] = self.num_scheduled
 
     def dropped(self, request_id: str, batch_index: int) -> bool:
@@ -62,11 +67,12 @@ class BatchesInFlight:
         return bool(self._preempted_after)
 
     def finish(self, batch_index: int) -> None:
-        """Batch ``batch_index`` has been updated. Entries that only later batches could need stay: an
-        entry k drops the tokens of batches before k, all of which are now back when k <= batch_index + 1."""
-        if self.num_in_flight:
-            self.num_in_flight -= 1
+        """Batch ``batch_index`` has been updated. An entry k drops the tokens of batches before k, so it is
+        kept while one of them is still in flight (a driver may finish an empty batch before older ones)."""
+        in_flight = self._in_flight
+        if batch_index in in_flight:
+            in_flight.remove(batch_index)
         if self._preempted_after:
-            for request_id in [request_id for request_id, index in self._preempted_after.items()
-                               if index <= batch_index + 1]:
+            oldest = in_flight[0] if in_flight else self.num_scheduled
+            for request_id in [request_id for request_id, index in self._preempted_after.items() if index <= oldest]:
                 del self._preempted_after[request_id]

@@ -21,6 +21,12 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   shard (``ModelShape.shard``: heads, MLP columns and vocabulary split; norms and residuals whole), and
   the GPUs all-reduce the hidden state twice per layer (after O and after down) and gather the logits
   (``HardwareSpec.allreduce_time``). The GPUs run in lockstep, so a step takes one GPU's time.
+* with pipeline parallelism (``pipeline_parallel_size`` stages, each of ``tensor_parallel_size`` GPUs),
+  ``pipeline_stage_times`` splits a batch's GPU time by stage: each stage runs its layers' share of every
+  per-layer cost (``ModelShape.pipeline_stage_layers``), the last stage lm_head and sampling, and every
+  stage but the last sends the batch's hidden states and residual to the next over the link. The engine's
+  own step overhead (scheduling, input preparation) is apart, paid once per batch; the simulator
+  (sim/pipeline_stages.py) runs the stages as a pipeline.
 
 The FLOP and byte counts are exact for the shape; the efficiency factors in ``HardwareSpec`` carry all
 the empiricism. ``benchmarks/cost_model_vs_a100.py`` checks the per-operator times against measured A100
@@ -83,8 +89,10 @@ class AnalyticalCostModel:
 
     def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16",
                  tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None,
-                 quantization: str | None = None) -> None:
+                 quantization: str | None = None, pipeline_parallel_size: int = 1) -> None:
         self.model = model
+        self.pipeline_parallel_size = pipeline_parallel_size
+        stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
         # fp8 weights (vLLM's quantization: fp8) in the four projections of every layer; embedding and
         # lm_head stay in dtype. The products run at the device's fp8 rate, or at its 16-bit rate on
         # one without fp8 tensor cores (weight-only: the weights are widened as they are read).
@@ -170,14 +178,44 @@ class AnalyticalCostModel:
         self._allreduces_per_step = layers * ALLREDUCES_PER_LAYER
         self._hidden_bytes_per_token = h * element_bytes
         self._logit_bytes_per_request = full_vocab_size * element_bytes
+        # Pipeline stages: each one's share of the per-layer costs, and the hand-over between stages (vLLM
+        # sends the hidden states and the residual, two rows of hidden_size per token).
+        self.stage_layer_fractions = tuple(count / layers for count in stage_layers)
+        self._launch_s_all_layers = hardware.kernel_launch_overhead_s * layers * KERNELS_PER_LAYER
+        self._launch_s_outside_layers = hardware.kernel_launch_overhead_s * KERNELS_OUTSIDE_LAYERS
+        self._send_latency_s, self._send_s_per_byte = (
+            hardware.send_coefficients() if pipeline_parallel_size > 1 else (0.0, 0.0))
+        self._send_bytes_per_token = 2 * h * element_bytes
 
     # --- the cost-model interface -----------------------------------------------------------------
     def step_time(self, batch: StepBatch) -> float:
         return sum(self.component_times(step_features(batch)))
 
     def step_time_from_features(self, features: StepFeatures) -> float:
-        """The same as ``step_time`` for callers that already derived the features (the simulator)."""
+        """The same as ``step_time`` for callers that already derived the features (the simulator). Under
+        pipeline parallelism, a batch's time through an empty pipeline: the engine's overhead and every stage."""
+        if self.pipeline_parallel_size > 1:
+            return self.engine_overhead_s(features) + sum(self.pipeline_stage_times(features))
         return sum(self.component_times(features))
+
+    def engine_overhead_s(self, features: StepFeatures) -> float:
+        """The engine's own seconds per step (scheduling, preparing inputs), outside the GPUs' time."""
+        return self.hardware.step_overhead_s
+
+    def pipeline_stage_times(self, f: StepFeatures) -> list[float]:
+        """GPU seconds of each pipeline stage for a batch with features ``f`` (``engine_overhead_s`` apart)."""
+        stages = self.pipeline_parallel_size
+        if f.num_tokens == 0:
+            return [0.0] * stages
+        linear, elementwise, decode, prefill, lm_head, sampling, _fixed, _communication = self.component_times(f)
+        layers_allreduce, logits_gather = self._communication_parts(f)
+        per_layer_work = linear + elementwise + decode + prefill + self._launch_s_all_layers + layers_allreduce
+        send = self._send_latency_s + f.num_tokens * self._send_bytes_per_token * self._send_s_per_byte
+        fractions = self.stage_layer_fractions
+        times = [fraction * per_layer_work + send for fraction in fractions[:-1]]
+        times.append(fractions[-1] * per_layer_work + lm_head + sampling + self._launch_s_outside_layers
+                     + logits_gather)
+        return times
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per component of one step; the values sum to ``step_time(batch)``."""
@@ -198,17 +236,21 @@ class AnalyticalCostModel:
             attention_prefill = max(f.prefill_attention_work * self._prefill_s_per_pair,
                                     f.prefill_context_tokens * self._prefill_s_per_context_token
                                     + f.num_prefill_tokens * self._prefill_s_per_token)
-        communication = 0.0
-        if self.tensor_parallel_size > 1:
-            # Two all-reduces of the hidden states per layer, and the logits gathered: a gather moves half an
-            # all-reduce's bytes (no reduce-scatter half), counted as one at that size.
-            per_byte = self._allreduce_s_per_byte
-            communication = (
-                self._allreduces_per_step * (self._allreduce_latency_s + tokens * self._hidden_bytes_per_token * per_byte)
-                + self._allreduce_latency_s + f.num_reqs * self._logit_bytes_per_request / 2 * per_byte)
+        communication = sum(self._communication_parts(f)) if self.tensor_parallel_size > 1 else 0.0
         return (linear_layers, tokens * self._elementwise_s_per_token, attention_decode, attention_prefill,
                 self.lm_head.time(f.num_reqs), f.num_reqs * self._sampling_s_per_request, self._fixed_s,
                 communication)
+
+    def _communication_parts(self, f: StepFeatures) -> tuple[float, float]:
+        """Tensor parallelism's seconds: (the layers' all-reduces, the logits' gather). Two all-reduces of the
+        hidden states per layer; a gather moves half an all-reduce's bytes (no reduce-scatter half), counted
+        as one at that size. (0, 0) on one GPU."""
+        if self.tensor_parallel_size == 1:
+            return 0.0, 0.0
+        per_byte = self._allreduce_s_per_byte
+        return (self._allreduces_per_step * (self._allreduce_latency_s + f.num_tokens * self._hidden_bytes_per_token
+                                             * per_byte),
+                self._allreduce_latency_s + f.num_reqs * self._logit_bytes_per_request / 2 * per_byte)
 
     def layer_operator_times(self, num_tokens: int) -> dict[str, float]:
         """Seconds per non-attention operator of one layer for ``num_tokens`` rows, each with its kernel
@@ -229,6 +271,8 @@ class AnalyticalCostModel:
             "kind": "analytical",
             "model": m.to_dict(),
             "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "pipeline_stage_layers": m.pipeline_stage_layers(self.pipeline_parallel_size),
             "kv_cache_dtype": self.kv_cache_dtype,
             "quantization": self.quantization,
             "hardware": hw.to_dict(),

@@ -105,7 +105,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         """One whole step; with ``ahead``, a batch scheduled and executed whose outputs wait (while there is
         room in flight); with batches in flight and no ``ahead``, the oldest one's outputs applied."""
         if ahead and len(self.in_flight) < self.max_in_flight and self.scheduler.has_unfinished_requests():
-            self.start_batch()
+            if not self.start_batch() and self.in_flight:
+                # Nothing could be scheduled: wait for the oldest batch (what a batch queue's driver does).
+                self.finish_batch()
             return
         if self.in_flight:
             self.finish_batch()
@@ -134,9 +136,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         check_scheduler_invariants(scheduler)
         self.in_flight.append((output, self.core.executor.execute_model(output)))
         assert scheduler.batches_in_flight.num_in_flight == len(self.in_flight)
+        if output.total_num_scheduled_tokens == 0 and len(self.in_flight) > 1:
+            # An empty batch is finished at once, ahead of older ones, as the simulator's pipelined loop does.
+            self.finish_batch(newest=True)
+        return output.total_num_scheduled_tokens > 0
 
-    def finish_batch(self):
-        output, model_runner_output = self.in_flight.popleft()
+    def finish_batch(self, newest=False):
+        output, model_runner_output = self.in_flight.pop() if newest else self.in_flight.popleft()
         outputs = self.scheduler.update_from_output(output, model_runner_output)
         for each in outputs:
             if each.finish_reason in ("length", "stop"):
