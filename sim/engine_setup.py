@@ -68,6 +68,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         model.pipeline_stage_layers(engine.pipeline_parallel_size)
     except ValueError as error:
         raise SetupError(str(error)) from None
+    if engine.pipeline_parallel_size > 1 and workload.cluster.disaggregated:
+        raise SetupError(f"engine.pipeline_parallel_size: {engine.pipeline_parallel_size} stages are not simulated in a "
+                         f"disaggregated cluster (cluster.prefill_replicas {workload.cluster.prefill_replicas}); set "
+                         "engine.pipeline_parallel_size=1 or cluster.prefill_replicas=0")
     if engine.num_gpu_blocks is not None:
         num_gpu_blocks = engine.num_gpu_blocks
     else:

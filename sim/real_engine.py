@@ -78,6 +78,9 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
     if workload.engine.tensor_parallel_size > 1:
         raise SetupError(f"engine.tensor_parallel_size: {workload.engine.tensor_parallel_size} GPUs per engine run in "
                          "the simulator only; a real run uses one device (set engine.tensor_parallel_size=1)")
+    if workload.engine.pipeline_parallel_size > 1:
+        raise SetupError(f"engine.pipeline_parallel_size: {workload.engine.pipeline_parallel_size} stages run in the "
+                         "simulator only; a real run uses one device (set engine.pipeline_parallel_size=1)")
     if workload.engine.quantization is not None:
         raise SetupError(f"engine.quantization: {workload.engine.quantization!r} is simulated only; the real runner "
                          "loads the model's own weights (set engine.quantization=null)")

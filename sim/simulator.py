@@ -16,6 +16,9 @@ A disaggregated cluster (``cluster.prefill_replicas`` > 0) routes arrivals to it
 hands each finished prefill to a decode replica, which loads the prompt's KV over the two replicas' links
 (sim/disaggregation.py). Its decode replicas take every step in order: the fast-forward is off, since a
 hand-off may reach a decode replica at the end of any prefill step.
+
+An engine with pipeline parallelism (``engine.pipeline_parallel_size`` > 1) keeps several batches in flight
+through its stages; its loop is sim/pipeline_stages.py's, without the fast-forward.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
+from sim.pipeline_stages import pipelined_engine_loop
 from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
@@ -95,6 +99,9 @@ class Simulation:
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
         # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
         self.fast_forward = fast_forward and disaggregation is None
+        if disaggregation is not None and any(_pipeline_depth(replica) > 1 for replica in self.replicas):
+            raise ValueError("engine.pipeline_parallel_size: a disaggregated cluster's engines are simulated "
+                             "without pipeline parallelism")
         self.num_fast_forwarded_steps = 0
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
@@ -104,7 +111,9 @@ class Simulation:
         self.env.process(self._arrivals())
         if self._published_loads():
             self.env.process(self._publish_loads())
-        loops = [self.env.process(self._engine_loop(index, replica)) for index, replica in enumerate(self.replicas)]
+        loops = [self.env.process(self._engine_loop(index, replica) if _pipeline_depth(replica) == 1
+                                  else pipelined_engine_loop(self, replica, replica.executor.cost_model))
+                 for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
         self._progress.close()
         if len(self.replicas) == 1:
@@ -132,6 +141,13 @@ class Simulation:
     @property
     def now(self) -> float:
         return self.env.now
+
+    @property
+    def arrivals_done(self) -> bool:
+        return self._arrivals_done
+
+    def update_progress(self, num_finished: int) -> None:
+        self._progress.update(num_finished)
 
     def _arrivals(self):
         """Add each request at its arrival time. Requests arriving at the same instant are added
@@ -307,3 +323,8 @@ class Simulation:
         for duration in durations[:result.num_steps]:
             yield env.timeout(duration)
         return sum(step >= 0 for step in result.finish_step)
+
+
+def _pipeline_depth(replica: Replica) -> int:
+    """Batches the replica's engine keeps in flight: its pipeline stages (one without pipeline parallelism)."""
+    return getattr(replica.executor.cost_model, "pipeline_parallel_size", 1)

@@ -62,7 +62,7 @@ def test_a_model_that_does_not_split_evenly_is_refused_by_field(model, tensor_pa
 
 def test_more_gpus_hold_a_model_one_cannot_and_leave_more_room_for_kv():
     model, hardware = resolve_model("llama-2-70b"), resolve_hardware("h100-sxm")
-    with pytest.raises(ValueError, match="more tensor parallelism"):
+    with pytest.raises(ValueError, match="more tensor or pipeline parallelism"):
         kv_cache_num_blocks(model, hardware, "bfloat16", 16, 0.9)
     blocks = {tp: kv_cache_num_blocks(model, hardware, "bfloat16", 16, 0.9, tensor_parallel_size=tp) for tp in (2, 4, 8)}
     # Each GPU frees its share of the weights and holds its share of every block.
