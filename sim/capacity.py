@@ -89,7 +89,8 @@ class CapacityResult:
     # The workload's cluster.num_replicas: the search's rate is the whole cluster's, and replicas come
     # in clusters of this many.
     cluster_size: int = 1
-    # engine.tensor_parallel_size: GPUs per replica, so that a replica count is also a GPU count.
+    # engine.tensor_parallel_size x pipeline_parallel_size: GPUs per replica, so that a replica count is
+    # also a GPU count.
     gpus_per_replica: int = 1
     # cluster.prefill_replicas of each cluster (disaggregated; 0: every replica prefills and decodes).
     prefill_replicas: int = 0
@@ -104,7 +105,7 @@ class CapacityResult:
 
     @property
     def num_gpus(self) -> int:
-        """GPUs of the configuration searched: its replicas times each one's tensor-parallel GPUs."""
+        """GPUs of the configuration searched: its replicas times each one's GPUs (tensor x pipeline)."""
         return self.cluster_size * self.gpus_per_replica
 
     def at_capacity(self) -> Probe | None:
@@ -243,7 +244,8 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
                 if target_rate is not None and low and high is not None else None)
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     result = CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
-                            target_rate, replicas, cluster_size, workload.engine.tensor_parallel_size,
+                            target_rate, replicas, cluster_size,
+                            workload.engine.tensor_parallel_size * workload.engine.pipeline_parallel_size,
                             prefill_replicas=workload.cluster.prefill_replicas)
     if replicas is not None:
         try:

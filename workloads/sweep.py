@@ -69,12 +69,31 @@ def short_file_names(values: list[Any]) -> dict[str, str]:
     return tails
 
 
-def point_label(paths: list[str], values: tuple[Any, ...], file_names: list[dict[str, str]] | None = None) -> str:
+def section_entries_that_differ(values: list[Any]) -> list[set[str]] | None:
+    """For a sweep key whose values are sections that would read alike by their values alone (``engine:
+    [{tensor_parallel_size: 4}, {pipeline_parallel_size: 4}]``, both "4"), the keys of each value that not
+    every value sets alike: a label then names them (``engine=pipeline_parallel_size=4``). None otherwise:
+    sections that read apart keep the short form (``prompt_len=uniform-1-3``)."""
+    if len(values) < 2 or not all(isinstance(value, dict) for value in values):
+        return None
+    if len({format_label_value(value) for value in values}) == len(values):
+        return None
+    common = {key for key in values[0] if all(key in value and value[key] == values[0][key] for value in values)}
+    return [set(value) - common for value in values]
+
+
+def point_label(paths: list[str], values: tuple[Any, ...], file_names: list[dict[str, str]] | None = None,
+                differing: list[list[set[str]] | None] | None = None, indices: tuple[int, ...] | None = None) -> str:
     file_names = file_names or [{} for _ in paths]
-    pairs = [
-        f"{name}={format_label_value(names.get(value, value) if isinstance(value, str) else value)}"
-        for name, value, names in zip(short_names(paths), values, file_names, strict=True)
-    ]
+    differing = differing or [None for _ in paths]
+    pairs = []
+    for position, (name, value, names) in enumerate(zip(short_names(paths), values, file_names, strict=True)):
+        keys = differing[position][indices[position]] if differing[position] is not None else None
+        if keys is not None:
+            shown = "+".join(f"{key}={format_label_value(value[key])}" for key in value if key in keys)
+            pairs.append(f"{name}={shown or BASE_LABEL}")
+        else:
+            pairs.append(f"{name}={format_label_value(names.get(value, value) if isinstance(value, str) else value)}")
     return _UNSAFE_LABEL_CHARACTERS.sub("_", ",".join(pairs))
 
 
@@ -84,11 +103,13 @@ def expand_sweep(config: WorkloadConfig) -> list[tuple[str, WorkloadConfig]]:
         return [(BASE_LABEL, config)]
     paths = list(config.sweep)
     file_names = [short_file_names(config.sweep[path]) for path in paths]
+    differing = [section_entries_that_differ(config.sweep[path]) for path in paths]
     base = config.model_dump(exclude={"sweep"})
     points = []
     labels: set[str] = set()
-    for values in itertools.product(*(config.sweep[path] for path in paths)):
-        label = point_label(paths, values, file_names)
+    for indices in itertools.product(*(range(len(config.sweep[path])) for path in paths)):
+        values = tuple(config.sweep[path][index] for path, index in zip(paths, indices, strict=True))
+        label = point_label(paths, values, file_names, differing, indices)
         if label in labels:  # values that read alike once made safe ("a b", "a_b"): one directory each
             label = next(f"{label}-{index}" for index in itertools.count(2) if f"{label}-{index}" not in labels)
         labels.add(label)

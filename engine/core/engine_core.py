@@ -67,8 +67,10 @@ class EngineCore:
         scheduler = self.scheduler
         if not scheduler.has_unfinished_requests():
             return EngineStepResult(scheduler.take_pending_outputs(), None)
-        started = self.start_step()
-        return EngineStepResult(self.finish_step(started), started.scheduler_output)
+        # start_step + finish_step, without the StartedStep between them (this runs for every simulated step).
+        scheduler_output = scheduler.schedule()
+        model_runner_output = self.executor.execute_model(scheduler_output)
+        return EngineStepResult(scheduler.update_from_output(scheduler_output, model_runner_output), scheduler_output)
 
     # A step in two halves, for a driver that keeps several batches in flight (vLLM's batch queue under
     # pipeline parallelism, engine/core/batches_in_flight.py): it may start further steps before finishing

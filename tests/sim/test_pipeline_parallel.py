@@ -219,3 +219,20 @@ def test_a_calibrated_profile_and_a_real_run_refuse_pipeline_stages(capsys):
     assert sim_run_main(["chat", "--executor", "real", "--set", "engine.pipeline_parallel_size=2",
                          "--no-progress"]) == 2
     assert "engine.pipeline_parallel_size: 2 stages run in the simulator only" in capsys.readouterr().err
+
+
+def test_the_parallelism_example_decodes_fastest_with_tensor_parallelism_at_a_moderate_rate(tmp_path):
+    from analysis import compute_summary
+
+    workload = load_workload(example_path("parallelism"), overrides=["workload.num_requests=200"])
+    tpot = {}
+    for label, point in workload.sweep_points():
+        if point.workload.arrival.rate != 2:
+            continue
+        setup = build_setup(point)
+        requests, steps = tables(Simulation(_engine(setup), setup.requests).run())
+        tpot[label] = compute_summary(requests, steps, name=label, mode="sim", config={})["tpot_ms"]["p50"]
+    assert list(tpot) == ["rate=2,engine=tensor_parallel_size=4",
+                          "rate=2,engine=tensor_parallel_size=2+pipeline_parallel_size=2",
+                          "rate=2,engine=pipeline_parallel_size=4"]
+    assert sorted(tpot.values()) == list(tpot.values())

@@ -21,7 +21,7 @@ from workloads import (
 )
 
 EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing",
-                     "disaggregation"}
+                     "disaggregation", "parallelism"}
 
 
 def test_examples_are_listed():
@@ -137,6 +137,21 @@ def test_sweep_over_whole_sections_has_readable_labels(raw_workload):
     points = load_workload(raw_workload).sweep_points()
     assert [label for label, _ in points] == ["prompt_len=constant-5", "prompt_len=uniform-1-3"]
     assert points[1][1].workload.prompt_len.type == "uniform"
+
+
+def test_sections_that_would_read_alike_are_labelled_by_what_differs(raw_workload):
+    # By values alone, {tensor_parallel_size: 4} and {pipeline_parallel_size: 4} both read "4096-4".
+    raw_workload["sweep"] = {"engine": [
+        {"max_model_len": 4096, "tensor_parallel_size": 4},
+        {"max_model_len": 4096, "tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+        {"max_model_len": 4096, "pipeline_parallel_size": 4},
+    ]}
+    points = load_workload(raw_workload).sweep_points()
+    assert [label for label, _ in points] == [
+        "engine=tensor_parallel_size=4", "engine=tensor_parallel_size=2+pipeline_parallel_size=2",
+        "engine=pipeline_parallel_size=4"]
+    assert [(config.engine.tensor_parallel_size, config.engine.pipeline_parallel_size) for _, config in points] == \
+        [(4, 1), (2, 2), (1, 4)]
 
 
 def test_no_sweep_gives_one_base_point(raw_workload):
