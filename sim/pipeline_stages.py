@@ -1,9 +1,9 @@
 """One engine's pipeline-parallel stages in virtual time, and the engine loop that keeps them busy.
 
 vLLM runs a pipeline-parallel engine with a batch queue as deep as the pipeline (``step_with_batch_queue``):
-it schedules a batch and hands it to the first stage, and while the queue has room and something can be
-scheduled it schedules the next one at once; otherwise it waits for the oldest batch's outputs and applies
-them. The scheduler is the shared one: a decode whose token is in flight is passed over, so the running
+it schedules a batch and hands it to the first stage, and while the queue has room, something can be
+scheduled and the oldest batch is not back yet, it schedules the next one at once; otherwise it waits for
+the oldest batch's outputs (if they are not back already) and applies them. The scheduler is the shared one: a decode whose token is in flight is passed over, so the running
 requests spread over the batches in flight (engine/core/batches_in_flight.py).
 
 Here each stage is a GPU group that runs one batch at a time, in the order batches reach it: a batch enters
@@ -72,7 +72,9 @@ def pipelined_engine_loop(simulation, replica, cost_model):
             yield replica.idle
             replica.idle = None
             continue
-        if len(in_flight) < depth and scheduler.has_unfinished_requests():
+        # As vLLM's batch queue: the oldest batch's outputs, if already back, are applied before the next schedule.
+        if len(in_flight) < depth and scheduler.has_unfinished_requests() and not (
+                in_flight and in_flight[0][1] <= env.now):
             start = env.now
             started = engine.start_step()
             scheduler_output = started.scheduler_output
