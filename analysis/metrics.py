@@ -174,6 +174,8 @@ def compute_summary(
       ``replica`` column, and its config names two or more replicas): analysis.replica_stats.
     - disaggregation (a disaggregated cluster run: its requests table has the KV load's columns): the
       parts of TTFT, analysis.disaggregation_stats.
+    - pipeline (engines of two or more pipeline stages): busy fraction and batches in flight,
+      analysis.pipeline_stats.
     """
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
@@ -233,6 +235,7 @@ def compute_summary(
     from analysis.replica_stats import configured_prefill_replicas, configured_replicas, load_imbalance, replica_stats
 
     from analysis.disaggregation_stats import disaggregation_stats
+    from analysis.pipeline_stats import pipeline_stats
 
     by_replica = replica_stats(requests, steps, slo_thresholds, duration_s, configured_replicas(config),
                                configured_prefill_replicas(config) or None)
@@ -242,6 +245,9 @@ def compute_summary(
     disaggregation = disaggregation_stats(requests)
     if disaggregation is not None:
         summary["disaggregation"] = disaggregation
+    pipeline = pipeline_stats(steps, duration_s, config)
+    if pipeline is not None:
+        summary["pipeline"] = pipeline
     for finish_reason in ("ignored", "error"):
         examples = _examples(requests, finish_reason)
         if examples:

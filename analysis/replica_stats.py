@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from analysis.pipeline_stats import busy_seconds
 from analysis.step_aggregates import kv_usage_max, num_preemptions, prefix_cache_hit_rate, time_weighted_kv_usage
 
 
@@ -51,7 +51,7 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
         replica_steps = steps.loc[steps["replica"] == replica] if "replica" in steps.columns else steps.iloc[:0]
         latencies = request_latencies(members)
         num_finished = int(completed_mask(members).sum())
-        busy_s = float(np.nansum(replica_steps["duration"].to_numpy(dtype=np.float64)))
+        busy_s = busy_seconds(replica_steps)  # a pipelined replica's rows overlap: their union
         stats[str(replica)] = {
             "num_requests": int(len(members)),
             "num_finished": num_finished,

@@ -118,6 +118,11 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     )
     headline.add_row("preemptions", format_number(summary.get("num_preemptions")))
     headline.add_row("prefix-cache hit rate", format_percent(summary.get("prefix_cache_hit_rate")))
+    pipeline = summary.get("pipeline")
+    if pipeline:
+        headline.add_row(f"pipeline ({pipeline['stages']} stages)",
+                         f"{format_number(pipeline.get('batches_in_flight_mean'), 2)} batches in flight while busy "
+                         f"({format_percent(pipeline.get('busy_fraction'))} of the time)")
     if summary.get("by_replica"):
         headline.add_row("replicas (load imbalance)",
                          f"{len(summary['by_replica'])} ({format_number(summary.get('replica_load_imbalance'), 2)})")
