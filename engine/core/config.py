@@ -52,6 +52,9 @@ class SchedulerConfig:
     # chunks the prompt that enable_chunked_prefill=False promised to keep whole).
     long_prefill_token_threshold: int = 0
     policy: SchedulingPolicy = "fcfs"
+    # vLLM's async scheduling: the next batch is scheduled while the last one runs, its decodes taking the
+    # positions of tokens still being sampled (engine/core/batches_in_flight.py).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -61,6 +64,8 @@ class SchedulerConfig:
         _require(isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
                  "scheduler", "long_prefill_token_threshold", self.long_prefill_token_threshold, "an integer >= 0")
         _require(self.policy in ("fcfs", "priority"), "scheduler", "policy", self.policy, "'fcfs' or 'priority'")
+        _require(isinstance(self.async_scheduling, bool), "scheduler", "async_scheduling", self.async_scheduling,
+                 "true or false")
 
     def effective_max_model_len(self, cache: CacheConfig) -> int:
         """The longest sequence (prompt + output) that can ever make progress.

@@ -62,7 +62,7 @@ class Request:
         "cache_salt", "status", "output_token_ids", "all_token_ids", "num_prompt_tokens", "num_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
         "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
-        "stop_token_set", "do_remote_prefill", "do_remote_decode",
+        "stop_token_set", "do_remote_prefill", "do_remote_decode", "num_output_placeholders",
     )
 
     def __init__(
@@ -119,6 +119,9 @@ class Request:
         # later is recomputed here); on a prefill engine, the blocks outlive the request until they are sent.
         self.do_remote_prefill = do_remote_prefill
         self.do_remote_decode = do_remote_decode
+        # Async scheduling: tokens being sampled by batches in flight, whose positions the next batch may
+        # already compute (engine/core/batches_in_flight.py). Always 0 otherwise.
+        self.num_output_placeholders = 0
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 

@@ -46,6 +46,7 @@ class Scheduler:
         self.long_prefill_token_threshold = (scheduler_config.long_prefill_token_threshold
                                              if scheduler_config.enable_chunked_prefill else 0)
         self.policy = scheduler_config.policy
+        self.async_scheduling = scheduler_config.async_scheduling
         self.max_model_len = scheduler_config.effective_max_model_len(cache_config)
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
@@ -164,10 +165,18 @@ class Scheduler:
         block_size = self.block_size
         running_computed_before: list[int] = []
         req_index = 0
+        async_scheduling = self.async_scheduling
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
             num_computed = request.num_computed_tokens
             num_new_tokens = request.num_tokens - num_computed
+            if async_scheduling and request.num_output_placeholders:
+                placeholders = request.num_output_placeholders
+                if request.num_tokens + placeholders - request.num_prompt_tokens >= request.max_tokens:
+                    # The batches in flight bring it to its length: another step would compute a token past it.
+                    req_index += 1
+                    continue
+                num_new_tokens += placeholders
             if num_new_tokens == 1:
                 # The decode fast path (allocate_slots' own fast path, inlined because it runs for every
                 # running request): the last block has room and no block fills, so nothing is allocated.
@@ -303,12 +312,20 @@ class Scheduler:
             num_prefix_query_tokens, num_prefix_hit_tokens, self.kv_transfers.take_loads_started())
         scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
         scheduler_output.batch_index = self.batches_in_flight.start()
+        if async_scheduling:
+            # Each request this batch samples for has one more token in flight.
+            requests = self.requests
+            for request_id in num_scheduled_tokens:
+                if request_id not in partial_prefill_req_ids:
+                    requests[request_id].num_output_placeholders += 1
         return scheduler_output
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""
         self.kv_cache_manager.free(request)
         self.batches_in_flight.on_preempt(request.request_id)
+        # What its batches in flight sample is dropped (batches_in_flight.py): no token is on its way any more.
+        request.num_output_placeholders = 0
         request.status = _PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -327,6 +344,7 @@ class Scheduler:
         batch_index = scheduler_output.batch_index
         partial = scheduler_output.partial_prefill_req_ids
         any_preempted = batches.any_preempted
+        async_scheduling = self.async_scheduling
         for request_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(request_id)
             # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.
@@ -334,6 +352,8 @@ class Scheduler:
                 continue
             if any_preempted and batches.dropped(request_id, batch_index):
                 continue
+            if async_scheduling:
+                request.num_output_placeholders -= 1
             index = index_of(request_id)
             if index is None:
                 continue

@@ -13,9 +13,10 @@ engine's (their prompt KV is loaded, at any later moment, into blocks allocated 
 request must still produce exactly the tokens it would have computed alone, and a loading request's
 blocks must never be found by a prefix-cache hit before its KV is there.
 
-Up to three batches may be in flight, as behind vLLM's batch queue under pipeline parallelism
-(engine/core/batches_in_flight.py): a batch is scheduled and executed at once but its outputs are applied
-later, in order, and further batches are scheduled meanwhile. The tokens must still be each request's own.
+Up to three batches may be in flight, as behind vLLM's batch queue under pipeline parallelism or async
+scheduling (engine/core/batches_in_flight.py): a batch is scheduled and executed at once but its outputs are
+applied later, in order, and further batches are scheduled meanwhile, with async scheduling taking the
+positions of tokens still in flight. The tokens must still be each request's own.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 8), max_num_batched_tokens=st.integers(4, 160),
         max_model_len=st.integers(16, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
         policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
-        max_in_flight=st.sampled_from([1, 2, 3]))
+        max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans())
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
-              threshold, policy, caching, max_in_flight):
+              threshold, policy, caching, max_in_flight, async_scheduling):
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
-                              enable_prefix_caching=caching)
+                              enable_prefix_caching=caching, async_scheduling=async_scheduling)
         self.scheduler = self.core.scheduler
         self.prompts: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
@@ -132,7 +133,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             request = scheduler.requests[request_id]
             assert request.status == RequestStatus.RUNNING
             assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_computed_tokens
-            assert request.num_computed_tokens <= request.num_tokens
+            placeholders = request.num_output_placeholders
+            # Only async scheduling computes positions of tokens still in flight, one per batch at most.
+            assert placeholders == 0 or scheduler.async_scheduling
+            assert 0 <= placeholders <= len(self.in_flight) + 1
+            assert request.num_computed_tokens <= request.num_tokens + placeholders
+            # Never a step past the request's length.
+            assert request.num_tokens + placeholders - request.num_prompt_tokens <= max(request.max_tokens, 1)
         check_scheduler_invariants(scheduler)
         self.in_flight.append((output, self.core.executor.execute_model(output)))
         assert scheduler.batches_in_flight.num_in_flight == len(self.in_flight)
