@@ -68,6 +68,12 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         model.pipeline_stage_layers(engine.pipeline_parallel_size)
     except ValueError as error:
         raise SetupError(str(error)) from None
+    if engine.async_scheduling and engine.pipeline_parallel_size > 1:
+        raise SetupError(f"engine.async_scheduling: true is not simulated with pipeline parallelism "
+                         f"(engine.pipeline_parallel_size {engine.pipeline_parallel_size}); set one of them back")
+    if engine.async_scheduling and workload.cluster.disaggregated:
+        raise SetupError(f"engine.async_scheduling: true is not simulated in a disaggregated cluster "
+                         f"(cluster.prefill_replicas {workload.cluster.prefill_replicas}); set one of them back")
     if engine.pipeline_parallel_size > 1 and workload.cluster.disaggregated:
         raise SetupError(f"engine.pipeline_parallel_size: {engine.pipeline_parallel_size} stages are not simulated in a "
                          f"disaggregated cluster (cluster.prefill_replicas {workload.cluster.prefill_replicas}); set "
@@ -107,7 +113,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         scheduler_config = SchedulerConfig(
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
-            long_prefill_token_threshold=engine.long_prefill_token_threshold, policy=engine.scheduling_policy)
+            long_prefill_token_threshold=engine.long_prefill_token_threshold, policy=engine.scheduling_policy,
+            async_scheduling=engine.async_scheduling)
     except ValueError as error:
         raise _named("engine", error) from None
     try:
@@ -117,6 +124,9 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         message = str(error)
         own_field = message.startswith(("engine.", "hardware."))
         raise (SetupError(message) if own_field else _named("cost_model", error)) from None
+    if engine.async_scheduling and not hasattr(cost_model, "pipeline_stage_times"):
+        raise SetupError("engine.async_scheduling: true needs the analytical cost model; a calibrated profile's "
+                         "step times hold the engine's own overhead, which async scheduling would overlap")
     if requests is None:
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests)

@@ -11,6 +11,10 @@ a stage when it has left the stage before and the stage is free (``PipelineStage
 the cost model's ``engine_overhead_s`` on each batch before the first stage can take it, and cannot
 schedule the next meanwhile. A step's row in the traces starts when it is scheduled and lasts until its
 outputs are back, so rows overlap in time, by up to the pipeline's depth.
+
+vLLM's async scheduling is the same loop with one stage and a queue two deep: the engine schedules the next
+step (the scheduler taking the positions of tokens still being sampled) while the GPU runs this one, so the
+engine's overhead overlaps the GPU's time instead of adding to it.
 """
 
 from __future__ import annotations
@@ -41,14 +45,15 @@ class PipelineStages:
         return time
 
 
-def pipelined_engine_loop(simulation, replica, cost_model):
-    """The SimPy process of one pipeline-parallel engine (``simulation`` is the ``sim.simulator.Simulation``)."""
+def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = None):
+    """The SimPy process of one engine with a batch queue ``depth`` deep (default: one batch per pipeline stage);
+    ``simulation`` is the ``sim.simulator.Simulation``."""
     from sim.simulator import SchedulerStalledError
 
     env, engine, executor, recorder = simulation.env, replica.engine, replica.executor, replica.recorder
     scheduler = engine.scheduler
-    depth = cost_model.pipeline_parallel_size
-    stages = PipelineStages(depth)
+    stages = PipelineStages(cost_model.pipeline_parallel_size)
+    depth = cost_model.pipeline_parallel_size if depth is None else depth
     # Batches in flight, oldest first: (the started step, the time its outputs are back).
     in_flight: deque[tuple[StartedStep, float]] = deque()
     finished = 0

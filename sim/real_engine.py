@@ -81,6 +81,9 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
     if workload.engine.pipeline_parallel_size > 1:
         raise SetupError(f"engine.pipeline_parallel_size: {workload.engine.pipeline_parallel_size} stages run in the "
                          "simulator only; a real run uses one device (set engine.pipeline_parallel_size=1)")
+    if workload.engine.async_scheduling:
+        raise SetupError("engine.async_scheduling: true is simulated only; the real runner runs one step at a time "
+                         "(set engine.async_scheduling=false)")
     if workload.engine.quantization is not None:
         raise SetupError(f"engine.quantization: {workload.engine.quantization!r} is simulated only; the real runner "
                          "loads the model's own weights (set engine.quantization=null)")

@@ -17,8 +17,8 @@ hands each finished prefill to a decode replica, which loads the prompt's KV ove
 (sim/disaggregation.py). Its decode replicas take every step in order: the fast-forward is off, since a
 hand-off may reach a decode replica at the end of any prefill step.
 
-An engine with pipeline parallelism (``engine.pipeline_parallel_size`` > 1) keeps several batches in flight
-through its stages; its loop is sim/pipeline_stages.py's, without the fast-forward.
+An engine with pipeline parallelism (``engine.pipeline_parallel_size`` > 1) or async scheduling keeps several
+batches in flight; its loop is sim/pipeline_stages.py's, without the fast-forward.
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ class Simulation:
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
         # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
         self.fast_forward = fast_forward and disaggregation is None
-        if disaggregation is not None and any(_pipeline_depth(replica) > 1 for replica in self.replicas):
-            raise ValueError("engine.pipeline_parallel_size: a disaggregated cluster's engines are simulated "
-                             "without pipeline parallelism")
+        if disaggregation is not None and any(_batch_queue_depth(replica) > 1 for replica in self.replicas):
+            raise ValueError("a disaggregated cluster's engines are simulated one batch at a time (without "
+                             "engine.pipeline_parallel_size or engine.async_scheduling)")
         self.num_fast_forwarded_steps = 0
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
@@ -111,8 +111,9 @@ class Simulation:
         self.env.process(self._arrivals())
         if self._published_loads():
             self.env.process(self._publish_loads())
-        loops = [self.env.process(self._engine_loop(index, replica) if _pipeline_depth(replica) == 1
-                                  else pipelined_engine_loop(self, replica, replica.executor.cost_model))
+        loops = [self.env.process(self._engine_loop(index, replica) if _batch_queue_depth(replica) == 1
+                                  else pipelined_engine_loop(self, replica, replica.executor.cost_model,
+                                                             _batch_queue_depth(replica)))
                  for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
         self._progress.close()
@@ -325,6 +326,10 @@ class Simulation:
         return sum(step >= 0 for step in result.finish_step)
 
 
-def _pipeline_depth(replica: Replica) -> int:
-    """Batches the replica's engine keeps in flight: its pipeline stages (one without pipeline parallelism)."""
-    return getattr(replica.executor.cost_model, "pipeline_parallel_size", 1)
+def _batch_queue_depth(replica: Replica) -> int:
+    """Batches the replica's engine keeps in flight, as vLLM's batch queue: one per pipeline stage, two with
+    async scheduling (the step running and the next one), else one."""
+    stages = getattr(replica.executor.cost_model, "pipeline_parallel_size", 1)
+    if stages > 1:
+        return stages
+    return 2 if replica.engine.scheduler.async_scheduling else 1

@@ -49,6 +49,10 @@ class EngineSection(SchemaModel):
     # Pipeline stages one engine splits the model's layers over, each on tensor_parallel_size GPUs
     # (simulated): up to this many batches are in flight, as vLLM's batch queue keeps them.
     pipeline_parallel_size: PositiveInt = 1
+    # vLLM's async scheduling (simulated): the engine schedules the next step while the GPU runs this one,
+    # so its own overhead hides behind the GPU's time. vLLM turns it on by default; this engine's real runner
+    # runs one step at a time, so it is off here unless asked for.
+    async_scheduling: bool = False
     # The KV cache's element type (simulated): auto is the model's dtype; an fp8 cache holds twice the
     # tokens in the same memory and halves the bytes attention reads.
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
