@@ -29,7 +29,7 @@ from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.request_queue import create_request_queue
 from engine.core.scheduler_output import SchedulerOutput
 from engine.core.scheduler_output_builder import build_scheduler_output
-from engine.core.stop_conditions import finish_if_stopped
+from engine.core.scheduler_update import apply_model_output
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -333,65 +333,16 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop conditions, free finished requests (the seed's 8.1)."""
-        outputs, self._pending_outputs = self._pending_outputs, []
-        requests = self.requests
-        sampled_token_ids = model_runner_output.sampled_token_ids
-        index_of = model_runner_output.req_id_to_index.get
-        logprobs = model_runner_output.logprobs
-        stopped: list[Request] = []
-        batches = self.batches_in_flight
-        batch_index = scheduler_output.batch_index
-        partial = scheduler_output.partial_prefill_req_ids
-        any_preempted = batches.any_preempted
-        async_scheduling = self.async_scheduling
-        for request_id in scheduler_output.num_scheduled_tokens:
-            request = requests.get(request_id)
-            # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.
-            if request is None or request_id in partial:
-                continue
-            if any_preempted and batches.dropped(request_id, batch_index):
-                continue
-            if async_scheduling:
-                request.num_output_placeholders -= 1
-            index = index_of(request_id)
-            if index is None:
-                continue
-            new_token_ids = sampled_token_ids[index]
-            finish_reason = None
-            if len(new_token_ids) == 1:
-                # The common case, inlined: one token that is neither a stop token nor the last allowed.
-                token_id = new_token_ids[0]
-                request.output_token_ids.append(token_id)
-                request.all_token_ids.append(token_id)
-                request.num_tokens += 1
-                if request.num_tokens >= request.next_hash_boundary:
-                    request._hash_new_full_blocks()
-                if (token_id in request.stop_token_set or len(request.output_token_ids) >= request.max_tokens) \
-                        and finish_if_stopped(request):
-                    finish_reason = FINISH_REASONS[request.status]
-                    stopped.append(request)
-            elif new_token_ids:
-                for count, token_id in enumerate(new_token_ids, 1):
-                    request.append_output_token_ids(token_id)
-                    if finish_if_stopped(request):
-                        # Tokens sampled after the stop (speculative decoding) are not part of the output.
-                        new_token_ids = new_token_ids[:count]
-                        finish_reason = FINISH_REASONS[request.status]
-                        stopped.append(request)
-                        break
-            else:
-                continue
-            outputs.append(EngineCoreOutput(
-                request_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens,
-                None, logprobs.get(request_id) if logprobs else None))
-        if stopped:
-            stopped_ids = {id(request) for request in stopped}
-            self.running = [request for request in self.running if id(request) not in stopped_ids]
-            for request in stopped:
-                self._free_request(request)
-        batches.finish(batch_index)
-        return outputs
+        """Append sampled tokens, apply stop conditions, free finished requests (the seed's 8.1):
+        engine/core/scheduler_update.py."""
+        return apply_model_output(self, scheduler_output, model_runner_output)
+
+    def remove_stopped(self, stopped: list[Request]) -> None:
+        """Take requests that stopped in an update out of the running list and free them."""
+        stopped_ids = {id(request) for request in stopped}
+        self.running = [request for request in self.running if id(request) not in stopped_ids]
+        for request in stopped:
+            self._free_request(request)
 
     def finish_kv_load(self, request_id: str) -> bool:
         """A remote prefill's KV has arrived (vLLM: the connector's finished_recving); the next schedule()

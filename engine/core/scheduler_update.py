@@ -1,0 +1,78 @@
+"""Applying a batch's sampled tokens to the scheduler's requests (the seed's section 8.1).
+
+For each request the batch scheduled: append what it sampled, unless the batch computed a chunk in the middle
+of the prompt (it samples nothing), the request was aborted, or it was preempted after this batch was
+scheduled (its tokens from that batch are dropped: engine/core/batches_in_flight.py). Then the stop
+conditions; requests that stop are freed. With async scheduling each applied token was a placeholder.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput
+from engine.core.request import FINISH_REASONS, Request
+from engine.core.scheduler_output import SchedulerOutput
+from engine.core.stop_conditions import finish_if_stopped
+
+if TYPE_CHECKING:
+    from engine.core.scheduler import Scheduler
+
+
+def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
+                       model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    outputs = scheduler.take_pending_outputs()
+    requests = scheduler.requests
+    sampled_token_ids = model_runner_output.sampled_token_ids
+    index_of = model_runner_output.req_id_to_index.get
+    logprobs = model_runner_output.logprobs
+    stopped: list[Request] = []
+    batches = scheduler.batches_in_flight
+    batch_index = scheduler_output.batch_index
+    partial = scheduler_output.partial_prefill_req_ids
+    any_preempted = batches.any_preempted
+    async_scheduling = scheduler.async_scheduling
+    for request_id in scheduler_output.num_scheduled_tokens:
+        request = requests.get(request_id)
+        # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.
+        if request is None or request_id in partial:
+            continue
+        if any_preempted and batches.dropped(request_id, batch_index):
+            continue
+        if async_scheduling:
+            request.num_output_placeholders -= 1
+        index = index_of(request_id)
+        if index is None:
+            continue
+        new_token_ids = sampled_token_ids[index]
+        finish_reason = None
+        if len(new_token_ids) == 1:
+            # The common case, inlined: one token that is neither a stop token nor the last allowed.
+            token_id = new_token_ids[0]
+            request.output_token_ids.append(token_id)
+            request.all_token_ids.append(token_id)
+            request.num_tokens += 1
+            if request.num_tokens >= request.next_hash_boundary:
+                request._hash_new_full_blocks()
+            if (token_id in request.stop_token_set or len(request.output_token_ids) >= request.max_tokens) \
+                    and finish_if_stopped(request):
+                finish_reason = FINISH_REASONS[request.status]
+                stopped.append(request)
+        elif new_token_ids:
+            for count, token_id in enumerate(new_token_ids, 1):
+                request.append_output_token_ids(token_id)
+                if finish_if_stopped(request):
+                    # Tokens sampled after the stop (speculative decoding) are not part of the output.
+                    new_token_ids = new_token_ids[:count]
+                    finish_reason = FINISH_REASONS[request.status]
+                    stopped.append(request)
+                    break
+        else:
+            continue
+        outputs.append(EngineCoreOutput(
+            request_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens,
+            None, logprobs.get(request_id) if logprobs else None))
+    if stopped:
+        scheduler.remove_stopped(stopped)
+    batches.finish(batch_index)
+    return outputs
