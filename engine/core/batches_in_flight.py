@@ -15,6 +15,8 @@ What the outputs cannot say by themselves, this keeps:
 - Which requests of a batch sample a token. A chunk that ends before its request's known tokens samples
   none (``SchedulerOutput.partial_prefill_req_ids``, fixed when the batch is scheduled: by the time a batch
   is back, a later batch may have advanced the count to the end of the prompt).
+- Which requests ended (aborted, or stopped while scheduled again under async scheduling) after a batch
+  holding them was scheduled: should a new request take the id meanwhile, it must not get their tokens.
 - Which requests were preempted after a batch holding them was scheduled. Their blocks were freed and they
   will recompute from scratch, so the tokens those earlier batches sampled are dropped, and the recompute
   samples them again. vLLM appends them instead (each stage runs batches in order, so such a token was
@@ -38,7 +40,7 @@ class BatchesInFlight:
         self.num_scheduled = 0
         # Indices of the batches scheduled and not yet updated, oldest first.
         self._in_flight: list[int] = []
-        # Request id -> index of the batch whose schedule() preempted it while it was in an earlier batch.
+        # Request id -> the batch index from which its tokens count again (preempted or ended before it).
         self._preempted_after: dict[str, int] = {}
 
     @property
@@ -52,8 +54,9 @@ class BatchesInFlight:
         self._in_flight.append(index)
         return index
 
-    def on_preempt(self, request_id: str) -> None:
-        """Called while a batch is being scheduled (its index is ``num_scheduled``)."""
+    def drop_in_flight(self, request_id: str) -> None:
+        """What the batches scheduled so far sampled for the request is dropped: it was preempted (called
+        while the next batch is being scheduled), or it ended and a new request may take its id."""
         if len(self._in_flight):
             self._preempted_after[request_id] = self.num_scheduled
 

@@ -139,6 +139,8 @@ class Scheduler:
         # A prefill engine's disaggregated request keeps its blocks until the decode engine has read them.
         if not self.kv_transfers.hold_for_send(request):
             self.kv_cache_manager.free(request)
+        # What batches in flight sampled for it is dropped, should a new request take its id meanwhile.
+        self.batches_in_flight.drop_in_flight(request.request_id)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -205,7 +207,11 @@ class Scheduler:
                     break
                 if self.policy == "priority":
                     victim = max(running, key=_preemption_rank)
-                    running.remove(victim)
+                    victim_index = running.index(victim)
+                    del running[victim_index]
+                    if victim_index < req_index:
+                        # Behind the current request: scheduled in this step, or passed over with its token in flight.
+                        req_index -= 1
                     if victim.request_id in num_scheduled_tokens:
                         # Already scheduled in this step: its tokens of this step will not be computed.
                         position = scheduled_running.index(victim)
@@ -214,7 +220,7 @@ class Scheduler:
                         del running_new_blocks[position]
                         del running_computed_before[position]
                         token_budget += num_scheduled_tokens.pop(victim.request_id)
-                        req_index -= 1
+                        partial_prefill_req_ids.discard(victim.request_id)
                 else:
                     victim = running.pop()
                 self._preempt(victim)
@@ -323,7 +329,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""
         self.kv_cache_manager.free(request)
-        self.batches_in_flight.on_preempt(request.request_id)
+        self.batches_in_flight.drop_in_flight(request.request_id)
         # What its batches in flight sample is dropped (batches_in_flight.py): no token is on its way any more.
         request.num_output_placeholders = 0
         request.status = _PREEMPTED
