@@ -10,7 +10,8 @@ Here each stage is a GPU group that runs one batch at a time, in the order batch
 a stage when it has left the stage before and the stage is free (``PipelineStages.run``). The engine spends
 the cost model's ``engine_overhead_s`` on each batch before the first stage can take it, and cannot
 schedule the next meanwhile. A step's row in the traces starts when it is scheduled and lasts until its
-outputs are back, so rows overlap in time, by up to the pipeline's depth.
+outputs are back, so rows overlap in time, by up to the pipeline's depth. Its tokens are stamped when the
+engine applies them: at once, or when it has finished preparing the batch it was busy with.
 
 vLLM's async scheduling is the same loop with one stage and a queue two deep: the engine schedules the next
 step (the scheduler taking the positions of tokens still being sampled) while the GPU runs this one, so the

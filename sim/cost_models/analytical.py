@@ -24,7 +24,8 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
 * with pipeline parallelism (``pipeline_parallel_size`` stages, each of ``tensor_parallel_size`` GPUs),
   ``pipeline_stage_times`` splits a batch's GPU time by stage: each stage runs its layers' share of every
   per-layer cost (``ModelShape.pipeline_stage_layers``), the last stage lm_head and sampling, and every
-  stage but the last sends the batch's hidden states and residual to the next over the link. The engine's
+  stage but the last sends the batch's hidden states and residual to the next over the link (each of its
+  tensor-parallel GPUs its share, all-gathered on the other side). The engine's
   own step overhead (scheduling, input preparation) is apart, paid once per batch; the simulator
   (sim/pipeline_stages.py) runs the stages as a pipeline.
 
@@ -185,11 +186,17 @@ class AnalyticalCostModel:
         self._launch_s_outside_layers = hardware.kernel_launch_overhead_s * KERNELS_OUTSIDE_LAYERS
         self._send_latency_s, self._send_s_per_byte = (
             hardware.send_coefficients() if pipeline_parallel_size > 1 else (0.0, 0.0))
-        self._send_bytes_per_token = 2 * h * element_bytes
+        # With tensor parallelism each GPU of a stage sends its 1/tp of the rows and the next stage's GPUs
+        # all-gather them (vLLM's send_tensor_dict with an all-gather group): a gather counted as half an
+        # all-reduce, as the logits' gather is.
+        self._send_bytes_per_token = 2 * h * element_bytes / tensor_parallel_size
+        self._gather_latency_s = self._allreduce_latency_s if pipeline_parallel_size > 1 else 0.0
+        self._gather_s_per_token = (2 * h * element_bytes / 2 * self._allreduce_s_per_byte
+                                    if pipeline_parallel_size > 1 else 0.0)
 
     # --- the cost-model interface -----------------------------------------------------------------
     def step_time(self, batch: StepBatch) -> float:
-        return sum(self.component_times(step_features(batch)))
+        return self.step_time_from_features(step_features(batch))
 
     def step_time_from_features(self, features: StepFeatures) -> float:
         """The same as ``step_time`` for callers that already derived the features (the simulator). Under
@@ -211,6 +218,8 @@ class AnalyticalCostModel:
         layers_allreduce, logits_gather = self._communication_parts(f)
         per_layer_work = linear + elementwise + decode + prefill + self._launch_s_all_layers + layers_allreduce
         send = self._send_latency_s + f.num_tokens * self._send_bytes_per_token * self._send_s_per_byte
+        if self.tensor_parallel_size > 1:
+            send += self._gather_latency_s + f.num_tokens * self._gather_s_per_token
         fractions = self.stage_layer_fractions
         times = [fraction * per_layer_work + send for fraction in fractions[:-1]]
         times.append(fractions[-1] * per_layer_work + lm_head + sampling + self._launch_s_outside_layers
@@ -218,7 +227,8 @@ class AnalyticalCostModel:
         return times
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
-        """Seconds per component of one step; the values sum to ``step_time(batch)``."""
+        """Seconds per component of one step; the values sum to ``step_time(batch)`` on one pipeline stage
+        (with more, ``step_time`` adds the sends between stages: ``pipeline_stage_times``)."""
         return dict(zip(COMPONENTS, self.component_times(step_features(batch)), strict=True))
 
     def component_times(self, f: StepFeatures) -> tuple[float, ...]:
