@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.disaggregation_stats import TTFT_PARTS
+from sim.engine_setup import SetupError, build_setup
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadConfig
 
@@ -38,6 +39,14 @@ def _run_point(label: str, point: WorkloadConfig, out_dir: Path, cost_model, pro
 def run_sweep(workload: WorkloadConfig, out_dir: Path, *, cost_model=None, jobs: int = 1,
               progress: bool = False, fast_forward: bool = True) -> list[SweepPointResult]:
     points = workload.sweep_points()
+    if len(points) > 1:
+        # Every point's engine is set up (without its requests) before any runs: a point that cannot be
+        # simulated is refused before the others have spent their time.
+        for label, point in points:
+            try:
+                build_setup(point, cost_model, requests=[])
+            except SetupError as error:
+                raise SetupError(f"sweep point {label}: {error}") from None
     directories = [out_dir / _safe_label(label) for label, _ in points]
     if jobs > 1 and len(points) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:

@@ -252,3 +252,14 @@ def test_the_parallelism_example_decodes_fastest_with_tensor_parallelism_at_a_mo
                           "rate=2,engine=tensor_parallel_size=2+pipeline_parallel_size=2",
                           "rate=2,engine=pipeline_parallel_size=4"]
     assert sorted(tpot.values()) == list(tpot.values())
+
+
+def test_a_sweep_with_a_point_that_cannot_run_is_refused_before_any_point_runs(tmp_path, capsys):
+    from sim.run import main as sim_run_main
+
+    out = tmp_path / "sweep"
+    assert sim_run_main(["disaggregation", "--set", "engine.pipeline_parallel_size=2", "--set",
+                         "workload.num_requests=50", "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "sweep point prefill_replicas=1: engine.pipeline_parallel_size: 2 stages" in error
+    assert not out.exists()
