@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.core.engine_core import StartedStep
+from sim.livelock import check_preemptions
 
 
 class PipelineStages:
@@ -84,6 +85,8 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
             start = env.now
             started = engine.start_step()
             scheduler_output = started.scheduler_output
+            if scheduler_output.preempted_req_ids:
+                check_preemptions(scheduler, scheduler_output, start)
             if scheduler_output.total_num_scheduled_tokens:
                 features = executor.last_features
                 overhead = cost_model.engine_overhead_s(features)

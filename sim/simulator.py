@@ -35,6 +35,7 @@ from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
+from sim.livelock import check_preemptions
 from sim.pipeline_stages import pipelined_engine_loop
 from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
@@ -235,6 +236,8 @@ class Simulation:
             start = env.now
             result = engine.step()
             scheduler_output = result.scheduler_output
+            if scheduler_output is not None and scheduler_output.preempted_req_ids:
+                check_preemptions(scheduler, scheduler_output, start)
             if scheduler_output is not None and scheduler_output.kv_loads:
                 disaggregation.start_loads(index, scheduler_output.kv_loads)
             if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
