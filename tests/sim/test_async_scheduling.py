@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from sim.engine_setup import SetupError, build_setup
 from sim.profile_match import SHIPPED_PROFILES_DIR
 from sim.simulator import Simulation
-from tests.core.helpers import check_scheduler_invariants
 from tests.sim.test_cluster import chat, tables
-from tests.sim.test_pipeline_parallel import _engine, _in_flight_at_each_start
+from tests.sim.test_pipeline_parallel import (_engine, _in_flight_at_each_start, serve_whole_outputs,
+                                              simulates_identically_twice)
 from workloads import example_path, load_workload
 
 
@@ -55,28 +55,13 @@ def test_every_request_is_served_with_its_whole_output_under_any_pressure(rate, 
                     f"engine.scheduling_policy={policy}", f"engine.enable_chunked_prefill={str(chunked).lower()}",
                     f"engine.enable_prefix_caching={str(caching).lower()}", "engine.max_num_batched_tokens=2048",
                     f"seed={seed}")
-    setup = build_setup(workload)
-    engine = _engine(setup)
-    requests, steps = tables(Simulation(engine, setup.requests).run())
-    room = engine.scheduler.max_model_len
-    output_len = {spec.request_id: min(spec.output_len, room - len(spec.prompt_token_ids)) for spec in setup.requests}
-    served = requests[requests["finish_reason"] == "length"]
-    assert requests["finish_reason"].isin(["length", "ignored"]).all()
-    assert len(requests) == len(setup.requests)
-    assert all(served["num_output_tokens"] == served["request_id"].map(output_len))
-    assert max(_in_flight_at_each_start(steps)) <= 2
-    check_scheduler_invariants(engine.scheduler)
-    manager = engine.scheduler.kv_cache_manager
-    assert manager.num_free_blocks == manager.num_usable_blocks and not engine.has_work()
+    serve_whole_outputs(workload, max_in_flight=2)
 
 
 def test_an_async_run_is_deterministic():
-    workload = chat("workload.arrival.rate=40", "engine.async_scheduling=true", "workload.num_requests=120",
-                    "engine.num_gpu_blocks=200", "engine.max_model_len=2048")
-    first, second = (tables(Simulation(_engine(build_setup(workload)), build_setup(workload).requests).run())
-                     for _ in range(2))
-    for a, b in zip(first, second):
-        assert a.equals(b)
+    simulates_identically_twice(chat("workload.arrival.rate=40", "engine.async_scheduling=true",
+                                     "workload.num_requests=120", "engine.num_gpu_blocks=200",
+                                     "engine.max_model_len=2048"))
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -191,29 +191,38 @@ def test_every_request_is_served_with_its_whole_output_under_any_pressure(stages
                     "engine.max_model_len=2048", f"engine.scheduling_policy={policy}",
                     f"engine.enable_chunked_prefill={str(chunked).lower()}", "engine.max_num_batched_tokens=2048",
                     f"seed={seed}")
+    serve_whole_outputs(workload, max_in_flight=stages)
+
+
+def serve_whole_outputs(workload, max_in_flight: int) -> None:
+    """Simulate: every request served once, with its whole output (or what room its prompt leaves under the
+    engine's length limit), at most ``max_in_flight`` batches at a time, every block back at the end."""
     setup = build_setup(workload)
     engine = _engine(setup)
     requests, steps = tables(Simulation(engine, setup.requests).run())
     assert sorted(requests["request_id"]) == sorted(spec.request_id for spec in setup.requests)
-    # Its whole output, or what room its prompt leaves under the engine's length limit.
     room = engine.scheduler.max_model_len
     output_len = {spec.request_id: min(spec.output_len, room - len(spec.prompt_token_ids)) for spec in setup.requests}
     served = requests[requests["finish_reason"] == "length"]
     assert requests["finish_reason"].isin(["length", "ignored"]).all()
     assert all(served["num_output_tokens"] == served["request_id"].map(output_len))
-    assert max(_in_flight_at_each_start(steps)) <= stages
+    assert max(_in_flight_at_each_start(steps)) <= max_in_flight
     check_scheduler_invariants(engine.scheduler)
     manager = engine.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks and not engine.has_work()
 
 
-def test_a_pipelined_run_is_deterministic():
-    workload = chat("workload.arrival.rate=40", "engine.pipeline_parallel_size=3", "workload.num_requests=120",
-                    "engine.num_gpu_blocks=200", "engine.max_model_len=2048")
+def simulates_identically_twice(workload) -> None:
     first, second = (tables(Simulation(_engine(build_setup(workload)), build_setup(workload).requests).run())
                      for _ in range(2))
     for a, b in zip(first, second):
         assert a.equals(b)
+
+
+def test_a_pipelined_run_is_deterministic():
+    simulates_identically_twice(chat("workload.arrival.rate=40", "engine.pipeline_parallel_size=3",
+                                     "workload.num_requests=120", "engine.num_gpu_blocks=200",
+                                     "engine.max_model_len=2048"))
 
 
 @pytest.mark.parametrize("overrides, message", [
