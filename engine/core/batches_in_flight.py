@@ -17,19 +17,23 @@ What the outputs cannot say by themselves, this keeps:
   is back, a later batch may have advanced the count to the end of the prompt).
 - Which requests ended (aborted, or stopped while scheduled again under async scheduling) after a batch
   holding them was scheduled: should a new request take the id meanwhile, it must not get their tokens.
-- Which requests were preempted after a batch holding them was scheduled. Their blocks were freed and they
-  will recompute from scratch, so the tokens those earlier batches sampled are dropped, and the recompute
-  samples them again. vLLM appends them instead (each stage runs batches in order, so such a token was
-  computed from intact KV). Dropping costs at most one token's recompute per preemption and keeps one rule:
-  a request's tokens come from batches scheduled since it last started. With three or more batches in
-  flight, a token appended while the request recomputes would otherwise join a sequence the runner has
-  already been sent in full.
+- Which requests were preempted, or resumed, after a batch holding them was scheduled. Such a batch's token
+  was computed from intact KV (each stage runs batches in order, so the batch read the request's blocks
+  before any later batch could reuse them), and, as vLLM does, it is appended while the request waits to
+  resume: the recompute then covers it. But once the request has resumed, the runner has been sent its
+  whole sequence as of that moment and the recompute samples that token again, so a token from a batch
+  scheduled before the resume is dropped (possible with three or more batches in flight), even if the
+  request has been preempted again by the time it comes back. (Dropping every such token would be simpler,
+  but two requests evicting each other would then lose the token each had just sampled, every time, and
+  never get ahead: async scheduling turned such a slow ping-pong into a livelock.)
 
 Invariants (the state machine checks them, with batches left in flight at random):
 - batches with tokens are updated in the order they were scheduled (an empty one may be updated at once);
-- a request that stops in a batch's update is in no later batch in flight (a batch that samples for a
-  request leaves it no token to schedule until that batch is back), so finishing it frees no block a
-  batch in flight still writes for it.
+- one batch queue slot holds one token per request: a decode in flight is passed over (pipelines) or
+  scheduled on its placeholder (async scheduling), never past the request's length;
+- a request that stops by its length is in no later batch in flight. One that stops on a stop token under
+  async scheduling may be (its next step was scheduled before the token was known): that batch's token is
+  dropped, and the blocks freed under it are reused only by batches that run after it.
 """
 
 from __future__ import annotations
@@ -40,8 +44,12 @@ class BatchesInFlight:
         self.num_scheduled = 0
         # Indices of the batches scheduled and not yet updated, oldest first.
         self._in_flight: list[int] = []
-        # Request id -> the batch index from which its tokens count again (preempted or ended before it).
+        # Request id -> the number of batches scheduled when it was preempted / resumed / ended while batches
+        # were in flight. An entry k concerns the batches before k: a preempted request's tokens from them are
+        # kept (so its status must be read), a resumed or ended one's are dropped.
         self._preempted_after: dict[str, int] = {}
+        self._resumed_after: dict[str, int] = {}
+        self._ended_after: dict[str, int] = {}
 
     @property
     def num_in_flight(self) -> int:
@@ -54,28 +62,44 @@ class BatchesInFlight:
         self._in_flight.append(index)
         return index
 
-    def drop_in_flight(self, request_id: str) -> None:
-        """What the batches scheduled so far sampled for the request is dropped: it was preempted (called
-        while the next batch is being scheduled), or it ended and a new request may take its id."""
-        if len(self._in_flight):
+    def on_preempt(self, request_id: str) -> None:
+        """Called while a batch is being scheduled (its index is ``num_scheduled``)."""
+        if self._in_flight:
             self._preempted_after[request_id] = self.num_scheduled
 
-    def dropped(self, request_id: str, batch_index: int) -> bool:
-        """Whether what batch ``batch_index`` sampled for the request is dropped (preempted since)."""
-        preempted_in = self._preempted_after.get(request_id)
-        return preempted_in is not None and preempted_in > batch_index
+    def on_resume(self, request_id: str) -> None:
+        """Called while a batch is being scheduled: the request recomputes from its sequence as of now."""
+        if self._in_flight:
+            self._resumed_after[request_id] = self.num_scheduled
+
+    def on_end(self, request_id: str) -> None:
+        """The request has ended (finished or aborted); its id may be taken by a new request."""
+        if self._in_flight:
+            self._ended_after[request_id] = self.num_scheduled
 
     @property
-    def any_preempted(self) -> bool:
-        return bool(self._preempted_after)
+    def any_changed(self) -> bool:
+        """Whether some request was preempted, resumed or ended while batches were in flight (only then can
+        a batch's request be waiting, or its token be dropped)."""
+        return bool(self._preempted_after or self._resumed_after or self._ended_after)
+
+    def dropped(self, request_id: str, batch_index: int) -> bool:
+        """Whether what batch ``batch_index`` sampled for the request is dropped: the request has resumed
+        since (it samples that token again), or ended (the id's request now is another one)."""
+        resumed = self._resumed_after.get(request_id)
+        if resumed is not None and resumed > batch_index:
+            return True
+        ended = self._ended_after.get(request_id)
+        return ended is not None and ended > batch_index
 
     def finish(self, batch_index: int) -> None:
-        """Batch ``batch_index`` has been updated. An entry k drops the tokens of batches before k, so it is
-        kept while one of them is still in flight (a driver may finish an empty batch before older ones)."""
+        """Batch ``batch_index`` has been updated. An entry k concerns the batches before k, so it is kept
+        while one of them is still in flight (a driver may finish an empty batch before older ones)."""
         in_flight = self._in_flight
         if batch_index in in_flight:
             in_flight.remove(batch_index)
-        if self._preempted_after:
-            oldest = in_flight[0] if in_flight else self.num_scheduled
-            for request_id in [request_id for request_id, index in self._preempted_after.items() if index <= oldest]:
-                del self._preempted_after[request_id]
+        oldest = in_flight[0] if in_flight else self.num_scheduled
+        for entries in (self._preempted_after, self._resumed_after, self._ended_after):
+            if entries:
+                for request_id in [request_id for request_id, index in entries.items() if index <= oldest]:
+                    del entries[request_id]

@@ -103,6 +103,10 @@ class KVTransfers:
         request is not to be sent (not disaggregated, or aborted / ignored / failed)."""
         if not request.do_remote_decode or request.status not in _SENT_STATUSES:
             return False
+        if request.request_id not in self.kv_cache_manager.req_to_blocks:
+            # It finished while preempted (on the token a batch in flight brought, batches_in_flight.py): its
+            # KV is gone, so there is nothing to send; the decode engine would recompute the prompt.
+            return False
         self.sending[request.request_id] = request
         return True
 

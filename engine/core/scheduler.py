@@ -140,7 +140,7 @@ class Scheduler:
         if not self.kv_transfers.hold_for_send(request):
             self.kv_cache_manager.free(request)
         # What batches in flight sampled for it is dropped, should a new request take its id meanwhile.
-        self.batches_in_flight.drop_in_flight(request.request_id)
+        self.batches_in_flight.on_end(request.request_id)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -295,6 +295,10 @@ class Scheduler:
                 running.append(request)
                 if request.status == _PREEMPTED:
                     scheduled_resumed.append(request)
+                    # Tokens of its batches still in flight are dropped now (it recomputes from its sequence
+                    # as of this resume): none is on its way any more.
+                    request.num_output_placeholders = 0
+                    self.batches_in_flight.on_resume(request.request_id)
                 else:
                     scheduled_new.append(request)
                 request.status = _RUNNING
@@ -329,9 +333,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""
         self.kv_cache_manager.free(request)
-        self.batches_in_flight.drop_in_flight(request.request_id)
-        # What its batches in flight sample is dropped (batches_in_flight.py): no token is on its way any more.
-        request.num_output_placeholders = 0
+        # Its batches in flight still bring their tokens while it waits (batches_in_flight.py).
+        self.batches_in_flight.on_preempt(request.request_id)
         request.status = _PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -343,11 +346,15 @@ class Scheduler:
         engine/core/scheduler_update.py."""
         return apply_model_output(self, scheduler_output, model_runner_output)
 
-    def remove_stopped(self, stopped: list[Request]) -> None:
-        """Take requests that stopped in an update out of the running list and free them."""
-        stopped_ids = {id(request) for request in stopped}
-        self.running = [request for request in self.running if id(request) not in stopped_ids]
-        for request in stopped:
+    def remove_stopped(self, stopped: list[Request], stopped_waiting: list[Request] = ()) -> None:
+        """Take requests that stopped in an update out of the running list (or, preempted ones stopped by a
+        token their batch in flight brought, out of the waiting queue) and free them."""
+        if stopped:
+            stopped_ids = {id(request) for request in stopped}
+            self.running = [request for request in self.running if id(request) not in stopped_ids]
+        for request in stopped_waiting:
+            self.waiting.remove_request(request)
+        for request in (*stopped, *stopped_waiting):
             self._free_request(request)
 
     def finish_kv_load(self, request_id: str) -> bool:

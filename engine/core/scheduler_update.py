@@ -2,8 +2,9 @@
 
 For each request the batch scheduled: append what it sampled, unless the batch computed a chunk in the middle
 of the prompt (it samples nothing), the request was aborted, or it was preempted after this batch was
-scheduled (its tokens from that batch are dropped: engine/core/batches_in_flight.py). Then the stop
-conditions; requests that stop are freed. With async scheduling each applied token was a placeholder.
+scheduled and resumed since (engine/core/batches_in_flight.py); a preempted request still waiting keeps the
+token, as in vLLM. Then the stop conditions; requests that stop are freed, from the running list or the
+waiting queue. With async scheduling each applied token was a placeholder.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput
-from engine.core.request import FINISH_REASONS, Request
+from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler_output import SchedulerOutput
 from engine.core.stop_conditions import finish_if_stopped
 
 if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
+
+_PREEMPTED = RequestStatus.PREEMPTED
 
 
 def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
@@ -27,18 +30,25 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
     index_of = model_runner_output.req_id_to_index.get
     logprobs = model_runner_output.logprobs
     stopped: list[Request] = []
+    # Preempted requests that stop on a token their batch in flight brought while they waited to resume.
+    stopped_waiting: list[Request] = []
     batches = scheduler.batches_in_flight
     batch_index = scheduler_output.batch_index
     partial = scheduler_output.partial_prefill_req_ids
-    any_preempted = batches.any_preempted
+    any_changed = batches.any_changed
     async_scheduling = scheduler.async_scheduling
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
         # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.
         if request is None or request_id in partial:
             continue
-        if any_preempted and batches.dropped(request_id, batch_index):
-            continue
+        waiting_to_resume = False
+        if any_changed:
+            # Preempted, resumed or ended since this batch was scheduled? Only then can it be waiting here,
+            # or its token be dropped.
+            if batches.dropped(request_id, batch_index):
+                continue
+            waiting_to_resume = request.status == _PREEMPTED
         if async_scheduling:
             request.num_output_placeholders -= 1
         index = index_of(request_id)
@@ -57,7 +67,7 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
             if (token_id in request.stop_token_set or len(request.output_token_ids) >= request.max_tokens) \
                     and finish_if_stopped(request):
                 finish_reason = FINISH_REASONS[request.status]
-                stopped.append(request)
+                (stopped_waiting if waiting_to_resume else stopped).append(request)
         elif new_token_ids:
             for count, token_id in enumerate(new_token_ids, 1):
                 request.append_output_token_ids(token_id)
@@ -65,14 +75,14 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
                     # Tokens sampled after the stop (speculative decoding) are not part of the output.
                     new_token_ids = new_token_ids[:count]
                     finish_reason = FINISH_REASONS[request.status]
-                    stopped.append(request)
+                    (stopped_waiting if waiting_to_resume else stopped).append(request)
                     break
         else:
             continue
         outputs.append(EngineCoreOutput(
             request_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens,
             None, logprobs.get(request_id) if logprobs else None))
-    if stopped:
-        scheduler.remove_stopped(stopped)
+    if stopped or stopped_waiting:
+        scheduler.remove_stopped(stopped, stopped_waiting)
     batches.finish(batch_index)
     return outputs

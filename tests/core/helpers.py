@@ -108,11 +108,12 @@ def check_cached_blocks_were_computed(scheduler: Scheduler, executor: ScriptedEx
             f"{block} is in the prefix cache but its KV was never computed"
 
 
-def expected_tokens(executor: ScriptedExecutor, request_id: str, prompt, num_tokens: int) -> list[int]:
+def expected_tokens(executor: ScriptedExecutor, request_id: str, prompt, num_tokens: int,
+                    eos_token_id: int | None = None) -> list[int]:
     """The tokens the scripted executor produces for a request run alone, without preemption."""
     import zlib
     from engine.core.scripted_executor import _RequestState
-    state = _RequestState(list(prompt), 0, [], None, zlib.crc32(request_id.encode()))
+    state = _RequestState(list(prompt), 0, [], eos_token_id, zlib.crc32(request_id.encode()))
     produced = []
     for _ in range(num_tokens):
         token = executor.next_token(state)

@@ -33,6 +33,8 @@ from tests.core.helpers import (check_cached_blocks_were_computed, check_schedul
                                 make_core, make_request)
 
 PREFIXES = [list(range(3000, 3000 + 40)), list(range(4000, 4000 + 13)), []]
+# Sampled with the executor's eos_probability (0 in most runs): a request may stop before its length.
+EOS_TOKEN_ID = 2
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -41,13 +43,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 8), max_num_batched_tokens=st.integers(4, 160),
         max_model_len=st.integers(16, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
         policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
-        max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans())
+        max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
+        eos_probability=st.sampled_from([0.0, 0.0, 0.05]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
-              threshold, policy, caching, max_in_flight, async_scheduling):
+              threshold, policy, caching, max_in_flight, async_scheduling, eos_probability):
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
-                              enable_prefix_caching=caching, async_scheduling=async_scheduling)
+                              enable_prefix_caching=caching, async_scheduling=async_scheduling,
+                              eos_probability=eos_probability)
         self.scheduler = self.core.scheduler
         self.prompts: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
@@ -69,7 +73,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.max_tokens[request_id] = max_tokens
         self.tokens[request_id] = []
         self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
-                                           arrival_time=self.time, do_remote_prefill=transfer == "remote_prefill",
+                                           arrival_time=self.time, eos_token_id=EOS_TOKEN_ID,
+                                           do_remote_prefill=transfer == "remote_prefill",
                                            do_remote_decode=transfer == "remote_decode"))
 
     @rule(pick=st.integers(0, 10_000))
@@ -152,8 +157,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         output, model_runner_output = self.in_flight.pop() if newest else self.in_flight.popleft()
         outputs = self.scheduler.update_from_output(output, model_runner_output)
         for each in outputs:
-            if each.finish_reason in ("length", "stop"):
-                # A request that stops is in no later batch in flight (its blocks are freed now).
+            if each.finish_reason == "length" or each.finish_reason == "stop" and not self.scheduler.async_scheduling:
+                # A request that stops is in no later batch in flight (its blocks are freed now); under async
+                # scheduling one that stops on a stop token may be, its next step scheduled on a placeholder.
                 assert not any(each.request_id in later.num_scheduled_tokens for later, _ in self.in_flight)
         self.collect(outputs)
         check_cached_blocks_were_computed(self.scheduler, self.core.executor)
@@ -187,10 +193,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert set(self.finish) == set(self.prompts), "a request was lost"
         for request_id, reason in self.finish.items():
             produced = self.tokens[request_id]
+            prompt = self.prompts[request_id]
+            if reason in ("length", "stop"):
+                assert produced == expected_tokens(self.core.executor, request_id, prompt, len(produced),
+                                                   EOS_TOKEN_ID)
             if reason == "length":
-                assert len(produced) <= self.max_tokens[request_id]
-                assert produced == expected_tokens(self.core.executor, request_id, self.prompts[request_id],
-                                                   len(produced))
+                # Its whole length: the user's max_tokens, or the room its prompt leaves (one token at least).
+                room = self.scheduler.max_model_len - len(prompt)
+                assert len(produced) == max(1, min(self.max_tokens[request_id], room))
+            elif reason == "stop":
+                assert produced[-1] == EOS_TOKEN_ID and len(produced) <= self.max_tokens[request_id]
             elif reason == "ignored":
                 assert produced == []
             else:

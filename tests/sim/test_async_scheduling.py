@@ -82,3 +82,14 @@ def test_a_calibrated_profile_and_a_real_run_refuse_async_scheduling(capsys):
         build_setup(workload, str(SHIPPED_PROFILES_DIR / "cpu-small-float32.json"))
     assert sim_run_main(["chat", "--executor", "real", "--set", "engine.async_scheduling=true", "--no-progress"]) == 2
     assert "engine.async_scheduling: true is simulated only" in capsys.readouterr().err
+
+
+def test_completions_that_evict_each_other_still_get_ahead_under_async_scheduling():
+    # Preempted with a token in flight, a request keeps that token while it waits (as vLLM does); when it was
+    # dropped, completions that evict each other lost it every time and never got ahead.
+    overrides = ["workload.num_requests=10", "workload.arrival.rate=1000", "model=mistral-7b", "hardware=l4",
+                 "engine.num_gpu_blocks=40", "engine.block_size=32", "engine.scheduling_policy=priority",
+                 "engine.max_num_batched_tokens=256", "workload.n=2", "engine.enable_prefix_caching=false"]
+    for async_scheduling in (False, True):
+        workload = chat(*overrides, f"engine.async_scheduling={str(async_scheduling).lower()}")
+        serve_whole_outputs(workload, max_in_flight=2 if async_scheduling else 1)
