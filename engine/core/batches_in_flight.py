@@ -10,6 +10,12 @@ it, because a scheduled request's computed count advances at once:
 - a prompt in the middle of its prefill can run its next chunk in the next batch, before the earlier chunk's
   batch is back (chunked prefills pipeline, as in vLLM).
 
+Async scheduling (``SchedulerConfig.async_scheduling``, vLLM's ``AsyncScheduler``) keeps two batches in
+flight through one GPU, and schedules a decode whose token is in flight on that token's position instead
+of passing it over: ``Request.num_output_placeholders`` counts such tokens, and the scheduler never
+schedules a step that would compute past a request's length. Under async scheduling num_computed_tokens
+may exceed num_tokens by the placeholders (an amendment to DESIGN's invariants, which otherwise all hold).
+
 What the outputs cannot say by themselves, this keeps:
 
 - Which requests of a batch sample a token. A chunk that ends before its request's known tokens samples
