@@ -55,6 +55,7 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
     env, engine, executor, recorder = simulation.env, replica.engine, replica.executor, replica.recorder
     scheduler = engine.scheduler
     stages = PipelineStages(cost_model.pipeline_parallel_size)
+    executor.time_by_stage = True  # the executor times each step by stage, once
     depth = cost_model.pipeline_parallel_size if depth is None else depth
     # Batches in flight, oldest first: (the started step, the time its outputs are back).
     in_flight: deque[tuple[StartedStep, float]] = deque()
@@ -88,11 +89,10 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
             if scheduler_output.preempted_req_ids:
                 check_preemptions(scheduler, scheduler_output, start)
             if scheduler_output.total_num_scheduled_tokens:
-                features = executor.last_features
-                overhead = cost_model.engine_overhead_s(features)
-                end = stages.run(start + overhead, cost_model.pipeline_stage_times(features))
+                overhead = executor.last_overhead
+                end = stages.run(start + overhead, executor.last_stage_times)
                 in_flight.append((started, end))
-                recorder.on_step(start, end - start, scheduler_output, features, scheduler)
+                recorder.on_step(start, end - start, scheduler_output, executor.last_features, scheduler)
                 # The engine prepares this batch before it can schedule the next.
                 if overhead > 0:
                     yield env.timeout(overhead)

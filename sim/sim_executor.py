@@ -36,6 +36,11 @@ class SimulatedExecutor:
         # request with a unique prompt a token of its own, which no other request's blocks can match.
         self._num_requests_by_prompt_hash: dict[int, int] = {}
         self.last_duration = 0.0
+        # Set by a pipelined engine loop (sim/pipeline_stages.py): each step is then timed stage by stage
+        # (last_stage_times, after the engine's own last_overhead), once, and last_duration is their sum.
+        self.time_by_stage = False
+        self.last_overhead = 0.0
+        self.last_stage_times: list[float] = []
         self.last_features: StepFeatures | None = None
 
     def add_prompt(self, request_id: str, prompt_token_ids: array) -> None:
@@ -65,6 +70,11 @@ class SimulatedExecutor:
         if not scheduler_output.total_num_scheduled_tokens:
             # Nothing ran (a step that only preempted): no time, and not a step a replay recorded.
             self.last_duration = 0.0
+        elif self.time_by_stage:
+            cost_model = self.cost_model
+            self.last_overhead = cost_model.engine_overhead_s(features)
+            self.last_stage_times = cost_model.pipeline_stage_times(features)
+            self.last_duration = self.last_overhead + sum(self.last_stage_times)
         elif self._time_features is not None:
             self.last_duration = self._time_features(features)
         else:
