@@ -23,12 +23,20 @@ class CacheConfig:
     num_gpu_blocks: int = 1024
     enable_prefix_caching: bool = True
     enable_kv_cache_events: bool = False
+    # Blocks of the host-memory tier of the prefix cache (vLLM's KV offloading; engine/core/kv_offload.py),
+    # 0: none. It is keyed by the prefix cache's block hashes, so it needs prefix caching.
+    num_offload_blocks: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and self.block_size > 0, "cache", "block_size",
                  self.block_size, "a positive integer")
         _require(isinstance(self.num_gpu_blocks, int) and self.num_gpu_blocks >= 2, "cache", "num_gpu_blocks",
                  self.num_gpu_blocks, "an integer >= 2 (block 0 is reserved as the null block)")
+        _require(isinstance(self.num_offload_blocks, int) and not isinstance(self.num_offload_blocks, bool)
+                 and self.num_offload_blocks >= 0, "cache", "num_offload_blocks", self.num_offload_blocks,
+                 "an integer >= 0")
+        _require(self.num_offload_blocks == 0 or self.enable_prefix_caching, "cache", "num_offload_blocks",
+                 self.num_offload_blocks, "0 without prefix caching (the host tier is keyed by its block hashes)")
 
     @property
     def num_usable_blocks(self) -> int:

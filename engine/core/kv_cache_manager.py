@@ -8,6 +8,7 @@ Contract (each method states what it may change):
 - ``free`` drops the request's references, tail block first, so its tail is evicted first.
 
 Invariant: ``ref_cnt`` of every block equals the number of live requests whose block table holds it.
+Invariant: every hash in the host tier (``offload``, engine/core/kv_offload.py) names KV a batch computed.
 Invariant: ``num_block_runs`` equals the number of maximal runs of consecutive block ids summed over
 every live request's block table (``block_runs``).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import KVCacheBlock
 from engine.core.kv_cache_events import KVCacheEvent
+from engine.core.kv_offload import OffloadedBlocks
 from engine.core.prefix_cache_stats import PrefixCacheStats
 from engine.core.request import Request
 
@@ -25,7 +27,7 @@ _NO_BLOCKS: list[KVCacheBlock] = []
 
 class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool = True,
-                 enable_kv_cache_events: bool = False) -> None:
+                 enable_kv_cache_events: bool = False, num_offload_blocks: int = 0) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
         self.block_size = block_size
@@ -41,6 +43,10 @@ class KVCacheManager:
         self.num_block_runs_of: dict[str, int] = {}
         self.num_block_runs = 0
         self.prefix_cache_stats = PrefixCacheStats()
+        # The host-memory tier of the prefix cache (KV offloading), and how many leading blocks of each live
+        # request it has been given since the request last got its blocks.
+        self.offload = OffloadedBlocks(num_offload_blocks) if num_offload_blocks and enable_caching else None
+        self.num_offloaded_block: dict[str, int] = {}
 
     @property
     def usage(self) -> float:
@@ -73,6 +79,26 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits, len(hits) * block_size
+
+    def offloaded_hit_tokens(self, request: Request, num_hit_tokens: int) -> int:
+        """Tokens past the GPU's hit of ``num_hit_tokens`` whose blocks the host tier holds, block-aligned and,
+        like a GPU hit, leaving at least the last prompt token to compute. 0 without a host tier."""
+        offload = self.offload
+        if offload is None or request.sampling_params.prompt_logprobs is not None:
+            return 0
+        block_size = self.block_size
+        return block_size * offload.lookup(request.block_hashes, num_hit_tokens // block_size,
+                                           (request.num_tokens - 1) // block_size)
+
+    def offload_computed(self, request: Request, num_computed_tokens: int) -> None:
+        """A batch that brought the request's KV to ``num_computed_tokens`` is back: copy its full blocks that the
+        host was not given yet (since the request got its blocks) to the host tier."""
+        request_id = request.request_id
+        num_full_blocks = min(num_computed_tokens // self.block_size, len(request.block_hashes))
+        num_offloaded = self.num_offloaded_block.get(request_id, 0)
+        if num_full_blocks > num_offloaded:
+            self.offload.store(request.block_hashes[num_offloaded:num_full_blocks])
+            self.num_offloaded_block[request_id] = num_full_blocks
 
     def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
         """Count a lookup once the request is admitted (a failed admission retries and is not counted)."""
@@ -178,6 +204,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request_id, None)
         num_cached = self.num_cached_block.pop(request_id, 0)
         self.num_block_runs -= self.num_block_runs_of.pop(request_id, 0)
+        self.num_offloaded_block.pop(request_id, None)
         if not blocks:
             return
         first_uncomputed = request.num_computed_tokens // self.block_size

@@ -14,13 +14,20 @@ executor (the simulator times them, sim/disaggregation.py).
   ``WAITING_FOR_REMOTE_KVS``, still in the waiting queue but skipped; its blocks join the prefix cache only
   once the load is done (``finish_load``). Then it is scheduled with every prompt token but the last
   computed: the last is recomputed for its logits, so the decode engine samples the first output token.
-  A loaded request is scheduled before any other waiting request (``take_loaded``), under the priority
+  A loaded request is scheduled before any other waiting request (``loaded_requests``, ``take``), under the priority
   policy too. vLLM takes it when its turn in the queue comes, usually at the head. But a request
   preempted meanwhile goes ahead of it, and if that request needs the blocks the loaded one holds,
   neither would ever run; taking loaded requests in queue order and looking past a blocked head is not
   enough either (the state machine found a head that resumes, takes the whole token budget and preempts
   itself again, for ever). A loaded request needs one token and no new block, so going first costs
   little.
+
+A host-memory tier of the prefix cache (KV offloading, engine/core/kv_offload.py) loads through the same
+states: a waiting request whose prefix misses the GPU's cache but hits the host's gets blocks for its whole
+prompt and waits while the hit blocks load (``start_offload_load``); once loaded, it is scheduled first with
+the rest of its prompt (chunked as usual), like a remote prefill but with more than one token left.
+(vLLM allocates only the loaded blocks; holding the whole prompt's keeps a loaded request from ever waiting
+for blocks while it holds some, the case that livelocked above.)
 
 Invariants (checked with the scheduler's):
 - a loading request is in the waiting queue and holds blocks for its whole prompt;
@@ -45,6 +52,10 @@ class KVTransfers:
         self.sending: dict[str, Request] = {}
         # Loads the last schedule() started: request id -> tokens of KV to load (the executor moves them).
         self.loads_started: dict[str, int] = {}
+        # Each loading request's computed tokens once its load is done (a remote prefill: all but the last).
+        self.load_end: dict[str, int] = {}
+        # Loading requests that were preempted before: they resume once loaded (the runner gets their whole sequence).
+        self.resuming: set[str] = set()
 
     def in_flight(self) -> bool:
         """True while a transfer this engine waits on is unfinished (its steps may schedule nothing)."""
@@ -59,13 +70,30 @@ class KVTransfers:
         if manager.allocate_slots(request, num_remote_tokens, num_hit_tokens, computed_blocks,
                                   delay_cache_blocks=True) is None:
             return None
-        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-        request.num_computed_tokens = num_hit_tokens
         # A later preemption recomputes the request here: its KV is loaded once.
         request.do_remote_prefill = False
-        self.loading[request.request_id] = request
-        self.loads_started[request.request_id] = num_remote_tokens
+        self._start(request, num_hit_tokens, request.num_tokens - 1, num_remote_tokens)
         return num_hit_tokens
+
+    def start_offload_load(self, request: Request, computed_blocks: list, num_hit_tokens: int,
+                           num_offload_tokens: int) -> bool:
+        """Allocate blocks for the whole prompt of a request whose next ``num_offload_tokens`` after its GPU hit
+        are in the host tier, and start loading them; False (nothing changed) when the pool cannot hold it."""
+        manager = self.kv_cache_manager
+        if manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, computed_blocks,
+                                  delay_cache_blocks=True) is None:
+            return False
+        self._start(request, num_hit_tokens, num_hit_tokens + num_offload_tokens, num_offload_tokens)
+        return True
+
+    def _start(self, request: Request, num_hit_tokens: int, load_end: int, num_load_tokens: int) -> None:
+        if request.status == RequestStatus.PREEMPTED:
+            self.resuming.add(request.request_id)
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        request.num_computed_tokens = num_hit_tokens
+        self.loading[request.request_id] = request
+        self.load_end[request.request_id] = load_end
+        self.loads_started[request.request_id] = num_load_tokens
 
     def finish_load(self, request_id: str) -> bool:
         """The executor reports a load done; False if the request is no longer loading (aborted)."""
@@ -74,29 +102,31 @@ class KVTransfers:
         self.loaded.add(request_id)
         return True
 
-    def take_loaded(self, limit: int) -> list[Request]:
-        """Up to ``limit`` requests whose KV has arrived, in the order their loads started, each made an
-        ordinary waiting request with its prompt computed but the last token and its blocks in the prefix
-        cache (they hold a slot for that last token already: scheduling it allocates no block)."""
-        taken: list[Request] = []
-        for request_id, request in self.loading.items():
-            if len(taken) >= limit:
-                break
-            if request_id in self.loaded:
-                taken.append(request)
-        for request in taken:
-            self.loaded.discard(request.request_id)
-            del self.loading[request.request_id]
-            request.num_computed_tokens = request.num_tokens - 1
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+    def loaded_requests(self) -> list[Request]:
+        """The requests whose KV has arrived, in the order their loads started."""
+        return [request for request_id, request in self.loading.items() if request_id in self.loaded]
+
+    def take(self, request: Request) -> None:
+        """Make a loaded request an ordinary waiting (or preempted) one: its loaded tokens computed, their blocks
+        in the prefix cache. It holds slots for its whole prompt already: scheduling the rest allocates no block."""
+        request_id = request.request_id
+        self.loaded.discard(request_id)
+        del self.loading[request_id]
+        request.num_computed_tokens = self.load_end.pop(request_id)
+        self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request_id in self.resuming:
+            self.resuming.discard(request_id)
+            request.status = RequestStatus.PREEMPTED
+        else:
             request.status = RequestStatus.WAITING
-        return taken
 
     def drop(self, request: Request) -> None:
         """A loading request was aborted: forget its load (its blocks are freed with it)."""
         self.loading.pop(request.request_id, None)
         self.loaded.discard(request.request_id)
         self.loads_started.pop(request.request_id, None)
+        self.load_end.pop(request.request_id, None)
+        self.resuming.discard(request.request_id)
 
     def hold_for_send(self, request: Request) -> bool:
         """At a prefill request's normal finish: keep its blocks for the decode engine. False when the

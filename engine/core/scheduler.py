@@ -52,7 +52,8 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(
             cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
             enable_caching=cache_config.enable_prefix_caching,
-            enable_kv_cache_events=cache_config.enable_kv_cache_events)
+            enable_kv_cache_events=cache_config.enable_kv_cache_events,
+            num_offload_blocks=cache_config.num_offload_blocks)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)
@@ -247,19 +248,27 @@ class Scheduler:
             waiting = self.waiting
             max_num_seqs = self.max_num_seqs
             kv_transfers = self.kv_transfers
+            offload = kv_cache_manager.offload
             if kv_transfers.loaded:
-                # KV arrived from a prefill engine: one token each, in slots the requests hold already.
-                for request in kv_transfers.take_loaded(min(token_budget, max_num_seqs - len(running))):
+                # KV arrived, from a prefill engine (one token left each) or the host tier (the rest of the
+                # prompt): these go first, in slots they hold already.
+                for request in kv_transfers.loaded_requests():
+                    if token_budget <= 0 or len(running) >= max_num_seqs:
+                        break
+                    num_new_tokens = request.num_tokens - kv_transfers.load_end[request.request_id]
+                    if 0 < threshold < num_new_tokens:
+                        num_new_tokens = threshold
+                    if num_new_tokens > token_budget:
+                        if not self.enable_chunked_prefill:
+                            break
+                        num_new_tokens = token_budget
+                    kv_transfers.take(request)
                     waiting.remove_request(request)
-                    if allocate_slots(request, 1) is None:
-                        raise RuntimeError(f"{request}: its loaded blocks hold no slot for its last prompt token")
-                    running.append(request)
-                    scheduled_new.append(request)
-                    request.status = _RUNNING
-                    if request.num_cached_tokens < 0:
-                        request.num_cached_tokens = request.num_computed_tokens
-                    num_scheduled_tokens[request.request_id] = 1
-                    token_budget -= 1
+                    if allocate_slots(request, num_new_tokens) is None:
+                        raise RuntimeError(f"{request}: its loaded blocks hold no slot for the rest of its prompt")
+                    self._admit(request, num_new_tokens, scheduled_new, scheduled_resumed, partial_prefill_req_ids)
+                    num_scheduled_tokens[request.request_id] = num_new_tokens
+                    token_budget -= num_new_tokens
             # Requests whose KV is still loading: passed over, back at the head afterwards.
             skipped: list[Request] = []
             while waiting and token_budget > 0 and len(running) < max_num_seqs:
@@ -278,6 +287,18 @@ class Scheduler:
                         num_prefix_hit_tokens += num_hit_tokens
                     continue
                 computed_blocks, num_hit_tokens = kv_cache_manager.get_computed_blocks(request)
+                if offload is not None:
+                    num_offload_tokens = kv_cache_manager.offloaded_hit_tokens(request, num_hit_tokens)
+                    # Past the GPU's hit, the host holds more of the prefix: load it rather than recompute it
+                    # (unless the pool cannot hold the whole prompt now: then it is recomputed as usual).
+                    if num_offload_tokens and kv_transfers.start_offload_load(request, computed_blocks, num_hit_tokens,
+                                                                              num_offload_tokens):
+                        skipped.append(waiting.pop_request())
+                        kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
+                        if request.num_preemptions == 0:
+                            num_prefix_query_tokens += request.num_tokens
+                            num_prefix_hit_tokens += num_hit_tokens
+                        continue
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 if 0 < threshold < num_new_tokens:
                     num_new_tokens = threshold
@@ -292,21 +313,8 @@ class Scheduler:
                 if request.num_preemptions == 0:
                     num_prefix_query_tokens += request.num_tokens
                     num_prefix_hit_tokens += num_hit_tokens
-                running.append(request)
-                if request.status == _PREEMPTED:
-                    scheduled_resumed.append(request)
-                    # Tokens of its batches still in flight are dropped now (it recomputes from its sequence
-                    # as of this resume): none is on its way any more.
-                    request.num_output_placeholders = 0
-                    self.batches_in_flight.on_resume(request.request_id)
-                else:
-                    scheduled_new.append(request)
-                request.status = _RUNNING
                 request.num_computed_tokens = num_hit_tokens
-                if num_hit_tokens + num_new_tokens < request.num_tokens:
-                    partial_prefill_req_ids.add(request.request_id)
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = num_hit_tokens
+                self._admit(request, num_new_tokens, scheduled_new, scheduled_resumed, partial_prefill_req_ids)
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
 
@@ -322,6 +330,10 @@ class Scheduler:
             num_prefix_query_tokens, num_prefix_hit_tokens, self.kv_transfers.take_loads_started())
         scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
         scheduler_output.batch_index = self.batches_in_flight.start()
+        if kv_cache_manager.offload is not None:
+            requests = self.requests
+            scheduler_output.offload_computed_tokens = {
+                request_id: requests[request_id].num_computed_tokens for request_id in num_scheduled_tokens}
         if async_scheduling:
             # Each request this batch samples for has one more token in flight.
             requests = self.requests
@@ -329,6 +341,24 @@ class Scheduler:
                 if request_id not in partial_prefill_req_ids:
                     requests[request_id].num_output_placeholders += 1
         return scheduler_output
+
+    def _admit(self, request: Request, num_new_tokens: int, scheduled_new: list[Request],
+               scheduled_resumed: list[Request], partial_prefill_req_ids: set[str]) -> None:
+        """A waiting request joins the running ones with ``num_new_tokens`` after its computed tokens."""
+        self.running.append(request)
+        if request.status == _PREEMPTED:
+            scheduled_resumed.append(request)
+            # Tokens of its batches still in flight are dropped now (it recomputes from its sequence as of this
+            # resume): none is on its way any more.
+            request.num_output_placeholders = 0
+            self.batches_in_flight.on_resume(request.request_id)
+        else:
+            scheduled_new.append(request)
+        request.status = _RUNNING
+        if request.num_computed_tokens + num_new_tokens < request.num_tokens:
+            partial_prefill_req_ids.add(request.request_id)
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = request.num_computed_tokens
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""

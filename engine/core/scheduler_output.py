@@ -66,6 +66,9 @@ class SchedulerOutput:
     num_kv_block_runs: int = 0
     # Remote prefills whose KV load this step starts (request id -> tokens to load; engine/core/kv_transfer.py).
     kv_loads: dict[str, int] = field(default_factory=dict)
+    # With a host tier of the prefix cache (engine/core/kv_offload.py): each scheduled request's computed tokens
+    # once this batch is done; when it is back, the full blocks up to there are copied to the host.
+    offload_computed_tokens: dict[str, int] = field(default_factory=dict)
     # Requests whose chunk ends before their known tokens: they sample nothing this step. Fixed when the
     # batch is scheduled, because a later batch may advance the request before this one is back.
     partial_prefill_req_ids: set[str] = field(default_factory=set)

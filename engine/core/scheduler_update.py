@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
 
 _PREEMPTED = RequestStatus.PREEMPTED
+_RUNNING = RequestStatus.RUNNING
 
 
 def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
@@ -37,6 +38,8 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
     partial = scheduler_output.partial_prefill_req_ids
     any_changed = batches.any_changed
     async_scheduling = scheduler.async_scheduling
+    if scheduler_output.offload_computed_tokens:
+        _offload_computed_blocks(scheduler, scheduler_output)
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
         # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.
@@ -86,3 +89,18 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
         scheduler.remove_stopped(stopped, stopped_waiting)
     batches.finish(batch_index)
     return outputs
+
+
+def _offload_computed_blocks(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> None:
+    """The batch is back, its KV computed: copy each request's new full blocks to the host tier
+    (engine/core/kv_offload.py), before any request that stopped frees them. Not for a request preempted or
+    resumed since the batch was scheduled: its blocks may hold another request's KV by now."""
+    requests = scheduler.requests
+    batches = scheduler.batches_in_flight
+    batch_index = scheduler_output.batch_index
+    offload_computed = scheduler.kv_cache_manager.offload_computed
+    for request_id, num_computed_tokens in scheduler_output.offload_computed_tokens.items():
+        request = requests.get(request_id)
+        if request is None or request.status != _RUNNING or batches.dropped(request_id, batch_index):
+            continue
+        offload_computed(request, num_computed_tokens)

@@ -12,14 +12,14 @@ from engine.core.request import RequestStatus
 def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
-              async_scheduling=False) -> EngineCore:
+              async_scheduling=False, num_offload_blocks=0) -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                         long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
                         async_scheduling=async_scheduling),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
-                    enable_kv_cache_events=enable_kv_cache_events))
+                    enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks))
     executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed)
     return EngineCore(scheduler, executor)
 

@@ -13,6 +13,10 @@ engine's (their prompt KV is loaded, at any later moment, into blocks allocated 
 request must still produce exactly the tokens it would have computed alone, and a loading request's
 blocks must never be found by a prefix-cache hit before its KV is there.
 
+With a host tier of the prefix cache (KV offloading, engine/core/kv_offload.py), a prompt whose prefix the
+GPU's cache lost but the host's holds loads it the same way, at any later moment; every block the host is
+given must have been computed by then, and loaded requests must still produce their own tokens.
+
 Up to three batches may be in flight, as behind vLLM's batch queue under pipeline parallelism or async
 scheduling (engine/core/batches_in_flight.py): a batch is scheduled and executed at once but its outputs are
 applied later, in order, and further batches are scheduled meanwhile, with async scheduling taking the
@@ -44,15 +48,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len=st.integers(16, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
         policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
         max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
-        eos_probability=st.sampled_from([0.0, 0.0, 0.05]))
+        eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
-              threshold, policy, caching, max_in_flight, async_scheduling, eos_probability):
+              threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks):
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
                               enable_prefix_caching=caching, async_scheduling=async_scheduling,
-                              eos_probability=eos_probability)
+                              eos_probability=eos_probability, num_offload_blocks=offload_blocks if caching else 0)
         self.scheduler = self.core.scheduler
+        manager = self.scheduler.kv_cache_manager
+        if manager.offload is not None:
+            manager.offload_computed = self.checked_offload(manager.offload_computed)
         self.prompts: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.finish: dict[str, str] = {}
@@ -77,9 +84,25 @@ class SchedulerMachine(RuleBasedStateMachine):
                                            do_remote_prefill=transfer == "remote_prefill",
                                            do_remote_decode=transfer == "remote_decode"))
 
+    def checked_offload(self, offload_computed):
+        """The manager's copy of a request's blocks to the host, checking that each block it is given has all
+        its KV computed by now (a block may not be in the GPU's prefix cache yet: under async scheduling its
+        last token was a placeholder when it was scheduled)."""
+        def checked(request, num_computed_tokens):
+            manager = self.scheduler.kv_cache_manager
+            first = manager.num_offloaded_block.get(request.request_id, 0)
+            end = min(num_computed_tokens // manager.block_size, len(request.block_hashes))
+            full = set(range(manager.block_size))
+            for block in manager.get_blocks(request.request_id)[first:end]:
+                assert self.core.executor.computed_slots.get(block.block_id) == full, \
+                    "a block went to the host before its KV was computed"
+            offload_computed(request, num_computed_tokens)
+        return checked
+
     @rule(pick=st.integers(0, 10_000))
     def finish_load(self, pick):
-        """A remote prefill's KV arrives: the executor's slots for the loaded tokens now hold KV."""
+        """A remote prefill's KV, or a host tier's blocks, arrive: the executor's slots for the loaded tokens
+        now hold KV."""
         transfers = self.scheduler.kv_transfers
         pending = sorted(set(transfers.loading) - transfers.loaded)
         if not pending:
@@ -88,7 +111,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         request = transfers.loading[request_id]
         manager = self.scheduler.kv_cache_manager
         blocks = manager.get_blocks(request_id)
-        for position in range(request.num_computed_tokens, request.num_tokens):
+        for position in range(request.num_computed_tokens, transfers.load_end[request_id]):
             block = blocks[position // manager.block_size]
             self.core.executor.computed_slots.setdefault(block.block_id, set()).add(position % manager.block_size)
         assert self.scheduler.finish_kv_load(request_id)
@@ -99,6 +122,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         sending = sorted(self.scheduler.kv_transfers.sending)
         if sending:
             assert self.scheduler.finish_kv_send(sending[pick % len(sending)])
+
+    @rule()
+    def reset_prefix_cache(self):
+        """The GPU's prefix cache is dropped (when no block is in use); a host tier keeps what it holds, so the
+        next shared prefix loads from there."""
+        self.scheduler.reset_prefix_cache()
 
     @rule(pick=st.integers(0, 10_000))
     def abort(self, pick):
