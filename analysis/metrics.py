@@ -174,6 +174,7 @@ def compute_summary(
       ``replica`` column, and its config names two or more replicas): analysis.replica_stats.
     - disaggregation (a disaggregated cluster run: its requests table has the KV load's columns): the
       parts of TTFT, analysis.disaggregation_stats.
+    - kv_offload (a run with KV offloading): the prompt KV loaded from host memory, analysis.offload_stats.
     - pipeline (engines of two or more pipeline stages): busy fraction and batches in flight,
       analysis.pipeline_stats.
     """
@@ -235,6 +236,7 @@ def compute_summary(
     from analysis.replica_stats import configured_prefill_replicas, configured_replicas, load_imbalance, replica_stats
 
     from analysis.disaggregation_stats import disaggregation_stats
+    from analysis.offload_stats import offload_stats
     from analysis.pipeline_stats import pipeline_stats
 
     by_replica = replica_stats(requests, steps, slo_thresholds, duration_s, configured_replicas(config),
@@ -245,6 +247,9 @@ def compute_summary(
     disaggregation = disaggregation_stats(requests)
     if disaggregation is not None:
         summary["disaggregation"] = disaggregation
+    offload = offload_stats(requests)
+    if offload is not None:
+        summary["kv_offload"] = offload
     pipeline = pipeline_stats(steps, duration_s, config)
     if pipeline is not None:
         summary["pipeline"] = pipeline

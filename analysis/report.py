@@ -82,6 +82,8 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
     ("KV usage max", lambda s: format_percent(s.get("kv_usage_max"))),
     ("preemptions", lambda s: format_number(s.get("num_preemptions"))),
     ("prefix-cache hit rate", lambda s: format_percent(s.get("prefix_cache_hit_rate"))),
+    # KV offloading: the share of prompt tokens loaded from host memory ("-" without it).
+    ("loaded from host", lambda s: format_percent((s.get("kv_offload") or {}).get("loaded_token_fraction"))),
     # A cluster's busiest replica over its mean one ("-" for one engine): what a sweep over routers compares.
     ("replica load imbalance", lambda s: format_number(s.get("replica_load_imbalance"), 2)),
 )
@@ -118,6 +120,11 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     )
     headline.add_row("preemptions", format_number(summary.get("num_preemptions")))
     headline.add_row("prefix-cache hit rate", format_percent(summary.get("prefix_cache_hit_rate")))
+    offload = summary.get("kv_offload")
+    if offload:
+        headline.add_row("loaded from host (KV offloading)",
+                         f"{format_percent(offload.get('loaded_token_fraction'))} of prompt tokens, "
+                         f"load p50 {format_number((offload.get('load_ms') or {}).get('p50'))} ms")
     pipeline = summary.get("pipeline")
     if pipeline:
         headline.add_row(f"pipeline ({pipeline['stages']} stages)",

@@ -6,12 +6,13 @@ Derived values are computed here and only here: the KV-pool size from the memory
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.core import CacheConfig, SchedulerConfig
 from sim.cost_models import CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
-from sim.model_shapes import ModelShape, kv_cache_num_blocks, resolve_model
+from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
+from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype, resolve_model
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
 
@@ -19,6 +20,8 @@ from workloads import RequestSpec, WorkloadConfig, generate_requests
 # 125 bytes measured, 18 million blocks in 2.2 GB), and the most the pools of one run may take.
 BYTES_PER_SIMULATED_BLOCK = 125
 MAX_SIMULATED_POOL_BYTES = 8 * 2**30
+# A host-tier block is a hash in an ordered dict (engine/core/kv_offload.py).
+BYTES_PER_SIMULATED_HOST_BLOCK = 150
 
 
 class SetupError(ValueError):
@@ -34,6 +37,8 @@ class RunSetup:
     cache_config: CacheConfig
     cost_model: CostModel
     requests: list[RequestSpec]
+    # KV offloading (engine.kv_offloading_size_gib): what a load from the host costs; None without it.
+    host_link: HostLinkSetup | None = field(default=None)
 
     def describe(self) -> dict:
         """The resolved configuration, for summary.json."""
@@ -107,9 +112,11 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         # never seen a position, so a simulated run there would time requests no real engine serves.
         raise SetupError(f"engine.max_model_len: {max_model_len} exceeds what model {model.name!r} supports "
                          f"({model.max_position_embeddings}, its max_position_embeddings)")
+    num_offload_blocks, host_link = _kv_offloading(workload, model, hardware)
     try:
         cache_config = CacheConfig(block_size=engine.block_size, num_gpu_blocks=num_gpu_blocks,
-                                   enable_prefix_caching=engine.enable_prefix_caching)
+                                   enable_prefix_caching=engine.enable_prefix_caching,
+                                   num_offload_blocks=num_offload_blocks)
         scheduler_config = SchedulerConfig(
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
@@ -129,4 +136,37 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                          "step times hold the engine's own overhead, which async scheduling would overlap")
     if requests is None:
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
-    return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests)
+    return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link)
+
+
+def _kv_offloading(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec
+                   ) -> tuple[int, HostLinkSetup | None]:
+    """The host tier's size in blocks and its link, for engine.kv_offloading_size_gib (0 and None without)."""
+    engine = workload.engine
+    size_gib = engine.kv_offloading_size_gib
+    if not size_gib:
+        return 0, None
+    field_name = "engine.kv_offloading_size_gib"
+    # The loop that keeps batches in flight does not start loads, and a disaggregated decode engine's loads are
+    # its prefill engines' KV: each would take the other's for its own.
+    if engine.pipeline_parallel_size > 1 or engine.async_scheduling:
+        raise SetupError(f"{field_name}: {size_gib:g} GiB is not simulated with engine.pipeline_parallel_size > 1 or "
+                         "engine.async_scheduling: true; set one of them back")
+    if workload.cluster.disaggregated:
+        raise SetupError(f"{field_name}: {size_gib:g} GiB is not simulated in a disaggregated cluster "
+                         f"(cluster.prefill_replicas {workload.cluster.prefill_replicas})")
+    if hardware.host_link_bandwidth_gbps is None:
+        raise SetupError(f"{field_name}: hardware {hardware.name!r} names no host link to load offloaded KV over; "
+                         "set hardware.host_link_bandwidth_gbps")
+    storage_dtype = kv_cache_storage_dtype(workload.dtype, engine.kv_cache_dtype)
+    bytes_per_token = model.kv_bytes_per_token(storage_dtype)
+    num_blocks = offload_capacity_blocks(size_gib, bytes_per_token * engine.block_size)
+    if num_blocks < 1:
+        raise SetupError(f"{field_name}: {size_gib:g} GiB holds no block of {model.name!r}'s KV "
+                         f"({bytes_per_token * engine.block_size:,} bytes each)")
+    if num_blocks * BYTES_PER_SIMULATED_HOST_BLOCK > MAX_SIMULATED_POOL_BYTES:
+        raise SetupError(f"{field_name}: {size_gib:g} GiB is {num_blocks:,} blocks of {model.name!r}'s KV, more than "
+                         "this process keeps track of; set a smaller size")
+    # Each tensor-parallel GPU moves its own shard over its own link, all at once.
+    shard_bytes = bytes_per_token / engine.tensor_parallel_size
+    return num_blocks, HostLinkSetup(shard_bytes, hardware.host_link_bandwidth_gbps * HOST_LINK_EFFICIENCY)

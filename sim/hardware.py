@@ -48,6 +48,9 @@ class HardwareSpec:
     # (inline hardware that names none, the cpu placeholder), and tensor parallelism is refused.
     interconnect_bandwidth_gbps: float | None = None
     interconnect_efficiency: float = 0.75
+    # GB/s one way between a GPU and host memory (its PCIe x16 link), over which KV offloading loads
+    # (sim/kv_offload_loads.py). None: not known (a run that offloads KV must set it).
+    host_link_bandwidth_gbps: float | None = None
     allreduce_latency_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -59,6 +62,10 @@ class HardwareSpec:
                 raise ValueError(f"hardware.{name} must be a positive number, got {value!r}")
         if not _is_number(self.dense_fp8_tflops) or self.dense_fp8_tflops < 0:
             raise ValueError(f"hardware.dense_fp8_tflops must be a number >= 0, got {self.dense_fp8_tflops!r}")
+        if self.host_link_bandwidth_gbps is not None and (
+                not _is_number(self.host_link_bandwidth_gbps) or self.host_link_bandwidth_gbps <= 0):
+            raise ValueError(f"hardware.host_link_bandwidth_gbps must be a positive number, got "
+                             f"{self.host_link_bandwidth_gbps!r}")
         if self.interconnect_bandwidth_gbps is not None and (
                 not _is_number(self.interconnect_bandwidth_gbps) or self.interconnect_bandwidth_gbps <= 0):
             raise ValueError(f"hardware.interconnect_bandwidth_gbps must be a positive number, got "
@@ -159,36 +166,40 @@ NVLINK3 = {"interconnect_bandwidth_gbps": 300.0, "allreduce_latency_s": 8e-6}
 NVLINK5 = {"interconnect_bandwidth_gbps": 900.0, "allreduce_latency_s": 8e-6}
 PCIE5 = {"interconnect_bandwidth_gbps": 64.0, "allreduce_latency_s": 25e-6}
 PCIE4 = {"interconnect_bandwidth_gbps": 32.0, "allreduce_latency_s": 25e-6}
+# The link to host memory, whatever links the GPUs: every one of these cards sits on a PCIe x16 slot, Gen5
+# for Hopper and Blackwell, Gen4 for Ampere and Ada (datasheets), one way.
+HOST_GEN5 = {"host_link_bandwidth_gbps": 64.0}
+HOST_GEN4 = {"host_link_bandwidth_gbps": 32.0}
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {spec.name: spec for spec in (
     _preset("h100-sxm", 989.5, 67.0, 3350, 81559, "NVIDIA H100 SXM5 80GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4, **HOST_GEN5),
     _preset("h100-pcie", 756.5, 51.0, 2000, 81559, "NVIDIA H100 PCIe 80GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1513.0, **PCIE5),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1513.0, **PCIE5, **HOST_GEN5),
     _preset("h200", 989.5, 67.0, 4800, 143771, "NVIDIA H200 SXM 141GB datasheet",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=1979.0, **NVLINK4, **HOST_GEN5),
     # HGX B200 (1,000 W): 2.25 PFLOP/s dense FP16/BF16, 4.5 dense FP8, 8 TB/s HBM3e, 180 GB per GPU
     # (DGX B200: 1,440 GB for eight), NVLink 5 at 1.8 TB/s both ways. Efficiencies: Hopper's, by judgement.
     _preset("b200", 2250.0, 80.0, 8000, 183359, "NVIDIA HGX/DGX B200 figures (180 GB per GPU)",
-            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=4500.0, **NVLINK5),
+            gemm_flops_efficiency=0.68, attention_flops_efficiency=0.45, dense_fp8_tflops=4500.0, **NVLINK5, **HOST_GEN5),
     # Fitted by benchmarks/cost_model_vs_a100.py to measured per-operator A100 kernel times (TP=1,
     # Llama-2-7B, Llama-3-8B, Llama-2-70B layers, 1-32768 tokens): GEMMs at 70% of 312 TFLOP/s (218),
     # streaming at 75% of 2039 GB/s (1.53 TB/s; a batch-1 GEMV measured 1.5-1.6 TB/s), 3 us per kernel.
     # Attention efficiency is not in that data: 0.5 is FlashAttention-2's causal forward on A100.
     _preset("a100-80gb", 312.0, 19.5, 2039, 81920, "NVIDIA A100 SXM4 80GB datasheet",
             gemm_flops_efficiency=0.70, attention_flops_efficiency=0.5, bandwidth_efficiency=0.75,
-            kernel_launch_overhead_s=3e-6, **NVLINK3),
+            kernel_launch_overhead_s=3e-6, **NVLINK3, **HOST_GEN4),
     _preset("a100-40gb", 312.0, 19.5, 1555, 40960, "NVIDIA A100 SXM4 40GB datasheet",
             gemm_flops_efficiency=0.70, attention_flops_efficiency=0.5, bandwidth_efficiency=0.75,
-            kernel_launch_overhead_s=3e-6, **NVLINK3),
+            kernel_launch_overhead_s=3e-6, **NVLINK3, **HOST_GEN4),
     _preset("l4", 121.0, 30.3, 300, 23034, "NVIDIA L4 datasheet",
-            gemm_flops_efficiency=0.6, attention_flops_efficiency=0.4, dense_fp8_tflops=242.5, **PCIE4),
+            gemm_flops_efficiency=0.6, attention_flops_efficiency=0.4, dense_fp8_tflops=242.5, **PCIE4, **HOST_GEN4),
     _preset("l40s", 362.05, 91.6, 864, 46068, "NVIDIA L40S datasheet",
-            gemm_flops_efficiency=0.65, attention_flops_efficiency=0.45, dense_fp8_tflops=733.0, **PCIE4),
+            gemm_flops_efficiency=0.65, attention_flops_efficiency=0.45, dense_fp8_tflops=733.0, **PCIE4, **HOST_GEN4),
     # NVIDIA publishes no A10G datasheet; AWS G5 documentation and public comparisons give 70 dense
     # FP16 tensor TFLOP/s (the A10 has 125), 35 FP32 TFLOP/s and the A10's 600 GB/s GDDR6.
     _preset("a10g", 70.0, 35.0, 600, 23028, "AWS G5 (A10G) figures; no NVIDIA datasheet",
-            gemm_flops_efficiency=0.7, attention_flops_efficiency=0.45, **PCIE4),
+            gemm_flops_efficiency=0.7, attention_flops_efficiency=0.45, **PCIE4, **HOST_GEN4),
     # A placeholder for CPU runs of the tiny model: a few-core server with DDR memory, where each torch
     # operator costs tens of microseconds of Python and dispatch. Fit a calibrated profile instead.
     _preset("cpu", 1.0, 1.0, 100, 64 * 1024, "generic CPU placeholder (not a datasheet)",

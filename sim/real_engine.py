@@ -90,6 +90,9 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
     if workload.engine.kv_cache_dtype != "auto":
         raise SetupError(f"engine.kv_cache_dtype: {workload.engine.kv_cache_dtype!r} is simulated only; the real "
                          "runner keeps its cache in the model's dtype (set engine.kv_cache_dtype=auto)")
+    if workload.engine.kv_offloading_size_gib:
+        raise SetupError(f"engine.kv_offloading_size_gib: {workload.engine.kv_offloading_size_gib:g} GiB is simulated "
+                         "only; the real runner has no host tier to copy KV to (set engine.kv_offloading_size_gib=0)")
     num_replicas = workload.cluster.num_replicas
     if workload.cluster.disaggregated:
         # Checked first: the advice below would otherwise lead to prefill_replicas' own error.

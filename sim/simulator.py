@@ -37,6 +37,7 @@ from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
 from sim.livelock import check_preemptions
 from sim.pipeline_stages import pipelined_engine_loop
+from sim.kv_offload_loads import HostLinkSetup, HostLoads
 from sim.replica_loads import ReplicaLoads
 from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
@@ -61,6 +62,8 @@ class Replica:
     executor: SimulatedExecutor = field(init=False)
     # Set while the loop sleeps for lack of work; an arrival routed here wakes it.
     idle: simpy.Event | None = None
+    # Loads from the host tier of its prefix cache (KV offloading), when it has one.
+    host_loads: HostLoads | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine.executor, SimulatedExecutor):
@@ -76,7 +79,7 @@ class Simulation:
     def __init__(self, engine: EngineCore | Sequence[EngineCore], requests: Sequence[RequestSpec], *,
                  router: Router | None = None, loads: ReplicaLoads | None = None, progress: bool = False,
                  description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False,
-                 disaggregation: DisaggregationSetup | None = None) -> None:
+                 disaggregation: DisaggregationSetup | None = None, host_link: HostLinkSetup | None = None) -> None:
         engines = [engine] if isinstance(engine, EngineCore) else list(engine)
         if not engines:
             raise ValueError("Simulation needs at least one engine")
@@ -100,6 +103,15 @@ class Simulation:
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
         # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
         self.fast_forward = fast_forward and disaggregation is None
+        for replica in self.replicas:
+            if replica.engine.scheduler.kv_cache_manager.offload is not None:
+                if host_link is None or disaggregation is not None or _batch_queue_depth(replica) > 1:
+                    raise ValueError("an engine with a host tier (KV offloading) needs a host_link, one batch at a "
+                                     "time, and no disaggregated cluster")
+                replica.host_loads = HostLoads(self.env, host_link, replica.engine.scheduler, replica.wake)
+                replica.recorder.offload_loads = replica.host_loads
+                # A fast-forward would append decode tokens without the updates that copy blocks to the host.
+                self.fast_forward = False
         if disaggregation is not None and any(_batch_queue_depth(replica) > 1 for replica in self.replicas):
             raise ValueError("a disaggregated cluster's engines are simulated one batch at a time (without "
                              "engine.pipeline_parallel_size or engine.async_scheduling)")
@@ -239,7 +251,10 @@ class Simulation:
             if scheduler_output is not None and scheduler_output.preempted_req_ids:
                 check_preemptions(scheduler, scheduler_output, start)
             if scheduler_output is not None and scheduler_output.kv_loads:
-                disaggregation.start_loads(index, scheduler_output.kv_loads)
+                if disaggregation is not None:
+                    disaggregation.start_loads(index, scheduler_output.kv_loads)
+                else:
+                    replica.host_loads.start_loads(scheduler_output.kv_loads)
             if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
                 recorder.on_outputs(result.outputs, start)
                 if hands_off:

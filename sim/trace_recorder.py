@@ -35,6 +35,8 @@ class TraceRecorder:
         self.finish_reason: list[str | None] = []
         self.status_message: list[str | None] = []
         self.priority: list[int] = []
+        # KV offloading's loads (sim/kv_offload_loads.HostLoads), whose columns join the requests table.
+        self.offload_loads = None
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
@@ -183,7 +185,7 @@ class TraceRecorder:
 
     def request_columns(self) -> dict[str, list]:
         token_times = [self.token_times[request_id] for request_id in self.request_ids]
-        return {
+        columns = {
             "request_id": self.request_ids,
             "arrival_time": self.arrival_time,
             "scheduled_time": self.scheduled_time,
@@ -198,6 +200,9 @@ class TraceRecorder:
             "priority": self.priority,
             "token_times": token_times,
         }
+        if self.offload_loads is not None:
+            columns.update(self.offload_loads.request_columns(self.request_ids))
+        return columns
 
     def step_columns(self) -> dict[str, list]:
         return self.steps

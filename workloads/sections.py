@@ -59,6 +59,10 @@ class EngineSection(SchemaModel):
     # Weights of the layers' projections in fp8 (simulated): half the bytes, the fp8 tensor-core rate
     # where the hardware has one. null: the model's dtype.
     quantization: Literal["fp8"] | None = None
+    # vLLM's KV offloading (--kv-offloading-size, simulated): GiB of host memory that keeps computed KV blocks
+    # as a second tier of the prefix cache; a prefix the GPU's cache lost is loaded from there over the host
+    # link instead of recomputed (sim/kv_offload_loads.py). 0: off. Needs prefix caching.
+    kv_offloading_size_gib: float = Field(default=0.0, ge=0, le=1e6)
 
     @field_validator("block_size")
     @classmethod
@@ -69,6 +73,13 @@ class EngineSection(SchemaModel):
         if value > MAX_BLOCK_SIZE:
             raise ValueError(f"must be at most {MAX_BLOCK_SIZE}")
         return value
+
+    @model_validator(mode="after")
+    def _offloading_needs_prefix_caching(self) -> EngineSection:
+        if self.kv_offloading_size_gib > 0 and not self.enable_prefix_caching:
+            raise problems_error([("kv_offloading_size_gib", "needs enable_prefix_caching: true (the host tier is "
+                                   "keyed by the prefix cache's block hashes)", self.kv_offloading_size_gib)])
+        return self
 
     @model_validator(mode="after")
     def _unchunked_budget_fits_a_whole_prompt(self) -> EngineSection:
