@@ -7,7 +7,8 @@ Each ``schedule()`` (the seed's section 4):
    FCFS, the lowest-priority / latest-arrived under priority), freeing the victim's blocks and
    putting it back in the waiting queue; it is recomputed from scratch when it resumes.
 2. Only if nothing was preempted in this step: waiting requests, in queue order, each starting from
-   its longest prefix-cache hit, while the budget, ``max_num_seqs`` and the pool allow.
+   its longest prefix-cache hit, while the budget, ``max_num_seqs`` and the pool allow; requests whose KV
+   loads from elsewhere (another engine, the host tier) wait for it (engine/core/waiting_admission.py).
 
 Invariants checked by the tests after every step: scheduled tokens <= ``max_num_batched_tokens``;
 running requests <= ``max_num_seqs``; every scheduled request holds blocks for
@@ -30,10 +31,13 @@ from engine.core.request_queue import create_request_queue
 from engine.core.scheduler_output import SchedulerOutput
 from engine.core.scheduler_output_builder import build_scheduler_output
 from engine.core.scheduler_update import apply_model_output
+from engine.core.waiting_admission import Admissions, admit_waiting
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
+# A step that preempted admits nothing; its lists are never appended to.
+NO_ADMISSIONS = Admissions((), ())
 
 
 class Scheduler:
@@ -240,94 +244,18 @@ class Scheduler:
             token_budget -= num_new_tokens
             req_index += 1
 
-        # Phase 2: waiting requests, never in a step that had to preempt (the pool is short).
-        scheduled_new: list[Request] = []
-        scheduled_resumed: list[Request] = []
-        num_prefix_query_tokens = num_prefix_hit_tokens = 0
-        if not preempted:
-            waiting = self.waiting
-            max_num_seqs = self.max_num_seqs
-            kv_transfers = self.kv_transfers
-            offload = kv_cache_manager.offload
-            if kv_transfers.loaded:
-                # KV arrived, from a prefill engine (one token left each) or the host tier (the rest of the
-                # prompt): these go first, in slots they hold already.
-                for request in kv_transfers.loaded_requests():
-                    if token_budget <= 0 or len(running) >= max_num_seqs:
-                        break
-                    num_new_tokens = request.num_tokens - kv_transfers.load_end[request.request_id]
-                    if 0 < threshold < num_new_tokens:
-                        num_new_tokens = threshold
-                    if num_new_tokens > token_budget:
-                        if not self.enable_chunked_prefill:
-                            break
-                        num_new_tokens = token_budget
-                    kv_transfers.take(request)
-                    waiting.remove_request(request)
-                    if allocate_slots(request, num_new_tokens) is None:
-                        raise RuntimeError(f"{request}: its loaded blocks hold no slot for the rest of its prompt")
-                    self._admit(request, num_new_tokens, scheduled_new, scheduled_resumed, partial_prefill_req_ids)
-                    num_scheduled_tokens[request.request_id] = num_new_tokens
-                    token_budget -= num_new_tokens
-            # Requests whose KV is still loading: passed over, back at the head afterwards.
-            skipped: list[Request] = []
-            while waiting and token_budget > 0 and len(running) < max_num_seqs:
-                request = waiting.peek_request()
-                if request.status == _LOADING:
-                    skipped.append(waiting.pop_request())
-                    continue
-                if request.do_remote_prefill:
-                    num_hit_tokens = kv_transfers.start_load(request)
-                    if num_hit_tokens is None:
-                        break
-                    skipped.append(waiting.pop_request())
-                    kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
-                    if request.num_preemptions == 0:
-                        num_prefix_query_tokens += request.num_tokens
-                        num_prefix_hit_tokens += num_hit_tokens
-                    continue
-                computed_blocks, num_hit_tokens = kv_cache_manager.get_computed_blocks(request)
-                if offload is not None:
-                    num_offload_tokens = kv_cache_manager.offloaded_hit_tokens(request, num_hit_tokens)
-                    # Past the GPU's hit, the host holds more of the prefix: load it rather than recompute it
-                    # (unless the pool cannot hold the whole prompt now: then it is recomputed as usual).
-                    if num_offload_tokens and kv_transfers.start_offload_load(request, computed_blocks, num_hit_tokens,
-                                                                              num_offload_tokens):
-                        skipped.append(waiting.pop_request())
-                        kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
-                        if request.num_preemptions == 0:
-                            num_prefix_query_tokens += request.num_tokens
-                            num_prefix_hit_tokens += num_hit_tokens
-                        continue
-                num_new_tokens = request.num_tokens - num_hit_tokens
-                if 0 < threshold < num_new_tokens:
-                    num_new_tokens = threshold
-                if num_new_tokens > token_budget:
-                    if not self.enable_chunked_prefill:
-                        break
-                    num_new_tokens = token_budget
-                if allocate_slots(request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
-                    break
-                waiting.pop_request()
-                kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
-                if request.num_preemptions == 0:
-                    num_prefix_query_tokens += request.num_tokens
-                    num_prefix_hit_tokens += num_hit_tokens
-                request.num_computed_tokens = num_hit_tokens
-                self._admit(request, num_new_tokens, scheduled_new, scheduled_resumed, partial_prefill_req_ids)
-                num_scheduled_tokens[request.request_id] = num_new_tokens
-                token_budget -= num_new_tokens
-
-            for request in reversed(skipped):
-                waiting.prepend_request(request)
+        # Phase 2: waiting requests, never in a step that had to preempt (engine/core/waiting_admission.py).
+        admissions = NO_ADMISSIONS if preempted else admit_waiting(self, token_budget, num_scheduled_tokens,
+                                                                   partial_prefill_req_ids)
 
         self.last_step_num_preemptions = len(preempted)
         self.num_preemptions_total += len(preempted)
         finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         scheduler_output = build_scheduler_output(
-            self.kv_cache_manager, self.running, scheduled_new, scheduled_resumed, scheduled_running,
-            running_new_blocks, running_computed_before, num_scheduled_tokens, preempted, finished_req_ids,
-            num_prefix_query_tokens, num_prefix_hit_tokens, self.kv_transfers.take_loads_started())
+            self.kv_cache_manager, self.running, admissions.scheduled_new, admissions.scheduled_resumed,
+            scheduled_running, running_new_blocks, running_computed_before, num_scheduled_tokens, preempted,
+            finished_req_ids, admissions.num_prefix_query_tokens, admissions.num_prefix_hit_tokens,
+            self.kv_transfers.take_loads_started())
         scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
         scheduler_output.batch_index = self.batches_in_flight.start()
         if kv_cache_manager.offload is not None:
@@ -341,24 +269,6 @@ class Scheduler:
                 if request_id not in partial_prefill_req_ids:
                     requests[request_id].num_output_placeholders += 1
         return scheduler_output
-
-    def _admit(self, request: Request, num_new_tokens: int, scheduled_new: list[Request],
-               scheduled_resumed: list[Request], partial_prefill_req_ids: set[str]) -> None:
-        """A waiting request joins the running ones with ``num_new_tokens`` after its computed tokens."""
-        self.running.append(request)
-        if request.status == _PREEMPTED:
-            scheduled_resumed.append(request)
-            # Tokens of its batches still in flight are dropped now (it recomputes from its sequence as of this
-            # resume): none is on its way any more.
-            request.num_output_placeholders = 0
-            self.batches_in_flight.on_resume(request.request_id)
-        else:
-            scheduled_new.append(request)
-        request.status = _RUNNING
-        if request.num_computed_tokens + num_new_tokens < request.num_tokens:
-            partial_prefill_req_ids.add(request.request_id)
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = request.num_computed_tokens
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""

@@ -1,0 +1,135 @@
+"""Phase 2 of ``Scheduler.schedule()``: admitting waiting requests into the step (the seed's section 4.3).
+
+Never in a step whose first phase had to preempt (the pool is short). In order:
+
+1. Requests whose KV has arrived (a disaggregated decode engine's remote prefill: one token left; the host
+   tier of the prefix cache: the rest of the prompt) go first, in slots they already hold, in the order their
+   loads started (engine/core/kv_transfer.py explains why first).
+2. Then the queue from its head, as long as the token budget and the batch have room. A request whose KV is
+   still loading is passed over and keeps its place. A remote prefill starts its load; a request whose
+   prefix continues on the host past its GPU hit starts loading it (engine/core/kv_offload.py) when the
+   pool can hold its whole prompt. Any other request is admitted with its GPU prefix hit computed and as
+   many new tokens as the budget, the long-prefill cut and chunked prefill allow. The first request that
+   cannot be admitted (no blocks, or a whole prompt past the budget without chunked prefill) stops the
+   queue: later requests never overtake it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine.core.scheduler import Scheduler
+
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+_LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+@dataclass(slots=True)
+class Admissions:
+    """What phase 2 admitted: new and resumed requests, and the prefix-cache lookups of first admissions."""
+    scheduled_new: list[Request] = field(default_factory=list)
+    scheduled_resumed: list[Request] = field(default_factory=list)
+    num_prefix_query_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+
+    def record_query(self, scheduler: Scheduler, request: Request, num_hit_tokens: int) -> None:
+        scheduler.kv_cache_manager.record_prefix_cache_query(request, num_hit_tokens)
+        if request.num_preemptions == 0:
+            self.num_prefix_query_tokens += request.num_tokens
+            self.num_prefix_hit_tokens += num_hit_tokens
+
+
+def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens: dict[str, int],
+                  partial_prefill_req_ids: set[str]) -> Admissions:
+    """Admit what fits of the waiting queue into the step, adding to ``num_scheduled_tokens`` (and to
+    ``partial_prefill_req_ids`` the chunks that end before their prompt does)."""
+    admissions = Admissions()
+    kv_cache_manager = scheduler.kv_cache_manager
+    allocate_slots = kv_cache_manager.allocate_slots
+    waiting, running = scheduler.waiting, scheduler.running
+    max_num_seqs = scheduler.max_num_seqs
+    threshold = scheduler.long_prefill_token_threshold
+    chunked = scheduler.enable_chunked_prefill
+    kv_transfers = scheduler.kv_transfers
+    offload = kv_cache_manager.offload
+
+    def admit(request: Request, num_new_tokens: int) -> None:
+        running.append(request)
+        if request.status == _PREEMPTED:
+            admissions.scheduled_resumed.append(request)
+            # Tokens of its batches still in flight are dropped now (it recomputes from its sequence as of this
+            # resume): none is on its way any more.
+            request.num_output_placeholders = 0
+            scheduler.batches_in_flight.on_resume(request.request_id)
+        else:
+            admissions.scheduled_new.append(request)
+        request.status = _RUNNING
+        if request.num_computed_tokens + num_new_tokens < request.num_tokens:
+            partial_prefill_req_ids.add(request.request_id)
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = request.num_computed_tokens
+        num_scheduled_tokens[request.request_id] = num_new_tokens
+
+    if kv_transfers.loaded:
+        for request in kv_transfers.loaded_requests():
+            if token_budget <= 0 or len(running) >= max_num_seqs:
+                break
+            num_new_tokens = request.num_tokens - kv_transfers.load_end[request.request_id]
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            if num_new_tokens > token_budget:
+                if not chunked:
+                    break
+                num_new_tokens = token_budget
+            kv_transfers.take(request)
+            waiting.remove_request(request)
+            if allocate_slots(request, num_new_tokens) is None:
+                raise RuntimeError(f"{request}: its loaded blocks hold no slot for the rest of its prompt")
+            admit(request, num_new_tokens)
+            token_budget -= num_new_tokens
+
+    # Requests whose KV is still loading, and those whose load starts now: passed over, back at the head after.
+    skipped: list[Request] = []
+    while waiting and token_budget > 0 and len(running) < max_num_seqs:
+        request = waiting.peek_request()
+        if request.status == _LOADING:
+            skipped.append(waiting.pop_request())
+            continue
+        if request.do_remote_prefill:
+            num_hit_tokens = kv_transfers.start_load(request)
+            if num_hit_tokens is None:
+                break
+            skipped.append(waiting.pop_request())
+            admissions.record_query(scheduler, request, num_hit_tokens)
+            continue
+        computed_blocks, num_hit_tokens = kv_cache_manager.get_computed_blocks(request)
+        if offload is not None:
+            num_offload_tokens = kv_cache_manager.offloaded_hit_tokens(request, num_hit_tokens)
+            if num_offload_tokens and kv_transfers.start_offload_load(request, computed_blocks, num_hit_tokens,
+                                                                      num_offload_tokens):
+                skipped.append(waiting.pop_request())
+                admissions.record_query(scheduler, request, num_hit_tokens)
+                continue
+        num_new_tokens = request.num_tokens - num_hit_tokens
+        if 0 < threshold < num_new_tokens:
+            num_new_tokens = threshold
+        if num_new_tokens > token_budget:
+            if not chunked:
+                break
+            num_new_tokens = token_budget
+        if allocate_slots(request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
+            break
+        waiting.pop_request()
+        admissions.record_query(scheduler, request, num_hit_tokens)
+        request.num_computed_tokens = num_hit_tokens
+        admit(request, num_new_tokens)
+        token_budget -= num_new_tokens
+
+    for request in reversed(skipped):
+        waiting.prepend_request(request)
+    return admissions
