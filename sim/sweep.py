@@ -69,6 +69,8 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
         for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
             for stat in ("p50", "p90", "p99"):
                 row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
+        # KV offloading: the share of prompt tokens loaded from host memory (empty without it).
+        row["offload_loaded_token_fraction"] = (result.summary.get("kv_offload") or {}).get("loaded_token_fraction")
         if disaggregated:
             # The parts of TTFT (analysis.disaggregation_stats); empty for a point whose replicas do both.
             parts = result.summary.get("disaggregation") or {}

@@ -98,6 +98,12 @@ class BatchesInFlight:
         ended = self._ended_after.get(request_id)
         return ended is not None and ended > batch_index
 
+    def may_bring_tokens(self, request_id: str) -> bool:
+        """Whether a batch scheduled before the request's latest preemption may still be in flight: its token
+        would then be appended while the request waits (conservative: the entry goes once those batches are
+        updated)."""
+        return request_id in self._preempted_after
+
     def finish(self, batch_index: int) -> None:
         """Batch ``batch_index`` has been updated. An entry k concerns the batches before k, so it is kept
         while one of them is still in flight (a driver may finish an empty batch before older ones)."""

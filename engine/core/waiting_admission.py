@@ -8,7 +8,7 @@ Never in a step whose first phase had to preempt (the pool is short). In order:
 2. Then the queue from its head, as long as the token budget and the batch have room. A request whose KV is
    still loading is passed over and keeps its place. A remote prefill starts its load; a request whose
    prefix continues on the host past its GPU hit starts loading it (engine/core/kv_offload.py) when the
-   pool can hold its whole prompt. Any other request is admitted with its GPU prefix hit computed and as
+   pool can hold its whole prompt and no batch in flight still brings it a token. Any other request is admitted with its GPU prefix hit computed and as
    many new tokens as the budget, the long-prefill cut and chunked prefill allow. The first request that
    cannot be admitted (no blocks, or a whole prompt past the budget without chunked prefill) stops the
    queue: later requests never overtake it.
@@ -108,7 +108,9 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
             admissions.record_query(scheduler, request, num_hit_tokens)
             continue
         computed_blocks, num_hit_tokens = kv_cache_manager.get_computed_blocks(request)
-        if offload is not None:
+        # Not for a preempted request whose batches in flight may still append tokens: a load reserves slots for
+        # the tokens it has now, and one appended while it loads would have none (it recomputes instead).
+        if offload is not None and not scheduler.batches_in_flight.may_bring_tokens(request.request_id):
             num_offload_tokens = kv_cache_manager.offloaded_hit_tokens(request, num_hit_tokens)
             if num_offload_tokens and kv_transfers.start_offload_load(request, computed_blocks, num_hit_tokens,
                                                                       num_offload_tokens):

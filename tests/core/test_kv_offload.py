@@ -169,3 +169,35 @@ def make_request_hashed(core, prompt):
     request = make_request("probe", prompt)
     request.set_block_hasher(core.scheduler.block_hasher)
     return request
+
+
+@pytest.mark.parametrize("max_tokens", [2, 8])
+def test_a_request_preempted_with_a_batch_in_flight_recomputes_instead_of_loading(max_tokens):
+    # X is preempted while the batch with its next decode is in flight. Had it started a host load, that token
+    # would land on it while it loads: past its length (max_tokens=2: freed, yet still in the queue) or
+    # beyond the slots the load reserved (max_tokens=8). (Found by a reviewer's random driver.)
+    core = make_core(num_gpu_blocks=7, block_size=4, max_num_batched_tokens=64, long_prefill_token_threshold=8,
+                     policy="priority", num_offload_blocks=100)
+    scheduler, executor = core.scheduler, core.executor
+
+    def start():
+        output = scheduler.schedule()
+        return output, executor.execute_model(output)
+
+    core.add_request(make_request("X", list(range(100, 111)), max_tokens=max_tokens, priority=1, arrival_time=0.0))
+    for _ in range(2):
+        scheduler.update_from_output(*start())  # X: 12 tokens, 2 full blocks on the host
+    core.add_request(make_request("Y", list(range(500, 516)), max_tokens=4, priority=0, arrival_time=1.0))
+    first = start()  # X's decode in flight, with Y's first chunk
+    second = start()  # Y's second chunk needs blocks: X is preempted
+    assert "X" in second[0].preempted_req_ids
+    core.abort_requests(["Y"])
+    scheduler.reset_prefix_cache()  # the GPU loses X's prefix; the host keeps it
+    third = start()
+    assert not third[0].kv_loads and "X" in third[0].num_scheduled_tokens
+    for batch in (first, second, third):
+        scheduler.update_from_output(*batch)
+        check_scheduler_invariants(scheduler)
+    outputs, _ = run(core)
+    manager = scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks and not scheduler.requests

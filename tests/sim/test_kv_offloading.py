@@ -127,3 +127,16 @@ def test_a_real_run_refuses_offloading(capsys):
 
     assert sim_run_main(["chat", "--executor", "real", "--set", "engine.kv_offloading_size_gib=8", "--no-progress"]) == 2
     assert "engine.kv_offloading_size_gib: 8 GiB is simulated only" in capsys.readouterr().err
+
+
+def test_a_sweep_over_the_host_tier_size_tabulates_what_each_point_loaded(tmp_path):
+    import pandas as pd
+
+    from sim.sweep import run_sweep
+
+    workload = load_workload(example_path("kv_offloading"), overrides=[
+        "workload.num_requests=200", "sweep={engine.kv_offloading_size_gib: [0, 64]}"])
+    run_sweep(workload, tmp_path)
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert table["offload_loaded_token_fraction"].isna().tolist() == [True, False]
+    assert table["offload_loaded_token_fraction"].iloc[1] > 0
