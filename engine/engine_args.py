@@ -41,6 +41,8 @@ class EngineArgs:
     seed: int = 0
     scheduling_policy: str = "fcfs"
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    # vLLM's --kv-offloading-size: GiB of host memory kept as a second tier of the prefix cache (0: none).
+    kv_offloading_size_gib: float = 0.0
 
     def resolve_model_path(self) -> Path:
         """The checkpoint folder: a generated default model by name, or a local folder."""
@@ -76,6 +78,15 @@ class EngineArgs:
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy)
 
-    def create_cache_config(self, num_gpu_blocks: int) -> CacheConfig:
+    def check_kv_offloading(self) -> None:
+        """A ValueError naming kv_offloading_size_gib when it cannot be honoured."""
+        size = self.kv_offloading_size_gib
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 <= size < float("inf"):
+            raise ValueError(f"kv_offloading_size_gib must be a number of GiB >= 0, got {size!r}")
+        if size and not self.enable_prefix_caching:
+            raise ValueError(f"kv_offloading_size_gib={size!r} needs enable_prefix_caching=True (the host tier is "
+                             "keyed by the prefix cache's block hashes)")
+
+    def create_cache_config(self, num_gpu_blocks: int, num_offload_blocks: int = 0) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, num_gpu_blocks=num_gpu_blocks,
-                           enable_prefix_caching=self.enable_prefix_caching)
+                           enable_prefix_caching=self.enable_prefix_caching, num_offload_blocks=num_offload_blocks)

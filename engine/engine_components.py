@@ -63,12 +63,16 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     model_path = args.resolve_model_path()
     tokenizer_path = args.resolve_tokenizer_path(model_path)
     tokenizer = load_tokenizer_for_engine(tokenizer_path)
+    args.check_kv_offloading()
     runner = ModelRunner(args.create_runner_config(model_path), tokenizer=tokenizer)
     num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens)
-    runner.initialize_kv_cache(num_gpu_blocks)
+    num_offload_blocks = runner.determine_num_offload_blocks(args.kv_offloading_size_gib)
+    if args.kv_offloading_size_gib and num_offload_blocks < 1:
+        raise ValueError(f"kv_offloading_size_gib={args.kv_offloading_size_gib!r} holds no block of the model's KV")
+    runner.initialize_kv_cache(num_gpu_blocks, num_offload_blocks)
     executor = RealExecutor(runner)
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
-                          args.create_cache_config(num_gpu_blocks))
+                          args.create_cache_config(num_gpu_blocks, num_offload_blocks))
     warn_if_max_model_len_lowered(scheduler)
     return EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,

@@ -91,8 +91,10 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
         raise SetupError(f"engine.kv_cache_dtype: {workload.engine.kv_cache_dtype!r} is simulated only; the real "
                          "runner keeps its cache in the model's dtype (set engine.kv_cache_dtype=auto)")
     if workload.engine.kv_offloading_size_gib:
-        raise SetupError(f"engine.kv_offloading_size_gib: {workload.engine.kv_offloading_size_gib:g} GiB is simulated "
-                         "only; the real runner has no host tier to copy KV to (set engine.kv_offloading_size_gib=0)")
+        raise SetupError(f"engine.kv_offloading_size_gib: {workload.engine.kv_offloading_size_gib:g} GiB is not "
+                         "recorded in real runs: the runner copies host blocks within a step, which the simulator, "
+                         "timing loads over the host link, could not replay (engine.LLM(kv_offloading_size_gib=...) "
+                         "runs it; set engine.kv_offloading_size_gib=0 here)")
     num_replicas = workload.cluster.num_replicas
     if workload.cluster.disaggregated:
         # Checked first: the advice below would otherwise lead to prefill_replicas' own error.

@@ -47,6 +47,9 @@ class KVCacheManager:
         # request it has been given since the request last got its blocks.
         self.offload = OffloadedBlocks(num_offload_blocks) if num_offload_blocks and enable_caching else None
         self.num_offloaded_block: dict[str, int] = {}
+        # Copies to the host decided since the last schedule: (GPU block id, host slot), made by the executor at
+        # the start of the next step, before that step zeroes or writes any block.
+        self.pending_offload_stores: list[tuple[int, int]] = []
 
     @property
     def usage(self) -> float:
@@ -97,8 +100,15 @@ class KVCacheManager:
         num_full_blocks = min(num_computed_tokens // self.block_size, len(request.block_hashes))
         num_offloaded = self.num_offloaded_block.get(request_id, 0)
         if num_full_blocks > num_offloaded:
-            self.offload.store(request.block_hashes[num_offloaded:num_full_blocks])
+            slots = self.offload.store(request.block_hashes[num_offloaded:num_full_blocks])
+            blocks = self.req_to_blocks[request_id]
+            self.pending_offload_stores.extend((blocks[index].block_id, slot)
+                                               for index, slot in enumerate(slots, num_offloaded) if slot is not None)
             self.num_offloaded_block[request_id] = num_full_blocks
+
+    def take_offload_stores(self) -> list[tuple[int, int]]:
+        stores, self.pending_offload_stores = self.pending_offload_stores, []
+        return stores
 
     def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
         """Count a lookup once the request is admitted (a failed admission retries and is not counted)."""

@@ -6,9 +6,15 @@ and when a prompt's prefix misses the GPU's prefix cache but hits the host's, it
 GPU's, so prefixes evicted from the GPU by other traffic survive there.
 
 This file keeps the scheduler's side: which blocks the host holds, by their chained hash (the same key as
-the GPU's prefix cache), in least-recently-used order. The bytes move in the executor: the simulator times
-a load over the host link (sim/kv_offload_loads.py); the copies to the host overlap the steps and are not
-timed (they leave the GPU's memory alone and run on the copy engines).
+the GPU's prefix cache), in least-recently-used order, and the slot of the host's cache each one occupies.
+The bytes move in the executor: the real runner copies blocks between its KV cache and a host cache
+(engine/runner/host_kv_cache.py) as the scheduler's outputs say; the simulator times a load over the host
+link (sim/kv_offload_loads.py), and the copies to the host overlap the steps and are not timed there.
+
+A slot is reused as soon as its hash is evicted: the copy into it is made at the start of the next step
+(``SchedulerOutput.offload_stores``, before any block is zeroed or written), and a load reads its slots in
+the step that starts it (``SchedulerOutput.offload_loads``, after the stores), so a lookup always finds the
+slot holding what its hash names by the time the load reads it.
 
 Invariants:
 - the tier holds at most ``capacity_blocks`` hashes;
@@ -28,8 +34,9 @@ class OffloadedBlocks:
         if not isinstance(capacity_blocks, int) or capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be a positive integer, got {capacity_blocks!r}")
         self.capacity_blocks = capacity_blocks
-        # Oldest use first; the values are unused (a hash is all the scheduler needs of a block).
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        # Hash -> host slot, oldest use first; and the slots no hash holds.
+        self._blocks: OrderedDict[bytes, int] = OrderedDict()
+        self._free_slots = list(range(capacity_blocks - 1, -1, -1))
         self.num_stored = 0      # blocks copied to the host (each store of a hash it did not hold)
         self.num_evicted = 0     # blocks dropped to make room
 
@@ -43,18 +50,28 @@ class OffloadedBlocks:
         """Every hash held, least recently used first."""
         return list(self._blocks)
 
-    def store(self, block_hashes: Sequence[bytes]) -> None:
-        """The blocks' KV has been copied to the host: hold them, evicting the least recently used."""
+    def slot(self, block_hash: bytes) -> int:
+        return self._blocks[block_hash]
+
+    def store(self, block_hashes: Sequence[bytes]) -> list[int | None]:
+        """Hold these blocks, evicting the least recently used: for each, the host slot its KV must be copied
+        to, or None when the host holds it already (it only becomes the most recently used)."""
         blocks = self._blocks
+        slots: list[int | None] = []
         for block_hash in block_hashes:
             if block_hash in blocks:
                 blocks.move_to_end(block_hash)
+                slots.append(None)
                 continue
-            if len(blocks) >= self.capacity_blocks:
-                blocks.popitem(last=False)
+            if not self._free_slots:
+                _, freed = blocks.popitem(last=False)
+                self._free_slots.append(freed)
                 self.num_evicted += 1
-            blocks[block_hash] = None
+            slot = self._free_slots.pop()
+            blocks[block_hash] = slot
+            slots.append(slot)
             self.num_stored += 1
+        return slots
 
     def lookup(self, block_hashes: Sequence[bytes], first: int, end: int) -> int:
         """How many consecutive blocks from ``first`` (before ``end``) the host holds; they become the most

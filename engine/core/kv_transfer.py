@@ -54,6 +54,8 @@ class KVTransfers:
         self.loads_started: dict[str, int] = {}
         # Each loading request's computed tokens once its load is done (a remote prefill: all but the last).
         self.load_end: dict[str, int] = {}
+        # Host-tier loads the last schedule() started: request id -> (host slot, GPU block id) of each block.
+        self.offload_loads_started: dict[str, list[tuple[int, int]]] = {}
         # Loading requests that were preempted before: they resume once loaded (the runner gets their whole sequence).
         self.resuming: set[str] = set()
 
@@ -84,6 +86,11 @@ class KVTransfers:
                                   delay_cache_blocks=True) is None:
             return False
         self._start(request, num_hit_tokens, num_hit_tokens + num_offload_tokens, num_offload_tokens)
+        block_size = manager.block_size
+        first, end = num_hit_tokens // block_size, (num_hit_tokens + num_offload_tokens) // block_size
+        blocks, slot = manager.get_blocks(request.request_id), manager.offload.slot
+        self.offload_loads_started[request.request_id] = [
+            (slot(request.block_hashes[index]), blocks[index].block_id) for index in range(first, end)]
         return True
 
     def _start(self, request: Request, num_hit_tokens: int, load_end: int, num_load_tokens: int) -> None:
@@ -127,6 +134,7 @@ class KVTransfers:
         self.loads_started.pop(request.request_id, None)
         self.load_end.pop(request.request_id, None)
         self.resuming.discard(request.request_id)
+        self.offload_loads_started.pop(request.request_id, None)
 
     def hold_for_send(self, request: Request) -> bool:
         """At a prefill request's normal finish: keep its blocks for the decode engine. False when the
@@ -147,6 +155,10 @@ class KVTransfers:
             return False
         self.kv_cache_manager.free(request)
         return True
+
+    def take_offload_loads_started(self) -> dict[str, list[tuple[int, int]]]:
+        started, self.offload_loads_started = self.offload_loads_started, {}
+        return started
 
     def take_loads_started(self) -> dict[str, int]:
         started, self.loads_started = self.loads_started, {}

@@ -20,6 +20,8 @@ class ModelRunnerOutput:
     # Opaque per-request payloads the front end understands (the runner's logprob tensors).
     logprobs: dict[str, Any] | None = None
     prompt_logprobs: dict[str, Any] | None = None
+    # Requests whose KV load (SchedulerOutput.offload_loads) this step completed (vLLM: finished_recving).
+    finished_kv_loads: list[str] = field(default_factory=list)
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput([], {}, [])

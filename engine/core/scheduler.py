@@ -262,6 +262,8 @@ class Scheduler:
             requests = self.requests
             scheduler_output.offload_computed_tokens = {
                 request_id: requests[request_id].num_computed_tokens for request_id in num_scheduled_tokens}
+            scheduler_output.offload_stores = kv_cache_manager.take_offload_stores()
+            scheduler_output.offload_loads = self.kv_transfers.take_offload_loads_started()
         if async_scheduling:
             # Each request this batch samples for has one more token in flight.
             requests = self.requests

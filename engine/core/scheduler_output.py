@@ -69,6 +69,11 @@ class SchedulerOutput:
     # With a host tier of the prefix cache (engine/core/kv_offload.py): each scheduled request's computed tokens
     # once this batch is done; when it is back, the full blocks up to there are copied to the host.
     offload_computed_tokens: dict[str, int] = field(default_factory=dict)
+    # The host tier's copies for the executor, in this order at the start of the step: (GPU block id, host slot)
+    # to the host, before any block is zeroed or written; then per request whose load starts, (host slot, GPU
+    # block id) back, after the zeroing. The executor reports each load done (ModelRunnerOutput.finished_kv_loads).
+    offload_stores: list[tuple[int, int]] = field(default_factory=list)
+    offload_loads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # Requests whose chunk ends before their known tokens: they sample nothing this step. Fixed when the
     # batch is scheduled, because a later batch may advance the request before this one is back.
     partial_prefill_req_ids: set[str] = field(default_factory=set)

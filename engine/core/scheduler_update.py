@@ -40,6 +40,8 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
     async_scheduling = scheduler.async_scheduling
     if scheduler_output.offload_computed_tokens:
         _offload_computed_blocks(scheduler, scheduler_output)
+    for request_id in model_runner_output.finished_kv_loads:
+        scheduler.finish_kv_load(request_id)
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
         # Aborted after scheduling, or a chunk in the middle of its prefill: nothing to append.

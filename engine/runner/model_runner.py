@@ -27,6 +27,8 @@ from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_dtype
 from engine.runner.attention import allocate_kv_caches
+from engine.runner.attention.kv_cache import kv_cache_bytes_per_block
+from engine.runner.host_kv_cache import HostKVCache
 from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
@@ -75,6 +77,8 @@ class ModelRunner:
         self.prompt_logprobs = PromptLogprobsCollector()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_gpu_blocks = 0
+        # KV offloading's cache in host memory (engine/runner/host_kv_cache.py), when the engine has one.
+        self.host_kv_cache: HostKVCache | None = None
         # Decode-only steps replay captured CUDA graphs when this is set (see decode_graphs.py).
         self.decode_graphs: DecodeGraphs | None = None
         self.cuda_graphs_off_reason = cuda_graphs_unavailable_reason(self.device, self.attention_backend,
@@ -94,12 +98,23 @@ class ModelRunner:
             max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=config.num_gpu_blocks,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization)
 
-    def initialize_kv_cache(self, num_gpu_blocks: int) -> None:
+    def determine_num_offload_blocks(self, size_gib: float) -> int:
+        """Blocks of this model's KV (every layer) that ``size_gib`` of host memory holds."""
+        model_config = self.model_config
+        block_bytes = kv_cache_bytes_per_block(model_config.num_hidden_layers, self.block_size,
+                                               model_config.num_key_value_heads, model_config.head_dim, self.dtype)
+        return int(size_gib * 2**30 // block_bytes)
+
+    def initialize_kv_cache(self, num_gpu_blocks: int, num_offload_blocks: int = 0) -> None:
         model_config = self.model_config
         self.kv_caches = allocate_kv_caches(model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
                                             model_config.num_key_value_heads, model_config.head_dim, self.dtype,
                                             self.device)
         self.num_gpu_blocks = num_gpu_blocks
+        if num_offload_blocks:
+            self.host_kv_cache = HostKVCache(model_config.num_hidden_layers, num_offload_blocks, self.block_size,
+                                             model_config.num_key_value_heads, model_config.head_dim, self.dtype,
+                                             self.device)
         if self.device.type == "cuda":
             runs = warm_up_shapes(self.model, self.kv_caches, self.device,
                                   max_num_tokens=self.config.max_num_batched_tokens,
@@ -215,12 +230,21 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         started = time.perf_counter()
+        # KV offloading's copies around the zeroing of new blocks, in the order host_kv_cache.py explains.
+        host = self.host_kv_cache
+        if (scheduler_output.offload_stores or scheduler_output.offload_loads) and host is None:
+            raise RuntimeError("the scheduler offloads KV blocks but this runner has no host cache: pass "
+                               "num_offload_blocks to initialize_kv_cache()")
+        if scheduler_output.offload_stores:
+            host.store(self.kv_caches, scheduler_output.offload_stores)
         self._update_states(scheduler_output)
+        finished_kv_loads = host.load(self.kv_caches, scheduler_output.offload_loads) \
+            if scheduler_output.offload_loads else []
         batch = self.input_batch
         num_reqs = batch.num_reqs
         if scheduler_output.total_num_scheduled_tokens == 0 or num_reqs == 0:
             self.last_step_duration_s = time.perf_counter() - started
-            return ModelRunnerOutput([], {}, [])
+            return ModelRunnerOutput([], {}, [], finished_kv_loads=finished_kv_loads)
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must be called before execute_model()")
 
@@ -267,7 +291,8 @@ class ModelRunner:
         self.num_steps += 1
         self.last_step_duration_s = time.perf_counter() - started
         return ModelRunnerOutput(req_ids, {req_id: row for row, req_id in enumerate(req_ids)}, sampled_token_ids,
-                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                 finished_kv_loads=finished_kv_loads)
 
     @property
     def model_path(self) -> Path:

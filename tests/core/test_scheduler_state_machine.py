@@ -68,6 +68,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.time = 0.0
         self.max_in_flight = max_in_flight
         self.in_flight: deque = deque()
+        self.host_slots_filled: set[int] = set()
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
           priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]))
@@ -175,12 +176,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Never a step past the request's length.
             assert request.num_tokens + placeholders - request.num_prompt_tokens <= max(request.max_tokens, 1)
         check_scheduler_invariants(scheduler)
+        self.check_host_copies(output)
         self.in_flight.append((output, self.core.executor.execute_model(output)))
         assert scheduler.batches_in_flight.num_in_flight == len(self.in_flight)
         if output.total_num_scheduled_tokens == 0 and len(self.in_flight) > 1:
             # An empty batch is finished at once, ahead of older ones, as the simulator's pipelined loop does.
             self.finish_batch(newest=True)
         return output.total_num_scheduled_tokens > 0
+
+    def check_host_copies(self, output):
+        """The host tier's copies, in the executor's order, before this step zeroes or writes a block: every
+        block copied to the host holds computed KV; every load reads a slot that a copy filled."""
+        full = set(range(self.scheduler.block_size))
+        computed_slots = self.core.executor.computed_slots
+        for block_id, slot in output.offload_stores:
+            assert computed_slots.get(block_id) == full, "a block went to the host before its KV was computed"
+            self.host_slots_filled.add(slot)
+        for pairs in output.offload_loads.values():
+            assert all(slot in self.host_slots_filled for slot, _ in pairs), "a load reads a slot never filled"
 
     def finish_batch(self, newest=False):
         output, model_runner_output = self.in_flight.pop() if newest else self.in_flight.popleft()

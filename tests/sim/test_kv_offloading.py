@@ -126,7 +126,7 @@ def test_a_real_run_refuses_offloading(capsys):
     from sim.run import main as sim_run_main
 
     assert sim_run_main(["chat", "--executor", "real", "--set", "engine.kv_offloading_size_gib=8", "--no-progress"]) == 2
-    assert "engine.kv_offloading_size_gib: 8 GiB is simulated only" in capsys.readouterr().err
+    assert "engine.kv_offloading_size_gib: 8 GiB is not recorded in real runs" in capsys.readouterr().err
 
 
 def test_a_sweep_over_the_host_tier_size_tabulates_what_each_point_loaded(tmp_path):
