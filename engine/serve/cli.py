@@ -64,6 +64,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="share of device memory to use, in (0, 1]")
     engine.add_argument("--attention-backend", default=None, help="default: picked for the device")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    engine.add_argument("--kv-offloading-size", type=float, default=defaults.kv_offloading_size_gib,
+                        dest="kv_offloading_size_gib",
+                        help="GiB of host memory kept as a second tier of the prefix cache (0: none)")
     engine.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded requests' sampling")
     return parser
 
@@ -76,7 +79,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         max_model_len=args.max_model_len, num_gpu_blocks=args.num_gpu_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
-        enforce_eager=args.enforce_eager)
+        enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib)
 
 
 def main(argv: list[str] | None = None) -> int:

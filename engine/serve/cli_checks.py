@@ -62,6 +62,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"{flag(dest)} must be in [{lowest}, {highest}], got {value}")
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         parser.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if not 0.0 <= args.kv_offloading_size_gib < float("inf"):
+        parser.error(f"--kv-offloading-size must be a number of GiB >= 0, got {args.kv_offloading_size_gib}")
+    if args.kv_offloading_size_gib and not args.enable_prefix_caching:
+        parser.error("--kv-offloading-size needs prefix caching (leave out --no-enable-prefix-caching)")
     try:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:

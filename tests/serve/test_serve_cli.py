@@ -34,6 +34,8 @@ def run_main(argv, capsys) -> tuple[int, str]:
     (["--port", "-1"], "error: --port must be in [0, 65535], got -1"),
     (["--seed", str(2**64)], f"error: --seed must be in [{-2**63}, {2**64 - 1}], got {2**64}"),
     (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization must be in (0, 1], got 1.5"),
+    (["--kv-offloading-size", "-2"], "error: --kv-offloading-size must be a number of GiB >= 0, got -2.0"),
+    (["--kv-offloading-size", "4", "--no-enable-prefix-caching"], "error: --kv-offloading-size needs prefix caching"),
     (["--host", "999.1.1.1"], "error: --host '999.1.1.1' is not an address to listen on"),
     (["--tokenizer", "/nonexistent"], "error: --tokenizer '/nonexistent' is not a folder"),
     (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value: 'many'"),
