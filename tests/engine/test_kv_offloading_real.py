@@ -9,8 +9,13 @@ same step is copied to the host before it is zeroed.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
+
+# The host cache is pinned memory on a GPU and its copies DMA transfers (benchmarks/gpu_check.sh runs these).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                               reason="needs a CUDA device"))]
 
 PREFIX = [(7 * index + 3) % 500 + 1 for index in range(48)]  # 3 blocks of 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, ignore_eos=True)
@@ -35,15 +40,17 @@ def generate(llm, prompt):
                                                                                 completion.logprobs)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_gpu_blocks", [64, 9])
 def test_a_prefix_loaded_from_the_host_gives_the_tokens_of_an_engine_without_offloading(tiny_llama_path,
-                                                                                          num_gpu_blocks):
+                                                                                          num_gpu_blocks, device):
     # 9 blocks (8 usable): every block is freed and handed on at once, so stores race the zeroing.
     prompts = [PREFIX + [11, 12, 13], PREFIX + [21, 22, 23, 24, 25], PREFIX[:32] + [31, 32]]
-    plain = LLM(model=str(tiny_llama_path), num_gpu_blocks=num_gpu_blocks, max_num_seqs=1, max_model_len=128)
+    plain = LLM(model=str(tiny_llama_path), num_gpu_blocks=num_gpu_blocks, max_num_seqs=1, max_model_len=128,
+                device=device)
     expected = [generate(plain, prompt) for prompt in prompts]
     llm = LLM(model=str(tiny_llama_path), num_gpu_blocks=num_gpu_blocks, max_num_seqs=1, max_model_len=128,
-              kv_offloading_size_gib=0.01)
+              kv_offloading_size_gib=0.01, device=device)
     loaded = count_loads(llm)
     got = []
     for prompt in prompts:
@@ -66,15 +73,16 @@ def test_bad_offloading_sizes_name_the_argument(tiny_llama_path):
         LLM(model=str(tiny_llama_path), kv_offloading_size_gib=1e-9)
 
 
-def test_blocks_stored_as_their_request_ends_reach_the_host_before_the_next_step_zeroes_them(tiny_llama_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_blocks_stored_as_their_request_ends_reach_the_host_before_the_next_step_zeroes_them(tiny_llama_path, device):
     # The request samples one token and ends in the same update that sends its prompt blocks to the host, so
     # the copies wait for the next step, which hands those very blocks (freed, zeroed as new) to the next
     # request, whose load reads the copies back (4 usable blocks: the next request takes every one).
     prompt = PREFIX + [41, 42]
-    plain = LLM(model=str(tiny_llama_path), num_gpu_blocks=5, max_num_seqs=1, max_model_len=64)
+    plain = LLM(model=str(tiny_llama_path), num_gpu_blocks=5, max_num_seqs=1, max_model_len=64, device=device)
     expected = generate(plain, prompt)
     llm = LLM(model=str(tiny_llama_path), num_gpu_blocks=5, max_num_seqs=1, max_model_len=64,
-              kv_offloading_size_gib=0.01)
+              kv_offloading_size_gib=0.01, device=device)
     loaded = count_loads(llm)
     llm.generate([PREFIX + [1]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
     stores = llm.engine_core.scheduler.kv_cache_manager.pending_offload_stores
