@@ -79,13 +79,10 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
         for request in kv_transfers.loaded_requests():
             if token_budget <= 0 or len(running) >= max_num_seqs:
                 break
-            num_new_tokens = request.num_tokens - kv_transfers.load_end[request.request_id]
-            if 0 < threshold < num_new_tokens:
-                num_new_tokens = threshold
-            if num_new_tokens > token_budget:
-                if not chunked:
-                    break
-                num_new_tokens = token_budget
+            num_new_tokens = _chunk(request.num_tokens - kv_transfers.load_end[request.request_id], threshold,
+                                    token_budget, chunked)
+            if num_new_tokens is None:
+                break
             kv_transfers.take(request)
             waiting.remove_request(request)
             if allocate_slots(request, num_new_tokens) is None:
@@ -117,13 +114,9 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
                 skipped.append(waiting.pop_request())
                 admissions.record_query(scheduler, request, num_hit_tokens)
                 continue
-        num_new_tokens = request.num_tokens - num_hit_tokens
-        if 0 < threshold < num_new_tokens:
-            num_new_tokens = threshold
-        if num_new_tokens > token_budget:
-            if not chunked:
-                break
-            num_new_tokens = token_budget
+        num_new_tokens = _chunk(request.num_tokens - num_hit_tokens, threshold, token_budget, chunked)
+        if num_new_tokens is None:
+            break
         if allocate_slots(request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
             break
         waiting.pop_request()
@@ -135,3 +128,15 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
     for request in reversed(skipped):
         waiting.prepend_request(request)
     return admissions
+
+
+def _chunk(num_new_tokens: int, threshold: int, token_budget: int, chunked: bool) -> int | None:
+    """The tokens a waiting request computes this step: cut at the long-prefill threshold and at the budget
+    left, or None when the budget cannot hold them and chunked prefill may not split them."""
+    if 0 < threshold < num_new_tokens:
+        num_new_tokens = threshold
+    if num_new_tokens > token_budget:
+        if not chunked:
+            return None
+        num_new_tokens = token_budget
+    return num_new_tokens
