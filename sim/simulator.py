@@ -19,6 +19,9 @@ hand-off may reach a decode replica at the end of any prefill step.
 
 An engine with pipeline parallelism (``engine.pipeline_parallel_size`` > 1) or async scheduling keeps several
 batches in flight; its loop is sim/pipeline_stages.py's, without the fast-forward.
+
+An engine with KV offloading (a host tier of its prefix cache) loads from host memory over its replica's host
+link (sim/kv_offload_loads.py): a loading request waits in the queue, so no fast-forward runs meanwhile.
 """
 
 from __future__ import annotations
@@ -110,8 +113,6 @@ class Simulation:
                                      "time, and no disaggregated cluster")
                 replica.host_loads = HostLoads(self.env, host_link, replica.engine.scheduler, replica.wake)
                 replica.recorder.offload_loads = replica.host_loads
-                # A fast-forward would append decode tokens without the updates that copy blocks to the host.
-                self.fast_forward = False
         if disaggregation is not None and any(_batch_queue_depth(replica) > 1 for replica in self.replicas):
             raise ValueError("a disaggregated cluster's engines are simulated one batch at a time (without "
                              "engine.pipeline_parallel_size or engine.async_scheduling)")

@@ -8,7 +8,7 @@ KV-cache manager through the k steps at once, with Python work proportional to t
 blocks touched instead of requests x steps.
 
 The result is exactly the state k ordinary steps leave behind (tokens, block tables, free-queue order,
-prefix-cache entries, KV events): the pool-changing events of the k steps (block allocations, blocks
+prefix-cache entries, KV events, the host tier's order): the pool-changing events of the k steps (block allocations, blocks
 filling up and entering the cache, frees of finished requests) are replayed in the order the ordinary
 steps would perform them, ``(step, schedule-before-update, running order)``.
 tests/core/test_decode_fast_forward.py checks the equivalence on random workloads.
@@ -25,8 +25,10 @@ from engine.core.request import Request, RequestStatus
 
 EMPTY_MAPPING: Mapping[str, int] = MappingProxyType({})
 
-# Event kinds, in the order one request's events of one step happen in an ordinary step.
-_ALLOCATE, _CACHE, _FREE = 0, 1, 2
+# Event kinds, in the order one request's events of one step happen in an ordinary step. A store (a block
+# whose KV the step completed, copied to the host tier) precedes every free of its update; stores and frees
+# touch different structures, so only the order among stores (running order) matters.
+_ALLOCATE, _CACHE, _STORE, _FREE = 0, 1, 2, 3
 # Phases of a step: schedule() touches the pool for every request before update_from_output frees any.
 _SCHEDULE_PHASE, _UPDATE_PHASE = 0, 1
 
@@ -112,6 +114,9 @@ class DecodeFastForward:
                 return None
             if caching and manager.num_cached_block[request.request_id] != computed // block_size:
                 return None
+            if manager.offload is not None and manager.num_offloaded_block.get(request.request_id, 0) \
+                    != computed // block_size:
+                return None
         return cls(scheduler, token_id, token_ids_by_request)
 
     def step(self, step_index: int) -> FastForwardStep:
@@ -163,6 +168,10 @@ class DecodeFastForward:
                 # A block enters the cache in the step after its last token was sampled.
                 for step in range((-(context + 1)) % block_size, last + 1, block_size):
                     events.append((step, _SCHEDULE_PHASE, index, _CACHE, (context + step + 1) // block_size))
+            if manager.offload is not None:
+                # A block's KV is complete, and goes to the host, in the update of the step computing its last slot.
+                for step in range((-(context + 1)) % block_size, last + 1, block_size):
+                    events.append((step, _UPDATE_PHASE, index, _STORE, context + step + 1))
             finished = self.last_steps[index] < num_steps
             if finished:
                 events.append((last, _UPDATE_PHASE, index, _FREE, 0))
@@ -197,6 +206,8 @@ class DecodeFastForward:
                     pool.cache_full_blocks(request.block_hashes, req_to_blocks[request_id], block_index - 1,
                                            block_index, request.all_token_ids, block_size)
                     manager.num_cached_block[request_id] = block_index
+                elif kind == _STORE:
+                    manager.offload_computed(request, block_index)
                 else:
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     scheduler._free_request(request)

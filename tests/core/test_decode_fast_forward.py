@@ -39,6 +39,10 @@ def snapshot(scheduler):
         "ref_counts": [b.ref_cnt for b in pool.blocks],
         "finished": sorted(scheduler.finished_req_ids),
         "events": pool.take_events(),
+        "host_tier": manager.offload.hashes() if manager.offload is not None else None,
+        "host_slots": [manager.offload.slot(block_hash) for block_hash in manager.offload.hashes()]
+        if manager.offload is not None else None,
+        "offloaded_counts": dict(manager.num_offloaded_block),
     }
 
 
@@ -46,10 +50,13 @@ def snapshot(scheduler):
 @given(num_blocks=st.integers(12, 80), block_size=st.sampled_from([1, 2, 4, 16]), caching=st.booleans(),
        prompts=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(1, 60)), min_size=1,
                         max_size=8),
-       num_steps=st.integers(1, 80), warmup=st.integers(0, 5), identical=st.booleans())
-def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup, identical):
+       num_steps=st.integers(1, 80), warmup=st.integers(0, 5), identical=st.booleans(),
+       offload_blocks=st.sampled_from([0, 3, 40]))
+def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup, identical,
+                                            offload_blocks):
     core = make_core(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching,
-                     enable_kv_cache_events=True, max_model_len=400)
+                     enable_kv_cache_events=True, max_model_len=400,
+                     num_offload_blocks=offload_blocks if caching else 0)
     scheduler = core.scheduler
     shared = [list(range(100, 120)), list(range(200, 207)), []]
     for index, (group, suffix, max_tokens) in enumerate(prompts):
@@ -81,8 +88,11 @@ def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, pro
         return
 
     expected_steps = []
+    # The host copies each schedule hands the executor; a fast-forward has no executor and keeps them pending.
+    ordinary_stores = []
     for step in range(result.num_steps):
         output = ordinary.schedule()
+        ordinary_stores.extend(output.offload_stores)
         assert not output.preempted_req_ids and not output.scheduled_new_reqs
         assert all(count == 1 for count in output.num_scheduled_tokens.values())
         cached = output.scheduled_cached_reqs
@@ -97,6 +107,8 @@ def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, pro
     mine, theirs = snapshot(scheduler), snapshot(ordinary)
     assert set(theirs.pop("finished")) <= set(mine.pop("finished"))
     assert mine == theirs
+    ordinary_stores.extend(ordinary.kv_cache_manager.pending_offload_stores)
+    assert scheduler.kv_cache_manager.pending_offload_stores == ordinary_stores
     check_scheduler_invariants(scheduler)
 
 

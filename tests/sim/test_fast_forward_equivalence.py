@@ -16,11 +16,12 @@ from workloads import example_path, load_workload
 def traces(workload, fast_forward):
     setup = build_setup(workload)
     engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
-    simulation = Simulation(engine, setup.requests, fast_forward=fast_forward)
+    simulation = Simulation(engine, setup.requests, fast_forward=fast_forward, host_link=setup.host_link)
     recorder = simulation.run()
     manager = engine.scheduler.kv_cache_manager
     final_pool = ([b.block_id for b in manager.block_pool.free_block_queue],
-                  manager.block_pool.cached_block_hash_to_block.block_ids())
+                  manager.block_pool.cached_block_hash_to_block.block_ids(),
+                  manager.offload.hashes() if manager.offload is not None else None)
     return (requests_table(recorder.request_columns()).to_pandas(), steps_table(recorder.step_columns()).to_pandas(),
             final_pool, simulation.num_fast_forwarded_steps)
 
@@ -36,6 +37,8 @@ def traces(workload, fast_forward):
     ("chat", ["workload.num_requests=200", "engine.block_size=1", "workload.arrival.rate=3"]),
     ("priority", ["workload.num_requests=200"]),
     ("code_trace", ["workload.num_requests=150", "engine.enable_prefix_caching=false"]),
+    ("kv_offloading", ["workload.num_requests=200", "sweep=null", "engine.kv_offloading_size_gib=4"]),  # host tier
+    ("kv_offloading", ["workload.num_requests=200", "sweep=null", "engine.kv_offloading_size_gib=16"]),
 ])
 def test_traces_are_identical_with_and_without_fast_forward(name, overrides):
     workload = load_workload(example_path(name), overrides=overrides)
