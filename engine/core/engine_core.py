@@ -69,7 +69,11 @@ class EngineCore:
             return EngineStepResult(scheduler.take_pending_outputs(), None)
         # start_step + finish_step, without the StartedStep between them (this runs for every simulated step).
         scheduler_output = scheduler.schedule()
-        model_runner_output = self.executor.execute_model(scheduler_output)
+        try:
+            model_runner_output = self.executor.execute_model(scheduler_output)
+        except BaseException:
+            _forget_copies_not_made(scheduler, scheduler_output)
+            raise
         return EngineStepResult(scheduler.update_from_output(scheduler_output, model_runner_output), scheduler_output)
 
     # A step in two halves, for a driver that keeps several batches in flight (vLLM's batch queue under
@@ -77,7 +81,18 @@ class EngineCore:
     # this one, and finishes them in the order it started them.
     def start_step(self) -> StartedStep:
         scheduler_output = self.scheduler.schedule()
-        return StartedStep(scheduler_output, self.executor.execute_model(scheduler_output))
+        try:
+            return StartedStep(scheduler_output, self.executor.execute_model(scheduler_output))
+        except BaseException:
+            _forget_copies_not_made(self.scheduler, scheduler_output)
+            raise
 
     def finish_step(self, started: StartedStep) -> list[EngineCoreOutput]:
         return self.scheduler.update_from_output(started.scheduler_output, started.model_runner_output)
+
+
+def _forget_copies_not_made(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> None:
+    """The executor failed (or was interrupted) on a step whose copies to the host tier it may not have made:
+    the tier must not list KV it may not hold (engine/core/kv_offload.py)."""
+    if scheduler_output.offload_stores:
+        scheduler.kv_cache_manager.offload.forget_slots([slot for _, slot in scheduler_output.offload_stores])

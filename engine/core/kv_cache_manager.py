@@ -107,7 +107,14 @@ class KVCacheManager:
             self.num_offloaded_block[request_id] = num_full_blocks
 
     def take_offload_stores(self) -> list[tuple[int, int]]:
+        """The copies to the host for the executor, one per slot: when an update stores more new blocks than the
+        tier holds, a slot handed out is reused within it, and only its last block belongs there (a copy of an
+        earlier one, made in the same batch of copies, could land last)."""
         stores, self.pending_offload_stores = self.pending_offload_stores, []
+        if len(stores) > 1:
+            last_block_of_slot = {slot: block_id for block_id, slot in stores}
+            if len(last_block_of_slot) < len(stores):
+                stores = [(block_id, slot) for slot, block_id in last_block_of_slot.items()]
         return stores
 
     def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:

@@ -36,6 +36,7 @@ class OffloadedBlocks:
         self.capacity_blocks = capacity_blocks
         # Hash -> host slot, oldest use first; and the slots no hash holds.
         self._blocks: OrderedDict[bytes, int] = OrderedDict()
+        self._hash_in_slot: dict[int, bytes] = {}
         self._free_slots = list(range(capacity_blocks - 1, -1, -1))
         self.num_stored = 0      # blocks copied to the host (each store of a hash it did not hold)
         self.num_evicted = 0     # blocks dropped to make room
@@ -53,6 +54,9 @@ class OffloadedBlocks:
     def slot(self, block_hash: bytes) -> int:
         return self._blocks[block_hash]
 
+    def hash_in_slot(self, slot: int) -> bytes | None:
+        return self._hash_in_slot.get(slot)
+
     def store(self, block_hashes: Sequence[bytes]) -> list[int | None]:
         """Hold these blocks, evicting the least recently used: for each, the host slot its KV must be copied
         to, or None when the host holds it already (it only becomes the most recently used)."""
@@ -64,14 +68,25 @@ class OffloadedBlocks:
                 slots.append(None)
                 continue
             if not self._free_slots:
-                _, freed = blocks.popitem(last=False)
+                evicted, freed = blocks.popitem(last=False)
+                del self._hash_in_slot[freed]
                 self._free_slots.append(freed)
                 self.num_evicted += 1
             slot = self._free_slots.pop()
             blocks[block_hash] = slot
+            self._hash_in_slot[slot] = block_hash
             slots.append(slot)
             self.num_stored += 1
         return slots
+
+    def forget_slots(self, slots: Sequence[int]) -> None:
+        """The copies into these slots were never made (the step that carried them failed): whatever hash the
+        host tier lists there is dropped, so no load ever reads them."""
+        for slot in slots:
+            block_hash = self._hash_in_slot.pop(slot, None)
+            if block_hash is not None:
+                del self._blocks[block_hash]
+                self._free_slots.append(slot)
 
     def lookup(self, block_hashes: Sequence[bytes], first: int, end: int) -> int:
         """How many consecutive blocks from ``first`` (before ``end``) the host holds; they become the most

@@ -10,8 +10,11 @@ in this order (``ModelRunner.execute_model``):
    the stores, because a slot evicted and reused in the same update holds its new hash's KV only once 1 ran.
 
 All copies here are synchronous, so a load is done within the step that starts it, and the runner reports
-it back at once (``ModelRunnerOutput.finished_kv_loads``). On a GPU the host cache is pinned memory, so the
-copies are DMA transfers; on a CPU they are plain copies between two tensors.
+it back at once (``ModelRunnerOutput.finished_kv_loads``). On a GPU the host cache is pinned memory; the
+blocks are gathered (``index_select``) into a staging tensor on one side before crossing, so a copy is not
+one DMA transfer, and it blocks the step (vLLM overlaps its loads with the steps on a stream of their own).
+On a CPU they are plain copies between two tensors. The scheduler hands out one copy per host slot per
+step (``KVCacheManager.take_offload_stores``): ``index_copy_`` with a repeated index may keep either value.
 """
 
 from __future__ import annotations
@@ -24,9 +27,13 @@ from engine.runner.attention.kv_cache import KVCache, allocate_kv_caches
 class HostKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        caches = allocate_kv_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype, "cpu")
         if device.type == "cuda":
-            caches = [(key.pin_memory(), value.pin_memory()) for key, value in caches]
+            # Allocated pinned at once (pinning a pageable tensor would copy it, doubling the peak).
+            shape = (num_blocks, block_size, num_kv_heads, head_size)
+            caches = [(torch.zeros(shape, dtype=dtype, pin_memory=True), torch.zeros(shape, dtype=dtype, pin_memory=True))
+                      for _ in range(num_layers)]
+        else:
+            caches = allocate_kv_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype, "cpu")
         self.caches: list[KVCache] = caches
         self.num_blocks = num_blocks
         self.device = device

@@ -107,8 +107,10 @@ def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, pro
     mine, theirs = snapshot(scheduler), snapshot(ordinary)
     assert set(theirs.pop("finished")) <= set(mine.pop("finished"))
     assert mine == theirs
-    ordinary_stores.extend(ordinary.kv_cache_manager.pending_offload_stores)
-    assert scheduler.kv_cache_manager.pending_offload_stores == ordinary_stores
+    ordinary_stores.extend(ordinary.kv_cache_manager.take_offload_stores())
+    # Where each host slot's copy comes from, once every copy handed out is made.
+    assert {slot: block_id for block_id, slot in scheduler.kv_cache_manager.take_offload_stores()} \
+        == {slot: block_id for block_id, slot in ordinary_stores}
     check_scheduler_invariants(scheduler)
 
 

@@ -201,3 +201,39 @@ def test_a_request_preempted_with_a_batch_in_flight_recomputes_instead_of_loadin
     outputs, _ = run(core)
     manager = scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks and not scheduler.requests
+
+
+def test_an_update_storing_more_blocks_than_the_host_holds_hands_out_one_copy_per_slot():
+    # 6 new full blocks into a 3-slot tier in one update: slots are reused within it, and the executor gets only
+    # each slot's last block (two copies into one slot in one batch of copies may land in either order).
+    core = make_core(num_gpu_blocks=24, num_offload_blocks=3, max_num_batched_tokens=128)
+    scheduler = core.scheduler
+    core.add_request(make_request("a", list(range(100, 197)), max_tokens=2))  # 97 tokens: 6 full blocks
+    step(core, {})
+    tier, manager = scheduler.kv_cache_manager.offload, scheduler.kv_cache_manager
+    assert len(manager.pending_offload_stores) == 6 and tier.num_evicted == 3
+    request = scheduler.requests["a"]
+    expected = sorted((manager.get_blocks("a")[index].block_id, tier.slot(request.block_hashes[index]))
+                      for index in (3, 4, 5))
+    assert sorted(step(core, {}).offload_stores) == expected
+
+
+def test_a_step_that_fails_forgets_the_host_copies_it_carried():
+    core = make_core(num_gpu_blocks=24, num_offload_blocks=16, max_num_batched_tokens=64)
+    scheduler = core.scheduler
+    core.add_request(make_request("a", PROMPT, max_tokens=1))
+    step(core, {})  # the prompt's 4 blocks are stored in this update, copied at the start of the next step
+    core.add_request(make_request("b", list(range(700, 720)), max_tokens=1))
+
+    def interrupted(scheduler_output):
+        raise KeyboardInterrupt
+    execute, core.executor.execute_model = core.executor.execute_model, interrupted
+    with pytest.raises(KeyboardInterrupt):
+        core.step()
+    core.executor.execute_model = execute
+    assert len(scheduler.kv_cache_manager.offload) == 0  # never copied: never loaded
+    core.abort_requests(["b"])
+    scheduler.reset_prefix_cache()
+    core.add_request(make_request("c", PROMPT + [1], max_tokens=2))
+    outputs, loads = run(core)
+    assert not loads and outputs["c"]["tokens"] == expected_tokens(core.executor, "c", PROMPT + [1], 2)

@@ -68,7 +68,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.time = 0.0
         self.max_in_flight = max_in_flight
         self.in_flight: deque = deque()
-        self.host_slots_filled: set[int] = set()
+        self.host_content: dict[int, bytes | None] = {}  # what each host slot's last copy holds
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
           priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]))
@@ -186,14 +186,21 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def check_host_copies(self, output):
         """The host tier's copies, in the executor's order, before this step zeroes or writes a block: every
-        block copied to the host holds computed KV; every load reads a slot that a copy filled."""
+        block copied to the host holds computed KV, one copy per slot; every load reads a slot whose last copy
+        holds the very block the request's prefix needs there."""
+        manager = self.scheduler.kv_cache_manager
         full = set(range(self.scheduler.block_size))
         computed_slots = self.core.executor.computed_slots
+        slots = [slot for _, slot in output.offload_stores]
+        assert len(slots) == len(set(slots)), "two copies to one host slot in one step"
         for block_id, slot in output.offload_stores:
             assert computed_slots.get(block_id) == full, "a block went to the host before its KV was computed"
-            self.host_slots_filled.add(slot)
-        for pairs in output.offload_loads.values():
-            assert all(slot in self.host_slots_filled for slot, _ in pairs), "a load reads a slot never filled"
+            self.host_content[slot] = manager.offload.hash_in_slot(slot)
+        for request_id, pairs in output.offload_loads.items():
+            request = self.scheduler.requests[request_id]
+            first = request.num_computed_tokens // manager.block_size
+            for index, (slot, _) in enumerate(pairs, first):
+                assert self.host_content.get(slot) == request.block_hashes[index], "a load reads another block's KV"
 
     def finish_batch(self, newest=False):
         output, model_runner_output = self.in_flight.pop() if newest else self.in_flight.popleft()

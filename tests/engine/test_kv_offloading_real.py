@@ -89,3 +89,25 @@ def test_blocks_stored_as_their_request_ends_reach_the_host_before_the_next_step
     assert len(stores) == 3  # not copied yet
     assert llm.engine_core.scheduler.reset_prefix_cache()
     assert generate(llm, prompt)[0] == expected[0] and sum(loaded) == 3
+
+
+def test_a_host_tier_smaller_than_one_update_keeps_the_last_block_of_each_slot(tiny_llama_path):
+    # One update stores a prompt's 8 blocks into a 7-block tier: its first slot is handed out twice within it,
+    # and must end up holding the block the tier lists there (the last), whatever order the copies land in.
+    # Short prompts (no full block, so nothing new for the host) then evict the prompt's tail from the GPU (a
+    # freed request's tail goes first), and the prompt comes back as a GPU hit on its head, its tail loaded.
+    def engine(**offload):
+        return LLM(model=str(tiny_llama_path), num_gpu_blocks=13, max_num_seqs=8, max_model_len=192, **offload)
+    blocks_per_gib = engine().model_runner.determine_num_offload_blocks(1.0)
+    llm, plain = engine(kv_offloading_size_gib=7.5 / blocks_per_gib), engine()
+    assert llm.engine_core.scheduler.kv_cache_manager.offload.capacity_blocks == 7
+    first = [(11 * index + 5) % 500 + 1 for index in range(128)]  # 8 blocks
+    short = [[(13 * index + row) % 500 + 1 for index in range(10)] for row in range(8)]
+    for each in (llm, plain):
+        each.generate([first + [1]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        each.generate(short, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    loaded = count_loads(llm)
+    prompt = first + [3, 4]
+    (tokens, logprobs), (expected_tokens, expected_logprobs) = generate(llm, prompt), generate(plain, prompt)
+    assert tokens == expected_tokens and logprobs == pytest.approx(expected_logprobs, abs=1e-4)
+    assert sum(loaded) == 4  # blocks 4-7, block 7 from the slot handed out twice
