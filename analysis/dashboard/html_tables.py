@@ -29,6 +29,11 @@ HEADLINE_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
     ("prefix-cache hit rate", "prefix_cache_hit_rate", "percent", "higher"),
     ("engine steps", "num_steps", "count", None),
 )
+# Shown when some run offloads KV to host memory (analysis/offload_stats.py).
+OFFLOAD_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("prompt tokens loaded from host", "kv_offload.loaded_token_fraction", "percent", "higher"),
+    ("host load p50 (ms)", "kv_offload.load_ms.p50", "number", None),
+)
 LATENCY_ROWS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"), ("queue", "queue_ms"))
 LATENCY_STATISTICS = ("mean", "p50", "p90", "p99")
 
@@ -70,7 +75,8 @@ def summary_table_html(runs: Sequence[DashboardRun]) -> str:
         rows = [(f"{name} {statistic} (ms)", f"{key}.{statistic}", "number", "lower")
                 for name, key in LATENCY_ROWS for statistic in LATENCY_STATISTICS]
         latency = _by_run_table(runs, rows, "latency (ms)")
-    headline = _by_run_table(runs, HEADLINE_ROWS, "headline")
+    offloading = any(run.summary.get("kv_offload") for run in runs)
+    headline = _by_run_table(runs, HEADLINE_ROWS + (OFFLOAD_ROWS if offloading else ()), "headline")
     base = runs[0].summary
     slo = ", ".join(f"{escape(key.removesuffix('_ms'))} &le; {value:g} ms"
                     for key, value in (base.get("slo") or {}).items() if value is not None) or "none"

@@ -140,3 +140,9 @@ def test_a_sweep_over_the_host_tier_size_tabulates_what_each_point_loaded(tmp_pa
     table = pd.read_csv(tmp_path / "sweep.csv")
     assert table["offload_loaded_token_fraction"].isna().tolist() == [True, False]
     assert table["offload_loaded_token_fraction"].iloc[1] > 0
+    # The dashboard's headline table gains the host tier's rows when a run offloads, not otherwise.
+    from analysis.dashboard import assemble_dashboard, prepare_runs
+
+    assert "prompt tokens loaded from host" in assemble_dashboard(prepare_runs([tmp_path])).html()
+    assert "prompt tokens loaded from host" not in assemble_dashboard(
+        prepare_runs([tmp_path / "kv_offloading_size_gib=0"])).html()
