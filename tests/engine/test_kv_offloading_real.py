@@ -111,3 +111,27 @@ def test_a_host_tier_smaller_than_one_update_keeps_the_last_block_of_each_slot(t
     (tokens, logprobs), (expected_tokens, expected_logprobs) = generate(llm, prompt), generate(plain, prompt)
     assert tokens == expected_tokens and logprobs == pytest.approx(expected_logprobs, abs=1e-4)
     assert sum(loaded) == 4  # blocks 4-7, block 7 from the slot handed out twice
+
+
+@pytest.mark.parametrize("size_gib, cached", [(0.01, 48), (0, 0)])
+def test_the_openai_server_serves_a_prefix_from_the_host(tiny_llama_path, size_gib, cached):
+    # python -m engine.serve --kv-offloading-size, in process: other traffic pushes a prompt's prefix out of the
+    # 8-block GPU cache, and the same prompt comes back with the same text and its prefix counted as cached.
+    import openai
+
+    from engine.async_llm import AsyncLLM
+    from engine.serve import ServerThread, build_app
+
+    engine = AsyncLLM(model=str(tiny_llama_path), num_gpu_blocks=9, max_num_seqs=1, max_model_len=128,
+                      kv_offloading_size_gib=size_gib)
+    with ServerThread(build_app(engine, "tiny-offload", shutdown_engine=True)) as server:
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
+            def complete(prompt):
+                return client.completions.create(model="tiny-offload", prompt=prompt, max_tokens=6, temperature=0,
+                                                  extra_body={"ignore_eos": True})
+            first = complete(PREFIX + [1])
+            for row in range(3):  # 5 blocks each: the prefix's blocks are evicted from the GPU
+                complete([(17 * index + row) % 500 + 1 for index in range(70)])
+            again = complete(PREFIX + [1])
+    assert again.choices[0].text == first.choices[0].text
+    assert again.usage.prompt_tokens_details.cached_tokens == cached  # without a host tier: recomputed
