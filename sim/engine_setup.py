@@ -147,14 +147,7 @@ def _kv_offloading(workload: WorkloadConfig, model: ModelShape, hardware: Hardwa
     if not size_gib:
         return 0, None
     field_name = "engine.kv_offloading_size_gib"
-    # The loop that keeps batches in flight does not start loads, and a disaggregated decode engine's loads are
-    # its prefill engines' KV: each would take the other's for its own.
-    if engine.pipeline_parallel_size > 1:
-        raise SetupError(f"{field_name}: {size_gib:g} GiB is not simulated with pipeline parallelism "
-                         f"(engine.pipeline_parallel_size {engine.pipeline_parallel_size}); set one of them back")
-    if engine.async_scheduling:
-        raise SetupError(f"{field_name}: {size_gib:g} GiB is not simulated with engine.async_scheduling: true; set "
-                         "one of them back")
+    # A disaggregated decode engine's loads are its prefill engines' KV: each would take the other's for its own.
     if workload.cluster.disaggregated:
         raise SetupError(f"{field_name}: {size_gib:g} GiB is not simulated in a disaggregated cluster "
                          f"(cluster.prefill_replicas {workload.cluster.prefill_replicas})")

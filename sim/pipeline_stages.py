@@ -88,6 +88,8 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
             scheduler_output = started.scheduler_output
             if scheduler_output.preempted_req_ids:
                 check_preemptions(scheduler, scheduler_output, start)
+            if scheduler_output.kv_loads:
+                replica.host_loads.start_loads(scheduler_output.kv_loads)
             if scheduler_output.total_num_scheduled_tokens:
                 overhead = executor.last_overhead
                 end = stages.run(start + overhead, executor.last_stage_times)
@@ -103,6 +105,13 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
             if scheduler_output.preempted_req_ids:
                 # A running request was its own victim: progress without a token, its blocks now free.
                 recorder.on_empty_step(scheduler_output)
+                continue
+            if not in_flight and scheduler.has_kv_transfers_in_flight():
+                # Its waiting requests wait on loads from the host tier: sleep until one is done (or an arrival).
+                recorder.on_empty_step(scheduler_output)
+                replica.idle = env.event()
+                yield replica.idle
+                replica.idle = None
                 continue
             if not in_flight:
                 raise SchedulerStalledError(

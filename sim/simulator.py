@@ -108,9 +108,9 @@ class Simulation:
         self.fast_forward = fast_forward and disaggregation is None
         for replica in self.replicas:
             if replica.engine.scheduler.kv_cache_manager.offload is not None:
-                if host_link is None or disaggregation is not None or _batch_queue_depth(replica) > 1:
-                    raise ValueError("an engine with a host tier (KV offloading) needs a host_link, one batch at a "
-                                     "time, and no disaggregated cluster")
+                if host_link is None or disaggregation is not None:
+                    raise ValueError("an engine with a host tier (KV offloading) needs a host_link and no "
+                                     "disaggregated cluster")
                 replica.host_loads = HostLoads(self.env, host_link, replica.engine.scheduler, replica.wake)
                 replica.recorder.offload_loads = replica.host_loads
         if disaggregation is not None and any(_batch_queue_depth(replica) > 1 for replica in self.replicas):

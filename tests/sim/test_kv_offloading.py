@@ -91,9 +91,20 @@ def test_offloading_is_deterministic_and_writes_its_summary(tmp_path):
     assert math.isfinite(offload["load_ms"]["p50"])
 
 
+@pytest.mark.parametrize("override", ["engine.async_scheduling=true", "engine.pipeline_parallel_size=2"])
+def test_offloading_with_batches_in_flight_loads_and_runs_every_request_to_its_length(override):
+    # The batch-queue loop (async scheduling, pipeline stages) starts loads too, and sleeps while only loads
+    # are pending; a request preempted with a token in flight recomputes instead of loading (the core's guard).
+    setup, engine, requests, steps = simulate(offloading("engine.kv_offloading_size_gib=64", override))
+    output_len = {spec.request_id: spec.output_len for spec in setup.requests}
+    assert (requests["finish_reason"] == "length").all()
+    assert (requests["num_output_tokens"] == requests["request_id"].map(output_len)).all()
+    assert requests["offload_loaded_tokens"].sum() > 0
+    manager = engine.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks and not engine.scheduler.kv_transfers.loading
+
+
 @pytest.mark.parametrize("override, field", [
-    ("engine.async_scheduling=true", "engine.kv_offloading_size_gib"),
-    ("engine.pipeline_parallel_size=2", "engine.kv_offloading_size_gib"),
     ("hardware=cpu", "engine.kv_offloading_size_gib"),
     ("engine.kv_offloading_size_gib=0.001", "engine.kv_offloading_size_gib"),
 ])
