@@ -125,6 +125,15 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.scheduler.finish_kv_send(sending[pick % len(sending)])
 
     @rule()
+    def evict_free_cached_blocks(self):
+        """Other traffic's pressure, in short: every cached block no request holds leaves the GPU's prefix cache
+        (as eviction would take it), while blocks in use stay. The host tier keeps what it holds."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        for block in list(pool.free_block_queue):
+            if block.block_hash is not None:
+                pool.uncache_block(block)
+
+    @rule()
     def reset_prefix_cache(self):
         """The GPU's prefix cache is dropped (when no block is in use); a host tier keeps what it holds, so the
         next shared prefix loads from there."""
@@ -260,3 +269,26 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 SchedulerMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=60, deadline=None)
 TestSchedulerStateMachine = SchedulerMachine.TestCase
+
+
+class OffloadingMachine(SchedulerMachine):
+    """The same machine, drawn where the host tier matters: pools large enough to hold a prompt whole (a load
+    allocates for all of it) but too small for every shared prefix at once, a host tier always, and prefix
+    cache resets that leave the host the only copy."""
+
+    @initialize(
+        num_gpu_blocks=st.integers(32, 96), block_size=st.sampled_from([4, 8, 16]),
+        max_num_seqs=st.integers(1, 6), max_num_batched_tokens=st.integers(16, 160),
+        max_model_len=st.integers(64, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
+        policy=st.sampled_from(["fcfs", "priority"]), max_in_flight=st.sampled_from([1, 1, 2, 3]),
+        async_scheduling=st.booleans(), eos_probability=st.sampled_from([0.0, 0.0, 0.05]),
+        offload_blocks=st.sampled_from([2, 6, 30, 200]))
+    def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
+              threshold, policy, max_in_flight, async_scheduling, eos_probability, offload_blocks):
+        super().setup.__wrapped__(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+                                  max_model_len, chunked, threshold, policy, True, max_in_flight, async_scheduling,
+                                  eos_probability, offload_blocks)
+
+
+OffloadingMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
+TestOffloadingStateMachine = OffloadingMachine.TestCase
