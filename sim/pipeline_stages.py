@@ -59,26 +59,16 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
     depth = cost_model.pipeline_parallel_size if depth is None else depth
     # Batches in flight, oldest first: (the started step, the time its outputs are back).
     in_flight: deque[tuple[StartedStep, float]] = deque()
-    finished = 0
 
     def record(outputs, time: float) -> None:
-        nonlocal finished
         recorder.on_outputs(outputs, time)
-        for output in outputs:
-            if output.finish_reason is not None:
-                finished += 1
-        if finished >= 64:
-            simulation.update_progress(finished)
-            finished = 0
+        simulation.count_finished(outputs)
 
     while True:
         if not in_flight and not engine.has_work():
             if simulation.arrivals_done:
-                simulation.update_progress(finished)
                 return
-            replica.idle = env.event()
-            yield replica.idle
-            replica.idle = None
+            yield from replica.sleep(env)
             continue
         # As vLLM's batch queue: the oldest batch's outputs, if already back, are applied before the next schedule.
         if len(in_flight) < depth and scheduler.has_unfinished_requests() and not (
@@ -109,9 +99,7 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
             if not in_flight and scheduler.has_kv_transfers_in_flight():
                 # Its waiting requests wait on loads from the host tier: sleep until one is done (or an arrival).
                 recorder.on_empty_step(scheduler_output)
-                replica.idle = env.event()
-                yield replica.idle
-                replica.idle = None
+                yield from replica.sleep(env)
                 continue
             if not in_flight:
                 raise SchedulerStalledError(

@@ -77,6 +77,12 @@ class Replica:
         if self.idle is not None and not self.idle.triggered:
             self.idle.succeed()
 
+    def sleep(self, env: simpy.Environment):
+        """Wait until ``wake``: an arrival routed here, a KV load done, or the end of the arrivals."""
+        self.idle = env.event()
+        yield self.idle
+        self.idle = None
+
 
 class Simulation:
     def __init__(self, engine: EngineCore | Sequence[EngineCore], requests: Sequence[RequestSpec], *,
@@ -119,6 +125,8 @@ class Simulation:
         self.num_fast_forwarded_steps = 0
         self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
+        # Finished requests not yet on the progress bar (it is updated every 64: each update costs).
+        self._unreported_finished = 0
 
     def run(self) -> TraceRecorder | ClusterTrace:
         """The traces: one engine's recorder, or a cluster's traces with each row's replica."""
@@ -130,6 +138,7 @@ class Simulation:
                                                              _batch_queue_depth(replica)))
                  for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
+        self._progress.update(self._unreported_finished)
         self._progress.close()
         if len(self.replicas) == 1:
             return self.replicas[0].recorder
@@ -161,8 +170,14 @@ class Simulation:
     def arrivals_done(self) -> bool:
         return self._arrivals_done
 
-    def update_progress(self, num_finished: int) -> None:
-        self._progress.update(num_finished)
+    def count_finished(self, outputs) -> None:
+        """Count the requests these outputs finish, for the progress bar (every engine loop reports here)."""
+        for output in outputs:
+            if output.finish_reason is not None:
+                self._unreported_finished += 1
+        if self._unreported_finished >= 64:
+            self._progress.update(self._unreported_finished)
+            self._unreported_finished = 0
 
     def _arrivals(self):
         """Add each request at its arrival time. Requests arriving at the same instant are added
@@ -221,8 +236,7 @@ class Simulation:
     def _engine_loop(self, index: int, replica: Replica):
         env, engine, executor, recorder = self.env, replica.engine, replica.executor, replica.recorder
         scheduler = engine.scheduler
-        progress = self._progress
-        finished_since_update = 0
+        count_finished = self.count_finished
         disaggregation = self.disaggregation
         # A prefill replica's finished requests are handed on (and counted where they finish, at the decode).
         hands_off = disaggregation is not None and disaggregation.is_prefill(index)
@@ -231,11 +245,8 @@ class Simulation:
             if not engine.has_work():
                 no_more_work = self._arrivals_done and (not gets_handoffs or disaggregation.all_settled)
                 if no_more_work:
-                    progress.update(finished_since_update)
                     return
-                replica.idle = env.event()
-                yield replica.idle
-                replica.idle = None
+                yield from replica.sleep(env)
                 continue
             if self.fast_forward:
                 plan = DecodeFastForward.try_plan(scheduler, executor.token_id, executor.token_ids_by_request)
@@ -244,7 +255,7 @@ class Simulation:
                     if planned[0]:
                         result = plan.apply(len(planned[0]))
                         if result.num_steps:
-                            finished_since_update += yield from self._fast_forward(replica, result, *planned)
+                            self._unreported_finished += yield from self._fast_forward(replica, result, *planned)
                             continue
             start = env.now
             result = engine.step()
@@ -261,7 +272,7 @@ class Simulation:
                 if hands_off:
                     disaggregation.on_prefill_outputs(result.outputs, start)
                 else:
-                    finished_since_update += sum(output.finish_reason is not None for output in result.outputs)
+                    count_finished(result.outputs)
                 if scheduler_output is not None and scheduler_output.preempted_req_ids:
                     # Progress without a token: the running request that needed a block was its own
                     # victim (the lowest priority), and its blocks are free for the next step.
@@ -270,9 +281,7 @@ class Simulation:
                     # Its waiting requests wait on KV transfers (loads to arrive, or sends to free blocks). The
                     # loads this step started looked up the prefix cache: the next recorded step counts them.
                     recorder.on_empty_step(scheduler_output)
-                    replica.idle = env.event()
-                    yield replica.idle
-                    replica.idle = None
+                    yield from replica.sleep(env)
                 elif scheduler.has_unfinished_requests() and scheduler_output is not None:
                     raise SchedulerStalledError(
                         f"at t={start:.6f}s {len(scheduler.waiting)} requests wait and none was scheduled")
@@ -287,12 +296,7 @@ class Simulation:
             if hands_off:
                 disaggregation.on_prefill_outputs(outputs, now)
                 continue
-            for output in outputs:
-                if output.finish_reason is not None:
-                    finished_since_update += 1
-            if finished_since_update >= 64:
-                progress.update(finished_since_update)
-                finished_since_update = 0
+            count_finished(outputs)
 
     def _next_event_time(self) -> float:
         """Where every replica's fast-forward stops: the next arrival (any replica may get it) and the
