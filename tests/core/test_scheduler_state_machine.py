@@ -270,25 +270,3 @@ class SchedulerMachine(RuleBasedStateMachine):
 SchedulerMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=60, deadline=None)
 TestSchedulerStateMachine = SchedulerMachine.TestCase
 
-
-class OffloadingMachine(SchedulerMachine):
-    """The same machine, drawn where the host tier matters: pools large enough to hold a prompt whole (a load
-    allocates for all of it) but too small for every shared prefix at once, a host tier always, and prefix
-    cache resets that leave the host the only copy."""
-
-    @initialize(
-        num_gpu_blocks=st.integers(32, 96), block_size=st.sampled_from([4, 8, 16]),
-        max_num_seqs=st.integers(1, 6), max_num_batched_tokens=st.integers(16, 160),
-        max_model_len=st.integers(64, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
-        policy=st.sampled_from(["fcfs", "priority"]), max_in_flight=st.sampled_from([1, 1, 2, 3]),
-        async_scheduling=st.booleans(), eos_probability=st.sampled_from([0.0, 0.0, 0.05]),
-        offload_blocks=st.sampled_from([2, 6, 30, 200]))
-    def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
-              threshold, policy, max_in_flight, async_scheduling, eos_probability, offload_blocks):
-        super().setup.__wrapped__(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-                                  max_model_len, chunked, threshold, policy, True, max_in_flight, async_scheduling,
-                                  eos_probability, offload_blocks)
-
-
-OffloadingMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
-TestOffloadingStateMachine = OffloadingMachine.TestCase
