@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import simpy
 
 from engine.core import Scheduler
+from sim.disaggregation import KVTransferLink
 
 HOST_LINK_EFFICIENCY = 0.8
 HOST_LOAD_LATENCY_S = 20e-6
@@ -35,8 +36,10 @@ class HostLinkSetup:
     bandwidth_gbps: float
     latency_s: float = HOST_LOAD_LATENCY_S
 
-    def duration(self, num_tokens: int) -> float:
-        return self.latency_s + num_tokens * self.bytes_per_token / (self.bandwidth_gbps * 1e9)
+    def link(self, env: simpy.Environment) -> KVTransferLink:
+        """The link a replica loads over: one load at a time, ``latency + bytes / bandwidth`` each, as a
+        disaggregated replica's network link (sim/disaggregation.py)."""
+        return KVTransferLink(env, self.bytes_per_token, self.bandwidth_gbps, self.latency_s)
 
 
 def offload_capacity_blocks(size_gib: float, bytes_per_block: int) -> int:
@@ -50,10 +53,9 @@ class HostLoads:
     def __init__(self, env: simpy.Environment, setup: HostLinkSetup, scheduler: Scheduler,
                  wake: Callable[[], None]) -> None:
         self.env = env
-        self.setup = setup
+        self.link = setup.link(env)
         self.scheduler = scheduler
         self.wake = wake
-        self.channel = simpy.Resource(env, capacity=1)
         # Per request: tokens loaded from the host, and seconds from each load's start (queueing included) to
         # its end, summed over its loads (a request preempted and resumed may load again).
         self.loaded_tokens: dict[str, int] = {}
@@ -65,9 +67,9 @@ class HostLoads:
 
     def _load(self, request_id: str, num_tokens: int):
         started = self.env.now
-        with self.channel.request() as turn:
+        with self.link.channel.request() as turn:
             yield turn
-            yield self.env.timeout(self.setup.duration(num_tokens))
+            yield self.env.timeout(self.link.duration(num_tokens))
         self.loaded_tokens[request_id] = self.loaded_tokens.get(request_id, 0) + num_tokens
         self.load_seconds[request_id] = self.load_seconds.get(request_id, 0.0) + self.env.now - started
         # False when the request was aborted meanwhile: its blocks went with it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import simpy
 
 from engine.core import EngineCore, Scheduler
 from sim.engine_setup import SetupError, build_setup
@@ -65,9 +66,9 @@ def test_a_load_takes_the_links_time_and_the_request_is_scheduled_when_it_is_don
     setup, _, requests, _ = simulate(workload)
     loaded = requests[requests["offload_loaded_tokens"] > 0]
     assert len(loaded) > 0
-    link = setup.host_link
-    assert link.bandwidth_gbps == pytest.approx(64.0 * HOST_LINK_EFFICIENCY)
-    assert link.bytes_per_token == LLAMA3_8B_KV_BYTES_PER_TOKEN
+    link = setup.host_link.link(simpy.Environment())
+    assert setup.host_link.bandwidth_gbps == pytest.approx(64.0 * HOST_LINK_EFFICIENCY)
+    assert setup.host_link.bytes_per_token == LLAMA3_8B_KV_BYTES_PER_TOKEN
     for row in loaded.itertuples():
         # Never shorter than the transfer; at this rate each load has the link to itself.
         assert row.offload_load_s == pytest.approx(link.duration(row.offload_loaded_tokens), rel=1e-9)
@@ -77,7 +78,7 @@ def test_a_load_takes_the_links_time_and_the_request_is_scheduled_when_it_is_don
 def test_tensor_parallel_gpus_each_load_their_own_shard():
     setup = build_setup(offloading("engine.kv_offloading_size_gib=64", "engine.tensor_parallel_size=2"))
     assert setup.host_link.bytes_per_token == LLAMA3_8B_KV_BYTES_PER_TOKEN / 2
-    assert setup.host_link.duration(1000) == pytest.approx(
+    assert setup.host_link.link(simpy.Environment()).duration(1000) == pytest.approx(
         HOST_LOAD_LATENCY_S + 1000 * LLAMA3_8B_KV_BYTES_PER_TOKEN / 2 / (64e9 * HOST_LINK_EFFICIENCY))
 
 
@@ -130,7 +131,7 @@ def test_a_simulation_without_the_host_link_refuses_an_engine_with_a_host_tier()
     engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
     with pytest.raises(ValueError, match="host_link"):
         Simulation(engine, setup.requests)
-    assert HostLinkSetup(1.0, 1.0).duration(0) == HOST_LOAD_LATENCY_S
+    assert HostLinkSetup(1.0, 1.0).link(simpy.Environment()).duration(0) == HOST_LOAD_LATENCY_S
 
 
 def test_a_real_run_refuses_offloading(capsys):
