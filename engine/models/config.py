@@ -26,9 +26,36 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
                 "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32,
                 "sliding_window": 4096, "num_key_value_heads": 8},
+    "mixtral": {"rms_norm_eps": 1e-5, "rope_theta": 1e6, "tie_word_embeddings": False,
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32,
+                "sliding_window": None, "num_key_value_heads": 8},
+    "qwen2_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                  "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 32768,
+                  "sliding_window": None, "num_key_value_heads": 16},
 }
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The sparse MLP of a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE).
+
+    Every token's hidden state goes to ``num_experts_per_token`` of ``num_experts`` SwiGLU experts, chosen by
+    a router (a [num_experts, hidden] projection, softmax in float32, top-k); their outputs are summed with
+    the top-k probabilities as weights, renormalized to sum to 1 when ``normalize_top_k`` (Mixtral always,
+    Qwen2-MoE when ``norm_topk_prob``). Qwen2-MoE adds a shared expert every token passes through, scaled
+    by sigmoid(shared_expert_gate(x)).
+    """
+    num_experts: int
+    num_experts_per_token: int
+    expert_intermediate_size: int
+    normalize_top_k: bool
+    # Mixtral multiplies an expert's output by its float32 routing weight; Qwen2-MoE casts the weights to
+    # the model dtype first. Equal in float32; in half precision each rounds its own way.
+    routing_weights_in_float32: bool
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (Qwen2-MoE's mlp_only_layers, sparse step)
 
 
 @dataclass
@@ -54,6 +81,7 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_id: int | list[int] | None
     torch_dtype: str | None
+    moe: MoEConfig | None = None  # the routed experts of a mixture-of-experts model; None for a dense one
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -114,7 +142,10 @@ class ModelConfig:
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
         if model_type == "qwen2" and not _qwen2_slides(raw):
             sliding_window = None  # Qwen2 stores a window it does not use unless some layer slides
+        if model_type == "qwen2_moe":
+            sliding_window = None  # likewise; _parse_moe refuses a Qwen2-MoE whose layers slide
         dtype = raw.get("torch_dtype", raw.get("dtype"))
+        moe = _parse_moe(raw, model_type, int(raw["num_hidden_layers"]))
         return cls(
             architecture=architectures[0],
             model_type=model_type,
@@ -130,16 +161,64 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(get("max_position_embeddings")),
             tie_word_embeddings=bool(get("tie_word_embeddings")),
-            # transformers' Mistral has no biases at all and ignores these keys; so does this one.
-            attention_bias=bool(get("attention_bias")) and model_type != "mistral",
-            mlp_bias=bool(get("mlp_bias")) and model_type != "mistral",
+            # transformers' Mistral and Mixtral have no biases at all and ignore these keys; so does this one.
+            # Qwen2-MoE spells its q/k/v bias "qkv_bias" (transformers 5; absent before: true).
+            attention_bias=(bool(raw.get("qkv_bias", True)) if model_type == "qwen2_moe"
+                            else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
+            mlp_bias=bool(get("mlp_bias")) and model_type not in ("mistral", "mixtral", "qwen2_moe"),
             hidden_act=str(raw.get("hidden_act", "silu")),
             sliding_window=int(sliding_window) if sliding_window is not None else None,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             torch_dtype=dtype if dtype in _DTYPE_NAMES else None,
+            moe=moe,
             raw=raw,
         )
+
+
+def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConfig | None:
+    """The experts of a Mixtral or Qwen2-MoE config (transformers' defaults for absent keys); None for a
+    dense model type. A Qwen2-MoE sliding window is refused here: its rule differs from Qwen2's."""
+    if model_type == "mixtral":
+        num_experts = _positive(raw, "num_local_experts", 8)
+        return MoEConfig(num_experts=num_experts,
+                         num_experts_per_token=_top_k(raw, num_experts, 2),
+                         expert_intermediate_size=_positive(raw, "intermediate_size", None),
+                         normalize_top_k=True, routing_weights_in_float32=True)
+    if model_type != "qwen2_moe":
+        return None
+    layer_types = raw.get("layer_types") or []
+    if raw.get("use_sliding_window") or "sliding_attention" in layer_types:
+        raise ValueError("config.json: Qwen2-MoE with use_sliding_window=true (or sliding_attention layers) is not "
+                         "supported; sliding-window attention is not implemented")
+    num_experts = _positive(raw, "num_experts", 60)
+    step = _positive(raw, "decoder_sparse_step", 1)
+    mlp_only = raw.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
+        raise ValueError(f"config.json: mlp_only_layers must be a list of layer indices, got {mlp_only!r}")
+    # transformers' rule: a layer is sparse unless listed, and only every decoder_sparse_step-th one.
+    dense = tuple(i for i in range(num_layers) if i in mlp_only or (i + 1) % step != 0)
+    return MoEConfig(num_experts=num_experts,
+                     num_experts_per_token=_top_k(raw, num_experts, 4),
+                     expert_intermediate_size=_positive(raw, "moe_intermediate_size", 1408),
+                     normalize_top_k=bool(raw.get("norm_topk_prob", False)),
+                     routing_weights_in_float32=False,
+                     shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 5632) or 0),
+                     dense_layers=dense)
+
+
+def _positive(raw: dict[str, Any], key: str, default: int | None) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _top_k(raw: dict[str, Any], num_experts: int, default: int) -> int:
+    top_k = _positive(raw, "num_experts_per_tok", default)
+    if top_k > num_experts:
+        raise ValueError(f"config.json: num_experts_per_tok={top_k} exceeds the {num_experts} experts")
+    return top_k
 
 
 def _qwen2_slides(raw: dict[str, Any]) -> bool:

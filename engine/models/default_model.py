@@ -43,6 +43,8 @@ _ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "mistral": ("MistralForCausalLM", "mistral"),
+    "mixtral": ("MixtralForCausalLM", "mixtral"),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
 }
 
 
@@ -89,10 +91,18 @@ def make_test_model(
     vocab_size: int = 512,
     max_position_embeddings: int = 2048,
     rms_norm_eps: float = 1e-5,
+    num_experts: int = 4,
+    num_experts_per_token: int = 2,
+    moe_intermediate_size: int = 48,
+    shared_expert_intermediate_size: int = 96,
+    norm_topk_prob: bool = False,
     seed: int = 0,
     with_tokenizer: bool = False,
 ) -> Path:
-    """Write a small random checkpoint of the given architecture ("llama", "qwen2", "mistral") to ``path``.
+    """Write a small random checkpoint of the given architecture ("llama", "qwen2", "mistral", and the
+    mixtures of experts "mixtral" and "qwen2_moe") to ``path``. The expert arguments apply to the latter
+    two (Mixtral's experts are ``intermediate_size`` wide; Qwen2-MoE's ``moe_intermediate_size``, beside a
+    shared expert of ``shared_expert_intermediate_size``).
 
     Deterministic: the same arguments give byte-identical weight files in any process. The tokenizer
     (BPE training, about a second for a 512 vocabulary) is written only when asked for.
@@ -128,11 +138,19 @@ def make_test_model(
     }
     if architecture == "llama":
         config["mlp_bias"] = False
-    if architecture in ("qwen2", "mistral"):
+    if architecture in ("qwen2", "mistral", "mixtral", "qwen2_moe"):
         config["sliding_window"] = None
-    if architecture == "qwen2":
+    if architecture in ("qwen2", "qwen2_moe"):
         config["use_sliding_window"] = False
         config["max_window_layers"] = num_hidden_layers
+    if architecture == "mixtral":
+        config.update(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_token)
+    if architecture == "qwen2_moe":
+        config.update(num_experts=num_experts, num_experts_per_tok=num_experts_per_token,
+                      moe_intermediate_size=moe_intermediate_size,
+                      shared_expert_intermediate_size=shared_expert_intermediate_size,
+                      norm_topk_prob=norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True)
+        del config["attention_bias"]  # Qwen2-MoE spells it qkv_bias
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -148,7 +166,7 @@ def make_test_model(
 
 def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Hugging Face parameter names and shapes of a Llama-family checkpoint."""
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    hidden = config["hidden_size"]
     q_size = config["num_attention_heads"] * config["head_dim"]
     kv_size = config["num_key_value_heads"] * config["head_dim"]
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
@@ -160,17 +178,40 @@ def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_size, hidden)
         shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_size, hidden)
         shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_size)
-        if config["attention_bias"]:
+        if config.get("attention_bias", config.get("qkv_bias")):
             shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
             shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
             shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
-        shapes[f"{prefix}.mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[f"{prefix}.mlp.up_proj.weight"] = (inter, hidden)
-        shapes[f"{prefix}.mlp.down_proj.weight"] = (hidden, inter)
+        shapes.update(_mlp_weight_shapes(config, prefix))
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], hidden)
     return shapes
+
+
+def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
+    """One layer's MLP tensors, named as each architecture's checkpoints name them."""
+    hidden = config["hidden_size"]
+
+    def swiglu(module: str, width: int, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
+        gate, up, down = names
+        return {f"{module}.{gate}.weight": (width, hidden), f"{module}.{up}.weight": (width, hidden),
+                f"{module}.{down}.weight": (hidden, width)}
+
+    if config["model_type"] == "mixtral":
+        shapes = {f"{prefix}.block_sparse_moe.gate.weight": (config["num_local_experts"], hidden)}
+        for expert in range(config["num_local_experts"]):
+            shapes.update(swiglu(f"{prefix}.block_sparse_moe.experts.{expert}", config["intermediate_size"],
+                                 ("w1", "w3", "w2")))
+        return shapes
+    if config["model_type"] == "qwen2_moe":
+        shapes = {f"{prefix}.mlp.gate.weight": (config["num_experts"], hidden),
+                  f"{prefix}.mlp.shared_expert_gate.weight": (1, hidden)}
+        for expert in range(config["num_experts"]):
+            shapes.update(swiglu(f"{prefix}.mlp.experts.{expert}", config["moe_intermediate_size"]))
+        shapes.update(swiglu(f"{prefix}.mlp.shared_expert", config["shared_expert_intermediate_size"]))
+        return shapes
+    return swiglu(f"{prefix}.mlp", config["intermediate_size"])
 
 
 def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:

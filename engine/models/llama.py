@@ -8,7 +8,7 @@ loader splits a checkpoint's separate projections into the fused weights (see ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,12 +45,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool) -> None:
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
+                 mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config, backend, qkv_bias, o_proj_bias)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
+        self.mlp = mlp  # [T, hidden] -> [T, hidden]: SwiGLU, or a mixture of experts (moe.py)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -60,11 +61,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool) -> None:
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
+                 make_mlp: Callable[[int], nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index))
+                                    for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
@@ -81,7 +83,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # Checkpoint projection name -> (our fused parameter, shard id); shard ids index _shard_rows.
+    # Checkpoint projection name -> (our fused parameter, shard id); shard ids select rows in _shard_view.
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -90,12 +92,16 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
 
+    # Why a decode step of this model cannot be captured in a CUDA graph; None: it can (decode_graphs.py).
+    cuda_graph_unsafe_reason: str | None = None
+
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         super().__init__()
         self.check_config(config)
         self.config = config
         backend = get_attention_backend(attention_backend)
-        self.model = LlamaModel(config, backend, *self.attention_biases(config))
+        self.model = LlamaModel(config, backend, *self.attention_biases(config),
+                                make_mlp=lambda layer_index: self.make_mlp(config, layer_index))
         # Tied checkpoints reuse the embedding matrix as the output projection; no separate parameter
         # exists then, so nothing can untie them by accident.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
@@ -105,6 +111,11 @@ class LlamaForCausalLM(nn.Module):
     def attention_biases(cls, config: ModelConfig) -> tuple[bool, bool]:
         """(bias on q/k/v, bias on o_proj): Llama's ``attention_bias`` switches both."""
         return config.attention_bias, config.attention_bias
+
+    @classmethod
+    def make_mlp(cls, config: ModelConfig, layer_index: int) -> nn.Module:
+        """The MLP of layer ``layer_index`` (mixture-of-experts models choose per layer)."""
+        return SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
 
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
@@ -136,14 +147,15 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- weight loading -------------------------------------------------------------------------
 
-    def _shard_rows(self, fused: str, shard: str) -> tuple[int, int]:
-        attn = self.model.layers[0].self_attn
-        if fused == "qkv_proj":
+    def _shard_view(self, target: str, destination: torch.Tensor, shard: str) -> torch.Tensor:
+        """The part of fused parameter ``target`` that checkpoint shard ``shard`` fills."""
+        if target.rsplit(".", 2)[-2] == "qkv_proj":
+            attn = self.model.layers[0].self_attn
             offsets = {"q": (0, attn.q_size), "k": (attn.q_size, attn.kv_size),
                        "v": (attn.q_size + attn.kv_size, attn.kv_size)}
-            return offsets[shard]
-        size = self.config.intermediate_size
-        return (0, size) if shard == "gate" else (size, size)
+            start, size = offsets[shard]
+            return destination[start:start + size]
+        return gate_or_up_rows(destination, shard)
 
     def _map_weight_name(self, name: str) -> tuple[str, str | None]:
         """A checkpoint name -> (our parameter name, fused shard id or None)."""
@@ -175,8 +187,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             destination = params[target].data
             if shard is not None:
-                start, size = self._shard_rows(target.rsplit(".", 2)[-2], shard)
-                destination = destination[start:start + size]
+                destination = self._shard_view(target, destination, shard)
             _copy_checked(destination, tensor, name)
             loaded.add(target if shard is None else f"{target}#{shard}")
         if stored_head is not None:
@@ -210,6 +221,12 @@ class LlamaForCausalLM(nn.Module):
             else:
                 expected.add(name)
         return expected
+
+
+def gate_or_up_rows(gate_up: torch.Tensor, shard: str) -> torch.Tensor:
+    """The gate (first half of the rows) or up (second half) of a fused [2 * intermediate, ...] weight."""
+    size = gate_up.shape[0] // 2
+    return gate_up[:size] if shard == "gate" else gate_up[size:]
 
 
 def _copy_checked(destination: torch.Tensor, source: torch.Tensor, name: str) -> None:

@@ -33,8 +33,10 @@ logger = logging.getLogger(__name__)
 CAPTURE_SAFE_BACKENDS = ("triton",)
 
 
-def cuda_graphs_unavailable_reason(device: torch.device, attention_backend: str, enforce_eager: bool) -> str | None:
-    """Why decode steps run eagerly on this configuration, or None when they are captured."""
+def cuda_graphs_unavailable_reason(device: torch.device, attention_backend: str, enforce_eager: bool,
+                                   model_reason: str | None = None) -> str | None:
+    """Why decode steps run eagerly on this configuration, or None when they are captured. ``model_reason``
+    is the model's own (``cuda_graph_unsafe_reason``: a forward whose control flow depends on the data)."""
     if enforce_eager:
         return "enforce_eager is set"
     if device.type != "cuda":
@@ -42,7 +44,7 @@ def cuda_graphs_unavailable_reason(device: torch.device, attention_backend: str,
     if attention_backend not in CAPTURE_SAFE_BACKENDS:
         return (f"attention backend {attention_backend!r} reads host-side metadata; capture-safe backends: "
                 f"{', '.join(CAPTURE_SAFE_BACKENDS)}")
-    return None
+    return model_reason
 
 
 class DecodeGraphs:

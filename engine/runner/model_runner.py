@@ -82,7 +82,8 @@ class ModelRunner:
         # Decode-only steps replay captured CUDA graphs when this is set (see decode_graphs.py).
         self.decode_graphs: DecodeGraphs | None = None
         self.cuda_graphs_off_reason = cuda_graphs_unavailable_reason(self.device, self.attention_backend,
-                                                                     config.enforce_eager)
+                                                                     config.enforce_eager,
+                                                                     self.model.cuda_graph_unsafe_reason)
         self.eager_token_padding = resolve_token_padding(config.eager_token_padding, self.device)
         # Wall time of the last execute_model, including the device sync that reads the samples back.
         self.last_step_duration_s = 0.0

@@ -88,7 +88,8 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
         load_model(tmp_path)
-    assert supported_architectures() == ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"]
+    assert supported_architectures() == ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
+                                         "Qwen2ForCausalLM", "Qwen2MoeForCausalLM"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "bf16"])

@@ -72,6 +72,11 @@ def _variants():
                             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
         "linear_rope": dict(architecture="llama", rope_scaling={"type": "linear", "factor": 2.0}),
+        # Mixtures of experts: router, top-k, the experts' weighted sum (and Qwen2-MoE's shared expert).
+        "mixtral": dict(architecture="mixtral"),
+        "qwen2_moe": dict(architecture="qwen2_moe"),
+        "qwen2_moe_normalized": dict(architecture="qwen2_moe", norm_topk_prob=True, num_experts=8,
+                                     num_experts_per_token=3),
     }
 
 
