@@ -63,6 +63,9 @@ class SchedulerConfig:
     # vLLM's async scheduling: the next batch is scheduled while the last one runs, its decodes taking the
     # positions of tokens still being sampled (engine/core/batches_in_flight.py).
     async_scheduling: bool = False
+    # Speculative decoding: up to this many draft tokens per decode, proposed by the executor and verified
+    # in the next step (engine/core/spec_decode.py). 0: off.
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -74,6 +77,13 @@ class SchedulerConfig:
         _require(self.policy in ("fcfs", "priority"), "scheduler", "policy", self.policy, "'fcfs' or 'priority'")
         _require(isinstance(self.async_scheduling, bool), "scheduler", "async_scheduling", self.async_scheduling,
                  "true or false")
+        _require(isinstance(self.num_speculative_tokens, int) and not isinstance(self.num_speculative_tokens, bool)
+                 and self.num_speculative_tokens >= 0, "scheduler", "num_speculative_tokens",
+                 self.num_speculative_tokens, "an integer >= 0")
+        # A batch in flight would sample before its drafts were verified: the next batch could not know which
+        # positions hold real tokens (vLLM added the combination later, with its own bookkeeping).
+        _require(self.num_speculative_tokens == 0 or not self.async_scheduling, "scheduler", "num_speculative_tokens",
+                 self.num_speculative_tokens, "0 with async_scheduling")
 
     def effective_max_model_len(self, cache: CacheConfig) -> int:
         """The longest sequence (prompt + output) that can ever make progress.

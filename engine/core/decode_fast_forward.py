@@ -98,6 +98,8 @@ class DecodeFastForward:
         running = scheduler.running
         if not running or scheduler.waiting or scheduler.has_pending_outputs():
             return None
+        if scheduler.num_speculative_tokens:
+            return None  # how many tokens each step brings depends on what the executor accepts
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager

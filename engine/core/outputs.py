@@ -11,8 +11,9 @@ class ModelRunnerOutput:
     """Sampled tokens for every request scheduled in the step.
 
     ``sampled_token_ids[req_id_to_index[req_id]]`` lists the tokens sampled for that request: usually
-    one, none for a prefill chunk that does not reach the end of the prompt, and possibly several
-    (speculative decoding). The scheduler ignores tokens sampled for an incomplete prefill.
+    one, none for a prefill chunk that does not reach the end of the prompt, and with speculative decoding
+    the accepted drafts then one more token (1 to drafts + 1). The scheduler ignores tokens sampled for an
+    incomplete prefill. ``spec_token_ids`` holds the drafts proposed after this step's tokens, by request id.
     """
     req_ids: list[str]
     req_id_to_index: dict[str, int]
@@ -22,6 +23,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, Any] | None = None
     # Requests whose KV load (SchedulerOutput.offload_loads) this step completed (vLLM: finished_recving).
     finished_kv_loads: list[str] = field(default_factory=list)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput([], {}, [])
@@ -53,4 +55,6 @@ class SchedulerStats:
     num_preempted_reqs: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Speculative decoding's counts so far (SpecDecodingStats.to_dict()), None when it is off.
+    spec_decoding: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -13,6 +13,8 @@ Invariants kept by the scheduler:
 - ``all_token_ids == prompt_token_ids + output_token_ids`` and ``num_tokens == len(all_token_ids)``.
 - ``0 <= num_computed_tokens <= num_tokens``; a preempted request has ``num_computed_tokens == 0``.
 - ``block_hashes[i]`` is the chained hash of full block ``i`` of ``all_token_ids`` (prefix caching only).
+- ``spec_token_ids`` (speculative decoding) is empty unless the request is running with all its known tokens
+  but the last computed, and never runs past ``max_tokens`` or the length limit (engine/core/spec_decode.py).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Request:
         "cache_salt", "status", "output_token_ids", "all_token_ids", "num_prompt_tokens", "num_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
         "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
-        "stop_token_set", "do_remote_prefill", "do_remote_decode", "num_output_placeholders",
+        "stop_token_set", "do_remote_prefill", "do_remote_decode", "num_output_placeholders", "spec_token_ids",
     )
 
     def __init__(
@@ -122,6 +124,9 @@ class Request:
         # Async scheduling: tokens being sampled by batches in flight, whose positions the next batch may
         # already compute (engine/core/batches_in_flight.py). Always 0 otherwise.
         self.num_output_placeholders = 0
+        # Speculative decoding: draft tokens proposed after its last sampled token, to be verified in its next
+        # step. Not part of all_token_ids (never hashed nor cached) until the executor accepts them.
+        self.spec_token_ids: list[int] = []
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 

@@ -31,6 +31,7 @@ from engine.core.request_queue import create_request_queue
 from engine.core.scheduler_output import SchedulerOutput
 from engine.core.scheduler_output_builder import build_scheduler_output
 from engine.core.scheduler_update import apply_model_output
+from engine.core.spec_decode import SpecDecodingStats
 from engine.core.waiting_admission import Admissions, admit_waiting
 
 _RUNNING = RequestStatus.RUNNING
@@ -51,6 +52,9 @@ class Scheduler:
                                              if scheduler_config.enable_chunked_prefill else 0)
         self.policy = scheduler_config.policy
         self.async_scheduling = scheduler_config.async_scheduling
+        self.num_speculative_tokens = scheduler_config.num_speculative_tokens
+        self.spec_decoding_stats = SpecDecodingStats(self.num_speculative_tokens) \
+            if self.num_speculative_tokens else None
         self.max_model_len = scheduler_config.effective_max_model_len(cache_config)
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
@@ -163,6 +167,8 @@ class Scheduler:
         preempted: list[Request] = []
         # Chunks that end before their request's known tokens: they sample nothing.
         partial_prefill_req_ids: set[str] = set()
+        # Drafts each decode verifies this step (speculative decoding; engine/core/spec_decode.py).
+        scheduled_spec_tokens: dict[str, list[int]] = {}
 
         # Phase 1: running requests. Each scheduled request's computed count advances at once (its
         # value before the step is kept in running_computed_before for the SchedulerOutput).
@@ -184,6 +190,11 @@ class Scheduler:
                     req_index += 1
                     continue
                 num_new_tokens += placeholders
+            spec_token_ids = request.spec_token_ids
+            if spec_token_ids and num_new_tokens == 1:
+                # Its last token and the drafts after it, scored in one pass. (With its batch in flight, some
+                # drafts may be computing already: it waits for that batch, as any request in flight does.)
+                num_new_tokens += len(spec_token_ids)
             if num_new_tokens == 1:
                 # The decode fast path (allocate_slots' own fast path, inlined because it runs for every
                 # running request): the last block has room and no block fills, so nothing is allocated.
@@ -198,8 +209,8 @@ class Scheduler:
                     token_budget -= 1
                     req_index += 1
                     continue
-            if num_new_tokens == 0:
-                # Its last token is still being computed by a batch in flight (engine/core/batches_in_flight.py).
+            if num_new_tokens <= 0:
+                # Its last token (and drafts) still being computed by a batch in flight (batches_in_flight.py).
                 req_index += 1
                 continue
             if 0 < threshold < num_new_tokens:
@@ -226,6 +237,7 @@ class Scheduler:
                         del running_computed_before[position]
                         token_budget += num_scheduled_tokens.pop(victim.request_id)
                         partial_prefill_req_ids.discard(victim.request_id)
+                        scheduled_spec_tokens.pop(victim.request_id, None)
                 else:
                     victim = running.pop()
                 self._preempt(victim)
@@ -239,6 +251,9 @@ class Scheduler:
             running_computed_before.append(num_computed)
             if num_computed + num_new_tokens < request.num_tokens:
                 partial_prefill_req_ids.add(request.request_id)
+            elif spec_token_ids and num_new_tokens > 1:
+                # The budget may leave room for only some of the drafts.
+                scheduled_spec_tokens[request.request_id] = spec_token_ids[:num_new_tokens - 1]
             request.num_computed_tokens = num_computed + num_new_tokens
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
@@ -257,11 +272,14 @@ class Scheduler:
             finished_req_ids, admissions.num_prefix_query_tokens, admissions.num_prefix_hit_tokens,
             self.kv_transfers.take_loads_started())
         scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
+        scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_tokens
         scheduler_output.batch_index = self.batches_in_flight.start()
         if kv_cache_manager.offload is not None:
             requests = self.requests
+            # Up to the last known token: a draft's position holds a verified token's KV only if it is accepted.
             scheduler_output.offload_computed_tokens = {
-                request_id: requests[request_id].num_computed_tokens for request_id in num_scheduled_tokens}
+                request_id: requests[request_id].num_computed_tokens - len(scheduled_spec_tokens.get(request_id, ()))
+                for request_id in num_scheduled_tokens}
             scheduler_output.offload_stores = kv_cache_manager.take_offload_stores()
             scheduler_output.offload_loads = self.kv_transfers.take_offload_loads_started()
         if async_scheduling:
@@ -279,6 +297,7 @@ class Scheduler:
         self.batches_in_flight.on_preempt(request.request_id)
         request.status = _PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # proposed after a token whose KV is gone; recomputed first
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
 
@@ -339,6 +358,7 @@ class Scheduler:
             num_preempted_reqs=self.last_step_num_preemptions,
             prefix_cache_queries=prefix_stats.queries,
             prefix_cache_hits=prefix_stats.hits,
+            spec_decoding=self.spec_decoding_stats.to_dict() if self.spec_decoding_stats is not None else None,
         )
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler_output import SchedulerOutput
+from engine.core.spec_decode import trim_drafts
 from engine.core.stop_conditions import finish_if_stopped
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
     partial = scheduler_output.partial_prefill_req_ids
     any_changed = batches.any_changed
     async_scheduling = scheduler.async_scheduling
+    scheduled_spec = scheduler_output.scheduled_spec_decode_tokens
+    speculating = scheduler.num_speculative_tokens > 0
     if scheduler_output.offload_computed_tokens:
         _offload_computed_blocks(scheduler, scheduler_output)
     for request_id in model_runner_output.finished_kv_loads:
@@ -61,6 +64,8 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
             continue
         new_token_ids = sampled_token_ids[index]
         finish_reason = None
+        if scheduled_spec and request_id in scheduled_spec:
+            _verify_drafts(scheduler, request, scheduled_spec[request_id], len(new_token_ids), waiting_to_resume)
         if len(new_token_ids) == 1:
             # The common case, inlined: one token that is neither a stop token nor the last allowed.
             token_id = new_token_ids[0]
@@ -84,6 +89,10 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
                     break
         else:
             continue
+        if speculating and finish_reason is None and not waiting_to_resume:
+            drafts = model_runner_output.spec_token_ids.get(request_id)
+            request.spec_token_ids = trim_drafts(request, drafts, scheduler.num_speculative_tokens,
+                                                 scheduler.max_model_len) if drafts else []
         outputs.append(EngineCoreOutput(
             request_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens,
             None, logprobs.get(request_id) if logprobs else None))
@@ -91,6 +100,21 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
         scheduler.remove_stopped(stopped, stopped_waiting)
     batches.finish(batch_index)
     return outputs
+
+
+def _verify_drafts(scheduler: Scheduler, request: Request, drafts: list[int], num_sampled: int,
+                   waiting_to_resume: bool) -> None:
+    """The executor kept ``num_sampled - 1`` of the step's drafts: count them, and take back the computed
+    positions of the rejected ones (their KV is stale; engine/core/spec_decode.py). Fewer than 1 or more
+    than drafts + 1 tokens would leave positions that no pass computed, or computed ones unclaimed. A request
+    preempted since the batch was scheduled has nothing computed to take back."""
+    num_drafts = len(drafts)
+    if not 1 <= num_sampled <= num_drafts + 1:
+        raise RuntimeError(f"request {request.request_id!r}: the executor returned {num_sampled} tokens for a step "
+                           f"with {num_drafts} draft tokens (expected 1 to {num_drafts + 1})")
+    if not waiting_to_resume:
+        request.num_computed_tokens -= num_drafts + 1 - num_sampled
+    scheduler.spec_decoding_stats.record(num_drafts, num_sampled - 1)
 
 
 def _offload_computed_blocks(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> None:

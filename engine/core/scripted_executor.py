@@ -5,6 +5,11 @@ rebuilt only from ``SchedulerOutput``s, and checks on every step that what the s
 consistent: positions continue where the last step stopped, and block tables cover every slot written.
 Tokens are a deterministic function of the sequence so far (like a greedy model), so a preempted and
 recomputed request produces exactly the tokens it would have produced without preemption.
+
+With ``num_speculative_tokens`` it also speculates: after each sampled token it proposes drafts whose first
+ones are the true continuation (each with ``draft_acceptance`` probability, drawn from a hash) and the next one
+wrong, and it verifies the drafts it is scheduled with as a real runner does: the matching ones are kept and
+the true token follows. So speculation changes which steps produce a request's tokens, never the tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class ScriptedExecutor:
     # The slots whose KV this executor has computed since their block was last (re)allocated, so that
     # tests can check every prefix-cached block really holds computed KV.
     computed_slots: dict[int, set[int]] = field(default_factory=dict)
+    num_speculative_tokens: int = 0
+    draft_acceptance: float = 0.7
 
     def next_token(self, state: _RequestState) -> int:
         """A hash of (seed, request salt, position, last token): same history, same token."""
@@ -86,23 +93,60 @@ class ScriptedExecutor:
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         block_size = self.block_size
+        spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
+        proposals: dict[str, list[int]] = {}
         for request_id in req_ids:
             state = states[request_id]
             num_scheduled = scheduler_output.num_scheduled_tokens[request_id]
+            drafts = spec_decode_tokens.get(request_id, ())
             end = state.num_computed_tokens + num_scheduled
             if self.validate:
-                if end > len(state.token_ids):
+                if end > len(state.token_ids) + len(drafts):
                     raise ExecutorStateError(f"{request_id}: scheduled past its known tokens")
+                if drafts and end != len(state.token_ids) + len(drafts):
+                    raise ExecutorStateError(f"{request_id}: drafts scheduled without the tokens before them")
                 if len(state.block_ids) * block_size < end:
                     raise ExecutorStateError(f"{request_id}: {len(state.block_ids)} blocks cannot hold {end} tokens")
             for position in range(end - num_scheduled, end):
                 block_id = state.block_ids[position // block_size]
                 self.computed_slots.setdefault(block_id, set()).add(position % block_size)
-            state.num_computed_tokens = end
-            if end == len(state.token_ids):
-                token = self.next_token(state)
-                state.token_ids.append(token)
-                sampled.append([token])
-            else:
+            if end < len(state.token_ids) + len(drafts):
+                state.num_computed_tokens = end
                 sampled.append([])
-        return ModelRunnerOutput(req_ids, {request_id: index for index, request_id in enumerate(req_ids)}, sampled)
+                continue
+            tokens = self._verify(state, drafts)
+            # Rejected drafts' slots hold KV of tokens that are not the request's: stale until recomputed.
+            for position in range(len(state.token_ids) - 1, end):
+                block_id = state.block_ids[position // block_size]
+                self.computed_slots[block_id].discard(position % block_size)
+            state.num_computed_tokens = len(state.token_ids) - 1
+            sampled.append(tokens)
+            if self.num_speculative_tokens:
+                proposals[request_id] = self._propose(state)
+        return ModelRunnerOutput(req_ids, {request_id: index for index, request_id in enumerate(req_ids)}, sampled,
+                                 spec_token_ids=proposals)
+
+    def _verify(self, state: _RequestState, drafts) -> list[int]:
+        """Append the true tokens: each draft while it matches, then the true token after the last match."""
+        tokens = []
+        for draft in (*drafts, None):
+            token = self.next_token(state)
+            state.token_ids.append(token)
+            tokens.append(token)
+            if token != draft:
+                break
+        return tokens
+
+    def _propose(self, state: _RequestState) -> list[int]:
+        """Drafts for the next step: the true continuation while a hash-drawn coin says so, then a wrong one."""
+        lookahead = _RequestState(list(state.token_ids), 0, [], state.eos_token_id, state.salt)
+        drafts = []
+        for _ in range(self.num_speculative_tokens):
+            token = self.next_token(lookahead)
+            lookahead.token_ids.append(token)
+            coin = zlib.crc32(f"{state.salt}:{len(lookahead.token_ids)}:{self.seed}".encode()) % 1000
+            if coin >= self.draft_acceptance * 1000:
+                drafts.append((token + 1) % self.vocab_size)
+                break
+            drafts.append(token)
+        return drafts

@@ -12,15 +12,17 @@ from engine.core.request import RequestStatus
 def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
-              async_scheduling=False, num_offload_blocks=0) -> EngineCore:
+              async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
+              draft_acceptance=0.7) -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                         long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
-                        async_scheduling=async_scheduling),
+                        async_scheduling=async_scheduling, num_speculative_tokens=num_speculative_tokens),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks))
-    executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed)
+    executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed,
+                                num_speculative_tokens=num_speculative_tokens, draft_acceptance=draft_acceptance)
     return EngineCore(scheduler, executor)
 
 
@@ -78,6 +80,13 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         assert request.status == RequestStatus.RUNNING
         held = len(manager.get_blocks(request.request_id)) * manager.block_size
         assert held >= request.num_computed_tokens, f"{request} holds only {held} slots"
+        if request.spec_token_ids:
+            # Drafts follow a decode's last token, within what it may still produce (engine/core/spec_decode.py).
+            assert len(request.spec_token_ids) <= scheduler.num_speculative_tokens
+            assert len(request.output_token_ids) + len(request.spec_token_ids) < request.max_tokens
+            assert request.num_tokens + len(request.spec_token_ids) <= scheduler.max_model_len
+    for request in scheduler.waiting:
+        assert not request.spec_token_ids, f"{request} waits with drafts"
     transfers = scheduler.kv_transfers
     for request in scheduler.waiting:
         request_id = request.request_id

@@ -21,6 +21,11 @@ Up to three batches may be in flight, as behind vLLM's batch queue under pipelin
 scheduling (engine/core/batches_in_flight.py): a batch is scheduled and executed at once but its outputs are
 applied later, in order, and further batches are scheduled meanwhile, with async scheduling taking the
 positions of tokens still in flight. The tokens must still be each request's own.
+
+With speculative decoding (engine/core/spec_decode.py) the executor proposes drafts that are partly right and
+verifies the ones it is scheduled with: requests advance by several tokens in some steps, rejected positions are
+taken back, and the tokens must still be each request's own; no block holding a rejected draft's KV may be
+cached or copied to the host.
 """
 
 from __future__ import annotations
@@ -48,14 +53,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len=st.integers(16, 400), chunked=st.booleans(), threshold=st.sampled_from([0, 0, 7, 33]),
         policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
         max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
-        eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]))
+        eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]),
+        speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
-              threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks):
+              threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
+              speculative_tokens, draft_acceptance):
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
                               enable_prefix_caching=caching, async_scheduling=async_scheduling,
-                              eos_probability=eos_probability, num_offload_blocks=offload_blocks if caching else 0)
+                              eos_probability=eos_probability, num_offload_blocks=offload_blocks if caching else 0,
+                              num_speculative_tokens=0 if async_scheduling else speculative_tokens,
+                              draft_acceptance=draft_acceptance)
         self.scheduler = self.core.scheduler
         manager = self.scheduler.kv_cache_manager
         if manager.offload is not None:
@@ -181,7 +190,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Only async scheduling computes positions of tokens still in flight, one per batch at most.
             assert placeholders == 0 or scheduler.async_scheduling
             assert 0 <= placeholders <= len(self.in_flight) + 1
-            assert request.num_computed_tokens <= request.num_tokens + placeholders
+            drafts = output.scheduled_spec_decode_tokens.get(request_id, ())
+            assert request.num_computed_tokens <= request.num_tokens + placeholders + len(drafts)
+            if drafts:
+                # Its last token and the drafts: nothing else of it is computed in this step.
+                assert count == len(drafts) + 1 and request.num_computed_tokens == request.num_tokens + len(drafts)
             # Never a step past the request's length.
             assert request.num_tokens + placeholders - request.num_prompt_tokens <= max(request.max_tokens, 1)
         check_scheduler_invariants(scheduler)
