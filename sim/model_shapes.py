@@ -2,8 +2,9 @@
 
 A ``ModelShape`` holds only the figures that decide how many FLOPs a step costs and how many bytes it
 moves: layer count, widths, head counts, vocabulary. Weights themselves never matter to the simulator.
-Shapes come from presets (copied from the models' published Hugging Face ``config.json`` files) or
-from a ``config.json`` on disk.
+Shapes come from presets (``sim/model_presets.py``, copied from the models' published Hugging Face
+``config.json`` files) or from a ``config.json`` on disk (``sim/hf_model_config.py``); ``resolve_model``
+(in ``sim.model_presets``) turns a workload's ``model:`` into one.
 
 ``kv_cache_num_blocks`` answers the question vLLM answers at start-up: after the weights and an
 activation reserve, how many KV-cache blocks fit in the device memory we may use?
@@ -11,10 +12,8 @@ activation reserve, how many KV-cache blocks fit in the device memory we may use
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import MISSING, asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for the annotation; hardware.py does not import this module
@@ -195,126 +194,6 @@ class ModelShape:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
-           max_positions: int, *, head_dim: int | None = None, tied: bool = False,
-           qkv_bias: bool = False) -> ModelShape:
-    return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                      num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
-                      vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
-                      tied_embeddings=tied, qkv_bias=qkv_bias)
-
-
-# Figures from each model's published config.json. Parameter counts these give (checked in tests):
-# llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
-# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B.
-MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
-    _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-    _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-    _shape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-    _shape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-    _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-    _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
-    _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
-    _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
-    _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
-    # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
-    # what real runs on the CPU use, and what their calibrated profiles describe.
-    _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),
-    _shape("servesim-small", 8, 512, 8, 4, 1408, 8192, 4096),
-)}
-# Short names, as engine.LLM(model="tiny" | "small") spells them.
-MODEL_PRESETS["tiny"] = MODEL_PRESETS["servesim-tiny"]
-MODEL_PRESETS["small"] = MODEL_PRESETS["servesim-small"]
-
-# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP).
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-_MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                               "qwen2": "Qwen2ForCausalLM"}
-# What transformers assumes when a config leaves max_position_embeddings out.
-_DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768}
-
-
-def resolve_model(value: str | dict | ModelShape) -> ModelShape:
-    """A preset name, a path to a Hugging Face ``config.json`` (or a folder holding one), an inline dict
-    of ``ModelShape`` fields, or a ``ModelShape`` (returned as is)."""
-    if isinstance(value, ModelShape):
-        return value
-    if isinstance(value, dict):
-        return _model_from_dict(value)
-    if not isinstance(value, (str, Path)):
-        raise ValueError(f"model: expected a preset name, a config.json path or a mapping, got {value!r}")
-    preset = MODEL_PRESETS.get(str(value).lower())
-    if preset is not None:
-        return preset
-    path = Path(value)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return model_from_hf_config(path)
-    raise ValueError(f"model: {str(value)!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
-                     f"nor a path to a Hugging Face config.json or a folder holding one")
-
-
-def _model_from_dict(value: dict) -> ModelShape:
-    known = {f.name for f in fields(ModelShape)}
-    for key in value:
-        if key not in known:
-            raise ValueError(f"model: unknown key {key!r} (known keys: {', '.join(sorted(known))})")
-    value = dict(value)
-    if "head_dim" not in value and "hidden_size" in value and "num_attention_heads" in value:
-        value["head_dim"] = value["hidden_size"] // value["num_attention_heads"]
-    for f in fields(ModelShape):
-        if f.name not in value and f.default is MISSING:
-            raise ValueError(f"model: missing key {f.name!r}")
-    return ModelShape(**value)
-
-
-def model_from_hf_config(path: str | Path) -> ModelShape:
-    """Read the shape from a Llama / Mistral / Qwen2 ``config.json``."""
-    path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"model: {path} does not hold a JSON object")
-    architectures = config.get("architectures") or [_MODEL_TYPE_TO_ARCHITECTURE.get(config.get("model_type"), None)]
-    architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
-    if architecture is None:
-        raise ValueError(f"model: {path}: architecture {architectures!r} (model_type {config.get('model_type')!r}) "
-                         f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-
-    def key(name: str, default: object = None) -> int:
-        # Some configs write null for a key they mean to leave at its default (head_dim, for one).
-        raw = config.get(name)
-        raw = default if raw is None else raw
-        if raw is None:
-            raise ValueError(f"model: {path}: config.json lacks the key {name!r}")
-        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-            raise ValueError(f"model: {path}: key {name!r} must be a positive integer, got {raw!r}")
-        return raw
-
-    hidden_size = key("hidden_size")
-    num_heads = key("num_attention_heads")
-    if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; "
-                         f"only a SiLU-gated MLP is modelled")
-    return ModelShape(
-        name=str(config.get("_name_or_path") or path.parent.name or path.stem),
-        num_layers=key("num_hidden_layers"),
-        hidden_size=hidden_size,
-        num_attention_heads=num_heads,
-        num_kv_heads=key("num_key_value_heads", num_heads),
-        head_dim=key("head_dim", hidden_size // num_heads),
-        intermediate_size=key("intermediate_size"),
-        vocab_size=key("vocab_size"),
-        max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
-        gated_mlp=True,
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False)),
-    )
 
 
 def kv_cache_storage_dtype(dtype: str, kv_cache_dtype: str | None) -> str:
