@@ -16,11 +16,14 @@ from sim.model_shapes import ModelShape
 
 def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
            max_positions: int, *, head_dim: int | None = None, tied: bool = False,
-           qkv_bias: bool = False) -> ModelShape:
+           qkv_bias: bool = False, experts: int = 0, experts_per_token: int = 0, expert_width: int = 0,
+           shared_expert_width: int = 0) -> ModelShape:
     return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                       num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
                       vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
-                      tied_embeddings=tied, qkv_bias=qkv_bias)
+                      tied_embeddings=tied, qkv_bias=qkv_bias, num_experts=experts,
+                      num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
+                      shared_expert_intermediate_size=shared_expert_width)
 
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
@@ -36,6 +39,20 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
+    # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
+    # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,
+    # qwen1.5-moe-a2.7b 14.3B / 2.69B. Mixtral's experts are as wide as its config's intermediate_size;
+    # Qwen's intermediate_size is the config's dense width, which no layer of these models uses.
+    _shape("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, experts=8, experts_per_token=2,
+           expert_width=14336),
+    _shape("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, experts=8, experts_per_token=2,
+           expert_width=16384),
+    # Qwen3 also normalizes each head's q and k (RMSNorm weights of head_dim, 2 x 128 per layer: 12k in
+    # all, 0.00004% of the model); they are not counted.
+    _shape("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960, head_dim=128, experts=128,
+           experts_per_token=8, expert_width=768),
+    _shape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, qkv_bias=True, experts=60,
+           experts_per_token=4, expert_width=1408, shared_expert_width=5632),
     # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
     # what real runs on the CPU use, and what their calibrated profiles describe.
     _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),
