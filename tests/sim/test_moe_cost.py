@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,3 +242,18 @@ def test_a_calibrated_dense_profile_for_an_moe_model_is_flagged_and_still_runs()
                for w in caught)
     assert cost_model.step_time(decode_batch(8)) > 0
 
+
+# --- the example ---------------------------------------------------------------------------------------
+
+def test_the_moe_example_runs_and_mixtral_decodes_faster_than_llama_3_70b(tmp_path):
+    from sim.run import main as sim_run_main
+
+    out = tmp_path / "moe"
+    assert sim_run_main(["moe", "--set", "workload.num_requests=120", "--out", str(out), "--no-progress",
+                         "--no-dashboard", "--quiet"]) == 0
+    table = pd.read_csv(out / "sweep.csv").set_index("point")
+    assert len(table) == 10
+    for rate in (4, 64):
+        mixtral, llama = table.loc[f"model=mixtral-8x7b,rate={rate}"], table.loc[f"model=llama-3-70b,rate={rate}"]
+        assert mixtral.tpot_ms_p50 < llama.tpot_ms_p50
+        assert mixtral.output_token_throughput >= llama.output_token_throughput
