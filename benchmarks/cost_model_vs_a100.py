@@ -28,7 +28,8 @@ from pathlib import Path
 import sim
 from sim.cost_models.analytical import AnalyticalCostModel
 from sim.hardware import HARDWARE_PRESETS, HardwareSpec, resolve_hardware
-from sim.model_shapes import dtype_bytes, resolve_model
+from sim.model_presets import resolve_model
+from sim.model_shapes import dtype_bytes
 
 DATA = Path(sim.__file__).parent / "data" / "a100_mlp_tp1.csv"
 DATA_TENSOR_PARALLEL = Path(sim.__file__).parent / "data" / "a100_mlp_tp248.csv"

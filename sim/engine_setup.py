@@ -12,7 +12,8 @@ from engine.core import CacheConfig, SchedulerConfig
 from sim.cost_models import CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
 from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
-from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype, resolve_model
+from sim.model_presets import resolve_model
+from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
 

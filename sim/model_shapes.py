@@ -2,8 +2,9 @@
 
 A ``ModelShape`` holds only the figures that decide how many FLOPs a step costs and how many bytes it
 moves: layer count, widths, head counts, vocabulary. Weights themselves never matter to the simulator.
-Shapes come from presets (copied from the models' published Hugging Face ``config.json`` files) or
-from a ``config.json`` on disk.
+Shapes come from presets (``sim/model_presets.py``, copied from the models' published Hugging Face
+``config.json`` files) or from a ``config.json`` on disk (``sim/hf_model_config.py``); ``resolve_model``
+(in ``sim.model_presets``) turns a workload's ``model:`` into one.
 
 ``kv_cache_num_blocks`` answers the question vLLM answers at start-up: after the weights and an
 activation reserve, how many KV-cache blocks fit in the device memory we may use?
@@ -11,10 +12,8 @@ activation reserve, how many KV-cache blocks fit in the device memory we may use
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import MISSING, asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for the annotation; hardware.py does not import this module
@@ -53,6 +52,17 @@ class ModelShape:
     gated_mlp: bool = True          # SwiGLU: gate and up projections, then act(gate) * up
     tied_embeddings: bool = False   # lm_head shares the embedding matrix (no extra weights)
     qkv_bias: bool = False          # Qwen2 adds a bias to the q, k and v projections
+    # Mixture of experts (Mixtral, Qwen-MoE): every layer's MLP is ``num_experts`` routed experts, each a
+    # gated SwiGLU MLP of width ``moe_intermediate_size``, of which a router picks ``num_experts_per_token``
+    # (top-k) per token. 0 experts: a dense model, and the other three must be 0 too. An MoE shape has no
+    # dense MLP in any layer (configs where some layers are dense are refused), so its ``intermediate_size``
+    # is only the config's figure and prices nothing.
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    # Qwen2-MoE's shared expert: one more gated MLP every token runs, scaled by sigmoid(x @ gate) with a
+    # [hidden, 1] gate. 0: none.
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -63,6 +73,29 @@ class ModelShape:
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
                              f"got {self.num_kv_heads}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        for name in ("num_experts", "num_experts_per_token", "moe_intermediate_size",
+                     "shared_expert_intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"model.{name} must be an integer >= 0, got {value!r}")
+        if self.num_experts == 0:
+            for name in ("num_experts_per_token", "moe_intermediate_size", "shared_expert_intermediate_size"):
+                if getattr(self, name):
+                    raise ValueError(f"model.{name} is {getattr(self, name)}, but model.num_experts is 0 (a dense "
+                                     "model); set num_experts for a mixture of experts")
+            return
+        if not 1 <= self.num_experts_per_token <= self.num_experts:
+            raise ValueError(f"model.num_experts_per_token must be 1..num_experts ({self.num_experts}) for a "
+                             f"mixture of experts, got {self.num_experts_per_token}")
+        if self.moe_intermediate_size < 1:
+            raise ValueError("model.moe_intermediate_size must be a positive integer for a mixture of experts "
+                             f"(num_experts {self.num_experts}), got {self.moe_intermediate_size}")
+        if not self.gated_mlp:
+            raise ValueError("model.gated_mlp must be true for a mixture of experts: experts are modelled as "
+                             "SwiGLU MLPs (gate, up, down)")
 
     # --- widths of the projections -------------------------------------------------------------
     @property
@@ -79,16 +112,58 @@ class ModelShape:
         """Output width of the first MLP projection (gate and up fused when the MLP is gated)."""
         return (2 if self.gated_mlp else 1) * self.intermediate_size
 
-    # --- parameters ---------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    # --- parameters (per layer first) ------------------------------------------------------------
+    @property
+    def attention_projection_parameters(self) -> int:
+        """Weights of one layer's QKV and O projections (biases apart)."""
+        h = self.hidden_size
+        return h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+
+    @property
+    def dense_mlp_parameters(self) -> int:
+        """Weights of one layer's dense MLP (gate+up, down); 0 for a mixture of experts, which has none."""
+        if self.is_moe:
+            return 0
+        return self.hidden_size * self.mlp_up_size + self.intermediate_size * self.hidden_size
+
+    @property
+    def expert_parameters(self) -> int:
+        """Weights of one routed expert: gate, up and down, each hidden x moe_intermediate_size."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def router_parameters(self) -> int:
+        """One layer's router: a hidden -> num_experts projection (kept in the model's dtype under fp8)."""
+        return self.hidden_size * self.num_experts
+
+    @property
+    def shared_expert_parameters(self) -> int:
+        """One layer's shared expert (gate, up, down), without its [hidden, 1] sigmoid gate."""
+        return 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
+    def shared_expert_gate_parameters(self) -> int:
+        return self.hidden_size if self.shared_expert_intermediate_size else 0
+
+    @property
+    def layer_linear_parameters(self) -> int:
+        """One layer's weights that fp8 quantization stores in one byte: QKV, O, the dense MLP or every expert
+        and the shared expert. Not the router nor the shared expert's gate (vLLM keeps both in the model's
+        dtype), nor norms and biases."""
+        return self.attention_projection_parameters + self.dense_mlp_parameters \
+            + self.num_experts * self.expert_parameters + self.shared_expert_parameters
+
     @property
     def layer_parameters(self) -> int:
         h = self.hidden_size
-        attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-        if self.qkv_bias:
-            attention += self.q_size + 2 * self.kv_size
-        mlp = h * self.mlp_up_size + self.intermediate_size * h
+        bias = self.q_size + 2 * self.kv_size if self.qkv_bias else 0
         norms = 2 * h
-        return attention + mlp + norms
+        return self.layer_linear_parameters + self.router_parameters + self.shared_expert_gate_parameters \
+            + bias + norms
 
     @property
     def num_parameters(self) -> int:
@@ -98,13 +173,17 @@ class ModelShape:
         return embedding + self.num_layers * self.layer_parameters + final_norm + lm_head
 
     @property
+    def active_parameters(self) -> int:
+        """What one token computes with: ``num_parameters`` less the routed experts it is not sent to
+        (num_experts - num_experts_per_token per layer). Equal to ``num_parameters`` for a dense model."""
+        idle_experts = self.num_experts - self.num_experts_per_token
+        return self.num_parameters - self.num_layers * idle_experts * self.expert_parameters
+
+    @property
     def linear_parameters(self) -> int:
-        """Weights of the projections of all layers (QKV, O, gate+up, down): what weight quantization
-        (vLLM's ``quantization: fp8``) stores in fewer bytes. Embedding, lm_head, norms and biases stay."""
-        h = self.hidden_size
-        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + h * self.mlp_up_size \
-            + self.intermediate_size * h
-        return self.num_layers * per_layer
+        """Weights of the projections of all layers (``layer_linear_parameters``): what weight quantization
+        (vLLM's ``quantization: fp8``) stores in fewer bytes. Embedding, lm_head, norms, biases and routers stay."""
+        return self.num_layers * self.layer_linear_parameters
 
     def weight_bytes(self, dtype: str, quantization: str | None = None) -> int:
         """Bytes of all weights in ``dtype``, the projections in ``quantization``'s type when given."""
@@ -124,7 +203,7 @@ class ModelShape:
     # --- tensor parallelism -------------------------------------------------------------------
     def shard(self, tensor_parallel_size: int) -> ModelShape:
         """What one of ``tensor_parallel_size`` GPUs holds and computes, Megatron-style as vLLM shards:
-        attention heads and MLP columns split evenly, the vocabulary (embedding and lm_head) split in
+        attention heads and MLP columns (every expert's too) split evenly, the vocabulary (embedding and lm_head) split in
         ceil-sized parts, the hidden width and norms whole on every GPU. KV heads split too, or, when
         there are fewer KV heads than GPUs, each GPU keeps one (vLLM replicates them).
 
@@ -139,8 +218,13 @@ class ModelShape:
             problems.append(f"the {self.num_attention_heads} attention heads")
         if self.num_kv_heads >= tp and self.num_kv_heads % tp:
             problems.append(f"the {self.num_kv_heads} KV heads")
-        if self.intermediate_size % tp:
+        if not self.is_moe and self.intermediate_size % tp:
             problems.append(f"the MLP width {self.intermediate_size}")
+        if self.moe_intermediate_size % tp:
+            problems.append(f"the expert width moe_intermediate_size {self.moe_intermediate_size}")
+        if self.shared_expert_intermediate_size % tp:
+            problems.append(f"the shared expert's width shared_expert_intermediate_size "
+                            f"{self.shared_expert_intermediate_size}")
         if problems:
             listed = problems[0] if len(problems) == 1 else f"{', '.join(problems[:-1])} or {problems[-1]}"
             raise ValueError(f"engine.tensor_parallel_size: {tp} does not divide {listed} of model {self.name!r}")
@@ -149,11 +233,16 @@ class ModelShape:
             raise ValueError(f"engine.tensor_parallel_size: {tp} is not a multiple of the {self.num_kv_heads} KV heads "
                              f"of model {self.name!r} (with fewer KV heads than GPUs, each KV head is copied to "
                              "the same number of GPUs)")
+        # vLLM's tensor-parallel MoE (no expert parallelism) gives every GPU every expert, each cut to 1/tp of
+        # its width like a dense MLP; the shared expert too. Routers and the shared expert's gate stay whole.
+        # An MoE shape's intermediate_size prices nothing, so it is only rounded up, never refused.
         return replace(self, name=f"{self.name} (1/{tp} tensor-parallel shard)",
                        num_attention_heads=self.num_attention_heads // tp,
                        num_kv_heads=max(1, self.num_kv_heads // tp),
-                       intermediate_size=self.intermediate_size // tp,
-                       vocab_size=-(-self.vocab_size // tp))
+                       intermediate_size=-(-self.intermediate_size // tp),
+                       vocab_size=-(-self.vocab_size // tp),
+                       moe_intermediate_size=self.moe_intermediate_size // tp,
+                       shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp)
 
     # --- pipeline parallelism ------------------------------------------------------------------
     def pipeline_stage_layers(self, pipeline_parallel_size: int) -> list[int]:
@@ -178,7 +267,7 @@ class ModelShape:
         the final norm and lm_head on the last (both, tied or not, on a one-stage pipeline)."""
         stage_layers = self.pipeline_stage_layers(pipeline_parallel_size)
         element = dtype_bytes(dtype)
-        linear_per_layer = self.linear_parameters // self.num_layers
+        linear_per_layer = self.layer_linear_parameters  # all experts of the layer, in fp8 when quantized
         other_per_layer = self.layer_parameters - linear_per_layer
         linear_bytes = element if quantization is None else dtype_bytes(quantization)
         total = stage_layers[stage] * (linear_per_layer * linear_bytes + other_per_layer * element)
@@ -195,126 +284,6 @@ class ModelShape:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
-           max_positions: int, *, head_dim: int | None = None, tied: bool = False,
-           qkv_bias: bool = False) -> ModelShape:
-    return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                      num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
-                      vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
-                      tied_embeddings=tied, qkv_bias=qkv_bias)
-
-
-# Figures from each model's published config.json. Parameter counts these give (checked in tests):
-# llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
-# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B.
-MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
-    _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-    _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-    _shape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-    _shape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-    _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-    _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
-    _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
-    _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
-    _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
-    # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
-    # what real runs on the CPU use, and what their calibrated profiles describe.
-    _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),
-    _shape("servesim-small", 8, 512, 8, 4, 1408, 8192, 4096),
-)}
-# Short names, as engine.LLM(model="tiny" | "small") spells them.
-MODEL_PRESETS["tiny"] = MODEL_PRESETS["servesim-tiny"]
-MODEL_PRESETS["small"] = MODEL_PRESETS["servesim-small"]
-
-# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP).
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-_MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                               "qwen2": "Qwen2ForCausalLM"}
-# What transformers assumes when a config leaves max_position_embeddings out.
-_DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768}
-
-
-def resolve_model(value: str | dict | ModelShape) -> ModelShape:
-    """A preset name, a path to a Hugging Face ``config.json`` (or a folder holding one), an inline dict
-    of ``ModelShape`` fields, or a ``ModelShape`` (returned as is)."""
-    if isinstance(value, ModelShape):
-        return value
-    if isinstance(value, dict):
-        return _model_from_dict(value)
-    if not isinstance(value, (str, Path)):
-        raise ValueError(f"model: expected a preset name, a config.json path or a mapping, got {value!r}")
-    preset = MODEL_PRESETS.get(str(value).lower())
-    if preset is not None:
-        return preset
-    path = Path(value)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return model_from_hf_config(path)
-    raise ValueError(f"model: {str(value)!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
-                     f"nor a path to a Hugging Face config.json or a folder holding one")
-
-
-def _model_from_dict(value: dict) -> ModelShape:
-    known = {f.name for f in fields(ModelShape)}
-    for key in value:
-        if key not in known:
-            raise ValueError(f"model: unknown key {key!r} (known keys: {', '.join(sorted(known))})")
-    value = dict(value)
-    if "head_dim" not in value and "hidden_size" in value and "num_attention_heads" in value:
-        value["head_dim"] = value["hidden_size"] // value["num_attention_heads"]
-    for f in fields(ModelShape):
-        if f.name not in value and f.default is MISSING:
-            raise ValueError(f"model: missing key {f.name!r}")
-    return ModelShape(**value)
-
-
-def model_from_hf_config(path: str | Path) -> ModelShape:
-    """Read the shape from a Llama / Mistral / Qwen2 ``config.json``."""
-    path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"model: {path} does not hold a JSON object")
-    architectures = config.get("architectures") or [_MODEL_TYPE_TO_ARCHITECTURE.get(config.get("model_type"), None)]
-    architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
-    if architecture is None:
-        raise ValueError(f"model: {path}: architecture {architectures!r} (model_type {config.get('model_type')!r}) "
-                         f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-
-    def key(name: str, default: object = None) -> int:
-        # Some configs write null for a key they mean to leave at its default (head_dim, for one).
-        raw = config.get(name)
-        raw = default if raw is None else raw
-        if raw is None:
-            raise ValueError(f"model: {path}: config.json lacks the key {name!r}")
-        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-            raise ValueError(f"model: {path}: key {name!r} must be a positive integer, got {raw!r}")
-        return raw
-
-    hidden_size = key("hidden_size")
-    num_heads = key("num_attention_heads")
-    if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; "
-                         f"only a SiLU-gated MLP is modelled")
-    return ModelShape(
-        name=str(config.get("_name_or_path") or path.parent.name or path.stem),
-        num_layers=key("num_hidden_layers"),
-        hidden_size=hidden_size,
-        num_attention_heads=num_heads,
-        num_kv_heads=key("num_key_value_heads", num_heads),
-        head_dim=key("head_dim", hidden_size // num_heads),
-        intermediate_size=key("intermediate_size"),
-        vocab_size=key("vocab_size"),
-        max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
-        gated_mlp=True,
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False)),
-    )
 
 
 def kv_cache_storage_dtype(dtype: str, kv_cache_dtype: str | None) -> str:

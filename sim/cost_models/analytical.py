@@ -21,6 +21,16 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   shard (``ModelShape.shard``: heads, MLP columns and vocabulary split; norms and residuals whole), and
   the GPUs all-reduce the hidden state twice per layer (after O and after down) and gather the logits
   (``HardwareSpec.allreduce_time``). The GPUs run in lockstep, so a step takes one GPU's time.
+* a mixture of experts (``ModelShape.is_moe``: Mixtral, Qwen-MoE) replaces each layer's MLP by a router
+  (a projection to one logit per expert, in the model's dtype), the routed experts as a grouped GEMM
+  (``sim/cost_models/routed_experts.py``: T * k rows of compute, and the weights of the experts the step's
+  tokens are routed to, E * (1 - (1 - k/E)^T) of them on average under uniform routing) and, for Qwen2-MoE,
+  a shared expert every token runs (ordinary projections, plus its [hidden, 1] gate). Element-wise, the
+  activation runs on T * k rows of the expert width, the hidden state is permuted to the experts' rows and
+  combined back, and top-k reads the router's logits. Routing is assumed uniform; real routers are skewed
+  and touch fewer experts at mid batch sizes, so the model is pessimistic there (a skew parameter is future
+  work). Tensor parallelism splits every expert's width (vLLM without expert parallelism), so the
+  all-reduces stay two per layer; fp8 applies to the experts and the shared expert, not the router.
 * with pipeline parallelism (``pipeline_parallel_size`` stages, each of ``tensor_parallel_size`` GPUs),
   ``pipeline_stage_times`` splits a batch's GPU time by stage: each stage runs its layers' share of every
   per-layer cost (``ModelShape.pipeline_stage_layers``), the last stage lm_head and sampling, and every
@@ -37,8 +47,10 @@ are computed once here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
+from sim.cost_models.linear_cost import LinearCost
+from sim.cost_models.routed_experts import RoutedExpertsCost, expected_distinct_experts
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.hardware import HardwareSpec
 from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
@@ -51,6 +63,14 @@ LOGIT_BYTES = 4
 # Kernels one transformer layer launches, in the profiled (unfused) stack: input norm, QKV, RoPE,
 # KV-cache write, attention, O, residual add, post-attention norm, gate+up, activation, down, residual add.
 KERNELS_PER_LAYER = 12
+# A mixture-of-experts layer launches more: its MLP's three (gate+up, activation, down) become vLLM's fused
+# MoE sequence of seven: router projection, top-k softmax, aligning and sorting the rows by expert, the
+# gate+up grouped GEMM, activation, the down grouped GEMM, and the weighted sum of each token's k rows.
+KERNELS_PER_MOE_LAYER = KERNELS_PER_LAYER - 3 + 7
+# A shared expert (Qwen2-MoE) adds gate+up, activation, down, its gate's projection, and scaling and adding.
+KERNELS_PER_SHARED_EXPERT = 5
+# Top-k writes, per token and chosen expert, a weight (fp32) and an expert id (int32).
+TOP_K_BYTES_PER_CHOICE = 8
 # Outside the layers: embedding, final norm, lm_head, and about four for sampling.
 KERNELS_OUTSIDE_LAYERS = 7
 
@@ -60,29 +80,6 @@ COMPONENTS = ("linear_layers", "elementwise", "attention_decode", "attention_pre
 # All-reduces per layer under tensor parallelism: after the attention output projection and after the
 # MLP down projection (Megatron's row-parallel layers).
 ALLREDUCES_PER_LAYER = 2
-
-
-@dataclass(frozen=True, slots=True)
-class LinearCost:
-    """One projection on the roofline, in seconds: weights once per step, compute and activations per row."""
-    name: str
-    in_features: int
-    out_features: int
-    weight_read_s: float
-    compute_s_per_row: float
-    activation_s_per_row: float
-
-    def time(self, rows: int) -> float:
-        return max(rows * self.compute_s_per_row, self.weight_read_s + rows * self.activation_s_per_row)
-
-    def is_compute_bound(self, rows: int) -> bool:
-        return rows * self.compute_s_per_row > self.weight_read_s + rows * self.activation_s_per_row
-
-    def flops(self, rows: int) -> int:
-        return 2 * rows * self.in_features * self.out_features
-
-    def bytes_moved(self, rows: int, element_bytes: int) -> int:
-        return (self.in_features * self.out_features + rows * (self.in_features + self.out_features)) * element_bytes
 
 
 class AnalyticalCostModel:
@@ -133,11 +130,9 @@ class AnalyticalCostModel:
 
         # --- one layer, operator by operator (the benchmark compares these with measured kernels) ---
         quantized = quantization is not None
-        self.layer_linears: tuple[LinearCost, ...] = (
+        attention_linears = (
             linear("qkv_proj", h, q_size + 2 * kv_size, quantized),
             linear("o_proj", q_size, h, quantized),
-            linear("gate_up_proj", h, model.mlp_up_size, quantized),
-            linear("down_proj", model.intermediate_size, h, quantized),
         )
         # Bytes each element-wise operator streams per token: a norm reads and writes the hidden state,
         # an add reads two and writes one, RoPE rewrites q and k, SiLU-and-multiply reads gate and up and
@@ -150,6 +145,15 @@ class AnalyticalCostModel:
             "post_attention_norm": 2 * h * element_bytes,
             "activation": (model.mlp_up_size + model.intermediate_size) * element_bytes,
         }
+        self.routed_experts: RoutedExpertsCost | None = None
+        self.kernels_per_layer = KERNELS_PER_LAYER
+        if not model.is_moe:
+            self.layer_linears: tuple[LinearCost, ...] = attention_linears + (
+                linear("gate_up_proj", h, model.mlp_up_size, quantized),
+                linear("down_proj", model.intermediate_size, h, quantized),
+            )
+        else:
+            self.layer_linears = attention_linears + self._moe_layer(model, linear, quantized)
         layer_elementwise_bytes = sum(self.layer_elementwise_bytes_per_token.values()) \
             + self.layer_elementwise_bytes_per_token["residual_add"]  # two residual adds per layer
         outside_elementwise_bytes = 2 * h * element_bytes + 2 * h * element_bytes  # embedding, final norm
@@ -159,6 +163,7 @@ class AnalyticalCostModel:
         self._linears_all_layers = tuple(
             (layers * c.compute_s_per_row, layers * c.weight_read_s, layers * c.activation_s_per_row)
             for c in self.layer_linears)
+        self._experts_all_layers = self.routed_experts.scaled(layers) if self.routed_experts else None
         self._elementwise_s_per_token = (layers * layer_elementwise_bytes + outside_elementwise_bytes) / bandwidth
         attention_flops_per_pair = 4 * q_size  # QK^T and PV: 2 FLOPs per multiply-add, head_dim per head
         kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer(self.kv_cache_dtype)
@@ -174,7 +179,7 @@ class AnalyticalCostModel:
         self._sampling_s_per_request = SAMPLING_PASSES_OVER_LOGITS * full_vocab_size * LOGIT_BYTES / bandwidth
         # (An all-reduce's own launch is in its latency: HardwareSpec.allreduce_latency_s.)
         self._fixed_s = hardware.step_overhead_s + hardware.kernel_launch_overhead_s * (
-            layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE_LAYERS)
+            layers * self.kernels_per_layer + KERNELS_OUTSIDE_LAYERS)
         self.shard = model
         self._allreduces_per_step = layers * ALLREDUCES_PER_LAYER
         self._hidden_bytes_per_token = h * element_bytes
@@ -182,7 +187,7 @@ class AnalyticalCostModel:
         # Pipeline stages: each one's share of the per-layer costs, and the hand-over between stages (vLLM
         # sends the hidden states and the residual, two rows of hidden_size per token).
         self.stage_layer_fractions = tuple(count / layers for count in stage_layers)
-        self._launch_s_all_layers = hardware.kernel_launch_overhead_s * layers * KERNELS_PER_LAYER
+        self._launch_s_all_layers = hardware.kernel_launch_overhead_s * layers * self.kernels_per_layer
         self._launch_s_outside_layers = hardware.kernel_launch_overhead_s * KERNELS_OUTSIDE_LAYERS
         self._send_latency_s, self._send_s_per_byte = (
             hardware.send_coefficients() if pipeline_parallel_size > 1 else (0.0, 0.0))
@@ -193,6 +198,41 @@ class AnalyticalCostModel:
         self._gather_latency_s = self._allreduce_latency_s if pipeline_parallel_size > 1 else 0.0
         self._gather_s_per_token = (2 * h * element_bytes / 2 * self._allreduce_s_per_byte
                                     if pipeline_parallel_size > 1 else 0.0)
+
+    def _moe_layer(self, shard: ModelShape, linear: Callable[..., LinearCost], quantized: bool
+                   ) -> tuple[LinearCost, ...]:
+        """A mixture-of-experts layer's MLP for one GPU's ``shard``: sets ``routed_experts``, its element-wise
+        bytes and kernels, and returns the projections that run on every token (router, shared expert)."""
+        h, element_bytes, k = shard.hidden_size, self._element_bytes, shard.num_experts_per_token
+        width, shared_width = shard.moe_intermediate_size, shard.shared_expert_intermediate_size
+        # One expert's two grouped GEMMs, priced row by row as dense projections are (fp8 included).
+        gate_up = linear("experts_gate_up", h, 2 * width, quantized)
+        down = linear("experts_down", width, h, quantized)
+        self.routed_experts = RoutedExpertsCost(
+            num_experts=shard.num_experts, experts_per_token=k,
+            expert_weight_read_s=gate_up.weight_read_s + down.weight_read_s,
+            compute_s_per_row=gate_up.compute_s_per_row + down.compute_s_per_row,
+            activation_s_per_row=gate_up.activation_s_per_row + down.activation_s_per_row)
+        # vLLM keeps the router (and the shared expert's gate) in the model's dtype under fp8.
+        linears = (linear("router", h, shard.num_experts),)
+        elementwise = self.layer_elementwise_bytes_per_token
+        # SiLU-and-multiply on each token's k rows of the expert width (and on the shared expert's row).
+        elementwise["activation"] = 3 * (k * width + shared_width) * element_bytes
+        # The hidden state copied to each token's k expert rows, and the k rows' outputs summed back into one
+        # (weighted by the router's probabilities): read 1 + write k, then read k + write 1.
+        elementwise["moe_permute_and_combine"] = 2 * (1 + k) * h * element_bytes
+        # Top-k softmax reads the token's logits and writes k (weight, expert id) pairs; the alignment
+        # kernel's sort of the ids is of the same order.
+        elementwise["router_top_k"] = shard.num_experts * element_bytes + k * TOP_K_BYTES_PER_CHOICE
+        self.kernels_per_layer = KERNELS_PER_MOE_LAYER
+        if shared_width:
+            linears += (linear("shared_expert_gate_up", h, 2 * shared_width, quantized),
+                        linear("shared_expert_down", shared_width, h, quantized),
+                        linear("shared_expert_gate", h, 1))
+            # sigmoid(gate) * shared output + routed output: read two rows and the gate, write one.
+            elementwise["shared_expert_combine"] = 3 * h * element_bytes
+            self.kernels_per_layer += KERNELS_PER_SHARED_EXPERT
+        return linears
 
     # --- the cost-model interface -----------------------------------------------------------------
     def step_time(self, batch: StepBatch) -> float:
@@ -239,6 +279,8 @@ class AnalyticalCostModel:
         linear_layers = 0.0
         for compute, weight_read, activation in self._linears_all_layers:
             linear_layers += max(tokens * compute, weight_read + tokens * activation)
+        if self._experts_all_layers is not None:
+            linear_layers += self._experts_all_layers.time(tokens)
         attention_decode = f.decode_context_tokens * self._decode_s_per_context_token \
             + f.num_decode_reqs * self._decode_s_per_request
         attention_prefill = 0.0
@@ -267,6 +309,8 @@ class AnalyticalCostModel:
         overhead: what a per-kernel profiler measures (one residual add of the layer's two)."""
         overhead = self.hardware.kernel_launch_overhead_s
         times = {c.name: c.time(num_tokens) + overhead for c in self.layer_linears}
+        if self.routed_experts is not None:  # two grouped GEMMs
+            times["routed_experts"] = self.routed_experts.time(num_tokens) + 2 * overhead
         for name, bytes_per_token in self.layer_elementwise_bytes_per_token.items():
             if name != "kv_cache_write":  # belongs to attention
                 times[name] = num_tokens * bytes_per_token / self._bandwidth + overhead
@@ -277,9 +321,18 @@ class AnalyticalCostModel:
         weight_bytes = m.weight_bytes(dtype, self.quantization)
         weight_bytes_per_gpu = self.shard.weight_bytes(dtype, self.quantization)
         gemm_flops = hw.achievable_gemm_flops(dtype)
+        shard = self.shard
+        expert_weight_bytes = dtype_bytes(self.quantization or dtype)
+        idle_expert_bytes = shard.num_layers * (shard.num_experts - shard.num_experts_per_token) \
+            * shard.expert_parameters * expert_weight_bytes
         return {
             "kind": "analytical",
             "model": m.to_dict(),
+            "num_parameters": m.num_parameters,
+            # What one token computes with; less than num_parameters for a mixture of experts.
+            "active_parameters": m.active_parameters,
+            "num_experts": m.num_experts,
+            "num_experts_per_token": m.num_experts_per_token,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "pipeline_stage_layers": m.pipeline_stage_layers(self.pipeline_parallel_size),
@@ -295,10 +348,14 @@ class AnalyticalCostModel:
             # Tokens per step past which linear layers stop being bound by reading their weights.
             "ridge_point_tokens": gemm_flops * self._element_bytes / (2 * hw.achievable_bandwidth),
             # The floor of any step, before fixed costs: every weight of a GPU's shard read once (slightly
-            # high: the embedding table is only gathered row by row).
+            # high: the embedding table is only gathered row by row). For a mixture of experts, the floor
+            # of a step large enough to read every expert.
             "weight_read_s": weight_bytes_per_gpu / hw.achievable_bandwidth,
+            # A one-token step's weights: a mixture of experts reads only the k experts the token is routed
+            # to (equal to weight_read_s for a dense model).
+            "weight_read_s_one_token": (weight_bytes_per_gpu - idle_expert_bytes) / hw.achievable_bandwidth,
             "fixed_overhead_s": self._fixed_s,
-            "kernels_per_layer": KERNELS_PER_LAYER,
+            "kernels_per_layer": self.kernels_per_layer,
             "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,
         }
 
@@ -308,12 +365,18 @@ class AnalyticalCostModel:
         f = step_features(batch)
         m, b = self.model, self._element_bytes
         layers = m.num_layers
-        linear_params = m.hidden_size * (m.q_size + 2 * m.kv_size) + m.q_size * m.hidden_size \
-            + m.hidden_size * m.mlp_up_size + m.intermediate_size * m.hidden_size
+        # Projections every token goes through: attention, the dense MLP or the router and shared expert.
+        linear_params = m.attention_projection_parameters + m.dense_mlp_parameters + m.router_parameters \
+            + m.shared_expert_parameters + m.shared_expert_gate_parameters
         attention_pairs = f.decode_context_tokens + f.prefill_attention_work
         flops = layers * (2 * f.num_tokens * linear_params + 4 * m.q_size * attention_pairs) \
             + 2 * f.num_reqs * m.hidden_size * m.vocab_size
         kv_tokens_read = f.decode_context_tokens + f.prefill_context_tokens
         kv_read = layers * m.kv_bytes_per_token_per_layer(self.kv_cache_dtype) * kv_tokens_read
         weights = (layers * linear_params + m.hidden_size * m.vocab_size) * b
+        if m.is_moe:
+            # Each token through k experts; the weights of the experts some token is routed to, on average.
+            flops += layers * 2 * f.num_tokens * m.num_experts_per_token * m.expert_parameters
+            distinct = expected_distinct_experts(f.num_tokens, m.num_experts, m.num_experts_per_token)
+            weights += layers * distinct * m.expert_parameters * b
         return float(flops), float(weights + kv_read)

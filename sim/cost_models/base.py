@@ -13,7 +13,8 @@ from typing import Protocol, runtime_checkable
 
 from sim.cost_models.step_batch import StepBatch, StepFeatures
 from sim.hardware import HardwareSpec, resolve_hardware
-from sim.model_shapes import ModelShape, resolve_model
+from sim.model_presets import resolve_model
+from sim.model_shapes import ModelShape
 
 
 @runtime_checkable

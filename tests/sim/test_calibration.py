@@ -15,7 +15,7 @@ from sim.calibration_fit import fit_step_model, step_feature_frame
 from sim.cost_models import StepFeatures, load_cost_model
 from sim.cost_models.calibrated_range import calibrated_range, describe_extrapolation, extrapolation_report
 from sim.hardware import resolve_hardware
-from sim.model_shapes import resolve_model
+from sim.model_presets import resolve_model
 
 
 def synthetic_steps(num_steps=600, seed=0, noise=0.01):

@@ -13,7 +13,7 @@ from sim.cost_models import (AnalyticalCostModel, CalibratedCostModel, CostModel
                              load_cost_model, load_profile, make_provenance, save_profile, step_features)
 from sim.cost_models.base import hardware_matches
 from sim.hardware import HARDWARE_PRESETS, resolve_hardware
-from sim.model_shapes import MODEL_PRESETS, resolve_model
+from sim.model_presets import MODEL_PRESETS, resolve_model
 
 GB = 1e9
 

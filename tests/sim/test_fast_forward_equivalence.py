@@ -39,6 +39,7 @@ def traces(workload, fast_forward):
     ("code_trace", ["workload.num_requests=150", "engine.enable_prefix_caching=false"]),
     ("kv_offloading", ["workload.num_requests=200", "sweep=null", "engine.kv_offloading_size_gib=4"]),  # host tier
     ("kv_offloading", ["workload.num_requests=200", "sweep=null", "engine.kv_offloading_size_gib=16"]),
+    ("moe", ["workload.num_requests=150", "sweep=null"]),  # a mixture of experts: the step time is not linear
 ])
 def test_traces_are_identical_with_and_without_fast_forward(name, overrides):
     workload = load_workload(example_path(name), overrides=overrides)

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from sim.hardware import HARDWARE_PRESETS, HardwareSpec, resolve_hardware
-from sim.model_shapes import (MODEL_PRESETS, ModelShape, dtype_bytes, kv_cache_num_blocks, model_from_hf_config,
-                              resolve_model)
+from sim.hf_model_config import model_from_hf_config
+from sim.model_presets import MODEL_PRESETS, resolve_model
+from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_num_blocks
 
 GIB = 2**30
 

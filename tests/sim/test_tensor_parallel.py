@@ -9,7 +9,8 @@ from benchmarks.cost_model_vs_a100 import compare
 from sim.cost_models import AnalyticalCostModel, StepBatch
 from sim.engine_setup import SetupError, build_setup
 from sim.hardware import resolve_hardware
-from sim.model_shapes import kv_cache_num_blocks, resolve_model
+from sim.model_presets import resolve_model
+from sim.model_shapes import kv_cache_num_blocks
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, example_path, load_workload
 

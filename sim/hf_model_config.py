@@ -1,0 +1,112 @@
+"""Reading a model's shape from its Hugging Face ``config.json``, for the architectures ``ModelShape`` models
+one to one; any other is refused by name rather than priced as something it is not."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from sim.model_shapes import ModelShape
+
+# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP; the
+# mixtures of experts: SwiGLU experts in every layer, a softmax router picking the top k).
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
+_MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                               "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                               "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# What transformers assumes when a config leaves max_position_embeddings out.
+_DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
+                          "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
+                          "Qwen3MoeForCausalLM": 32768}
+# Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
+# defaults transformers' config classes give a key left out (None: the key must be there).
+_MOE_KEYS = {
+    # Mixtral's experts are as wide as its intermediate_size; it has no shared expert.
+    "MixtralForCausalLM": (("num_local_experts", 8), ("num_experts_per_tok", 2), ("intermediate_size", None), None),
+    "Qwen2MoeForCausalLM": (("num_experts", 60), ("num_experts_per_tok", 4), ("moe_intermediate_size", 1408),
+                            ("shared_expert_intermediate_size", 5632)),
+    "Qwen3MoeForCausalLM": (("num_experts", 128), ("num_experts_per_tok", 8), ("moe_intermediate_size", 768), None),
+}
+
+
+def model_from_hf_config(path: str | Path) -> ModelShape:
+    """Read the shape from a Llama / Mistral / Qwen2 ``config.json``, or a Mixtral / Qwen2-MoE / Qwen3-MoE one."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model: {path} does not hold a JSON object")
+    architectures = config.get("architectures") or [_MODEL_TYPE_TO_ARCHITECTURE.get(config.get("model_type"), None)]
+    architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
+    if architecture is None:
+        raise ValueError(f"model: {path}: architecture {architectures!r} (model_type {config.get('model_type')!r}) "
+                         f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+    def key(name: str, default: object = None) -> int:
+        # Some configs write null for a key they mean to leave at its default (head_dim, for one).
+        raw = config.get(name)
+        raw = default if raw is None else raw
+        if raw is None:
+            raise ValueError(f"model: {path}: config.json lacks the key {name!r}")
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+            raise ValueError(f"model: {path}: key {name!r} must be a positive integer, got {raw!r}")
+        return raw
+
+    hidden_size = key("hidden_size")
+    num_heads = key("num_attention_heads")
+    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; "
+                         f"only a SiLU-gated MLP is modelled")
+    experts = _experts(config, architecture, path, key)
+    if architecture == "Qwen2MoeForCausalLM":
+        qkv_bias = bool(config.get("qkv_bias", True))  # transformers' Qwen2MoeConfig: a key, true by default
+    else:
+        qkv_bias = architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False))
+    return ModelShape(
+        name=str(config.get("_name_or_path") or path.parent.name or path.stem),
+        num_layers=key("num_hidden_layers"),
+        hidden_size=hidden_size,
+        num_attention_heads=num_heads,
+        num_kv_heads=key("num_key_value_heads", num_heads),
+        head_dim=key("head_dim", hidden_size // num_heads),
+        # An MoE config's dense width (Qwen's 6144 or 5632) prices nothing, but is kept as the config gives it
+        # (left out: the experts' width).
+        intermediate_size=key("intermediate_size", experts.get("moe_intermediate_size")),
+        vocab_size=key("vocab_size"),
+        max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
+        gated_mlp=True,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        **experts,
+    )
+
+
+def _experts(config: dict, architecture: str, path: Path, key: Callable[..., int]) -> dict[str, int]:
+    """The ModelShape fields of an MoE architecture's experts ({} for a dense one). Refuses, by key, a config
+    where some layers keep a dense MLP: the shape prices every layer alike, so it would price another model."""
+    if architecture not in _MOE_KEYS:
+        return {}
+    mlp_only_layers = config.get("mlp_only_layers") or []
+    if mlp_only_layers:
+        raise ValueError(f"model: {path}: key 'mlp_only_layers' is {mlp_only_layers!r}; layers with a dense MLP "
+                         "among the experts' layers are not modelled (every layer is priced as a mixture of experts)")
+    sparse_step = config.get("decoder_sparse_step", 1)
+    if sparse_step != 1:
+        raise ValueError(f"model: {path}: key 'decoder_sparse_step' is {sparse_step!r}; only 1 (experts in every "
+                         "layer) is modelled")
+    experts, per_token, width, shared = _MOE_KEYS[architecture]
+    fields = {"num_experts": key(*experts), "num_experts_per_token": key(*per_token),
+              "moe_intermediate_size": key(*width)}
+    if shared is not None:
+        # 0 is a config's way to say "no shared expert"; key() takes positive integers only.
+        raw = config.get(shared[0])
+        fields["shared_expert_intermediate_size"] = 0 if raw == 0 else key(*shared)
+    if fields["num_experts_per_token"] > fields["num_experts"]:
+        raise ValueError(f"model: {path}: key {per_token[0]!r} is {fields['num_experts_per_token']}, more than the "
+                         f"{fields['num_experts']} experts ({experts[0]!r})")
+    return fields

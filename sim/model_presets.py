@@ -1,0 +1,98 @@
+"""Named model shapes, and ``resolve_model``: what a workload's ``model:`` key turns into.
+
+A workload names a model by preset (figures copied from the model's published Hugging Face
+``config.json``), by a path to a ``config.json`` (or a folder holding one: ``sim/hf_model_config.py``), or
+inline as a mapping of ``ModelShape`` fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from sim.hf_model_config import model_from_hf_config
+from sim.model_shapes import ModelShape
+
+
+def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
+           max_positions: int, *, head_dim: int | None = None, tied: bool = False,
+           qkv_bias: bool = False, experts: int = 0, experts_per_token: int = 0, expert_width: int = 0,
+           shared_expert_width: int = 0) -> ModelShape:
+    return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
+                      vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
+                      tied_embeddings=tied, qkv_bias=qkv_bias, num_experts=experts,
+                      num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
+                      shared_expert_intermediate_size=shared_expert_width)
+
+
+# Figures from each model's published config.json. Parameter counts these give (checked in tests):
+# llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
+# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B.
+MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
+    _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _shape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _shape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+    _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
+    _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
+    _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
+    # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
+    # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,
+    # qwen1.5-moe-a2.7b 14.3B / 2.69B. Mixtral's experts are as wide as its config's intermediate_size;
+    # Qwen's intermediate_size is the config's dense width, which no layer of these models uses.
+    _shape("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, experts=8, experts_per_token=2,
+           expert_width=14336),
+    _shape("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, experts=8, experts_per_token=2,
+           expert_width=16384),
+    # Qwen3 also normalizes each head's q and k (RMSNorm weights of head_dim, 2 x 128 per layer: 12k in
+    # all, 0.00004% of the model); they are not counted.
+    _shape("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960, head_dim=128, experts=128,
+           experts_per_token=8, expert_width=768),
+    _shape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, qkv_bias=True, experts=60,
+           experts_per_token=4, expert_width=1408, shared_expert_width=5632),
+    # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
+    # what real runs on the CPU use, and what their calibrated profiles describe.
+    _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),
+    _shape("servesim-small", 8, 512, 8, 4, 1408, 8192, 4096),
+)}
+# Short names, as engine.LLM(model="tiny" | "small") spells them.
+MODEL_PRESETS["tiny"] = MODEL_PRESETS["servesim-tiny"]
+MODEL_PRESETS["small"] = MODEL_PRESETS["servesim-small"]
+
+
+def resolve_model(value: str | dict | ModelShape) -> ModelShape:
+    """A preset name, a path to a Hugging Face ``config.json`` (or a folder holding one), an inline dict
+    of ``ModelShape`` fields, or a ``ModelShape`` (returned as is)."""
+    if isinstance(value, ModelShape):
+        return value
+    if isinstance(value, dict):
+        return _model_from_dict(value)
+    if not isinstance(value, (str, Path)):
+        raise ValueError(f"model: expected a preset name, a config.json path or a mapping, got {value!r}")
+    preset = MODEL_PRESETS.get(str(value).lower())
+    if preset is not None:
+        return preset
+    path = Path(value)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return model_from_hf_config(path)
+    raise ValueError(f"model: {str(value)!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                     f"nor a path to a Hugging Face config.json or a folder holding one")
+
+
+def _model_from_dict(value: dict) -> ModelShape:
+    known = {f.name for f in fields(ModelShape)}
+    for key in value:
+        if key not in known:
+            raise ValueError(f"model: unknown key {key!r} (known keys: {', '.join(sorted(known))})")
+    value = dict(value)
+    if "head_dim" not in value and "hidden_size" in value and "num_attention_heads" in value:
+        value["head_dim"] = value["hidden_size"] // value["num_attention_heads"]
+    for f in fields(ModelShape):
+        if f.name not in value and f.default is MISSING:
+            raise ValueError(f"model: missing key {f.name!r}")
+    return ModelShape(**value)
