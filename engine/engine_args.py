@@ -14,6 +14,7 @@ from pathlib import Path
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.models import default_model_path
 from engine.runner.config import RunnerConfig
+from engine.runner.spec_decode.config import SpeculativeConfig
 
 # model=None means the generated "small" default; these names pick a generated default model.
 DEFAULT_MODEL_NAMES = ("tiny", "small")
@@ -43,6 +44,12 @@ class EngineArgs:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     # vLLM's --kv-offloading-size: GiB of host memory kept as a second tier of the prefix cache (0: none).
     kv_offloading_size_gib: float = 0.0
+    # vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
+    # "prompt_lookup_max": ...} (a dict, its JSON text, or a SpeculativeConfig); None: off.
+    speculative_config: SpeculativeConfig | dict | str | None = None
+
+    def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
 
     def resolve_model_path(self) -> Path:
         """The checkpoint folder: a generated default model by name, or a local folder."""
@@ -70,13 +77,16 @@ class EngineArgs:
             block_size=self.block_size, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_gpu_blocks=self.num_gpu_blocks, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed, enforce_eager=self.enforce_eager)
+            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed, enforce_eager=self.enforce_eager,
+            speculative_config=self.speculative_config)
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
-            long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy)
+            long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy,
+            num_speculative_tokens=self.speculative_config.num_speculative_tokens
+            if self.speculative_config is not None else 0)
 
     def check_kv_offloading(self) -> None:
         """A ValueError naming kv_offloading_size_gib when it cannot be honoured."""

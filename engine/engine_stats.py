@@ -62,6 +62,10 @@ class EngineStatsSnapshot:
     prompt_tokens: int = 0          # of finished requests
     generation_tokens: int = 0
     num_steps: int = 0
+    # Speculative decoding (engine/core/spec_decode.py): verified drafts, their tokens, the accepted ones.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
     finished_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS.values(), 0))
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -94,6 +98,11 @@ class EngineStats:
             stats.prefix_cache_queries += prefix.queries
             stats.prefix_cache_hits += prefix.hits
             stats.num_preemptions = scheduler.num_preemptions_total
+            spec = scheduler.spec_decoding_stats
+            if spec is not None:
+                stats.spec_decode_num_drafts = spec.num_drafts
+                stats.spec_decode_num_draft_tokens = spec.num_draft_tokens
+                stats.spec_decode_num_accepted_tokens = spec.num_accepted_tokens
 
     def record_step(self, scheduler: Scheduler, num_new_tokens: int, request_outputs: list[RequestOutput]) -> None:
         last_token_time = self._last_token_time

@@ -58,6 +58,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         kv_offloading_size_gib: float = 0.0,
+        speculative_config: dict | str | None = None,
     ) -> None:
         args = EngineArgs(
             model=model, tokenizer=tokenizer, skip_tokenizer_init=skip_tokenizer_init, dtype=dtype, device=device,
@@ -67,7 +68,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold, attention_backend=attention_backend,
             seed=seed, scheduling_policy=scheduling_policy, enforce_eager=enforce_eager,
-            kv_offloading_size_gib=kv_offloading_size_gib)
+            kv_offloading_size_gib=kv_offloading_size_gib, speculative_config=speculative_config)
         self.engine_args = args
         components = build_engine(args)
         self.tokenizer = components.tokenizer

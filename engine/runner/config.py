@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from engine.runner.spec_decode.config import SpeculativeConfig
+
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
@@ -42,6 +44,8 @@ class RunnerConfig:
     # Eager steps pad their token count to a multiple of this (engine/runner/eager_shapes.py).
     # None: 64 on CUDA, 1 (no padding) on the CPU.
     eager_token_padding: int | None = None
+    # Speculative decoding's proposer and its settings (engine/runner/spec_decode/); None: off.
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, requirement: str) -> None:

@@ -133,6 +133,12 @@ class InputBatch:
         self.token_ids_cpu[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
 
+    def append_row_token_ids(self, row: int, token_ids: list[int]) -> None:
+        """Append several tokens to one row (a step that kept drafts)."""
+        start = self.num_tokens[row]
+        self.token_ids_cpu[row, start:start + len(token_ids)] = token_ids
+        self.num_tokens[row] = start + len(token_ids)
+
     def truncate_output(self, row: int, num_output_tokens: int) -> None:
         """Drop tokens the scheduler did not keep (it is the source of truth for a request's length)."""
         self.num_tokens[row] = self.num_prompt_tokens[row] + num_output_tokens

@@ -41,6 +41,7 @@ from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_lo
 from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler, make_generator
 from engine.runner.sampling_batch import SamplingMetadataCache
+from engine.runner.spec_decode.runner_step import SpeculativeStep
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ class ModelRunner:
         self.sampler = Sampler()
         self.sampling_metadata_cache = SamplingMetadataCache(self.vocab_size, self.device)
         self.prompt_logprobs = PromptLogprobsCollector()
+        self._step_logprobs = None  # the sampler's logprobs of the step being executed
+        # Speculative decoding (engine/runner/spec_decode/): drafts proposed after each step, verified in the next.
+        self.speculative = SpeculativeStep(config.speculative_config, self.vocab_size) \
+            if config.speculative_config is not None else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_gpu_blocks = 0
         # KV offloading's cache in host memory (engine/runner/host_kv_cache.py), when the engine has one.
@@ -250,6 +255,8 @@ class ModelRunner:
             raise RuntimeError("initialize_kv_cache() must be called before execute_model()")
 
         req_ids = list(batch.req_ids)
+        draft_rows = SpeculativeStep.write_drafts(batch, scheduler_output.scheduled_spec_decode_tokens) \
+            if scheduler_output.scheduled_spec_decode_tokens else {}
         scheduled = scheduler_output.num_scheduled_tokens
         num_scheduled_tokens = np.fromiter((scheduled[req_id] for req_id in req_ids), dtype=np.int32,
                                            count=num_reqs)
@@ -272,28 +279,43 @@ class ModelRunner:
                                                            self.model.compute_logits) or None
 
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
-        logprobs = None
+        self._step_logprobs = None
         sampled_rows = prepared.sampled_rows
-        if len(sampled_rows):
+        if len(sampled_rows) and draft_rows:
+            for row, tokens in self.speculative.sample_and_verify(batch, prepared, hidden_states,
+                                                                  self.model.compute_logits, draft_rows,
+                                                                  self._sample_rows).items():
+                batch.append_row_token_ids(row, tokens)
+                states[row].output_token_ids.extend(tokens)
+                sampled_token_ids[row] = tokens
+        elif len(sampled_rows):
             logits_indices = torch.from_numpy(prepared.logits_indices).to(self.device, non_blocking=True)
-            logits = self.model.compute_logits(hidden_states[logits_indices])
-            sampling_states = [states[row] for row in sampled_rows.tolist()]
-            metadata = self.sampling_metadata_cache.get(sampling_states)
-            sampler_output = self.sampler(logits, metadata)
-            tokens = sampler_output.sampled_token_ids.tolist()  # the step's one device sync
+            tokens = self._sample_rows(sampled_rows, hidden_states[logits_indices])
             batch.append_token_ids(sampled_rows, np.asarray(tokens, dtype=np.int32))
-            for row, state, token in zip(sampled_rows.tolist(), sampling_states, tokens):
-                state.output_token_ids.append(token)
+            for row, token in zip(sampled_rows.tolist(), tokens):
+                states[row].output_token_ids.append(token)
                 sampled_token_ids[row] = [token]
-            if sampler_output.logprobs is not None:
-                logprobs = split_logprobs(sampler_output.logprobs, metadata.num_logprobs,
-                                          [state.req_id for state in sampling_states])
+        spec_token_ids = self.speculative.propose(batch, sampled_rows.tolist()) \
+            if self.speculative is not None and len(sampled_rows) else {}
 
         self.num_steps += 1
         self.last_step_duration_s = time.perf_counter() - started
         return ModelRunnerOutput(req_ids, {req_id: row for row, req_id in enumerate(req_ids)}, sampled_token_ids,
-                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                 finished_kv_loads=finished_kv_loads)
+                                 logprobs=self._step_logprobs, prompt_logprobs=prompt_logprobs,
+                                 finished_kv_loads=finished_kv_loads, spec_token_ids=spec_token_ids)
+
+    def _sample_rows(self, rows: np.ndarray, hidden_states: torch.Tensor) -> list[int]:
+        """One token for each batch row in ``rows`` from its last position's hidden state (logprobs, when
+        asked for, are kept for the step's output)."""
+        logits = self.model.compute_logits(hidden_states)
+        sampling_states = [self.input_batch.request_states[row] for row in rows.tolist()]
+        metadata = self.sampling_metadata_cache.get(sampling_states)
+        sampler_output = self.sampler(logits, metadata)
+        tokens = sampler_output.sampled_token_ids.tolist()  # the step's one device sync
+        if sampler_output.logprobs is not None:
+            self._step_logprobs = split_logprobs(sampler_output.logprobs, metadata.num_logprobs,
+                                                 [state.req_id for state in sampling_states])
+        return tokens
 
     @property
     def model_path(self) -> Path:

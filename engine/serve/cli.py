@@ -67,6 +67,9 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--kv-offloading-size", type=float, default=defaults.kv_offloading_size_gib,
                         dest="kv_offloading_size_gib",
                         help="GiB of host memory kept as a second tier of the prefix cache (0: none)")
+    engine.add_argument("--speculative-config", default=None,
+                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+                             "(also prompt_lookup_min, prompt_lookup_max); default: off")
     engine.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded requests' sampling")
     return parser
 
@@ -79,7 +82,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         max_model_len=args.max_model_len, num_gpu_blocks=args.num_gpu_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
-        enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib)
+        enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib,
+        speculative_config=args.speculative_config)
 
 
 def main(argv: list[str] | None = None) -> int:

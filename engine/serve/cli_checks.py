@@ -66,6 +66,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--kv-offloading-size must be a number of GiB >= 0, got {args.kv_offloading_size_gib}")
     if args.kv_offloading_size_gib and not args.enable_prefix_caching:
         parser.error("--kv-offloading-size needs prefix caching (leave out --no-enable-prefix-caching)")
+    if args.speculative_config is not None:
+        from engine.runner.spec_decode.config import SpeculativeConfig
+        try:
+            args.speculative_config = SpeculativeConfig.parse(args.speculative_config)
+        except ValueError as error:
+            parser.error(f"--speculative-config: {error}")
     try:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:

@@ -73,6 +73,12 @@ def render_metrics(stats: EngineStatsSnapshot, model_name: str) -> str:
     out.single("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", stats.prompt_tokens)
     out.single("generation_tokens_total", "counter", "Tokens generated.", stats.generation_tokens)
     out.single("engine_steps_total", "counter", "Engine steps run.", stats.num_steps)
+    out.single("spec_decode_num_drafts_total", "counter", "Drafts verified (one request's drafts in one step).",
+               stats.spec_decode_num_drafts)
+    out.single("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
+               stats.spec_decode_num_draft_tokens)
+    out.single("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+               stats.spec_decode_num_accepted_tokens)
     out.header("requests_finished_total", "counter", "Finished requests by finish reason.")
     for reason, count in sorted(stats.finished_requests.items()):
         out.sample("requests_finished_total", count, finished_reason=reason)

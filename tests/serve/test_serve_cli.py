@@ -68,3 +68,11 @@ def test_help_states_each_default_once():
     assert "(default: None)" not in help_text
     assert "tokenizer folder (default: the model's) --served-model-name" in help_text
     assert "0-65535; 0 picks a free port (default: 8000)" in help_text
+
+
+def test_a_bad_speculative_config_names_the_flag_and_key(capsys):
+    from engine.serve.cli import main
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny", "--speculative-config", '{"num_speculative_tokens": 0}'])
+    assert "--speculative-config: speculative_config.num_speculative_tokens must be an integer >= 1, got 0" \
+        in capsys.readouterr().err

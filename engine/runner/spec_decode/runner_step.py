@@ -1,0 +1,75 @@
+"""The runner's part of a step with drafts: feed them, verify them, propose the next ones.
+
+Drafts are written into the persistent batch's token buffer just past each request's known tokens, so
+``prepare_inputs`` feeds them like any other token (positions ``num_tokens ..``); ``num_tokens`` does not move
+until verification keeps some. Rejected drafts stay in the buffer past ``num_tokens``, where nothing reads them
+before they are overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+
+from engine.runner.input_batch import InputBatch
+from engine.runner.prepare_inputs import PreparedInputs
+from engine.runner.spec_decode.config import SpeculativeConfig
+from engine.runner.spec_decode.ngram_proposer import NgramProposer
+from engine.runner.spec_decode.verification import can_speculate, verify_drafts
+
+
+class SpeculativeStep:
+    def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
+        self.config = config
+        self.vocab_size = vocab_size
+        self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                      config.prompt_lookup_max)
+
+    @staticmethod
+    def write_drafts(batch: InputBatch, scheduled_drafts: Mapping[str, list[int]]) -> dict[int, list[int]]:
+        """Put each request's drafts after its known tokens; returns row -> drafts."""
+        draft_rows = {}
+        for req_id, drafts in scheduled_drafts.items():
+            row = batch.req_id_to_index[req_id]
+            start = batch.num_tokens[row]
+            batch.token_ids_cpu[row, start:start + len(drafts)] = drafts
+            draft_rows[row] = drafts
+        return draft_rows
+
+    def sample_and_verify(self, batch: InputBatch, prepared: PreparedInputs, hidden_states: torch.Tensor,
+                          compute_logits: Callable[[torch.Tensor], torch.Tensor], draft_rows: dict[int, list[int]],
+                          sample_rows: Callable[[np.ndarray, torch.Tensor], list[int]]) -> dict[int, list[int]]:
+        """Tokens for every sampled row: rows without drafts through ``sample_rows`` (the ordinary sampler,
+        given the rows and their last-position hidden states), rows with drafts verified."""
+        sampled_rows = prepared.sampled_rows
+        query_end = prepared.common.query_start_loc[1:]
+        plain = np.array([row for row in sampled_rows.tolist() if row not in draft_rows], dtype=np.int64)
+        tokens: dict[int, list[int]] = {}
+        if len(plain):
+            indices = torch.from_numpy(query_end[plain].astype(np.int64) - 1).to(hidden_states.device)
+            for row, token in zip(plain.tolist(), sample_rows(plain, hidden_states[indices])):
+                tokens[row] = [token]
+        rows = sorted(draft_rows)
+        # Each drafted row's last len(drafts) + 1 positions: after its last known token, then after each draft.
+        positions = np.concatenate([np.arange(query_end[row] - len(draft_rows[row]) - 1, query_end[row])
+                                    for row in rows]).astype(np.int64)
+        logits = compute_logits(hidden_states[torch.from_numpy(positions).to(hidden_states.device)])
+        states = [batch.request_states[row] for row in rows]
+        for row, verified in zip(rows, verify_drafts(logits, states, [draft_rows[row] for row in rows],
+                                                     self.vocab_size)):
+            tokens[row] = verified
+        return tokens
+
+    def propose(self, batch: InputBatch, rows: list[int]) -> dict[str, list[int]]:
+        """Drafts for each of ``rows`` (requests that just sampled) whose sampling allows speculation."""
+        proposals = {}
+        for row in rows:
+            state = batch.request_states[row]
+            if not can_speculate(state.sampling_params, len(state.output_token_ids)):
+                continue
+            drafts = self.proposer.propose(batch.token_ids_cpu[row, :batch.num_tokens[row]])
+            if drafts:
+                proposals[state.req_id] = drafts
+        return proposals

@@ -1,0 +1,95 @@
+"""Verifying drafts against the target model's distributions: the tokens a step with drafts produces.
+
+A request scheduled with drafts ``d_1 .. d_s`` gets the model's logits at ``s + 1`` positions: after its last
+token, and after each draft. Position ``j``'s distribution ``p_j`` (the request's temperature, top-k, top-p,
+min-p, allowed tokens and logit bias applied, exactly as the sampler would) decides draft ``d_j``:
+
+* greedy: kept while it is the argmax of ``p_j``; the first one that is not is replaced by that argmax. So
+  the tokens are exactly those that decoding one token per step gives.
+* random: kept with probability ``p_j(d_j)``; a rejected draft is replaced by a draw from ``p_j`` with ``d_j``
+  removed and renormalized. The n-gram proposer's drafts are deterministic (a proposal distribution with all
+  its mass on ``d_j``), for which this is the rejection sampling of speculative decoding: each kept or drawn
+  token is distributed as ``p_j``, as without speculation.
+
+After ``s`` kept drafts, one more token is sampled from ``p_{s+1}``. A request's output is 1 to s + 1 tokens.
+
+Only requests whose distribution does not depend on the tokens of the same step are speculated
+(``can_speculate``): no penalties, no bad words, min_tokens already reached, and no logprobs (which would
+be needed per kept token). The others decode one token per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.core.sampling_params import SamplingParams
+from engine.runner.request_state import CachedRequestState
+from engine.runner.sampler import Sampler
+from engine.runner.sampler.topk_topp import apply_min_p, apply_temperature, apply_top_k_top_p, random_sample
+from engine.runner.sampling_batch import build_sampling_metadata
+
+
+def can_speculate(params: SamplingParams, num_output_tokens: int) -> bool:
+    """Whether a request's next tokens may be drafted: its distribution at each position of a step must not
+    depend on the tokens kept before it in the same step."""
+    return (params.presence_penalty == 0.0 and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
+            and not params.bad_words and num_output_tokens >= params.min_tokens and params.logprobs is None)
+
+
+def verify_drafts(logits: torch.Tensor, states: Sequence[CachedRequestState], drafts: Sequence[Sequence[int]],
+                  vocab_size: int) -> list[list[int]]:
+    """Tokens for each request ``states[i]`` verified with ``drafts[i]``; ``logits`` holds len(drafts[i]) + 1
+    rows per request, in order (after its last token, then after each draft)."""
+    rows_per_request = [len(request_drafts) + 1 for request_drafts in drafts]
+    expanded = [state for state, rows in zip(states, rows_per_request) for _ in range(rows)]
+    metadata = build_sampling_metadata(expanded, vocab_size, logits.device)
+    processed = Sampler.apply_logits_processors(logits.to(torch.float32, copy=True), metadata)
+    greedy_tokens = processed.argmax(dim=-1).tolist()
+    probabilities = None
+    if not metadata.all_greedy:
+        scaled = apply_temperature(processed.clone(), metadata.temperature)
+        if metadata.min_p is not None:
+            apply_min_p(scaled, metadata.min_p)
+        probabilities = apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p).softmax(dim=-1)
+
+    results = []
+    row = 0
+    for state, request_drafts in zip(states, drafts):
+        if state.sampling_params.temperature == 0.0 or probabilities is None:
+            tokens = _verify_greedy(greedy_tokens[row:row + len(request_drafts) + 1], request_drafts)
+        else:
+            tokens = _verify_random(probabilities[row:row + len(request_drafts) + 1], request_drafts, state.generator)
+        results.append(tokens)
+        row += len(request_drafts) + 1
+    return results
+
+
+def _verify_greedy(targets: list[int], drafts: Sequence[int]) -> list[int]:
+    tokens = []
+    for target, draft in zip(targets, drafts):
+        tokens.append(target)
+        if target != draft:
+            return tokens
+    tokens.append(targets[len(drafts)])
+    return tokens
+
+
+def _verify_random(probabilities: torch.Tensor, drafts: Sequence[int], generator: torch.Generator | None) -> list[int]:
+    device = probabilities.device
+    generators = {0: generator} if generator is not None else {}
+    uniforms = torch.rand(len(drafts), generator=generator, device=device).tolist() if drafts else []
+    draft_probabilities = probabilities[torch.arange(len(drafts), device=device),
+                                        torch.tensor(list(drafts), dtype=torch.long, device=device)].tolist()
+    tokens = []
+    for position, (draft, uniform, probability) in enumerate(zip(drafts, uniforms, draft_probabilities)):
+        if uniform < probability:
+            tokens.append(draft)
+            continue
+        residual = probabilities[position].clone()
+        residual[draft] = 0.0
+        tokens.append(int(random_sample((residual / residual.sum())[None], generators)[0]))
+        return tokens
+    tokens.append(int(random_sample(probabilities[len(drafts)][None], generators)[0]))
+    return tokens
