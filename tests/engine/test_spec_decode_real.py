@@ -20,6 +20,9 @@ from engine.models import make_test_model
 from engine.runner.spec_decode import NgramProposer, SpeculativeConfig, verify_drafts
 from engine.runner.spec_decode.verification import can_speculate
 
+# On CUDA the verification steps run eagerly beside CUDA-graph decodes (benchmarks/gpu_check.sh runs these).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                               reason="needs a CUDA device"))]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
@@ -37,13 +40,15 @@ def _generate(llm, prompts, params):
     return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine_kwargs", [
     {},
     {"max_num_batched_tokens": 7},  # a budget that cuts drafts (and chunks the prompts)
     {"num_gpu_blocks": 12, "max_num_seqs": 4},  # a pool small enough to preempt
     {"enable_prefix_caching": False},
 ])
-def test_greedy_tokens_are_those_of_decoding_one_token_per_step(looping_llama, engine_kwargs):
+def test_greedy_tokens_are_those_of_decoding_one_token_per_step(looping_llama, engine_kwargs, device):
+    engine_kwargs = {**engine_kwargs, "device": device}
     prompts = _prompts(5)
     prompts.append(prompts[0][:20] + [5, 6])  # shares a block with the first
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
