@@ -19,7 +19,7 @@ from sim.model_shapes import kv_cache_storage_dtype
 from sim.engine_setup import RunSetup, build_setup
 from sim.replica_loads import ReplicaLoads
 from sim.router import make_router
-from sim.sim_executor import SimulatedExecutor
+from sim.speculative_executor import make_executor
 from sim.simulator import Simulation
 from sim.trace_recorder import TraceRecorder
 from workloads import WorkloadConfig
@@ -39,7 +39,8 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
              fast_forward: bool = True) -> TraceRecorder | ClusterTrace:
     """One engine, or a cluster of ``cluster.num_replicas`` identical ones behind its router."""
     num_replicas = setup.workload.cluster.num_replicas
-    engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+    engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config),
+                          make_executor(setup.cost_model, setup.speculation))
                for _ in range(num_replicas)]
     router = None
     cluster = setup.workload.cluster

@@ -1,12 +1,19 @@
-"""What a verification of drafts costs (speculative decoding): step features and the roofline."""
+"""What a verification of drafts costs (speculative decoding): step features, the roofline, the proposers."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine.core import EngineCore, Scheduler
 from sim.cost_models import AnalyticalCostModel, StepBatch, StepFeatures, step_features
+from sim.engine_requests import make_request
+from sim.engine_setup import build_setup
 from sim.hardware import resolve_hardware
 from sim.model_presets import resolve_model
+from sim.scheduled_batch import scheduler_output_features, step_batch
+from sim.speculation import NGRAM_PROPOSE_S_PER_REQUEST, SpeculationSetup, decode_features, proposer_seconds
+from sim.speculative_executor import SpeculatingExecutor
+from workloads import example_path, load_workload
 
 
 def h100(model: str = "llama-3-8b", tensor_parallel_size: int = 1) -> AnalyticalCostModel:
@@ -82,3 +89,42 @@ def test_tensor_parallel_logits_gather_counts_the_verification_rows():
     plain = model.breakdown(verifications(8, 500, 0))["tensor_parallel_communication"]
     verify = model.breakdown(verifications(8, 500, 4))["tensor_parallel_communication"]
     assert verify > plain
+
+
+def speculating_workload(*overrides):
+    return load_workload(example_path("chat"), overrides=[
+        "workload.num_requests=60", "engine.max_num_batched_tokens=512", "engine.long_prefill_token_threshold=200",
+        "engine.speculative_decoding={num_speculative_tokens: 3, acceptance_rate: 0.6}", *overrides])
+
+
+def test_one_pass_features_equal_the_definition_when_speculating():
+    setup = build_setup(speculating_workload())
+    engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config),
+                        SpeculatingExecutor(setup.cost_model, setup.speculation))
+    params = {}
+    for spec in setup.requests:
+        engine.add_request(make_request(spec, params))
+    verified = 0
+    while engine.has_work():
+        output = engine.scheduler.schedule()
+        if output.total_num_scheduled_tokens:
+            features = scheduler_output_features(output)
+            assert features == step_features(step_batch(output))
+            verified += features.num_spec_tokens
+        engine.scheduler.update_from_output(output, engine.executor.execute_model(output))
+    assert verified > 1000
+
+
+def test_proposers_cost_what_the_documented_formulas_say():
+    model, draft = h100(), h100("llama-3.2-1b")
+    features = step_features(StepBatch([1, 4, 100], [500, 600, 0], num_spec_tokens=[0, 3, 0]))
+    ngram = SpeculationSetup(3, (0.7, 0.7, 0.7), "ngram", 0)
+    assert proposer_seconds(ngram, features, 3, 1500, 700) == 3 * NGRAM_PROPOSE_S_PER_REQUEST
+    drafting = SpeculationSetup(3, (0.7, 0.7, 0.7), "draft_model", 0, draft)
+    overhead = draft.hardware.step_overhead_s
+    expected = draft.step_time_from_features(features) - overhead
+    for index in (1, 2):  # k - 1 decode passes after the first over the step's tokens
+        expected += draft.step_time_from_features(decode_features(3, 1500 + 3 * index, 700 + index)) - overhead
+    assert proposer_seconds(drafting, features, 3, 1500, 700) == pytest.approx(expected)
+    # A 1B draft costs a fraction of the 8B target's step, three passes and all.
+    assert 0.2 * model.step_time_from_features(features) < expected < model.step_time_from_features(features)
