@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import compute_summary, requests_table, steps_table, write_run
+from analysis.spec_decode_stats import merge_spec_decoding
 from engine.core import EngineCore, Scheduler
 from sim.cost_models.calibrated_range import extrapolation_report
 from sim.cluster_trace import ClusterTrace
@@ -87,6 +88,9 @@ def summarize_traces(recorder: TraceRecorder, workload: WorkloadConfig, config: 
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else None
     summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=workload.name, mode=mode,
                               config=config, slo=slo)
+    spec_decoding = merge_spec_decoding(recorder.spec_decoding_counts())
+    if spec_decoding is not None:
+        summary["spec_decoding"] = spec_decoding
     return requests, steps, summary
 
 
