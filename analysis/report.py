@@ -84,6 +84,8 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
     ("prefix-cache hit rate", lambda s: format_percent(s.get("prefix_cache_hit_rate"))),
     # KV offloading: the share of prompt tokens loaded from host memory ("-" without it).
     ("loaded from host", lambda s: format_percent((s.get("kv_offload") or {}).get("loaded_token_fraction"))),
+    # Speculative decoding: tokens per verification, accepted drafts plus one ("-" without it).
+    ("acceptance length", lambda s: format_number((s.get("spec_decoding") or {}).get("mean_acceptance_length"), 2)),
     # A cluster's busiest replica over its mean one ("-" for one engine): what a sweep over routers compares.
     ("replica load imbalance", lambda s: format_number(s.get("replica_load_imbalance"), 2)),
 )
@@ -125,6 +127,11 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
         headline.add_row("loaded from host (KV offloading)",
                          f"{format_percent(offload.get('loaded_token_fraction'))} of prompt tokens, "
                          f"load p50 {format_number((offload.get('load_ms') or {}).get('p50'))} ms")
+    spec = summary.get("spec_decoding")
+    if spec:
+        headline.add_row(f"speculative decoding ({spec.get('num_speculative_tokens')} drafts)",
+                         f"{format_percent(spec.get('acceptance_rate'))} of draft tokens accepted, "
+                         f"{format_number(spec.get('mean_acceptance_length'), 2)} tokens per verification")
     pipeline = summary.get("pipeline")
     if pipeline:
         headline.add_row(f"pipeline ({pipeline['stages']} stages)",

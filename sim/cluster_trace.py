@@ -66,6 +66,10 @@ class ClusterTrace:
             joined["replica"].extend([replica] * len(columns["step"]))
         return joined
 
+    def spec_decoding_counts(self) -> list[dict]:
+        """Every replica's speculative decoding counts (analysis.spec_decode_stats merges them)."""
+        return [counts for recorder in self.recorders for counts in recorder.spec_decoding_counts()]
+
     @property
     def steps(self) -> dict[str, list]:
         return self.step_columns()

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core import CacheConfig, SchedulerConfig
-from sim.cost_models import CostModel, load_cost_model
+from sim.cost_models import AnalyticalCostModel, CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
 from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
 from sim.model_presets import resolve_model
 from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype
+from sim.speculation import SpeculationSetup
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
 
@@ -40,10 +41,12 @@ class RunSetup:
     requests: list[RequestSpec]
     # KV offloading (engine.kv_offloading_size_gib): what a load from the host costs; None without it.
     host_link: HostLinkSetup | None = field(default=None)
+    # Speculative decoding (engine.speculative_decoding with num_speculative_tokens > 0); None without it.
+    speculation: SpeculationSetup | None = field(default=None)
 
     def describe(self) -> dict:
         """The resolved configuration, for summary.json."""
-        return {
+        described = {
             "workload": self.workload.to_dict(),
             "model": self.model.to_dict(),
             "hardware": self.hardware.to_dict(),
@@ -51,6 +54,9 @@ class RunSetup:
             "cache": {name: getattr(self.cache_config, name) for name in CacheConfig.__slots__},
             "cost_model": self.cost_model.describe(),
         }
+        if self.speculation is not None:  # (a run without it describes itself as it always did)
+            described["speculative_decoding"] = self.speculation.describe()
+        return described
 
 
 def _named(field: str, error: Exception) -> SetupError:
@@ -84,6 +90,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         raise SetupError(f"engine.pipeline_parallel_size: {engine.pipeline_parallel_size} stages are not simulated in a "
                          f"disaggregated cluster (cluster.prefill_replicas {workload.cluster.prefill_replicas}); set "
                          "engine.pipeline_parallel_size=1 or cluster.prefill_replicas=0")
+    num_speculative_tokens, draft_model = _speculative_decoding(workload, model)
     if engine.num_gpu_blocks is not None:
         num_gpu_blocks = engine.num_gpu_blocks
     else:
@@ -92,7 +99,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 model, hardware, workload.dtype, engine.block_size, engine.gpu_memory_utilization,
                 kv_cache_dtype=engine.kv_cache_dtype,
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
-                pipeline_parallel_size=engine.pipeline_parallel_size)
+                pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
     num_replicas = max(1, workload.cluster.num_replicas)
@@ -122,7 +129,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold, policy=engine.scheduling_policy,
-            async_scheduling=engine.async_scheduling)
+            async_scheduling=engine.async_scheduling, num_speculative_tokens=num_speculative_tokens)
     except ValueError as error:
         raise _named("engine", error) from None
     try:
@@ -135,9 +142,55 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     if engine.async_scheduling and not hasattr(cost_model, "pipeline_stage_times"):
         raise SetupError("engine.async_scheduling: true needs the analytical cost model; a calibrated profile's "
                          "step times hold the engine's own overhead, which async scheduling would overlap")
+    speculation = None
+    if num_speculative_tokens:
+        section = engine.speculative_decoding
+        if not isinstance(cost_model, AnalyticalCostModel):
+            # A profile's terms were fitted on steps without verification rows: nothing in it prices them.
+            raise SetupError(f"engine.speculative_decoding: num_speculative_tokens {num_speculative_tokens} needs the "
+                             f"analytical cost model; a calibrated profile ({cost_model.name}) was fitted on steps "
+                             "without draft tokens and has no term for verifying them")
+        draft_cost_model = None if draft_model is None else AnalyticalCostModel(
+            draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype)
+        speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
+                                       workload.seed, draft_cost_model)
     if requests is None:
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
-    return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link)
+    return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link,
+                    speculation)
+
+
+def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[int, ModelShape | None]:
+    """engine.speculative_decoding's drafts per step (0: off) and its draft model (method draft_model), refusing
+    what the simulator does not model with it."""
+    section = workload.engine.speculative_decoding
+    if section is None or section.num_speculative_tokens == 0:
+        return 0, None
+    engine, field_name = workload.engine, "engine.speculative_decoding"
+    tokens = section.num_speculative_tokens
+    if engine.async_scheduling:
+        # The core refuses it too: a batch in flight would sample before its drafts were verified.
+        raise SetupError(f"{field_name}: num_speculative_tokens {tokens} cannot run with engine.async_scheduling: "
+                         "true (the next batch would be scheduled before this one's drafts are verified); set "
+                         "engine.async_scheduling=false or engine.speculative_decoding=null")
+    if engine.pipeline_parallel_size > 1:
+        raise SetupError(f"{field_name}: num_speculative_tokens {tokens} is not simulated with pipeline parallelism "
+                         f"(engine.pipeline_parallel_size {engine.pipeline_parallel_size}); set one of them back")
+    if workload.cluster.disaggregated:
+        raise SetupError(f"{field_name}: num_speculative_tokens {tokens} is not simulated in a disaggregated cluster "
+                         f"(cluster.prefill_replicas {workload.cluster.prefill_replicas}); set one of them back")
+    if section.method != "draft_model":
+        return tokens, None
+    try:
+        draft_model = resolve_model(section.draft_model)
+        draft_model.shard(engine.tensor_parallel_size)
+    except (ValueError, OSError) as error:
+        raise SetupError(f"{field_name}.draft_model: {error}") from None
+    if draft_model.vocab_size != model.vocab_size:
+        raise SetupError(f"{field_name}.draft_model: {section.draft_model!r} has a vocabulary of "
+                         f"{draft_model.vocab_size:,} tokens, model {model.name!r} one of {model.vocab_size:,}; a draft "
+                         "model must share the target's tokenizer")
+    return tokens, draft_model
 
 
 def _kv_offloading(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec

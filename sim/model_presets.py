@@ -28,7 +28,8 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
 # llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
-# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B.
+# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, llama-3.2-1b 1.24B (Llama-3's tokenizer: a draft model
+# for speculative decoding with the Llama-3 models).
 MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
@@ -36,6 +37,7 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+    _shape("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied=True),
     _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),

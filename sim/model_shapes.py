@@ -295,7 +295,8 @@ def kv_cache_storage_dtype(dtype: str, kv_cache_dtype: str | None) -> str:
 def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, block_size: int,
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
                         kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
-                        quantization: str | None = None, pipeline_parallel_size: int = 1) -> int:
+                        quantization: str | None = None, pipeline_parallel_size: int = 1,
+                        draft_model: ModelShape | None = None) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -308,6 +309,10 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     spans all GPUs), so the count is what one GPU's memory fits of its shards (``ModelShape.shard``).
     With pipeline parallelism every stage's GPUs hold their layers' weights and their layers' part of every
     block, so the count is the smallest any stage fits (``ModelShape.pipeline_stage_layers``).
+
+    A speculative decoding ``draft_model`` (one pipeline stage only) sits beside the model on the same GPUs,
+    sharded alike and in the same dtype: its weights come off the budget, and every block holds the draft's
+    KV of its tokens too (vLLM gives the draft's layers their own cache in the same block layout).
     """
     tensor_parallel_size = int(tensor_parallel_size)
     full_model = model
@@ -327,6 +332,15 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     # stage holds its layers' part of the same block ids).
     stages = [(model.pipeline_stage_weight_bytes(stage, pipeline_parallel_size, dtype, quantization),
                layers * kv_bytes_per_layer) for stage, layers in enumerate(stage_layers)]
+    if draft_model is not None:
+        if pipeline_parallel_size != 1:
+            raise ValueError("a draft model is sized for one pipeline stage only, got pipeline_parallel_size "
+                             f"{pipeline_parallel_size}")
+        draft = draft_model.shard(tensor_parallel_size)
+        draft_kv_bytes_per_layer = block_size * draft.kv_bytes_per_token_per_layer(
+            kv_cache_storage_dtype(dtype, kv_cache_dtype))
+        stages = [(weights + draft.weight_bytes(dtype), block_bytes + draft.num_layers * draft_kv_bytes_per_layer)
+                  for weights, block_bytes in stages]
     weights, block_bytes = min(stages, key=lambda stage: (usable - stage[0] - reserve) / stage[1])
     free_for_kv = usable - weights - reserve
     if free_for_kv < block_bytes:

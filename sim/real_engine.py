@@ -95,6 +95,11 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
                          "recorded in real runs: the runner copies host blocks within a step, which the simulator, "
                          "timing loads over the host link, could not replay (engine.LLM(kv_offloading_size_gib=...) "
                          "runs it; set engine.kv_offloading_size_gib=0 here)")
+    speculative = workload.engine.speculative_decoding
+    if speculative is not None and speculative.num_speculative_tokens:
+        raise SetupError(f"engine.speculative_decoding: num_speculative_tokens {speculative.num_speculative_tokens} is "
+                         "simulated only for now; the real runner proposes no drafts yet (set "
+                         "engine.speculative_decoding=null)")
     num_replicas = workload.cluster.num_replicas
     if workload.cluster.disaggregated:
         # Checked first: the advice below would otherwise lead to prefill_replicas' own error.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import compute_summary, requests_table, steps_table, write_run
+from analysis.spec_decode_stats import merge_spec_decoding
 from engine.core import EngineCore, Scheduler
 from sim.cost_models.calibrated_range import extrapolation_report
 from sim.cluster_trace import ClusterTrace
@@ -19,7 +20,7 @@ from sim.model_shapes import kv_cache_storage_dtype
 from sim.engine_setup import RunSetup, build_setup
 from sim.replica_loads import ReplicaLoads
 from sim.router import make_router
-from sim.sim_executor import SimulatedExecutor
+from sim.speculative_executor import make_executor
 from sim.simulator import Simulation
 from sim.trace_recorder import TraceRecorder
 from workloads import WorkloadConfig
@@ -39,7 +40,8 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
              fast_forward: bool = True) -> TraceRecorder | ClusterTrace:
     """One engine, or a cluster of ``cluster.num_replicas`` identical ones behind its router."""
     num_replicas = setup.workload.cluster.num_replicas
-    engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+    engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config),
+                          make_executor(setup.cost_model, setup.speculation))
                for _ in range(num_replicas)]
     router = None
     cluster = setup.workload.cluster
@@ -86,6 +88,9 @@ def summarize_traces(recorder: TraceRecorder, workload: WorkloadConfig, config: 
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else None
     summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=workload.name, mode=mode,
                               config=config, slo=slo)
+    spec_decoding = merge_spec_decoding(recorder.spec_decoding_counts())
+    if spec_decoding is not None:
+        summary["spec_decoding"] = spec_decoding
     return requests, steps, summary
 
 

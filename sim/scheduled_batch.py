@@ -19,7 +19,13 @@ def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
     cached = scheduler_output.scheduled_cached_reqs
     scheduled += [num_scheduled_tokens[request_id] for request_id in cached.req_ids]
     computed += cached.num_computed_tokens
-    return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs)
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    drafts = None
+    if spec:  # a request verifies drafts only after its prefill, so only a cached one can
+        drafts = [0] * len(scheduler_output.scheduled_new_reqs)
+        drafts += [len(spec.get(request_id, ())) for request_id in cached.req_ids]
+    return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs,
+                     drafts)
 
 
 def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures:
@@ -34,6 +40,8 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
     prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
     max_seq_len = 0
+    num_spec_tokens = spec_attention_work = 0
+    spec = scheduler_output.scheduled_spec_decode_tokens
     pairs = [(num_scheduled_tokens[new.req_id], new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs]
     for request_id, context in zip(cached.req_ids, cached.num_computed_tokens):
         query = num_scheduled_tokens[request_id]
@@ -42,6 +50,15 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
             decode_context_tokens += context + 1
             if context >= max_seq_len:
                 max_seq_len = context + 1
+        elif spec and request_id in spec:
+            # A verification of drafts (engine/core/spec_decode.py): a decode with more query rows.
+            num_drafts = query - 1
+            num_decode_reqs += 1
+            decode_context_tokens += context + query
+            num_spec_tokens += num_drafts
+            spec_attention_work += num_drafts * context + num_drafts * query // 2
+            if context + query > max_seq_len:
+                max_seq_len = context + query
         else:
             pairs.append((query, context))
     for query, context in pairs:
@@ -67,4 +84,5 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
         prefill_attention_dense_work=prefill_attention_dense_work,
         context_prefill_dense_work=context_prefill_dense_work,
         prefill_attention_sliced_work=prefill_attention_sliced_work,
-        shared_context_tokens=scheduler_output.num_shared_kv_tokens, kv_block_runs=scheduler_output.num_kv_block_runs)
+        shared_context_tokens=scheduler_output.num_shared_kv_tokens, kv_block_runs=scheduler_output.num_kv_block_runs,
+        num_spec_tokens=num_spec_tokens, spec_attention_work=spec_attention_work)

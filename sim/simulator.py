@@ -95,6 +95,8 @@ class Simulation:
         if len(engines) > 1 and router is None and disaggregation is None:
             raise ValueError(f"a cluster of {len(engines)} engines needs a router")
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
+        for replica in self.replicas:
+            replica.recorder.track_spec_decoding(replica.engine.scheduler.spec_decoding_stats)
         self.router = router
         # The counts the router weighs (live by default); the router's built-in policies read the same object.
         self.loads = loads if loads is not None else ReplicaLoads(engines)

@@ -63,6 +63,7 @@ def run_sweep(workload: WorkloadConfig, out_dir: Path, *, cost_model=None, jobs:
 def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFrame:
     rows = []
     disaggregated = any(result.summary.get("disaggregation") for result in results)
+    speculating = any(result.summary.get("spec_decoding") for result in results)
     for result in results:
         row = {"point": result.label, "run_dir": str(result.out_dir)}
         row.update({name: result.summary.get(name) for name in SWEEP_TABLE_COLUMNS})
@@ -71,6 +72,11 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
                 row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
         # KV offloading: the share of prompt tokens loaded from host memory (empty without it).
         row["offload_loaded_token_fraction"] = (result.summary.get("kv_offload") or {}).get("loaded_token_fraction")
+        if speculating:
+            # Speculative decoding: tokens per verification and accepted share of drafts (empty where it is off).
+            spec = result.summary.get("spec_decoding") or {}
+            row["spec_acceptance_length"] = spec.get("mean_acceptance_length")
+            row["spec_acceptance_rate"] = spec.get("acceptance_rate")
         if disaggregated:
             # The parts of TTFT (analysis.disaggregation_stats); empty for a point whose replicas do both.
             parts = result.summary.get("disaggregation") or {}

@@ -37,6 +37,10 @@ class TraceRecorder:
         self.priority: list[int] = []
         # KV offloading's loads (sim/kv_offload_loads.HostLoads), whose columns join the requests table.
         self.offload_loads = None
+        # Speculative decoding: the engine's counts (engine.core.spec_decode.SpecDecodingStats) when it speculates
+        # (track_spec_decoding).
+        self.spec_decoding = None
+        self._accepted_before = 0
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
@@ -113,9 +117,37 @@ class TraceRecorder:
         steps["prefill_attention_sliced_work"].append(features.prefill_attention_sliced_work)
         steps["shared_context_tokens"].append(features.shared_context_tokens)
         steps["kv_block_runs"].append(features.kv_block_runs)
+        if self.spec_decoding is not None:
+            self._record_verification(features)
         if self.record_schedule:
             steps["scheduled_request_ids"].append(list(scheduler_output.num_scheduled_tokens))
             steps["scheduled_token_counts"].append(list(scheduler_output.num_scheduled_tokens.values()))
+
+    def _record_verification(self, features: StepFeatures) -> None:
+        """The step's drafts verified and accepted. The engine applies a step's outputs before it is recorded
+        (one batch at a time: speculation is refused with batches in flight), so its counts include this step."""
+        steps = self.steps
+        accepted = self.spec_decoding.num_accepted_tokens
+        steps["num_spec_tokens"].append(features.num_spec_tokens)
+        steps["spec_accepted_tokens"].append(accepted - self._accepted_before)
+        steps["spec_attention_work"].append(features.spec_attention_work)
+        self._accepted_before = accepted
+
+    def track_spec_decoding(self, stats) -> None:
+        """Record a speculating engine (``stats``: its scheduler's SpecDecodingStats; None does nothing): the step
+        table gains the verification columns (SPEC_STEP_COLUMNS), and the summary its counts. Before any step."""
+        if stats is None:
+            return
+        if self.steps["step"]:
+            raise RuntimeError("track_spec_decoding must be called before the first step is recorded")
+        self.spec_decoding = stats
+        self._accepted_before = stats.num_accepted_tokens
+        for name in SPEC_STEP_COLUMNS:
+            self.steps[name] = []
+
+    def spec_decoding_counts(self) -> list[dict]:
+        """The engine's speculative decoding counts (SpecDecodingStats.to_dict()): one dict, none without it."""
+        return [self.spec_decoding.to_dict()] if self.spec_decoding is not None else []
 
     def on_outputs(self, outputs: Iterable[EngineCoreOutput], now: float) -> None:
         token_times = self.token_times
@@ -211,6 +243,10 @@ class TraceRecorder:
     def num_finished(self) -> int:
         return sum(reason is not None for reason in self.finish_reason)
 
+
+# A speculating engine's step columns: draft tokens verified (StepFeatures.num_spec_tokens), how many of them
+# were accepted, and the query-key pairs of the verification rows (StepFeatures.spec_attention_work).
+SPEC_STEP_COLUMNS = ("num_spec_tokens", "spec_accepted_tokens", "spec_attention_work")
 
 STEP_COLUMNS = (
     "step", "start_time", "duration", "num_prefill_reqs", "num_decode_reqs", "num_scheduled_tokens",

@@ -58,6 +58,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
                    sleep: Callable[[float], None] = time.sleep,
                    timeline: RecordedTimeline | None = None) -> TraceRecorder:
     recorder = TraceRecorder(record_schedule=record_schedule)
+    recorder.track_spec_decoding(engine.scheduler.spec_decoding_stats)  # (None: an engine that does not speculate)
     specs = sorted(requests, key=lambda spec: spec.arrival_time)
     scheduler = engine.scheduler
     params_by_output_len: dict[int, SamplingParams] = {}

@@ -30,6 +30,8 @@ class Stream(enum.IntEnum):
     ROUTING = 10
     # The decode replica a request goes to after its prefill (cluster.prefill_replicas > 0).
     DECODE_ROUTING = 11
+    # Which draft tokens a verification accepts (engine.speculative_decoding; sim/speculation.py).
+    SPECULATIVE_ACCEPTANCE = 12
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

@@ -22,6 +22,7 @@ from pydantic import (
 
 from workloads.errors import problems_error
 from workloads.schema_base import SchemaModel
+from workloads.speculative_decoding_section import SpeculativeDecodingSection
 from workloads.traces import TraceFormat, TraceFormatError, TraceRecords, infer_format, read_trace
 
 MAX_BLOCK_SIZE = 256
@@ -63,6 +64,9 @@ class EngineSection(SchemaModel):
     # as a second tier of the prefix cache; a prefix the GPU's cache lost is loaded from there over the host
     # link instead of recomputed (sim/kv_offload_loads.py). 0: off. Needs prefix caching.
     kv_offloading_size_gib: float = Field(default=0.0, ge=0, le=1e6)
+    # vLLM's speculative decoding (simulated): each decode carries draft tokens, verified in one pass; the
+    # accepted ones and one more come out of the step (workloads/speculative_decoding_section.py). null: off.
+    speculative_decoding: SpeculativeDecodingSection | None = None
 
     @field_validator("block_size")
     @classmethod

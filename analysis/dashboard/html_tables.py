@@ -34,6 +34,11 @@ OFFLOAD_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
     ("prompt tokens loaded from host", "kv_offload.loaded_token_fraction", "percent", "higher"),
     ("host load p50 (ms)", "kv_offload.load_ms.p50", "number", None),
 )
+# Shown when some run speculates (analysis/spec_decode_stats.py).
+SPEC_DECODING_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("draft tokens accepted", "spec_decoding.acceptance_rate", "percent", "higher"),
+    ("tokens per verification", "spec_decoding.mean_acceptance_length", "number", "higher"),
+)
 LATENCY_ROWS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"), ("queue", "queue_ms"))
 LATENCY_STATISTICS = ("mean", "p50", "p90", "p99")
 
@@ -76,7 +81,9 @@ def summary_table_html(runs: Sequence[DashboardRun]) -> str:
                 for name, key in LATENCY_ROWS for statistic in LATENCY_STATISTICS]
         latency = _by_run_table(runs, rows, "latency (ms)")
     offloading = any(run.summary.get("kv_offload") for run in runs)
-    headline = _by_run_table(runs, HEADLINE_ROWS + (OFFLOAD_ROWS if offloading else ()), "headline")
+    speculating = any(run.summary.get("spec_decoding") for run in runs)
+    headline = _by_run_table(runs, HEADLINE_ROWS + (OFFLOAD_ROWS if offloading else ())
+                             + (SPEC_DECODING_ROWS if speculating else ()), "headline")
     base = runs[0].summary
     slo = ", ".join(f"{escape(key.removesuffix('_ms'))} &le; {value:g} ms"
                     for key, value in (base.get("slo") or {}).items() if value is not None) or "none"

@@ -16,6 +16,9 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   cache's bytes are ``kv_cache_dtype``'s (an fp8 cache: one byte an element).
 * lm_head computes logits for one row per request (only the last position is sampled), and sampling
   makes a few passes over those logits in FP32.
+* speculative decoding's verification of d drafts is a decode with d + 1 query rows
+  (``StepFeatures.num_spec_tokens``): d + 1 rows through every linear layer, the request's KV read once and
+  scored by every row, logits and sampling at every row.
 * a fixed cost per kernel (launch gap and minimum duration) and per step (CPU scheduling and I/O).
 * with tensor parallelism (``tensor_parallel_size`` GPUs per engine), every count above is one GPU's
   shard (``ModelShape.shard``: heads, MLP columns and vocabulary split; norms and residuals whole), and
@@ -170,6 +173,9 @@ class AnalyticalCostModel:
         # Decode: per KV token read, the slower of its FLOPs and its bytes (bytes win by ~100x).
         self._decode_s_per_context_token = layers * max(attention_flops_per_pair / attention_flops,
                                                         kv_bytes_per_token_per_layer / bandwidth)
+        # The two sides apart, for verifications of drafts: several query rows per KV token read.
+        self._decode_s_per_pair = layers * attention_flops_per_pair / attention_flops
+        self._decode_s_per_kv_token = layers * kv_bytes_per_token_per_layer / bandwidth
         self._decode_s_per_request = layers * 2 * q_size * element_bytes / bandwidth  # read q, write output
         self._prefill_s_per_pair = layers * attention_flops_per_pair / attention_flops
         self._prefill_s_per_context_token = layers * kv_bytes_per_token_per_layer / bandwidth
@@ -281,8 +287,18 @@ class AnalyticalCostModel:
             linear_layers += max(tokens * compute, weight_read + tokens * activation)
         if self._experts_all_layers is not None:
             linear_layers += self._experts_all_layers.time(tokens)
-        attention_decode = f.decode_context_tokens * self._decode_s_per_context_token \
-            + f.num_decode_reqs * self._decode_s_per_request
+        # Rows whose logits are computed and sampled: one per request, and each draft's (speculative decoding:
+        # the sampler compares the target's token with the draft at every verified position).
+        logit_rows = f.num_reqs + f.num_spec_tokens
+        if f.num_spec_tokens:
+            # Verifications are decodes with d + 1 query rows: the KV is read once, and scored by every row,
+            # still memory-bound for a few drafts (on an H100, compute wins past ~44 rows for Llama-3-8B).
+            attention_decode = max((f.decode_context_tokens + f.spec_attention_work) * self._decode_s_per_pair,
+                                   f.decode_context_tokens * self._decode_s_per_kv_token) \
+                + (f.num_decode_reqs + f.num_spec_tokens) * self._decode_s_per_request
+        else:
+            attention_decode = f.decode_context_tokens * self._decode_s_per_context_token \
+                + f.num_decode_reqs * self._decode_s_per_request
         attention_prefill = 0.0
         if f.num_prefill_reqs:
             attention_prefill = max(f.prefill_attention_work * self._prefill_s_per_pair,
@@ -290,7 +306,7 @@ class AnalyticalCostModel:
                                     + f.num_prefill_tokens * self._prefill_s_per_token)
         communication = sum(self._communication_parts(f)) if self.tensor_parallel_size > 1 else 0.0
         return (linear_layers, tokens * self._elementwise_s_per_token, attention_decode, attention_prefill,
-                self.lm_head.time(f.num_reqs), f.num_reqs * self._sampling_s_per_request, self._fixed_s,
+                self.lm_head.time(logit_rows), logit_rows * self._sampling_s_per_request, self._fixed_s,
                 communication)
 
     def _communication_parts(self, f: StepFeatures) -> tuple[float, float]:
@@ -302,7 +318,8 @@ class AnalyticalCostModel:
         per_byte = self._allreduce_s_per_byte
         return (self._allreduces_per_step * (self._allreduce_latency_s + f.num_tokens * self._hidden_bytes_per_token
                                              * per_byte),
-                self._allreduce_latency_s + f.num_reqs * self._logit_bytes_per_request / 2 * per_byte)
+                self._allreduce_latency_s + (f.num_reqs + f.num_spec_tokens) * self._logit_bytes_per_request / 2
+                * per_byte)
 
     def layer_operator_times(self, num_tokens: int) -> dict[str, float]:
         """Seconds per non-attention operator of one layer for ``num_tokens`` rows, each with its kernel
@@ -368,9 +385,9 @@ class AnalyticalCostModel:
         # Projections every token goes through: attention, the dense MLP or the router and shared expert.
         linear_params = m.attention_projection_parameters + m.dense_mlp_parameters + m.router_parameters \
             + m.shared_expert_parameters + m.shared_expert_gate_parameters
-        attention_pairs = f.decode_context_tokens + f.prefill_attention_work
+        attention_pairs = f.decode_context_tokens + f.spec_attention_work + f.prefill_attention_work
         flops = layers * (2 * f.num_tokens * linear_params + 4 * m.q_size * attention_pairs) \
-            + 2 * f.num_reqs * m.hidden_size * m.vocab_size
+            + 2 * (f.num_reqs + f.num_spec_tokens) * m.hidden_size * m.vocab_size
         kv_tokens_read = f.decode_context_tokens + f.prefill_context_tokens
         kv_read = layers * m.kv_bytes_per_token_per_layer(self.kv_cache_dtype) * kv_tokens_read
         weights = (layers * linear_params + m.hidden_size * m.vocab_size) * b

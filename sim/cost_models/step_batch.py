@@ -21,15 +21,19 @@ class StepBatch:
     shared_context_tokens: int = 0
     # Runs of consecutive physical KV blocks over the live block tables (SchedulerOutput.num_kv_block_runs).
     kv_block_runs: int = 0
+    # Speculative decoding: per request, the draft tokens among its scheduled ones (its scheduled tokens are
+    # then its last token and these drafts, verified in one pass). None: no request verifies drafts.
+    num_spec_tokens: list[int] | None = None
 
 
 @dataclass(slots=True)
 class StepFeatures:
     num_reqs: int
     num_tokens: int               # total scheduled tokens: rows through every linear layer
-    num_prefill_reqs: int         # requests with more than one scheduled token (prompt chunks, recomputation)
+    num_prefill_reqs: int         # requests with more than one scheduled token (prompt chunks, recomputation),
+                                  # but for verifications of drafts (counted as decodes: see num_spec_tokens)
     num_prefill_tokens: int
-    num_decode_reqs: int          # requests with exactly one scheduled token
+    num_decode_reqs: int          # requests with exactly one scheduled token, and verifications of drafts
     decode_context_tokens: int    # sum of (num_computed_tokens + 1) over decodes: KV tokens attention reads
     prefill_context_tokens: int   # sum of num_computed_tokens over prefill chunks: earlier KV the chunks read
     prefill_attention_work: int   # query-key pairs under the causal mask over prefill chunks
@@ -55,6 +59,14 @@ class StepFeatures:
     # as long as gathering the same blocks in order (the prefetcher streams a run), and a long-running
     # engine's free queue is shuffled, so the same batch costs more late in a run than early.
     kv_block_runs: int = 0
+    # Speculative decoding's verifications. A request scheduled with its last token and d drafts after c
+    # computed tokens is counted as a decode (in num_decode_reqs, and c + d + 1 in decode_context_tokens: it
+    # reads its KV once, as a decode does) whose d + 1 query rows go through the linear layers (num_tokens),
+    # lm_head and the sampler. num_spec_tokens counts the d draft rows; spec_attention_work the query-key
+    # pairs its rows score beyond one per KV token read, d * c + d * (d + 1) / 2 (row i of d + 1 reads c + i
+    # keys). Both 0 on a step without drafts, whose features are what they were before speculation existed.
+    num_spec_tokens: int = 0
+    spec_attention_work: int = 0
 
     @property
     def has_prefill(self) -> int:
@@ -107,14 +119,28 @@ def step_features(batch: StepBatch) -> StepFeatures:
     if len(scheduled) != len(computed):
         raise ValueError(f"StepBatch lists differ in length: num_scheduled_tokens has {len(scheduled)} entries, "
                          f"num_computed_tokens {len(computed)}")
+    drafts = batch.num_spec_tokens
+    if drafts is not None and len(drafts) != len(scheduled):
+        raise ValueError(f"StepBatch lists differ in length: num_scheduled_tokens has {len(scheduled)} entries, "
+                         f"num_spec_tokens {len(drafts)}")
+    num_spec_tokens = spec_attention_work = 0
     num_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
     prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
     num_decode_reqs = decode_context_tokens = 0
     max_seq_len = 0
-    for q, ctx in zip(scheduled, computed, strict=True):
+    for index, (q, ctx) in enumerate(zip(scheduled, computed, strict=True)):
         seq_len = ctx + q
-        if q == 1:
+        num_drafts = drafts[index] if drafts is not None else 0
+        if num_drafts:
+            if num_drafts != q - 1:
+                raise ValueError(f"StepBatch: a request verifying {num_drafts} draft tokens must be scheduled "
+                                 f"{num_drafts + 1} tokens, got {q}")
+            num_decode_reqs += 1
+            decode_context_tokens += seq_len
+            num_spec_tokens += num_drafts
+            spec_attention_work += num_drafts * ctx + num_drafts * (num_drafts + 1) // 2
+        elif q == 1:
             num_decode_reqs += 1
             decode_context_tokens += seq_len
         elif q > 1:
@@ -146,4 +172,6 @@ def step_features(batch: StepBatch) -> StepFeatures:
         prefill_attention_sliced_work=prefill_attention_sliced_work,
         shared_context_tokens=batch.shared_context_tokens,
         kv_block_runs=batch.kv_block_runs,
+        num_spec_tokens=num_spec_tokens,
+        spec_attention_work=spec_attention_work,
     )

@@ -21,7 +21,7 @@ from workloads import (
 )
 
 EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing",
-                     "disaggregation", "parallelism", "moe"}
+                     "disaggregation", "parallelism", "moe", "spec_decode"}
 
 
 def test_examples_are_listed():

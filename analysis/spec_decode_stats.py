@@ -1,0 +1,45 @@
+"""What a run's speculative decoding did: drafts verified, tokens accepted, by position.
+
+The counts come from each engine's scheduler (engine.core.spec_decode.SpecDecodingStats.to_dict(), one dict
+per engine); a cluster's engines are summed. As vLLM reports them: a draft is one request's drafts verified in
+one step; the acceptance rate is accepted draft tokens over draft tokens verified; the mean acceptance
+length is the tokens a verification produced on average (its accepted drafts plus the token sampled after
+them), so 1 is no gain at all and 1 + num_speculative_tokens the most there is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The summed counts and the rates derived from them; None when no engine speculated.
+
+    ``acceptance_rate_per_position[i]``: the share of drafts whose i-th token was accepted (vLLM's per-position
+    acceptance rate, which counts every draft, shorter ones too); ``conditional_acceptance_per_position[i]``:
+    accepted at position i over accepted at position i - 1 (over all drafts for i = 0), the probability that
+    a workload's ``acceptance_rate`` list states (a draft trimmed short of position i lowers it slightly)."""
+    if not counts:
+        return None
+    num_speculative_tokens = max(each["num_speculative_tokens"] for each in counts)
+    per_position = [0] * num_speculative_tokens
+    for each in counts:
+        for position, accepted in enumerate(each["num_accepted_tokens_per_position"]):
+            per_position[position] += accepted
+    num_drafts = sum(each["num_drafts"] for each in counts)
+    num_draft_tokens = sum(each["num_draft_tokens"] for each in counts)
+    num_accepted = sum(each["num_accepted_tokens"] for each in counts)
+    previous = [num_drafts, *per_position[:-1]]
+    return {
+        "num_speculative_tokens": num_speculative_tokens,
+        "num_drafts": num_drafts,
+        "num_draft_tokens": num_draft_tokens,
+        "num_accepted_tokens": num_accepted,
+        "num_accepted_tokens_per_position": per_position,
+        "acceptance_rate": num_accepted / num_draft_tokens if num_draft_tokens else 0.0,
+        "mean_acceptance_length": 1.0 + num_accepted / num_drafts if num_drafts else 0.0,
+        "acceptance_rate_per_position": [accepted / num_drafts if num_drafts else 0.0 for accepted in per_position],
+        "conditional_acceptance_per_position": [accepted / before if before else 0.0
+                                                for accepted, before in zip(per_position, previous)],
+    }

@@ -1,0 +1,81 @@
+"""``engine.speculative_decoding``: drafts proposed each step and verified in the next (simulated).
+
+vLLM's ``--speculative-config``, reduced to what decides a simulated run's timing: how many draft tokens a
+decode carries (``num_speculative_tokens``), how likely each is accepted (``acceptance_rate``), and what
+proposing them costs (``method``: an n-gram lookup on the CPU, or a smaller ``draft_model`` on the GPU).
+The simulator draws acceptances; it never looks at token values (sim/speculative_executor.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from workloads.errors import problems_error
+from workloads.schema_base import SchemaModel
+
+# More drafts than this per step is not a configuration anyone serves with (vLLM's own examples stop at 5-8);
+# the bound keeps a typo (30 for 3) from silently simulating something absurd.
+MAX_SPECULATIVE_TOKENS = 32
+
+
+class SpeculativeDecodingSection(SchemaModel):
+    """- ``num_speculative_tokens``: drafts per decode; 0 is off (so a sweep over it can include the baseline).
+    - ``acceptance_rate``: one probability in (0, 1], each draft accepted independently with it until the
+      first rejection; or one per position, the probability that the i-th draft is accepted when those
+      before it were (what vLLM reports as per-position acceptance). A list needs an entry for every
+      position up to ``num_speculative_tokens``; entries past it are unused (so one measured list serves a
+      sweep over ``num_speculative_tokens``).
+    - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step) or ``draft_model``.
+    - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``.
+    """
+
+    num_speculative_tokens: int = Field(ge=0, le=MAX_SPECULATIVE_TOKENS)
+    acceptance_rate: float | list[float]
+    method: Literal["ngram", "draft_model"] = "ngram"
+    draft_model: str | None = Field(default=None, min_length=1)
+
+    @field_validator("acceptance_rate", mode="before")
+    @classmethod
+    def _probabilities(cls, value: Any) -> Any:
+        # One message naming what is wrong, instead of pydantic's report per member of the union.
+        def bad(entry: Any) -> bool:
+            return isinstance(entry, bool) or not isinstance(entry, (int, float)) or not math.isfinite(entry) \
+                or not 0 < entry <= 1
+
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("must list at least one probability")
+            wrong = [f"[{index}] {entry!r}" for index, entry in enumerate(value) if bad(entry)]
+            if wrong:
+                raise ValueError(f"every per-position probability must be a number in (0, 1]; not {', '.join(wrong)}")
+            return [float(entry) for entry in value]
+        if bad(value):
+            raise ValueError("must be a probability in (0, 1], or a list of one per draft position")
+        return float(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeDecodingSection:
+        problems = []
+        rates = self.acceptance_rate
+        if isinstance(rates, list) and len(rates) < self.num_speculative_tokens:
+            problems.append(("acceptance_rate", f"lists {len(rates)} per-position probabilities, but "
+                             f"num_speculative_tokens is {self.num_speculative_tokens}: give one per draft position",
+                             rates))
+        if self.method == "draft_model" and self.draft_model is None:
+            problems.append(("draft_model", "method draft_model needs the draft model (a preset name or a "
+                             "config.json path)", None))
+        if self.method == "ngram" and self.draft_model is not None:
+            problems.append(("draft_model", "is only used with method: draft_model (method is ngram)", self.draft_model))
+        if problems:
+            raise problems_error(problems)
+        return self
+
+    def acceptance_by_position(self) -> list[float]:
+        """The probability that the i-th draft is accepted when those before it were, i < num_speculative_tokens."""
+        rates = self.acceptance_rate
+        if isinstance(rates, list):
+            return rates[:self.num_speculative_tokens]
+        return [rates] * self.num_speculative_tokens
