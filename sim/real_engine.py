@@ -96,10 +96,16 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
                          "timing loads over the host link, could not replay (engine.LLM(kv_offloading_size_gib=...) "
                          "runs it; set engine.kv_offloading_size_gib=0 here)")
     speculative = workload.engine.speculative_decoding
+    speculative_config = None
     if speculative is not None and speculative.num_speculative_tokens:
-        raise SetupError(f"engine.speculative_decoding: num_speculative_tokens {speculative.num_speculative_tokens} is "
-                         "simulated only for now; the real runner proposes no drafts yet (set "
-                         "engine.speculative_decoding=null)")
+        if speculative.method != "ngram":
+            raise SetupError(f"engine.speculative_decoding.method: {speculative.method!r} is simulated only; the real "
+                             "runner has no draft model (set engine.speculative_decoding.method=ngram)")
+        # The real proposer's drafts are accepted as often as the model agrees: acceptance_rate is what the
+        # simulation assumes, the real run measures it (summary.json's spec_decoding).
+        speculative_config = {"method": "ngram", "num_speculative_tokens": speculative.num_speculative_tokens,
+                              "prompt_lookup_min": speculative.prompt_lookup_min,
+                              "prompt_lookup_max": speculative.prompt_lookup_max}
     num_replicas = workload.cluster.num_replicas
     if workload.cluster.disaggregated:
         # Checked first: the advice below would otherwise lead to prefill_replicas' own error.
@@ -127,7 +133,8 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
               num_gpu_blocks=section.num_gpu_blocks, enable_chunked_prefill=section.enable_chunked_prefill,
               long_prefill_token_threshold=section.long_prefill_token_threshold, attention_backend=attention_backend,
               seed=workload.seed, scheduling_policy=section.scheduling_policy,
-              gpu_memory_utilization=section.gpu_memory_utilization, enforce_eager=enforce_eager)
+              gpu_memory_utilization=section.gpu_memory_utilization, enforce_eager=enforce_eager,
+              speculative_config=speculative_config)
     _warm_up(llm)
     runner = llm.model_runner
     reserved = sorted(set(llm.tokenizer.all_special_ids)) if llm.tokenizer is not None else []

@@ -17,9 +17,10 @@ import numpy as np
 from analysis import Run, read_run
 from engine.core import CacheConfig, EngineCore, Scheduler, SchedulerConfig
 from sim.cost_models.replay import ReplayCostModel
+from sim.recorded_drafts import RecordedDraftsExecutor
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
-from sim.trace_recorder import TraceRecorder
+from sim.trace_recorder import PROPOSED_COUNTS, SAMPLED_COUNTS, TraceRecorder
 from workloads import RequestSpec, generate_requests, load_workload
 
 # Timestamps are sums of the same durations in a different association order: allow for rounding.
@@ -73,7 +74,15 @@ def replay(run_dir: str | Path) -> tuple[TraceRecorder, Run, ReplayCostModel]:
     run = read_run(run_dir)
     scheduler_config, cache_config, requests = replay_inputs(run)
     cost_model = ReplayCostModel.from_steps(run.steps, source=str(run_dir))
-    engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
+    executor = SimulatedExecutor(cost_model)
+    if scheduler_config.num_speculative_tokens:
+        if SAMPLED_COUNTS not in run.steps.columns:
+            raise ValueError(f"{run_dir}: a speculating run whose steps.parquet lacks {SAMPLED_COUNTS!r}; only real "
+                             "runs recorded by sim.run --executor real can be replayed")
+        steps = run.steps.sort_values("step")
+        executor = RecordedDraftsExecutor(cost_model, steps["scheduled_request_ids"].tolist(),
+                                          steps[SAMPLED_COUNTS].tolist(), steps[PROPOSED_COUNTS].tolist())
+    engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     # Fast-forward plans durations ahead of time; a replay consumes them strictly in order.
     recorder = Simulation(engine, requests, fast_forward=False, record_schedule=True).run()
     return recorder, run, cost_model

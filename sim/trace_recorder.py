@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from engine.core.spec_decode import SpecDecodingStats
 from engine.core.outputs import EngineCoreOutput
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import SchedulerOutput
@@ -123,6 +124,18 @@ class TraceRecorder:
             steps["scheduled_request_ids"].append(list(scheduler_output.num_scheduled_tokens))
             steps["scheduled_token_counts"].append(list(scheduler_output.num_scheduled_tokens.values()))
 
+    def on_drafts(self, scheduler_output: SchedulerOutput, model_runner_output) -> None:
+        """A speculating real run's step, for its replay (sim/recorded_drafts.py): per scheduled request, in the
+        order of ``scheduled_request_ids``, how many tokens the executor returned and how many drafts it
+        proposed. Call after ``on_step`` of the same step, with ``record_schedule``."""
+        steps = self.steps
+        rows = model_runner_output.req_id_to_index
+        sampled, proposals = model_runner_output.sampled_token_ids, model_runner_output.spec_token_ids
+        request_ids = scheduler_output.num_scheduled_tokens
+        steps.setdefault(SAMPLED_COUNTS, []).append(
+            [len(sampled[rows[request_id]]) if request_id in rows else 0 for request_id in request_ids])
+        steps.setdefault(PROPOSED_COUNTS, []).append([len(proposals.get(request_id, ())) for request_id in request_ids])
+
     def _record_verification(self, features: StepFeatures) -> None:
         """The step's drafts verified and accepted. The engine applies a step's outputs before it is recorded
         (one batch at a time: speculation is refused with batches in flight), so its counts include this step."""
@@ -142,12 +155,23 @@ class TraceRecorder:
             raise RuntimeError("track_spec_decoding must be called before the first step is recorded")
         self.spec_decoding = stats
         self._accepted_before = stats.num_accepted_tokens
+        # What the engine counted before this recording (a real run's warm-up requests): not the run's.
+        self._spec_baseline = SpecDecodingStats(stats.num_speculative_tokens, stats.num_drafts, stats.num_draft_tokens,
+                                                stats.num_accepted_tokens, list(stats.num_accepted_tokens_per_position))
         for name in SPEC_STEP_COLUMNS:
             self.steps[name] = []
 
     def spec_decoding_counts(self) -> list[dict]:
-        """The engine's speculative decoding counts (SpecDecodingStats.to_dict()): one dict, none without it."""
-        return [self.spec_decoding.to_dict()] if self.spec_decoding is not None else []
+        """The recorded steps' speculative decoding counts (SpecDecodingStats.to_dict()): one dict, none without it."""
+        stats, before = self.spec_decoding, getattr(self, "_spec_baseline", None)
+        if stats is None:
+            return []
+        run = SpecDecodingStats(stats.num_speculative_tokens, stats.num_drafts - before.num_drafts,
+                                stats.num_draft_tokens - before.num_draft_tokens,
+                                stats.num_accepted_tokens - before.num_accepted_tokens,
+                                [now - then for now, then in zip(stats.num_accepted_tokens_per_position,
+                                                                 before.num_accepted_tokens_per_position)])
+        return [run.to_dict()]
 
     def on_outputs(self, outputs: Iterable[EngineCoreOutput], now: float) -> None:
         token_times = self.token_times
@@ -246,6 +270,8 @@ class TraceRecorder:
 
 # A speculating engine's step columns: draft tokens verified (StepFeatures.num_spec_tokens), how many of them
 # were accepted, and the query-key pairs of the verification rows (StepFeatures.spec_attention_work).
+# A speculating real run's step columns (lists, like scheduled_request_ids) that its replay reads back.
+SAMPLED_COUNTS, PROPOSED_COUNTS = "sampled_token_counts", "proposed_draft_counts"
 SPEC_STEP_COLUMNS = ("num_spec_tokens", "spec_accepted_tokens", "spec_attention_work")
 
 STEP_COLUMNS = (

@@ -73,6 +73,11 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
     loaded = profile if isinstance(profile, CalibratedCostModel) else CalibratedCostModel.from_file(profile)
     cost_model = CalibratedCostModel(loaded.profile, path=loaded.path, speed_factor=speed_factor)
     scheduler_config, cache_config, requests = replay_inputs(run)
+    if scheduler_config.num_speculative_tokens:
+        # A calibrated profile has no term for verification rows, and the simulation would need the run's measured
+        # acceptance: compare a speculating run through its replay (sim.run --replay) instead.
+        raise ValueError(f"{run.path}: engine.speculative_decoding is not compared by sim.validate (a calibrated "
+                         "profile prices no draft verification); replay the run with sim.run --replay")
     workload = load_workload(run.summary["config"]["workload"])
     engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
     started = time.perf_counter()

@@ -30,12 +30,16 @@ class SpeculativeDecodingSection(SchemaModel):
       sweep over ``num_speculative_tokens``).
     - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step) or ``draft_model``.
     - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``.
+    - ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths the real runner's proposer tries (real
+      runs, ``--executor real``, use them and measure the acceptance instead of assuming ``acceptance_rate``).
     """
 
     num_speculative_tokens: int = Field(ge=0, le=MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float | list[float]
     method: Literal["ngram", "draft_model"] = "ngram"
     draft_model: str | None = Field(default=None, min_length=1)
+    prompt_lookup_min: int = Field(default=2, ge=1)
+    prompt_lookup_max: int = Field(default=5, ge=1)
 
     @field_validator("acceptance_rate", mode="before")
     @classmethod
@@ -67,6 +71,9 @@ class SpeculativeDecodingSection(SchemaModel):
         if self.method == "draft_model" and self.draft_model is None:
             problems.append(("draft_model", "method draft_model needs the draft model (a preset name or a "
                              "config.json path)", None))
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            problems.append(("prompt_lookup_max", f"must be >= prompt_lookup_min ({self.prompt_lookup_min})",
+                             self.prompt_lookup_max))
         if self.method == "ngram" and self.draft_model is not None:
             problems.append(("draft_model", "is only used with method: draft_model (method is ngram)", self.draft_model))
         if problems:

@@ -217,14 +217,11 @@ def test_off_needs_no_refusal():
         assert build_setup(chat(spec(0), *overrides)).speculation is None
 
 
-def test_a_calibrated_profile_and_a_real_run_refuse_speculation(capsys):
-    from sim.run import main as sim_run_main
-
+def test_a_calibrated_profile_refuses_speculation():
+    # (Real runs speculate with the n-gram proposer and refuse a draft model: tests/sim/test_spec_decode_real_run.py.)
     workload = load_workload(example_path("cpu_chat"), overrides=[spec()])
     with pytest.raises(SetupError, match=r"^engine\.speculative_decoding: .*needs the analytical cost model"):
         build_setup(workload, str(SHIPPED_PROFILES_DIR / "cpu-small-float32.json"))
-    assert sim_run_main(["chat", "--executor", "real", "--set", spec(), "--no-progress"]) == 2
-    assert "engine.speculative_decoding: num_speculative_tokens 3 is simulated only for now" in capsys.readouterr().err
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         SpeculatingExecutor(build_setup(chat(spec())).cost_model, build_setup(chat(spec())).speculation.__class__(
             0, (), "ngram", 0))

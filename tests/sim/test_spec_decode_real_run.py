@@ -1,0 +1,81 @@
+"""A speculating real run (``--executor real`` with ``engine.speculative_decoding``, the n-gram proposer) and its
+replay: the replay keeps and proposes as many drafts per step as the real runner did (sim/recorded_drafts.py)
+and must take every scheduling decision the real run took."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from analysis import read_run  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
+from sim.real_engine import SetupError, build_real_engine  # noqa: E402
+from sim.real_run import run_real  # noqa: E402
+from sim.replay import run_replay  # noqa: E402
+from workloads import load_workload  # noqa: E402
+
+from tests.sim.test_real_runs import WORKLOAD  # noqa: E402
+
+SPECULATING = dict(WORKLOAD, engine=dict(WORKLOAD["engine"], speculative_decoding={
+    "num_speculative_tokens": 3, "acceptance_rate": 0.6, "prompt_lookup_min": 1, "prompt_lookup_max": 3}))
+
+
+@pytest.fixture(scope="module")
+def speculating_run(tmp_path_factory):
+    # Greedy requests: the tiny random model's greedy outputs fall into loops, where drafts are accepted (at the
+    # workload's default temperature 1 over its near-uniform distribution nearly none would be).
+    import sim.wall_clock_driver as driver
+    from sim.engine_requests import make_request
+
+    def greedy(spec, params_by_output_len, **kwargs):
+        request = make_request(spec, params_by_output_len, **kwargs)
+        request.sampling_params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=0.0)
+        return request
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(driver, "make_request", greedy)
+    try:
+        workload = load_workload(SPECULATING)
+        real = build_real_engine(workload, model="tiny", threads=1)
+        out = tmp_path_factory.mktemp("spec_real") / "run"
+        result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
+                          reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
+    finally:
+        patch.undo()
+    manager = real.engine.scheduler.kv_cache_manager
+    assert result.summary["num_finished"] == 40 and manager.num_free_blocks == manager.num_usable_blocks
+    return out
+
+
+def test_the_real_run_verifies_drafts_and_keeps_some(speculating_run):
+    run = read_run(speculating_run)
+    stats = run.summary["spec_decoding"]
+    assert stats["num_drafts"] > 50 and 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
+    # Every request still produced exactly its output length.
+    assert (run.requests["num_output_tokens"] > 0).all()
+    assert run.steps["sampled_token_counts"].map(max).max() > 1  # some steps kept drafts
+
+
+def test_replay_of_a_speculating_run_takes_the_same_decisions(speculating_run, tmp_path):
+    result, report = run_replay(speculating_run, tmp_path / "replay")
+    assert report.identical, report.describe()
+    replayed = read_run(tmp_path / "replay").summary["spec_decoding"]
+    recorded = read_run(speculating_run).summary["spec_decoding"]
+    assert {key: replayed[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")} == \
+        {key: recorded[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+
+
+def test_a_draft_model_is_refused_for_real_runs():
+    workload = load_workload(dict(SPECULATING, engine=dict(SPECULATING["engine"], speculative_decoding={
+        "num_speculative_tokens": 3, "acceptance_rate": 0.6, "method": "draft_model", "draft_model": "tiny"})))
+    with pytest.raises(SetupError, match="method: 'draft_model' is simulated only"):
+        build_real_engine(workload, model="tiny", threads=1)
+
+
+def test_validate_refuses_a_speculating_run(speculating_run, tmp_path):
+    from sim.profile_match import SHIPPED_PROFILES_DIR
+    from sim.validate import simulate_like
+
+    with pytest.raises(ValueError, match="engine.speculative_decoding is not compared by sim.validate"):
+        simulate_like(speculating_run, SHIPPED_PROFILES_DIR / "cpu-small-float32.json", tmp_path / "sim")
