@@ -173,3 +173,20 @@ def test_the_openai_server_speculates_and_reports_it(looping_llama):
     assert completion.choices[0].token_ids == expected
     accepted = [line for line in metrics.splitlines() if line.startswith("servesim_spec_decode_num_accepted_tokens_total")]
     assert accepted and float(accepted[0].split()[-1]) > 0
+
+
+def test_seeded_random_requests_draw_what_decoding_one_token_per_step_draws(looping_llama):
+    """Each verified position samples its token with one draw of the request's generator, as the sampler does,
+    and keeps the draft if it is that token: a seeded request's tokens are those of decoding without drafts,
+    whatever the token budget let a step verify or which requests share its batch."""
+    prompts = [([random.Random(seed).randrange(4, 12) for _ in range(6)] * 5) for seed in range(4)]
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=30, ignore_eos=True)
+    plain = LLM(model=str(looping_llama), skip_tokenizer_init=True)
+    expected = [_generate(plain, [prompt], params)[0] for prompt in prompts]
+    llm = LLM(model=str(looping_llama), skip_tokenizer_init=True, speculative_config=NGRAM, max_num_batched_tokens=5)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for prompt, tokens in zip(prompts, expected):
+        assert _generate(llm, [prompt], params)[0] == tokens
+        neighbour = [random.Random(len(prompt)).randrange(4, 12) for _ in range(30)]
+        assert _generate(llm, [neighbour, prompt], [greedy, params])[1] == tokens
+    assert llm.engine_core.scheduler.make_stats().spec_decoding["num_accepted_tokens"] > 0

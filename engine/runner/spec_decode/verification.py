@@ -6,10 +6,12 @@ min-p, allowed tokens and logit bias applied, exactly as the sampler would) deci
 
 * greedy: kept while it is the argmax of ``p_j``; the first one that is not is replaced by that argmax. So
   the tokens are exactly those that decoding one token per step gives.
-* random: kept with probability ``p_j(d_j)``; a rejected draft is replaced by a draw from ``p_j`` with ``d_j``
-  removed and renormalized. The n-gram proposer's drafts are deterministic (a proposal distribution with all
-  its mass on ``d_j``), for which this is the rejection sampling of speculative decoding: each kept or drawn
-  token is distributed as ``p_j``, as without speculation.
+* random: position ``j``'s token is sampled from ``p_j`` exactly as the sampler samples (one exponential race,
+  one [vocab] draw of the request's generator), and ``d_j`` is kept if it is that token. So a draft is kept
+  with probability ``p_j(d_j)`` and a rejected one is replaced by a draw from ``p_j`` without ``d_j``: the
+  rejection sampling of a deterministic proposal (the n-gram proposer's), each token distributed as ``p_j``.
+  And a seeded request consumes its generator exactly as decoding one token per step does, so its tokens
+  are those of decoding without drafts, whatever a step's token budget or batch let it verify.
 
 After ``s`` kept drafts, one more token is sampled from ``p_{s+1}``. A request's output is 1 to s + 1 tokens.
 
@@ -77,19 +79,16 @@ def _verify_greedy(targets: list[int], drafts: Sequence[int]) -> list[int]:
 
 
 def _verify_random(probabilities: torch.Tensor, drafts: Sequence[int], generator: torch.Generator | None) -> list[int]:
-    device = probabilities.device
+    """Sample each position's token as the sampler would (one exponential race, one [vocab] draw of the
+    request's generator per token produced) and keep the draft while it equals that token. The draft is kept
+    with probability p_j(d_j), a replacement is distributed as p_j without d_j: the rejection sampling of a
+    deterministic draft. And a seeded request draws exactly what decoding one token per step draws, so its
+    tokens do not depend on how many drafts a step verified (token budget, preemption, neighbours)."""
     generators = {0: generator} if generator is not None else {}
-    uniforms = torch.rand(len(drafts), generator=generator, device=device).tolist() if drafts else []
-    draft_probabilities = probabilities[torch.arange(len(drafts), device=device),
-                                        torch.tensor(list(drafts), dtype=torch.long, device=device)].tolist()
     tokens = []
-    for position, (draft, uniform, probability) in enumerate(zip(drafts, uniforms, draft_probabilities)):
-        if uniform < probability:
-            tokens.append(draft)
-            continue
-        residual = probabilities[position].clone()
-        residual[draft] = 0.0
-        tokens.append(int(random_sample((residual / residual.sum())[None], generators)[0]))
-        return tokens
-    tokens.append(int(random_sample(probabilities[len(drafts)][None], generators)[0]))
+    for position in range(len(drafts) + 1):
+        token = int(random_sample(probabilities[position][None], generators)[0])
+        tokens.append(token)
+        if position == len(drafts) or token != drafts[position]:
+            break
     return tokens
