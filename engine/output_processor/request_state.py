@@ -6,9 +6,10 @@ step with the whole output or only what the step added (for streaming front ends
 
 A stop string found in the text ends the request here, before the core knows: the caller must then
 finish it in the core (``Scheduler.finish_requests(..., FINISHED_STOPPED)``). The token that completed
-the stop string stays in ``token_ids``; only the text is truncated. Streaming kinds hold back trailing
-text that may be the start of a stop string until it is known not to be (``stop_string_hold_back``);
-token ids and logprobs are never held.
+the stop string stays in ``token_ids``; only the text is truncated. Tokens after it that the same step
+brought (speculative decoding) are dropped: the output is what steps of one token would give. Streaming
+kinds hold back trailing text that may be the start of a stop string until it is known not to be
+(``stop_string_hold_back``); token ids and logprobs are never held.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class RequestState:
     def update(self, output: EngineCoreOutput, now: float) -> bool:
         """Apply one core output. Returns True if a stop string ended the request here."""
         new_token_ids = output.new_token_ids
+        if len(new_token_ids) > 1 and self.detokenizer is not None and self.sampling_params.stop \
+                and output.logprobs is None:
+            return self._update_token_by_token(output, now)
         if new_token_ids:
             if self.metrics.first_token_time is None:
                 self.metrics.first_token_time = now
@@ -97,6 +101,22 @@ class RequestState:
         if self.finished and self.metrics.finished_time is None:
             self.metrics.finished_time = now
         return stopped_by_string
+
+    def _update_token_by_token(self, output: EngineCoreOutput, now: float) -> bool:
+        """Several tokens in one step (speculative decoding) for a request with stop strings: apply them one at
+        a time, as steps of one token would, so that a stop string completed by an early one ends the request
+        there and the tokens after it are not part of the output."""
+        last = len(output.new_token_ids) - 1
+        for index, token_id in enumerate(output.new_token_ids):
+            final = index == last
+            stopped = self.update(EngineCoreOutput(
+                output.request_id, [token_id], output.finish_reason if final else None,
+                output.stop_reason if final else None, output.num_cached_tokens,
+                output.status_message if final else None), now)
+            if self.finished:
+                # Ended by a stop string: the core must finish it too, unless it ended it in this step already.
+                return stopped and not output.finished
+        return False
 
     def make_request_output(self) -> RequestOutput | None:
         """The output to hand out now, or None (``final`` kind before the request finishes)."""

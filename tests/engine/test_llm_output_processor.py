@@ -91,3 +91,25 @@ def test_core_finish_reasons_and_messages(tokenizer):
     assert completion.finish_reason == "abort" and completion.token_ids == [50]
     assert completion.cumulative_logprob == -1.5
     assert {t: (lp.logprob, lp.rank) for t, lp in completion.logprobs[0].items()} == {50: (-1.5, 2), 60: (-0.5, 1)}
+
+
+@pytest.mark.parametrize("core_finish", [None, "length"])
+def test_a_stop_string_inside_a_step_of_several_tokens_drops_the_tokens_after_it(tokenizer, core_finish):
+    """Speculative decoding brings several tokens in one step: the output ends at the token that completed the
+    stop string, as steps of one token would end it, and the core is asked to finish it unless it did."""
+    tokens = [t for (t,) in pieces(tokenizer, "one END two three")]
+    one_per_step = OutputProcessor(tokenizer)
+    one_per_step.add_request("r", None, [1], SamplingParams(stop=["END"], max_tokens=50))
+    for token in tokens:
+        result = one_per_step.process_outputs([EngineCoreOutput("r", [token])])
+        if result.request_outputs:
+            expected = result.request_outputs[0].outputs[0]
+            break
+    processor = OutputProcessor(tokenizer)
+    processor.add_request("r", None, [1], SamplingParams(stop=["END"], max_tokens=50))
+    result = processor.process_outputs([EngineCoreOutput("r", tokens, core_finish)])
+    (final,) = result.request_outputs
+    assert result.reqs_to_abort == ([] if core_finish else ["r"])
+    assert final.outputs[0].token_ids == expected.token_ids and len(expected.token_ids) < len(tokens)
+    assert (final.outputs[0].text, final.outputs[0].finish_reason, final.outputs[0].stop_reason) == (
+        "one ", "stop", "END")
