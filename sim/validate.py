@@ -113,6 +113,12 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None,
         check_profile_fits(CalibratedCostModel.from_file(profile).profile.provenance, {"device": device}, profile,
                            allow_mismatch=allow_profile_mismatch)
     workload = load_workload(workload_path, overrides=list(overrides))
+    speculative = workload.engine.speculative_decoding
+    if speculative is not None and speculative.num_speculative_tokens:
+        # Refused before the recording rather than after it (simulate_like refuses the recorded run too).
+        raise ValueError(f"engine.speculative_decoding: num_speculative_tokens {speculative.num_speculative_tokens} "
+                         "is not compared by sim.validate (a calibrated profile prices no draft verification); "
+                         "record the run with sim.run --executor real and replay it with sim.run --replay")
     real_dirs = real_run_dirs(out_dir, repeats)
     remove_stale_recordings(out_dir, repeats)
     for real_dir in real_dirs:

@@ -113,3 +113,21 @@ def test_a_plain_validate_removes_the_repeats_an_earlier_one_left(tmp_path, monk
 
 class _StandIn:
     engine, vocab_size, reserved_token_ids, info = None, 0, [], {}
+
+
+def test_a_speculating_workload_is_refused_before_it_is_recorded(tmp_path, monkeypatch):
+    """sim.validate cannot compare a speculating run: it says so before recording one, not after."""
+    import sim.real_engine
+
+    def recording(workload, **options):
+        raise AssertionError("the workload was recorded before being refused")
+
+    monkeypatch.setattr(sim.real_engine, "build_real_engine", recording)
+    workload = DATA.parents[1] / "workloads" / "examples" / "cpu_chat.yaml"
+    spec = "engine.speculative_decoding={num_speculative_tokens: 2, acceptance_rate: 0.5}"
+    with pytest.raises(ValueError, match="engine.speculative_decoding: num_speculative_tokens 2 is not compared"):
+        validate(workload, tmp_path / "v", overrides=[spec], progress=False)
+    assert not (tmp_path / "v").exists()
+    off = "engine.speculative_decoding={num_speculative_tokens: 0, acceptance_rate: 0.5}"
+    with pytest.raises(AssertionError, match="recorded before being refused"):  # 0 drafts: recorded as usual
+        validate(workload, tmp_path / "w", overrides=[off], progress=False)
