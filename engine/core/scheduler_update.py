@@ -82,8 +82,11 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
             for count, token_id in enumerate(new_token_ids, 1):
                 request.append_output_token_ids(token_id)
                 if finish_if_stopped(request):
-                    # Tokens sampled after the stop (speculative decoding) are not part of the output.
+                    # Tokens sampled after the stop (speculative decoding) are not part of the output, nor are
+                    # their entries in a logprobs payload that lists one per token.
                     new_token_ids = new_token_ids[:count]
+                    if logprobs and isinstance(logprobs.get(request_id), list):
+                        logprobs = {**logprobs, request_id: logprobs[request_id][:count]}
                     finish_reason = FINISH_REASONS[request.status]
                     (stopped_waiting if waiting_to_resume else stopped).append(request)
                     break

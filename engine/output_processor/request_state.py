@@ -59,8 +59,7 @@ class RequestState:
     def update(self, output: EngineCoreOutput, now: float) -> bool:
         """Apply one core output. Returns True if a stop string ended the request here."""
         new_token_ids = output.new_token_ids
-        if len(new_token_ids) > 1 and self.detokenizer is not None and self.sampling_params.stop \
-                and output.logprobs is None:
+        if len(new_token_ids) > 1 and self.detokenizer is not None and self.sampling_params.stop:
             return self._update_token_by_token(output, now)
         if new_token_ids:
             if self.metrics.first_token_time is None:
@@ -112,7 +111,8 @@ class RequestState:
             stopped = self.update(EngineCoreOutput(
                 output.request_id, [token_id], output.finish_reason if final else None,
                 output.stop_reason if final else None, output.num_cached_tokens,
-                output.status_message if final else None), now)
+                output.status_message if final else None,
+                output.logprobs[index] if isinstance(output.logprobs, list) else None), now)
             if self.finished:
                 # Ended by a stop string: the core must finish it too, unless it ended it in this step already.
                 return stopped and not output.finished

@@ -18,6 +18,12 @@ class TokenLogprobs(NamedTuple):
     sampled_rank: int  # 1 = the most likely token under the model's raw distribution
 
 
+def token_logprobs_rows(tensors: LogprobsTensors, num_logprobs: int) -> list[TokenLogprobs]:
+    """One TokenLogprobs per row of ``tensors`` (one request's positions, each with ``num_logprobs``)."""
+    return [TokenLogprobs(ids[:1 + num_logprobs], values[:1 + num_logprobs], rank) for ids, values, rank in
+            zip(tensors.logprob_token_ids.tolist(), tensors.logprobs.tolist(), tensors.selected_token_ranks.tolist())]
+
+
 def split_logprobs(tensors: LogprobsTensors, num_logprobs: list[int | None],
                    req_ids: list[str]) -> dict[str, TokenLogprobs]:
     """{req_id: its TokenLogprobs} for the rows that asked for logprobs (row i belongs to req_ids[i])."""

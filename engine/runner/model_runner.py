@@ -282,9 +282,11 @@ class ModelRunner:
         self._step_logprobs = None
         sampled_rows = prepared.sampled_rows
         if len(sampled_rows) and draft_rows:
-            for row, tokens in self.speculative.sample_and_verify(batch, prepared, hidden_states,
-                                                                  self.model.compute_logits, draft_rows,
-                                                                  self._sample_rows).items():
+            tokens_by_row, verified_logprobs = self.speculative.sample_and_verify(
+                batch, prepared, hidden_states, self.model.compute_logits, draft_rows, self._sample_rows)
+            if verified_logprobs:
+                self._step_logprobs = {**(self._step_logprobs or {}), **verified_logprobs}
+            for row, tokens in tokens_by_row.items():
                 batch.append_row_token_ids(row, tokens)
                 states[row].output_token_ids.extend(tokens)
                 sampled_token_ids[row] = tokens

@@ -80,14 +80,34 @@ def test_stop_tokens_and_max_tokens_end_a_request_inside_a_step_of_drafts(loopin
 
 def test_requests_that_cannot_be_speculated_decode_one_token_per_step(looping_llama):
     prompts = _prompts(2, seed=20)
-    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=2),
-              SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3)]
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, presence_penalty=0.5)]
     reference = LLM(model=str(looping_llama), skip_tokenizer_init=True).generate(prompts, params, use_tqdm=False)
     llm = LLM(model=str(looping_llama), skip_tokenizer_init=True, speculative_config=NGRAM)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in reference]
     assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] == 0
     assert not can_speculate(SamplingParams(min_tokens=5), 4) and can_speculate(SamplingParams(min_tokens=5), 5)
+
+
+def test_logprobs_of_speculated_requests_are_those_of_plain_decoding(looping_llama):
+    """Each kept token's logprobs come from its own position's raw distribution (the core cutting them at a stop
+    token: tests/core/test_spec_decode_core.py)."""
+    prompts = _prompts(3, seed=50)
+    plain = LLM(model=str(looping_llama), skip_tokenizer_init=True)
+    llm = LLM(model=str(looping_llama), skip_tokenizer_init=True, speculative_config=NGRAM)
+    for prompt in prompts:
+        params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
+        expected = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        got = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        assert got.token_ids == expected.token_ids and len(got.logprobs) == len(got.token_ids)
+        for mine, theirs in zip(got.logprobs, expected.logprobs):
+            assert list(mine) == list(theirs)  # the same tokens: the produced one and the top 2
+            assert [entry.logprob for entry in mine.values()] == pytest.approx(
+                [entry.logprob for entry in theirs.values()], abs=1e-4)
+            assert [entry.rank for entry in mine.values()] == [entry.rank for entry in theirs.values()]
+        assert got.cumulative_logprob == pytest.approx(expected.cumulative_logprob, abs=1e-3)
+    assert llm.engine_core.scheduler.make_stats().spec_decoding["num_accepted_tokens"] > 0
 
 
 def test_mixed_greedy_and_random_batches_keep_greedy_tokens(looping_llama):

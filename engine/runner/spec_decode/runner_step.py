@@ -17,7 +17,7 @@ from engine.runner.input_batch import InputBatch
 from engine.runner.prepare_inputs import PreparedInputs
 from engine.runner.spec_decode.config import SpeculativeConfig
 from engine.runner.spec_decode.ngram_proposer import NgramProposer
-from engine.runner.spec_decode.verification import can_speculate, verify_drafts
+from engine.runner.spec_decode.verification import can_speculate, logprobs_of_tokens, verify_drafts
 
 
 class SpeculativeStep:
@@ -40,9 +40,11 @@ class SpeculativeStep:
 
     def sample_and_verify(self, batch: InputBatch, prepared: PreparedInputs, hidden_states: torch.Tensor,
                           compute_logits: Callable[[torch.Tensor], torch.Tensor], draft_rows: dict[int, list[int]],
-                          sample_rows: Callable[[np.ndarray, torch.Tensor], list[int]]) -> dict[int, list[int]]:
+                          sample_rows: Callable[[np.ndarray, torch.Tensor], list[int]]
+                          ) -> tuple[dict[int, list[int]], dict[str, list]]:
         """Tokens for every sampled row: rows without drafts through ``sample_rows`` (the ordinary sampler,
-        given the rows and their last-position hidden states), rows with drafts verified."""
+        given the rows and their last-position hidden states), rows with drafts verified; and the verified
+        requests' logprobs (a list per request, one entry per token) for those that ask for them."""
         sampled_rows = prepared.sampled_rows
         query_end = prepared.common.query_start_loc[1:]
         plain = np.array([row for row in sampled_rows.tolist() if row not in draft_rows], dtype=np.int64)
@@ -57,10 +59,14 @@ class SpeculativeStep:
                                     for row in rows]).astype(np.int64)
         logits = compute_logits(hidden_states[torch.from_numpy(positions).to(hidden_states.device)])
         states = [batch.request_states[row] for row in rows]
-        for row, verified in zip(rows, verify_drafts(logits, states, [draft_rows[row] for row in rows],
-                                                     self.vocab_size)):
-            tokens[row] = verified
-        return tokens
+        drafts = [draft_rows[row] for row in rows]
+        verified = verify_drafts(logits, states, drafts, self.vocab_size)
+        for row, row_tokens in zip(rows, verified):
+            tokens[row] = row_tokens
+        logprobs = {state.req_id: entries for state, entries in zip(states, logprobs_of_tokens(logits, states, drafts,
+                                                                                                verified))
+                    if entries is not None}
+        return tokens, logprobs
 
     def propose(self, batch: InputBatch, rows: list[int]) -> dict[str, list[int]]:
         """Drafts for each of ``rows`` (requests that just sampled) whose sampling allows speculation."""

@@ -16,8 +16,9 @@ min-p, allowed tokens and logit bias applied, exactly as the sampler would) deci
 After ``s`` kept drafts, one more token is sampled from ``p_{s+1}``. A request's output is 1 to s + 1 tokens.
 
 Only requests whose distribution does not depend on the tokens of the same step are speculated
-(``can_speculate``): no penalties, no bad words, min_tokens already reached, and no logprobs (which would
-be needed per kept token). The others decode one token per step.
+(``can_speculate``): no penalties, no bad words, min_tokens already reached. The others decode one token per
+step. Logprobs, when asked for, come from the raw logits of each produced token's position
+(``logprobs_of_tokens``), as the sampler gives them for one token.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from collections.abc import Sequence
 import torch
 
 from engine.core.sampling_params import SamplingParams
+from engine.runner.logprobs_lists import TokenLogprobs, token_logprobs_rows
 from engine.runner.request_state import CachedRequestState
+from engine.runner.sampler.logprobs import gather_logprobs
 from engine.runner.sampler import Sampler
 from engine.runner.sampler.topk_topp import apply_min_p, apply_temperature, apply_top_k_top_p, random_sample
 from engine.runner.sampling_batch import build_sampling_metadata
@@ -37,7 +40,7 @@ def can_speculate(params: SamplingParams, num_output_tokens: int) -> bool:
     """Whether a request's next tokens may be drafted: its distribution at each position of a step must not
     depend on the tokens kept before it in the same step."""
     return (params.presence_penalty == 0.0 and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
-            and not params.bad_words and num_output_tokens >= params.min_tokens and params.logprobs is None)
+            and not params.bad_words and num_output_tokens >= params.min_tokens)
 
 
 def verify_drafts(logits: torch.Tensor, states: Sequence[CachedRequestState], drafts: Sequence[Sequence[int]],
@@ -64,6 +67,27 @@ def verify_drafts(logits: torch.Tensor, states: Sequence[CachedRequestState], dr
         else:
             tokens = _verify_random(probabilities[row:row + len(request_drafts) + 1], request_drafts, state.generator)
         results.append(tokens)
+        row += len(request_drafts) + 1
+    return results
+
+
+def logprobs_of_tokens(logits: torch.Tensor, states: Sequence[CachedRequestState],
+                       drafts: Sequence[Sequence[int]], tokens: Sequence[list[int]]) -> list[list[TokenLogprobs] | None]:
+    """For each request that asks for logprobs, one TokenLogprobs per token it produced (``tokens``, from
+    ``verify_drafts`` on the same rows): the raw distribution at that token's position, as the sampler reports."""
+    results: list[list[TokenLogprobs] | None] = []
+    raw = None
+    row = 0
+    for state, request_drafts, request_tokens in zip(states, drafts, tokens):
+        num_logprobs = state.sampling_params.logprobs
+        if num_logprobs is None:
+            results.append(None)
+        else:
+            if raw is None:
+                raw = logits.to(torch.float32).log_softmax(dim=-1)
+            token_ids = torch.tensor(request_tokens, dtype=torch.long, device=logits.device)
+            tensors = gather_logprobs(raw[row:row + len(request_tokens)], num_logprobs, token_ids)
+            results.append(token_logprobs_rows(tensors, num_logprobs))
         row += len(request_drafts) + 1
     return results
 
