@@ -132,6 +132,12 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
         headline.add_row(f"speculative decoding ({spec.get('num_speculative_tokens')} drafts)",
                          f"{format_percent(spec.get('acceptance_rate'))} of draft tokens accepted, "
                          f"{format_number(spec.get('mean_acceptance_length'), 2)} tokens per verification")
+        by_position = spec.get("conditional_acceptance_per_position")
+        if by_position and spec.get("num_drafts"):
+            # What a simulation of the same traffic takes as engine.speculative_decoding.acceptance_rate: a real
+            # run's measured list closes the loop from the real proposer to the simulator.
+            headline.add_row("acceptance by position (acceptance_rate)",
+                             "[" + ", ".join(f"{rate:.2f}" for rate in by_position) + "]")
     pipeline = summary.get("pipeline")
     if pipeline:
         headline.add_row(f"pipeline ({pipeline['stages']} stages)",

@@ -79,3 +79,16 @@ def test_validate_refuses_a_speculating_run(speculating_run, tmp_path):
 
     with pytest.raises(ValueError, match="engine.speculative_decoding is not compared by sim.validate"):
         simulate_like(speculating_run, SHIPPED_PROFILES_DIR / "cpu-small-float32.json", tmp_path / "sim")
+
+
+def test_the_report_gives_the_measured_acceptance_by_position_for_a_simulation(speculating_run):
+    from rich.console import Console
+
+    from analysis.report import summary_renderable
+
+    summary = read_run(speculating_run).summary
+    console = Console(width=160, record=True)
+    console.print(summary_renderable(summary))
+    expected = "[" + ", ".join(f"{rate:.2f}" for rate in summary["spec_decoding"]["conditional_acceptance_per_position"]) + "]"
+    text = console.export_text()
+    assert "acceptance by position (acceptance_rate)" in text and expected in text
