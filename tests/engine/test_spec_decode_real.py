@@ -14,6 +14,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams
 from engine.models import make_test_model
@@ -159,6 +161,25 @@ def test_ngram_proposer_copies_what_followed_the_latest_earlier_occurrence():
     assert proposer.propose(np.array([1, 2, 3, 4])) == []  # no earlier occurrence
     assert proposer.propose(np.array([4, 4])) == [4]  # the match may end right before the tail
     assert NgramProposer(2, 2, 2).propose(np.array([1, 2, 9, 1, 2])) == [9, 1]
+
+
+def _proposal_by_definition(tokens, k, low, high):
+    """The n-gram proposal spelled out: for n from high down to low, the latest earlier window equal to the
+    last n tokens; the k tokens after it."""
+    for n in range(min(high, len(tokens) - 1), low - 1, -1):
+        tail = tokens[len(tokens) - n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=1, max_size=40), k=st.integers(1, 4),
+       low=st.integers(1, 3), extra=st.integers(0, 3))
+def test_ngram_proposer_matches_its_definition(tokens, k, low, extra):
+    proposer = NgramProposer(k, low, low + extra)
+    assert proposer.propose(np.array(tokens)) == _proposal_by_definition(tokens, k, low, low + extra)
 
 
 @pytest.mark.parametrize("value, message", [
