@@ -41,6 +41,7 @@ class TraceRecorder:
         # Speculative decoding: the engine's counts (engine.core.spec_decode.SpecDecodingStats) when it speculates
         # (track_spec_decoding).
         self.spec_decoding = None
+        self._spec_baseline = None  # its counts when tracking began (track_spec_decoding)
         self._accepted_before = 0
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
@@ -163,7 +164,7 @@ class TraceRecorder:
 
     def spec_decoding_counts(self) -> list[dict]:
         """The recorded steps' speculative decoding counts (SpecDecodingStats.to_dict()): one dict, none without it."""
-        stats, before = self.spec_decoding, getattr(self, "_spec_baseline", None)
+        stats, before = self.spec_decoding, self._spec_baseline
         if stats is None:
             return []
         run = SpecDecodingStats(stats.num_speculative_tokens, stats.num_drafts - before.num_drafts,

@@ -60,34 +60,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     recorder = TraceRecorder(record_schedule=record_schedule)
     recorder.track_spec_decoding(engine.scheduler.spec_decoding_stats)  # (None: an engine that does not speculate)
     # A speculating engine's tokens kept and drafts proposed per step, which its replay must reproduce.
-    drafts = _LastOutput(engine.executor) if record_schedule and engine.scheduler.num_speculative_tokens else None
-    if drafts is not None:
-        engine.executor = drafts
-    try:
-        return _run(engine, requests, recorder, drafts, progress, description, clock, sleep, timeline)
-    finally:
-        if drafts is not None:
-            engine.executor = drafts.executor
-
-
-class _LastOutput:
-    """An executor that keeps the last ModelRunnerOutput of the executor it wraps (and is it otherwise)."""
-
-    def __init__(self, executor) -> None:
-        self.executor = executor
-        self.last = None
-
-    def execute_model(self, scheduler_output):
-        self.last = self.executor.execute_model(scheduler_output)
-        return self.last
-
-    def __getattr__(self, name):
-        return getattr(self.executor, name)
-
-
-def _run(engine: EngineCore, requests: Sequence[RequestSpec], recorder: TraceRecorder, drafts: _LastOutput | None,
-         progress: bool, description: str, clock: Callable[[], float], sleep: Callable[[float], None],
-         timeline: RecordedTimeline | None) -> TraceRecorder:
+    record_drafts = record_schedule and engine.scheduler.num_speculative_tokens > 0
     specs = sorted(requests, key=lambda spec: spec.arrival_time)
     scheduler = engine.scheduler
     params_by_output_len: dict[int, SamplingParams] = {}
@@ -135,8 +108,8 @@ def _run(engine: EngineCore, requests: Sequence[RequestSpec], recorder: TraceRec
             duration = timeline.step_duration(scheduler_output.total_num_scheduled_tokens, wall_end - span_start)
             end = start + duration
         recorder.on_step(start, duration, scheduler_output, scheduler_output_features(scheduler_output), scheduler)
-        if drafts is not None:
-            recorder.on_drafts(scheduler_output, drafts.last)
+        if record_drafts:
+            recorder.on_drafts(scheduler_output, result.model_runner_output)
         recorder.on_outputs(result.outputs, end)
         bar.update(sum(output.finish_reason is not None for output in result.outputs))
         now = end

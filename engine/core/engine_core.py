@@ -38,6 +38,8 @@ class StartedStep:
 class EngineStepResult:
     outputs: list[EngineCoreOutput]
     scheduler_output: SchedulerOutput | None   # None when there was nothing to schedule
+    # What the executor returned for it (drivers that record a step's drafts read it); None as above.
+    model_runner_output: ModelRunnerOutput | None = None
 
 
 class EngineCore:
@@ -74,7 +76,8 @@ class EngineCore:
         except BaseException:
             _forget_copies_not_made(scheduler, scheduler_output)
             raise
-        return EngineStepResult(scheduler.update_from_output(scheduler_output, model_runner_output), scheduler_output)
+        return EngineStepResult(scheduler.update_from_output(scheduler_output, model_runner_output), scheduler_output,
+                                model_runner_output)
 
     # A step in two halves, for a driver that keeps several batches in flight (vLLM's batch queue under
     # pipeline parallelism, engine/core/batches_in_flight.py): it may start further steps before finishing
