@@ -76,7 +76,6 @@ class ModelRunner:
         self.sampler = Sampler()
         self.sampling_metadata_cache = SamplingMetadataCache(self.vocab_size, self.device)
         self.prompt_logprobs = PromptLogprobsCollector()
-        self._step_logprobs = None  # the sampler's logprobs of the step being executed
         # Speculative decoding (engine/runner/spec_decode/): drafts proposed after each step, verified in the next.
         self.speculative = SpeculativeStep(config.speculative_config, self.vocab_size) \
             if config.speculative_config is not None else None
@@ -279,20 +278,19 @@ class ModelRunner:
                                                            self.model.compute_logits) or None
 
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
-        self._step_logprobs = None
+        logprobs = None
         sampled_rows = prepared.sampled_rows
         if len(sampled_rows) and draft_rows:
-            tokens_by_row, verified_logprobs = self.speculative.sample_and_verify(
+            tokens_by_row, logprobs = self.speculative.sample_and_verify(
                 batch, prepared, hidden_states, self.model.compute_logits, draft_rows, self._sample_rows)
-            if verified_logprobs:
-                self._step_logprobs = {**(self._step_logprobs or {}), **verified_logprobs}
+            logprobs = logprobs or None
             for row, tokens in tokens_by_row.items():
                 batch.append_row_token_ids(row, tokens)
                 states[row].output_token_ids.extend(tokens)
                 sampled_token_ids[row] = tokens
         elif len(sampled_rows):
             logits_indices = torch.from_numpy(prepared.logits_indices).to(self.device, non_blocking=True)
-            tokens = self._sample_rows(sampled_rows, hidden_states[logits_indices])
+            tokens, logprobs = self._sample_rows(sampled_rows, hidden_states[logits_indices])
             batch.append_token_ids(sampled_rows, np.asarray(tokens, dtype=np.int32))
             for row, token in zip(sampled_rows.tolist(), tokens):
                 states[row].output_token_ids.append(token)
@@ -303,21 +301,21 @@ class ModelRunner:
         self.num_steps += 1
         self.last_step_duration_s = time.perf_counter() - started
         return ModelRunnerOutput(req_ids, {req_id: row for row, req_id in enumerate(req_ids)}, sampled_token_ids,
-                                 logprobs=self._step_logprobs, prompt_logprobs=prompt_logprobs,
+                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                                  finished_kv_loads=finished_kv_loads, spec_token_ids=spec_token_ids)
 
-    def _sample_rows(self, rows: np.ndarray, hidden_states: torch.Tensor) -> list[int]:
-        """One token for each batch row in ``rows`` from its last position's hidden state (logprobs, when
-        asked for, are kept for the step's output)."""
+    def _sample_rows(self, rows: np.ndarray, hidden_states: torch.Tensor) -> tuple[list[int], dict | None]:
+        """One token for each batch row in ``rows`` from its last position's hidden state, and the logprobs by
+        request id of the rows that ask for them (None when none does)."""
         logits = self.model.compute_logits(hidden_states)
         sampling_states = [self.input_batch.request_states[row] for row in rows.tolist()]
         metadata = self.sampling_metadata_cache.get(sampling_states)
         sampler_output = self.sampler(logits, metadata)
         tokens = sampler_output.sampled_token_ids.tolist()  # the step's one device sync
-        if sampler_output.logprobs is not None:
-            self._step_logprobs = split_logprobs(sampler_output.logprobs, metadata.num_logprobs,
-                                                 [state.req_id for state in sampling_states])
-        return tokens
+        if sampler_output.logprobs is None:
+            return tokens, None
+        return tokens, split_logprobs(sampler_output.logprobs, metadata.num_logprobs,
+                                      [state.req_id for state in sampling_states])
 
     @property
     def model_path(self) -> Path:

@@ -40,19 +40,23 @@ class SpeculativeStep:
 
     def sample_and_verify(self, batch: InputBatch, prepared: PreparedInputs, hidden_states: torch.Tensor,
                           compute_logits: Callable[[torch.Tensor], torch.Tensor], draft_rows: dict[int, list[int]],
-                          sample_rows: Callable[[np.ndarray, torch.Tensor], list[int]]
-                          ) -> tuple[dict[int, list[int]], dict[str, list]]:
-        """Tokens for every sampled row: rows without drafts through ``sample_rows`` (the ordinary sampler,
-        given the rows and their last-position hidden states), rows with drafts verified; and the verified
-        requests' logprobs (a list per request, one entry per token) for those that ask for them."""
+                          sample_rows: Callable[[np.ndarray, torch.Tensor], tuple[list[int], dict | None]]
+                          ) -> tuple[dict[int, list[int]], dict[str, object]]:
+        """Tokens for every sampled row, and the step's logprobs by request id for those that ask: rows
+        without drafts through ``sample_rows`` (the ordinary sampler, given the rows and their last-position
+        hidden states: their tokens and logprobs), rows with drafts verified (a list of logprobs per request,
+        one entry per token)."""
         sampled_rows = prepared.sampled_rows
         query_end = prepared.common.query_start_loc[1:]
         plain = np.array([row for row in sampled_rows.tolist() if row not in draft_rows], dtype=np.int64)
         tokens: dict[int, list[int]] = {}
+        logprobs: dict[str, object] = {}
         if len(plain):
             indices = torch.from_numpy(query_end[plain].astype(np.int64) - 1).to(hidden_states.device)
-            for row, token in zip(plain.tolist(), sample_rows(plain, hidden_states[indices])):
+            plain_tokens, plain_logprobs = sample_rows(plain, hidden_states[indices])
+            for row, token in zip(plain.tolist(), plain_tokens):
                 tokens[row] = [token]
+            logprobs.update(plain_logprobs or {})
         rows = sorted(draft_rows)
         # Each drafted row's last len(drafts) + 1 positions: after its last known token, then after each draft.
         positions = np.concatenate([np.arange(query_end[row] - len(draft_rows[row]) - 1, query_end[row])
@@ -63,9 +67,9 @@ class SpeculativeStep:
         verified = verify_drafts(logits, states, drafts, self.vocab_size)
         for row, row_tokens in zip(rows, verified):
             tokens[row] = row_tokens
-        logprobs = {state.req_id: entries for state, entries in zip(states, logprobs_of_tokens(logits, states, drafts,
-                                                                                                verified))
-                    if entries is not None}
+        for state, entries in zip(states, logprobs_of_tokens(logits, states, drafts, verified)):
+            if entries is not None:
+                logprobs[state.req_id] = entries
         return tokens, logprobs
 
     def propose(self, batch: InputBatch, rows: list[int]) -> dict[str, list[int]]:
