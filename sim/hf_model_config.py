@@ -11,14 +11,16 @@ from sim.model_shapes import ModelShape
 
 # Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP; the
 # mixtures of experts: SwiGLU experts in every layer, a softmax router picking the top k).
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                               "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                               "mixtral": "MixtralForCausalLM",
                                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
+                          "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
                           "Qwen3MoeForCausalLM": 32768}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
@@ -33,7 +35,8 @@ _MOE_KEYS = {
 
 
 def model_from_hf_config(path: str | Path) -> ModelShape:
-    """Read the shape from a Llama / Mistral / Qwen2 ``config.json``, or a Mixtral / Qwen2-MoE / Qwen3-MoE one."""
+    """Read the shape from a Llama / Mistral / Qwen2 / Qwen3 ``config.json``, or a Mixtral / Qwen2-MoE / Qwen3-MoE
+    one."""
     path = Path(path)
     try:
         config = json.loads(path.read_text())
@@ -73,7 +76,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         hidden_size=hidden_size,
         num_attention_heads=num_heads,
         num_kv_heads=key("num_key_value_heads", num_heads),
-        head_dim=key("head_dim", hidden_size // num_heads),
+        # Qwen3's config class has head_dim as a key of its own, 128 when left out; the others divide.
+        head_dim=key("head_dim", 128 if architecture == "Qwen3ForCausalLM" else hidden_size // num_heads),
         # An MoE config's dense width (Qwen's 6144 or 5632) prices nothing, but is kept as the config gives it
         # (left out: the experts' width).
         intermediate_size=key("intermediate_size", experts.get("moe_intermediate_size")),

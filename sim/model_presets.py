@@ -28,8 +28,9 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
 # llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
-# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, llama-3.2-1b 1.24B (Llama-3's tokenizer: a draft model
-# for speculative decoding with the Llama-3 models).
+# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, qwen3-8b 8.19B, qwen3-32b 32.8B, llama-3.2-1b 1.24B
+# (Llama-3's tokenizer: a draft model for speculative decoding with the Llama-3 models). Qwen3's per-head q and
+# k norms (2 x 128 weights a layer) are not counted: 0.0001% of the model.
 MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
@@ -41,6 +42,8 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
+    _shape("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128),
+    _shape("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128),
     # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
     # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,
     # qwen1.5-moe-a2.7b 14.3B / 2.69B. Mixtral's experts are as wide as its config's intermediate_size;
@@ -49,8 +52,6 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
            expert_width=14336),
     _shape("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, experts=8, experts_per_token=2,
            expert_width=16384),
-    # Qwen3 also normalizes each head's q and k (RMSNorm weights of head_dim, 2 x 128 per layer: 12k in
-    # all, 0.00004% of the model); they are not counted.
     _shape("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960, head_dim=128, experts=128,
            experts_per_token=8, expert_width=768),
     _shape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, qkv_bias=True, experts=60,

@@ -6,6 +6,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import load_model, load_tokenizer
 from engine.models.mistral import MistralForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.registry import MODEL_REGISTRY, get_model_class, supported_architectures
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "MistralForCausalLM",
     "ModelConfig",
     "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
     "default_model_path",
     "get_model_class",
     "load_model",

@@ -32,14 +32,23 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
                   "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 32768,
                   "sliding_window": None, "num_key_value_heads": 16},
+    # Qwen3's head_dim is a key of its own (128 by default), not hidden_size / num_attention_heads.
+    "qwen3": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
+              "sliding_window": 4096, "num_key_value_heads": 32, "head_dim": 128},
+    "qwen3_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                  "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
+                  "sliding_window": None, "num_key_value_heads": 4},
 }
+# Model types with an RMSNorm on each head of q and k before RoPE (Qwen3's q_norm and k_norm).
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
 
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """The sparse MLP of a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE).
+    """The sparse MLP of a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE).
 
     Every token's hidden state goes to ``num_experts_per_token`` of ``num_experts`` SwiGLU experts, chosen by
     a router (a [num_experts, hidden] projection, softmax in float32, top-k); their outputs are summed with
@@ -61,7 +70,7 @@ class MoEConfig:
 @dataclass
 class ModelConfig:
     architecture: str  # the checkpoint's architectures[0], e.g. "LlamaForCausalLM"
-    model_type: str  # "llama", "qwen2" or "mistral"
+    model_type: str  # "llama", "qwen2", "qwen3", "mistral", or a mixture of experts' ("mixtral", ...)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -140,10 +149,10 @@ class ModelConfig:
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
         rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
-        if model_type == "qwen2" and not _qwen2_slides(raw):
-            sliding_window = None  # Qwen2 stores a window it does not use unless some layer slides
-        if model_type == "qwen2_moe":
-            sliding_window = None  # likewise; _parse_moe refuses a Qwen2-MoE whose layers slide
+        if model_type in ("qwen2", "qwen3") and not _qwen2_slides(raw):
+            sliding_window = None  # Qwen2 and Qwen3 store a window they do not use unless some layer slides
+        if model_type in ("qwen2_moe", "qwen3_moe"):
+            sliding_window = None  # likewise; _parse_moe refuses a Qwen-MoE whose layers slide
         dtype = raw.get("torch_dtype", raw.get("dtype"))
         moe = _parse_moe(raw, model_type, int(raw["num_hidden_layers"]))
         return cls(
@@ -165,7 +174,7 @@ class ModelConfig:
             # Qwen2-MoE spells its q/k/v bias "qkv_bias" (transformers 5; absent before: true).
             attention_bias=(bool(raw.get("qkv_bias", True)) if model_type == "qwen2_moe"
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
-            mlp_bias=bool(get("mlp_bias")) and model_type not in ("mistral", "mixtral", "qwen2_moe"),
+            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama",),  # only Llama's MLP reads the key
             hidden_act=str(raw.get("hidden_act", "silu")),
             sliding_window=int(sliding_window) if sliding_window is not None else None,
             bos_token_id=raw.get("bos_token_id"),
@@ -177,21 +186,23 @@ class ModelConfig:
 
 
 def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConfig | None:
-    """The experts of a Mixtral or Qwen2-MoE config (transformers' defaults for absent keys); None for a
-    dense model type. A Qwen2-MoE sliding window is refused here: its rule differs from Qwen2's."""
+    """The experts of a Mixtral, Qwen2-MoE or Qwen3-MoE config (transformers' defaults for absent keys); None
+    for a dense model type. A Qwen-MoE sliding window is refused here: its rule differs from Qwen2's."""
     if model_type == "mixtral":
         num_experts = _positive(raw, "num_local_experts", 8)
         return MoEConfig(num_experts=num_experts,
                          num_experts_per_token=_top_k(raw, num_experts, 2),
                          expert_intermediate_size=_positive(raw, "intermediate_size", None),
                          normalize_top_k=True, routing_weights_in_float32=True)
-    if model_type != "qwen2_moe":
+    if model_type not in ("qwen2_moe", "qwen3_moe"):
         return None
+    name = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE"}[model_type]
     layer_types = raw.get("layer_types") or []
     if raw.get("use_sliding_window") or "sliding_attention" in layer_types:
-        raise ValueError("config.json: Qwen2-MoE with use_sliding_window=true (or sliding_attention layers) is not "
+        raise ValueError(f"config.json: {name} with use_sliding_window=true (or sliding_attention layers) is not "
                          "supported; sliding-window attention is not implemented")
-    num_experts = _positive(raw, "num_experts", 60)
+    qwen3 = model_type == "qwen3_moe"
+    num_experts = _positive(raw, "num_experts", 128 if qwen3 else 60)
     step = _positive(raw, "decoder_sparse_step", 1)
     mlp_only = raw.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
@@ -199,11 +210,13 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
     # transformers' rule: a layer is sparse unless listed, and only every decoder_sparse_step-th one.
     dense = tuple(i for i in range(num_layers) if i in mlp_only or (i + 1) % step != 0)
     return MoEConfig(num_experts=num_experts,
-                     num_experts_per_token=_top_k(raw, num_experts, 4),
-                     expert_intermediate_size=_positive(raw, "moe_intermediate_size", 1408),
+                     num_experts_per_token=_top_k(raw, num_experts, 8 if qwen3 else 4),
+                     expert_intermediate_size=_positive(raw, "moe_intermediate_size", 768 if qwen3 else 1408),
                      normalize_top_k=bool(raw.get("norm_topk_prob", False)),
                      routing_weights_in_float32=False,
-                     shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 5632) or 0),
+                     # Qwen3-MoE has no shared expert (its checkpoints carry no such key either).
+                     shared_expert_intermediate_size=0 if qwen3 else int(
+                         raw.get("shared_expert_intermediate_size", 5632) or 0),
                      dense_layers=dense)
 
 

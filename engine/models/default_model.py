@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from engine.models.config import QK_NORM_MODEL_TYPES
 from engine.models.synthetic_tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_RECIPE_VERSION,
                                                save_tokenizer)
 
@@ -45,6 +46,8 @@ _ARCHITECTURES = {
     "mistral": ("MistralForCausalLM", "mistral"),
     "mixtral": ("MixtralForCausalLM", "mixtral"),
     "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
 }
 
 
@@ -87,6 +90,7 @@ def make_test_model(
     hidden_size: int = 64,
     num_attention_heads: int = 4,
     num_key_value_heads: int = 2,
+    head_dim: int | None = None,
     intermediate_size: int = 176,
     vocab_size: int = 512,
     max_position_embeddings: int = 2048,
@@ -99,10 +103,12 @@ def make_test_model(
     seed: int = 0,
     with_tokenizer: bool = False,
 ) -> Path:
-    """Write a small random checkpoint of the given architecture ("llama", "qwen2", "mistral", and the
-    mixtures of experts "mixtral" and "qwen2_moe") to ``path``. The expert arguments apply to the latter
-    two (Mixtral's experts are ``intermediate_size`` wide; Qwen2-MoE's ``moe_intermediate_size``, beside a
-    shared expert of ``shared_expert_intermediate_size``).
+    """Write a small random checkpoint of the given architecture ("llama", "qwen2", "qwen3", "mistral", and
+    the mixtures of experts "mixtral", "qwen2_moe" and "qwen3_moe") to ``path``. The expert arguments apply
+    to the latter three (Mixtral's experts are ``intermediate_size`` wide; the Qwen mixtures' experts
+    ``moe_intermediate_size``, and Qwen2-MoE's shared expert ``shared_expert_intermediate_size``). Qwen3's
+    per-head q and k norms get weights drawn around 1, so that a mix-up of the two shows. ``head_dim``
+    defaults to hidden_size / num_attention_heads (Qwen3's checkpoints set it apart).
 
     Deterministic: the same arguments give byte-identical weight files in any process. The tokenizer
     (BPE training, about a second for a 512 vocabulary) is written only when asked for.
@@ -110,7 +116,7 @@ def make_test_model(
     if architecture not in _ARCHITECTURES:
         raise ValueError(f"architecture must be one of {sorted(_ARCHITECTURES)}, got {architecture!r}")
     architecture_name, model_type = _ARCHITECTURES[architecture]
-    head_dim = hidden_size // num_attention_heads
+    head_dim = hidden_size // num_attention_heads if head_dim is None else head_dim
     config: dict[str, Any] = {
         "architectures": [architecture_name],
         "model_type": model_type,
@@ -138,9 +144,9 @@ def make_test_model(
     }
     if architecture == "llama":
         config["mlp_bias"] = False
-    if architecture in ("qwen2", "mistral", "mixtral", "qwen2_moe"):
+    if architecture in ("qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"):
         config["sliding_window"] = None
-    if architecture in ("qwen2", "qwen2_moe"):
+    if architecture in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         config["use_sliding_window"] = False
         config["max_window_layers"] = num_hidden_layers
     if architecture == "mixtral":
@@ -151,6 +157,10 @@ def make_test_model(
                       shared_expert_intermediate_size=shared_expert_intermediate_size,
                       norm_topk_prob=norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True)
         del config["attention_bias"]  # Qwen2-MoE spells it qkv_bias
+    if architecture == "qwen3_moe":
+        config.update(num_experts=num_experts, num_experts_per_tok=num_experts_per_token,
+                      moe_intermediate_size=moe_intermediate_size, norm_topk_prob=norm_topk_prob,
+                      decoder_sparse_step=1, mlp_only_layers=[])
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -182,6 +192,9 @@ def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
             shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
             shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
+        if config["model_type"] in QK_NORM_MODEL_TYPES:
+            shapes[f"{prefix}.self_attn.q_norm.weight"] = (config["head_dim"],)
+            shapes[f"{prefix}.self_attn.k_norm.weight"] = (config["head_dim"],)
         shapes.update(_mlp_weight_shapes(config, prefix))
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
@@ -204,12 +217,13 @@ def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[i
             shapes.update(swiglu(f"{prefix}.block_sparse_moe.experts.{expert}", config["intermediate_size"],
                                  ("w1", "w3", "w2")))
         return shapes
-    if config["model_type"] == "qwen2_moe":
-        shapes = {f"{prefix}.mlp.gate.weight": (config["num_experts"], hidden),
-                  f"{prefix}.mlp.shared_expert_gate.weight": (1, hidden)}
+    if config["model_type"] in ("qwen2_moe", "qwen3_moe"):
+        shapes = {f"{prefix}.mlp.gate.weight": (config["num_experts"], hidden)}
         for expert in range(config["num_experts"]):
             shapes.update(swiglu(f"{prefix}.mlp.experts.{expert}", config["moe_intermediate_size"]))
-        shapes.update(swiglu(f"{prefix}.mlp.shared_expert", config["shared_expert_intermediate_size"]))
+        if config["model_type"] == "qwen2_moe":
+            shapes[f"{prefix}.mlp.shared_expert_gate.weight"] = (1, hidden)
+            shapes.update(swiglu(f"{prefix}.mlp.shared_expert", config["shared_expert_intermediate_size"]))
         return shapes
     return swiglu(f"{prefix}.mlp", config["intermediate_size"])
 
@@ -219,7 +233,9 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor
     generator = torch.Generator(device="cpu").manual_seed(seed)
     weights = {}
     for name, shape in sorted(_weight_shapes(config).items()):
-        if name.endswith("norm.weight"):
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            weights[name] = 1.0 + torch.empty(shape).normal_(0.0, 0.2, generator=generator)
+        elif name.endswith("norm.weight"):
             weights[name] = torch.ones(shape)
         else:
             weights[name] = torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)

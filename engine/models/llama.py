@@ -1,4 +1,4 @@
-"""The Llama architecture written for paged attention (Llama 2/3; Qwen2 and Mistral reuse it).
+"""The Llama architecture written for paged attention (Llama 2/3; Qwen2, Qwen3 and Mistral reuse it).
 
 The forward pass works on a flat batch of tokens, not on [batch, seq] tensors: ``input_ids`` and
 ``positions`` are [num_tokens], and which request a token belongs to, and which cached keys it may see,
@@ -21,7 +21,8 @@ from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool) -> None:
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
+                 qk_norm: bool = False) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -31,14 +32,21 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_proj_bias)
+        # Qwen3: an RMSNorm over each head's head_dim features of q and of k, before RoPE.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.backend = backend
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden_states.shape[0]
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = RotaryEmbedding.apply(q, cos, sin)
+        k = RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -46,10 +54,10 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
-                 mlp: nn.Module) -> None:
+                 mlp: nn.Module, qk_norm: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, backend, qkv_bias, o_proj_bias)
+        self.self_attn = LlamaAttention(config, backend, qkv_bias, o_proj_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp  # [T, hidden] -> [T, hidden]: SwiGLU, or a mixture of experts (moe.py)
 
@@ -62,10 +70,10 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
-                 make_mlp: Callable[[int], nn.Module]) -> None:
+                 make_mlp: Callable[[int], nn.Module], qk_norm: bool = False) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index), qk_norm)
                                     for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -94,6 +102,8 @@ class LlamaForCausalLM(nn.Module):
 
     # Why a decode step of this model cannot be captured in a CUDA graph; None: it can (decode_graphs.py).
     cuda_graph_unsafe_reason: str | None = None
+    # Whether q and k are RMS-normalized per head before RoPE (Qwen3's q_norm and k_norm).
+    qk_norm: bool = False
 
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         super().__init__()
@@ -101,7 +111,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         backend = get_attention_backend(attention_backend)
         self.model = LlamaModel(config, backend, *self.attention_biases(config),
-                                make_mlp=lambda layer_index: self.make_mlp(config, layer_index))
+                                make_mlp=lambda layer_index: self.make_mlp(config, layer_index),
+                                qk_norm=self.qk_norm)
         # Tied checkpoints reuse the embedding matrix as the output projection; no separate parameter
         # exists then, so nothing can untie them by accident.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,

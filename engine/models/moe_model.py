@@ -1,4 +1,4 @@
-"""Mixture-of-experts models of the Llama family: Mixtral and Qwen2-MoE.
+"""Mixture-of-experts models of the Llama family: Mixtral, Qwen2-MoE and Qwen3-MoE.
 
 Attention, norms, embedding and head are Llama's; each layer's MLP is a ``SparseMoeBlock`` (moe.py), or a
 dense SwiGLU for the layers a Qwen2-MoE config keeps dense. What differs between the two is the
@@ -8,6 +8,7 @@ checkpoint's naming and the attention biases:
   down); no biases.
 * Qwen2-MoE: ``mlp.gate``, ``mlp.experts.{e}.gate_proj/up_proj/down_proj``, a shared expert
   (``mlp.shared_expert.*``) and its gate ``mlp.shared_expert_gate``; a bias on q, k and v.
+* Qwen3-MoE: Qwen2-MoE's names without the shared expert; Qwen3's attention (q_norm and k_norm, no bias).
 
 Both also load from transformers 5's in-memory layout (``mlp.experts.gate_up_proj`` and
 ``mlp.experts.down_proj`` as stacked tensors), which is how our parameters are laid out. A per-expert
@@ -131,3 +132,8 @@ class Qwen2MoeForCausalLM(MoeForCausalLM):
     @classmethod
     def attention_biases(cls, config: ModelConfig) -> tuple[bool, bool]:
         return config.attention_bias, False
+
+
+class Qwen3MoeForCausalLM(MoeForCausalLM):
+    """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention, routed experts without a shared one."""
+    qk_norm = True

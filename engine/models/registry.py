@@ -5,8 +5,9 @@ from __future__ import annotations
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mistral import MistralForCausalLM
-from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM
+from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -14,6 +15,8 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

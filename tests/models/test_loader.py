@@ -89,7 +89,8 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
         load_model(tmp_path)
     assert supported_architectures() == ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
-                                         "Qwen2ForCausalLM", "Qwen2MoeForCausalLM"]
+                                         "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
+                                         "Qwen3MoeForCausalLM"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "bf16"])

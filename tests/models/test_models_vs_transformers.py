@@ -77,6 +77,9 @@ def _variants():
         "qwen2_moe": dict(architecture="qwen2_moe"),
         "qwen2_moe_normalized": dict(architecture="qwen2_moe", norm_topk_prob=True, num_experts=8,
                                      num_experts_per_token=3),
+        # Qwen3: per-head q/k norms (weights drawn apart from 1), heads wider than hidden_size / num_heads.
+        "qwen3": dict(architecture="qwen3", head_dim=32),
+        "qwen3_moe": dict(architecture="qwen3_moe", norm_topk_prob=True, num_experts=8, num_experts_per_token=3),
     }
 
 

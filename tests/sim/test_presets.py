@@ -85,7 +85,7 @@ def test_bad_inline_hardware_names_the_key(value, message):
 @pytest.mark.parametrize("name, billions", [
     ("llama-2-7b", 6.74), ("llama-2-13b", 13.02), ("llama-2-70b", 68.98), ("llama-3-8b", 8.03),
     ("llama-3-70b", 70.55), ("llama-3.1-8b", 8.03), ("mistral-7b", 7.24), ("qwen2-7b", 7.62), ("qwen2-0.5b", 0.494),
-    ("llama-3.2-1b", 1.236),
+    ("llama-3.2-1b", 1.236), ("qwen3-8b", 8.19), ("qwen3-32b", 32.76),
 ])
 def test_model_presets_have_their_published_parameter_counts(name, billions):
     assert resolve_model(name).num_parameters / 1e9 == pytest.approx(billions, rel=0.005)
@@ -141,6 +141,13 @@ QWEN2_05B_CONFIG = {
     "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
     "max_position_embeddings": 131072, "hidden_act": "silu", "tie_word_embeddings": True,
 }
+# Qwen3-8B's published config.json, less the keys the shape does not read.
+QWEN3_8B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "hidden_act": "silu", "tie_word_embeddings": False,
+    "attention_bias": False,
+}
 
 
 def _fields_but_name(shape: ModelShape) -> dict:
@@ -149,7 +156,8 @@ def _fields_but_name(shape: ModelShape) -> dict:
     return values
 
 
-@pytest.mark.parametrize("config, preset", [(LLAMA_3_8B_CONFIG, "llama-3-8b"), (QWEN2_05B_CONFIG, "qwen2-0.5b")])
+@pytest.mark.parametrize("config, preset", [(LLAMA_3_8B_CONFIG, "llama-3-8b"), (QWEN2_05B_CONFIG, "qwen2-0.5b"),
+                                            (QWEN3_8B_CONFIG, "qwen3-8b")])
 def test_config_json_from_a_folder_or_a_file_matches_the_preset(tmp_path, config, preset):
     folder = tmp_path / "checkpoint"
     folder.mkdir()
@@ -163,6 +171,9 @@ def test_config_json_from_a_folder_or_a_file_matches_the_preset(tmp_path, config
 
 def test_config_json_with_head_dim_null_uses_the_default(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA_3_8B_CONFIG, "head_dim": None}))
+    assert model_from_hf_config(tmp_path / "config.json").head_dim == 128
+    # Qwen3's default is a figure of its own (transformers' Qwen3Config), not hidden_size / heads (64 here).
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_8B_CONFIG, "hidden_size": 2048, "head_dim": None}))
     assert model_from_hf_config(tmp_path / "config.json").head_dim == 128
 
 
