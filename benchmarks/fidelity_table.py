@@ -50,10 +50,10 @@ COLUMNS = (("request_throughput", "throughput"), ("ttft_ms.p50", "TTFT p50"), ("
            ("e2e_ms.p90", "E2E p90"))
 
 
-def recordings(workload: str) -> list[tuple[str, Path]]:
-    """(label, run directory) of every recording of ``workload``: the latest first."""
-    found = [("latest", RUNS / workload)]
-    repeats = RUNS / "repeats"
+def recordings(workload: str, runs: Path = RUNS) -> list[tuple[str, Path]]:
+    """(label, run directory) of every recording of ``workload`` under ``runs``: the latest first."""
+    found = [("latest", runs / workload)]
+    repeats = runs / "repeats"
     if repeats.is_dir():
         found += [(f"repeat {folder.name}", folder / workload) for folder in sorted(repeats.iterdir())
                   if (folder / workload).is_dir()]
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=Path, default=PROFILE)
+    parser.add_argument("--runs", type=Path, default=RUNS,
+                        help="recordings laid out as the shipped ones: WORKLOAD/ (the latest) and repeats/N/WORKLOAD/")
     args = parser.parse_args(argv)
     print("| run | " + " | ".join(name for _, name in COLUMNS) + " | worst latency | step time |")
     print("|---|" + "---|" * (len(COLUMNS) + 2))
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     step_level: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for workload in WORKLOADS:
-            runs = recordings(workload)
+            runs = recordings(workload, args.runs)
             probed, at_own_speed, own_speeds = [], [], []
             for label, run_dir in runs:
                 out_dir = Path(scratch) / workload / label.replace(" ", "-")

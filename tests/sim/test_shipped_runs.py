@@ -102,6 +102,20 @@ def test_the_fidelity_table_covers_every_recording(capsys):
         assert f"| {workload} | " in printed  # its row of the sensitivity table
 
 
+def test_the_second_campaign_reproduces_its_table(capsys):
+    """The 2026-12-01 recordings (a day later, a slower and drifting machine) through --runs: the shipped
+    profile's worst latency error against their mean is the figure docs/fidelity.md and the README quote."""
+    from benchmarks.fidelity_table import main as fidelity_main
+
+    assert fidelity_main(["--runs", str(DATA / "runs" / "cpu-small-float32" / "2026-12-01")]) == 0
+    printed = capsys.readouterr().out
+    worst = {}
+    for line in printed.splitlines():
+        if ": simulated vs mean of 5 recordings |" in line:
+            worst[line.split(":")[0].strip("| ")] = float(line.split("|")[-3].strip().rstrip("%"))
+    assert worst == {"cpu-chat": 30.4, "cpu-overload": 23.6, "cpu-long-prompts": 39.4, "cpu-shared-prefix": 36.9}
+
+
 def test_jackknife_standard_error_of_a_known_sample():
     from benchmarks.calibration_uncertainty import jackknife_standard_error
 
