@@ -28,12 +28,14 @@ def test_graphs_only_where_capture_is_safe():
     for backend in ("torch", "flash_attn"):
         assert repr(backend) in cuda_graphs_unavailable_reason(cuda, backend, enforce_eager=False)
     # A mixture of experts sizes its expert matmuls on the host: its decode steps stay eager.
-    from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM
+    from engine.models.moe_model import MoeForCausalLM
     from engine.models.registry import MODEL_REGISTRY
-    for model_class in (MixtralForCausalLM, Qwen2MoeForCausalLM):
+    mixtures = [c for c in MODEL_REGISTRY.values() if issubclass(c, MoeForCausalLM)]
+    assert len(mixtures) == 3  # Mixtral, Qwen2-MoE, Qwen3-MoE
+    for model_class in mixtures:
         reason = cuda_graphs_unavailable_reason(cuda, "triton", False, model_class.cuda_graph_unsafe_reason)
         assert "row counts are read on the host" in reason
-    dense = [c for c in MODEL_REGISTRY.values() if c not in (MixtralForCausalLM, Qwen2MoeForCausalLM)]
+    dense = [c for c in MODEL_REGISTRY.values() if c not in mixtures]
     assert all(c.cuda_graph_unsafe_reason is None for c in dense)
 
 
