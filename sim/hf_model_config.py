@@ -104,6 +104,10 @@ def _experts(config: dict, architecture: str, path: Path, key: Callable[..., int
         raise ValueError(f"model: {path}: key 'decoder_sparse_step' is {sparse_step!r}; only 1 (experts in every "
                          "layer) is modelled")
     experts, per_token, width, shared = _MOE_KEYS[architecture]
+    if architecture == "Qwen3MoeForCausalLM" and config.get("num_local_experts") is not None:
+        # transformers 5 saves a Qwen3-MoE's num_experts as num_local_experts (its attribute_map), and reads
+        # that key first when a config has both.
+        experts = ("num_local_experts", None)
     fields = {"num_experts": key(*experts), "num_experts_per_token": key(*per_token),
               "moe_intermediate_size": key(*width)}
     if shared is not None:

@@ -202,7 +202,10 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
         raise ValueError(f"config.json: {name} with use_sliding_window=true (or sliding_attention layers) is not "
                          "supported; sliding-window attention is not implemented")
     qwen3 = model_type == "qwen3_moe"
-    num_experts = _positive(raw, "num_experts", 128 if qwen3 else 60)
+    # transformers' Qwen3MoeConfig maps num_experts onto num_local_experts, and save_pretrained writes only the
+    # latter (the Hub's checkpoints, older, have num_experts); with both, num_local_experts wins, as there.
+    experts_key = "num_local_experts" if qwen3 and raw.get("num_local_experts") is not None else "num_experts"
+    num_experts = _positive(raw, experts_key, 128 if qwen3 else 60)
     step = _positive(raw, "decoder_sparse_step", 1)
     mlp_only = raw.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):

@@ -90,6 +90,33 @@ def test_a_qwen3_moe_has_no_shared_expert_and_keeps_its_dense_layers(tmp_path):
     assert not hasattr(model.model.layers[0].mlp, "experts")
 
 
+def test_a_qwen3_moe_saved_by_transformers_matches_it(tmp_path):
+    """transformers 5 saves num_experts as num_local_experts; this checkpoint also keeps dense layers (listed, and
+    off the sparse step) and ties its embeddings, each of which changes which weights the model reads."""
+    from transformers import Qwen3MoeConfig
+    from transformers import Qwen3MoeForCausalLM as TransformersQwen3Moe
+
+    from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
+
+    torch.manual_seed(0)
+    hf_config = Qwen3MoeConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=24, moe_intermediate_size=32,
+                               num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2,
+                               mlp_only_layers=[1], tie_word_embeddings=True)
+    hf_model = TransformersQwen3Moe(hf_config).eval()
+    hf_model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "num_experts" not in saved and saved["num_local_experts"] == 6
+    model, config = load_model(tmp_path, torch.float32)
+    assert config.moe.num_experts == 6 and config.moe.dense_layers == (0, 1, 2) and config.tie_word_embeddings
+    tokens = [(7 * i) % 290 + 5 for i in range(30)]
+    logits = PagedSession(model, config).step({"r": tokens})["r"]
+    torch.testing.assert_close(logits, hf_logits(hf_model, tokens), atol=ATOL, rtol=0)
+    # With both keys, transformers reads num_local_experts.
+    both = ModelConfig.from_dict({**saved, "num_experts": 128})
+    assert both.moe.num_experts == 6
+
+
 def test_the_engine_generates_with_qwen3(qwen3_path):
     """Prefix caching, chunked prefill and batching do not change Qwen3's greedy tokens."""
     from engine import LLM, SamplingParams

@@ -217,6 +217,9 @@ def test_moe_config_json_by_model_type_and_defaults(tmp_path):
     ({**MIXTRAL_8X7B_CONFIG, "num_experts_per_tok": 9}, "key 'num_experts_per_tok' is 9, more than the 8 experts "
                                                         "\\('num_local_experts'\\)"),
     ({**QWEN3_30B_A3B_CONFIG, "num_experts": "128"}, "key 'num_experts' must be a positive integer"),
+    # transformers 5 saves a Qwen3-MoE's num_experts as num_local_experts, and reads that key first.
+    ({**QWEN3_30B_A3B_CONFIG, "num_local_experts": 4}, "key 'num_experts_per_tok' is 8, more than the 4 experts "
+                                                       "\\('num_local_experts'\\)"),
     ({**QWEN3_30B_A3B_CONFIG, "moe_intermediate_size": 0}, "key 'moe_intermediate_size' must be a positive integer"),
     ({k: v for k, v in MIXTRAL_8X7B_CONFIG.items() if k != "intermediate_size"}, "lacks the key 'intermediate_size'"),
 ])
