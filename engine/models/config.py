@@ -64,7 +64,7 @@ class MoEConfig:
     # the model dtype first. Equal in float32; in half precision each rounds its own way.
     routing_weights_in_float32: bool
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
-    dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (Qwen2-MoE's mlp_only_layers, sparse step)
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (the Qwen mixtures' mlp_only_layers, sparse step)
 
 
 @dataclass

@@ -1,16 +1,17 @@
 """Mixture-of-experts models of the Llama family: Mixtral, Qwen2-MoE and Qwen3-MoE.
 
 Attention, norms, embedding and head are Llama's; each layer's MLP is a ``SparseMoeBlock`` (moe.py), or a
-dense SwiGLU for the layers a Qwen2-MoE config keeps dense. What differs between the two is the
-checkpoint's naming and the attention biases:
+dense SwiGLU for the layers a Qwen2-MoE or Qwen3-MoE config keeps dense. What differs between them is the
+checkpoint's naming, the attention biases and Qwen3's q/k norms:
 
 * Mixtral: ``block_sparse_moe.gate`` (the router) and ``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate, up,
   down); no biases.
 * Qwen2-MoE: ``mlp.gate``, ``mlp.experts.{e}.gate_proj/up_proj/down_proj``, a shared expert
   (``mlp.shared_expert.*``) and its gate ``mlp.shared_expert_gate``; a bias on q, k and v.
-* Qwen3-MoE: Qwen2-MoE's names without the shared expert; Qwen3's attention (q_norm and k_norm, no bias).
+* Qwen3-MoE: Qwen2-MoE's names without the shared expert; Qwen3's attention (q_norm and k_norm; biases on
+  q, k, v and o_proj only when ``attention_bias``, as in Llama).
 
-Both also load from transformers 5's in-memory layout (``mlp.experts.gate_up_proj`` and
+All also load from transformers 5's in-memory layout (``mlp.experts.gate_up_proj`` and
 ``mlp.experts.down_proj`` as stacked tensors), which is how our parameters are laid out. A per-expert
 tensor fills one expert's slice and is reported as ``...experts.gate_up_proj#{e}/gate`` (and ``up``,
 ``down``), so a missing expert is named in the loader's error.
