@@ -40,8 +40,6 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
                   "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
                   "sliding_window": None, "num_key_value_heads": 4},
 }
-# Model types with an RMSNorm on each head of q and k before RoPE (Qwen3's q_norm and k_norm).
-QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
 

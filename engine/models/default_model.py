@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from engine.models.config import QK_NORM_MODEL_TYPES
 from engine.models.synthetic_tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_RECIPE_VERSION,
                                                save_tokenizer)
 
@@ -192,7 +191,7 @@ def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
             shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
             shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
-        if config["model_type"] in QK_NORM_MODEL_TYPES:
+        if _has_qk_norm(config):
             shapes[f"{prefix}.self_attn.q_norm.weight"] = (config["head_dim"],)
             shapes[f"{prefix}.self_attn.k_norm.weight"] = (config["head_dim"],)
         shapes.update(_mlp_weight_shapes(config, prefix))
@@ -200,6 +199,12 @@ def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], hidden)
     return shapes
+
+
+def _has_qk_norm(config: dict[str, Any]) -> bool:
+    """Whether the architecture's model class normalizes each head of q and k (Qwen3): the class says so."""
+    from engine.models.registry import MODEL_REGISTRY  # the model classes, not needed to write weights otherwise
+    return MODEL_REGISTRY[config["architectures"][0]].qk_norm
 
 
 def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
