@@ -18,7 +18,13 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
-        if config.sliding_window is not None:
-            raise ValueError(f"Qwen2 config has use_sliding_window=true for some layers (sliding_window="
-                             f"{config.sliding_window}, from max_window_layers or layer_types); sliding-window "
-                             "attention is not supported")
+        refuse_sliding_layers(config, "Qwen2")
+
+
+def refuse_sliding_layers(config: ModelConfig, family: str) -> None:
+    """Qwen2 and Qwen3 declare sliding-window layers alike; this engine attends over the full context, which
+    would be another model for them, so such a checkpoint is refused."""
+    if config.sliding_window is not None:
+        raise ValueError(f"{family} config has use_sliding_window=true for some layers (sliding_window="
+                         f"{config.sliding_window}, from max_window_layers or layer_types); sliding-window "
+                         "attention is not supported")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.qwen2 import refuse_sliding_layers
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
@@ -17,7 +18,4 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
-        if config.sliding_window is not None:
-            raise ValueError(f"Qwen3 config has use_sliding_window=true for some layers (sliding_window="
-                             f"{config.sliding_window}, from max_window_layers or layer_types); sliding-window "
-                             "attention is not supported")
+        refuse_sliding_layers(config, "Qwen3")
