@@ -25,6 +25,6 @@ def refuse_sliding_layers(config: ModelConfig, family: str) -> None:
     """Qwen2 and Qwen3 declare sliding-window layers alike; this engine attends over the full context, which
     would be another model for them, so such a checkpoint is refused."""
     if config.sliding_window is not None:
-        raise ValueError(f"{family} config has use_sliding_window=true for some layers (sliding_window="
-                         f"{config.sliding_window}, from max_window_layers or layer_types); sliding-window "
-                         "attention is not supported")
+        raise ValueError(f"{family} config has sliding-window layers (sliding_window={config.sliding_window}, "
+                         "from use_sliding_window=true past max_window_layers, or sliding_attention in layer_types); "
+                         "sliding-window attention is not supported")

@@ -187,6 +187,9 @@ def test_keys_a_config_omits_take_transformers_defaults_per_architecture():
     assert config_of("qwen2", use_sliding_window=True, num_key_value_heads=4, max_window_layers=0,
                      layer_types=["full_attention"]).sliding_window is None
     assert config_of("qwen2", num_key_value_heads=4, layer_types=["sliding_attention"]).sliding_window == 4096
+    # Listed layer types slide without use_sliding_window; the refusal names both ways a config asks for it.
+    with pytest.raises(ValueError, match="sliding_attention in layer_types"):
+        Qwen2ForCausalLM.check_config(config_of("qwen2", num_key_value_heads=4, layer_types=["sliding_attention"]))
     # Mistral has no biases in transformers, whatever the config says; swish is SiLU.
     mistral = config_of("mistral", attention_bias=True, mlp_bias=True)
     assert (mistral.attention_bias, mistral.mlp_bias) == (False, False)
