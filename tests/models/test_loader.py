@@ -1,6 +1,7 @@
 """Checkpoint loading: single file and shards, dtypes, fused-weight remapping, and clear errors."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -205,6 +206,22 @@ def test_keys_a_config_omits_take_transformers_defaults_per_architecture():
 def test_configs_that_would_be_another_model_are_refused_by_key(changes, message):
     with pytest.raises(ValueError, match=message):
         config_of("llama", **changes)
+
+
+@pytest.mark.parametrize("architecture, missing", [
+    ("mixtral", "model.layers.1.block_sparse_moe.experts.2.w3.weight"),  # one expert's slice of a stacked weight
+    ("qwen3", "model.layers.1.self_attn.k_norm.weight"),  # a per-head norm
+])
+def test_a_missing_weight_is_named_by_its_checkpoint_name(architecture, missing, tmp_path):
+    source = make_test_model(tmp_path / "source", architecture, seed=3)
+    weights = load_file(source / "model.safetensors")
+    del weights[missing]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    save_file(weights, str(broken / "model.safetensors"))
+    (broken / "config.json").write_text((source / "config.json").read_text())
+    with pytest.raises(ValueError, match=rf"missing 1 weight\(s\), e.g. \['{re.escape(missing)}'\]"):
+        load_model(broken)
 
 
 def test_an_unsupported_architecture_is_named_before_its_missing_fields():
