@@ -24,6 +24,7 @@ from sim.cli_support import check_output_file, open_fraction, print_warning, war
 from sim.cost_models import make_provenance, save_profile
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
+from sim.recording_speeds import fit_with_recording_speeds
 from sim.speed_probe import calibration_reference
 
 # Recordings whose total step time the joint fit misses by more than this apart (max - min) draw a
@@ -50,9 +51,19 @@ def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
 
 
 def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 0.2, seed: int = 0,
-              fixed: dict[str, float] | None = None) -> FitResult:
+              fixed: dict[str, float] | None = None, speed_per_recording: bool = False,
+              speed_level: list[Path] | None = None) -> FitResult:
+    """``speed_per_recording``: fit each recording's speed beside the model (sim/recording_speeds.py), the
+    level set by the ``speed_level`` recordings (a subset of ``run_dirs``; default all of them)."""
+    if speed_level and not speed_per_recording:
+        raise ValueError("--speed-level sets the level of a fit with --speed-per-recording; add that flag")
     features, executor = load_steps(run_dirs)
-    fit = fit_step_model(features, held_out_fraction=held_out_fraction, seed=seed, fixed=fixed)
+    speeds = None
+    if speed_per_recording:
+        fit, speeds = fit_with_recording_speeds(features, level_indexes(run_dirs, speed_level),
+                                                held_out_fraction=held_out_fraction, seed=seed, fixed=fixed)
+    else:
+        fit = fit_step_model(features, held_out_fraction=held_out_fraction, seed=seed, fixed=fixed)
     provenance = make_provenance(
         hardware=str(executor.get("hardware", "unknown")), model=str(executor.get("model", "unknown")),
         dtype=str(executor.get("dtype", "unknown")), attention_backend=executor.get("attention_backend"),
@@ -61,6 +72,9 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
     if fixed:
         provenance["fixed_coefficients"] = dict(fixed)  # taken as given, not fitted
     provenance["recording_errors"] = recording_errors(fit, features, run_dirs)
+    if speeds is not None:  # each recording's speed relative to the profile's (1.05: its steps took 5% longer)
+        provenance["recording_speeds"] = {str(run): float(speed) for run, speed in zip(run_dirs, speeds)}
+        provenance["speed_level_runs"] = [str(run) for run in (speed_level or run_dirs)]
     # What the speed probe measures at the profile's speed, for runs that recorded one (speed_probe.py).
     reference = calibration_reference(fit.predict, run_dirs, {run: 1 / (1 + error) for run, error
                                                               in provenance["recording_errors"].items()})
@@ -74,6 +88,17 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
                  hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
                  token_count_offsets_s=fit.token_count_offsets_s)
     return fit
+
+
+def level_indexes(run_dirs: list[Path], speed_level: list[Path] | None) -> list[int] | None:
+    """The positions of the ``speed_level`` runs among ``run_dirs`` (None: all); one not among them is named."""
+    if not speed_level:
+        return None
+    resolved = [path.resolve() for path in run_dirs]
+    missing = [str(path) for path in speed_level if path.resolve() not in resolved]
+    if missing:
+        raise ValueError(f"--speed-level {', '.join(missing)}: not among the run directories being fitted")
+    return [resolved.index(path.resolve()) for path in speed_level]
 
 
 def recording_errors(fit: FitResult, features: pd.DataFrame, run_dirs: list[Path]) -> dict[str, float]:
@@ -133,12 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fix", action="append", default=[], metavar="FEATURE=SECONDS",
                         help="take this coefficient as given (seconds per unit, e.g. from a microbenchmark) "
                              "and fit the rest; for costs the runs hardly vary apart (repeatable)")
+    parser.add_argument("--speed-per-recording", action="store_true",
+                        help="fit one speed per recording beside the model, so that a machine's drift between "
+                             "recordings is not learned as the cost of whatever those recordings ran more of")
+    parser.add_argument("--speed-level", action="append", type=Path, default=[], metavar="RUN_DIR",
+                        help="with --speed-per-recording: the recordings whose machine speed the profile takes "
+                             "(repeatable; default all)")
     args = parser.parse_args(argv)
     check_output_file(parser, "-o/--output", args.output, "profile.json")
     try:
         fixed = parse_fixed(args.fix)
         with warnings_as_lines():  # a busy machine's recordings: one "warning: ..." line each
-            fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed, fixed=fixed)
+            fit = calibrate(args.run_dirs, args.output, held_out_fraction=args.held_out, seed=args.seed, fixed=fixed,
+                            speed_per_recording=args.speed_per_recording, speed_level=args.speed_level)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -157,13 +189,19 @@ def main(argv: list[str] | None = None) -> int:
              if key + "_median_ape" in errors]
     if kinds:
         print(f"  median |error| by step: {', '.join(kinds)}; their total time: {errors['total_time_ape']:.2%} off")
-    errors_by_run = json.loads(args.output.read_text())["provenance"]["recording_errors"]
-    if len(errors_by_run) > 1:
+    provenance = json.loads(args.output.read_text())["provenance"]
+    errors_by_run = provenance["recording_errors"]
+    if "recording_speeds" in provenance:
+        # The drift was fitted, not averaged into the costs: say how far each recording ran from the level.
+        print("  speed of each recording (its steps' time over the profile's): "
+              + ", ".join(f"{Path(run).name} {speed:.3f}" for run, speed in provenance["recording_speeds"].items())
+              + f"; the profile's level is the mean of {len(provenance['speed_level_runs'])} of them")
+    elif len(errors_by_run) > 1:
         print("  total step time by recording: " + ", ".join(f"{Path(run).name} {error:+.1%}"
                                                            for run, error in errors_by_run.items())
               + f"; the profile's speed is their mean, within {speed_standard_error(errors_by_run):.1%} "
               "(one standard error)")
-    warning = recording_spread_warning(errors_by_run)
+    warning = None if "recording_speeds" in provenance else recording_spread_warning(errors_by_run)
     if warning:
         print_warning(warning)
     print(f"profile written to {args.output}")

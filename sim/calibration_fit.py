@@ -207,6 +207,17 @@ def check_fixed_coefficients(fixed: dict[str, float]) -> None:
             raise ValueError(f"--fix: {name}={value!r} must be a finite, non-negative number of seconds per unit")
 
 
+def held_out_split(num_steps: int, held_out_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows to fit on and the rows held out: a seeded random split, the same for the same arguments."""
+    order = np.random.default_rng(seed).permutation(num_steps)
+    cut = int(num_steps * (1 - held_out_fraction))
+    if cut < MIN_FIT_STEPS or num_steps - cut < MIN_HELD_OUT_STEPS:
+        raise ValueError(f"--held-out {held_out_fraction} leaves {cut} of the {num_steps} steps to fit and "
+                         f"{num_steps - cut} to test on; the fit needs at least {MIN_FIT_STEPS} and the test "
+                         f"{MIN_HELD_OUT_STEPS}")
+    return order[:cut], order[cut:]
+
+
 def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, seed: int = 0,
                    fixed: dict[str, float] | None = None) -> FitResult:
     """Fit every candidate on a random 80% of the steps and keep the best on the other 20%. ``fixed``:
@@ -217,13 +228,8 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
         raise ValueError(f"calibration needs at least 20 steps with scheduled tokens, got {len(features)}")
     if not 0 < held_out_fraction < 1:
         raise ValueError(f"--held-out must be between 0 and 1 (both excluded), got {held_out_fraction}")
-    order = np.random.default_rng(seed).permutation(len(features))
-    cut = int(len(features) * (1 - held_out_fraction))
-    if cut < MIN_FIT_STEPS or len(features) - cut < MIN_HELD_OUT_STEPS:
-        raise ValueError(f"--held-out {held_out_fraction} leaves {cut} of the {len(features)} steps to fit and "
-                         f"{len(features) - cut} to test on; the fit needs at least {MIN_FIT_STEPS} and the test "
-                         f"{MIN_HELD_OUT_STEPS}")
-    train, held_out = features.iloc[order[:cut]], features.iloc[order[cut:]]
+    train_rows, held_out_rows = held_out_split(len(features), held_out_fraction, seed)
+    train, held_out = features.iloc[train_rows], features.iloc[held_out_rows]
     tokens = train[HINGE_FEATURE].to_numpy(float)
     token_knots = [[]]
     for quantiles in ((0.5,), (0.25, 0.75), (0.1, 0.5, 0.9)):
