@@ -48,6 +48,14 @@ def test_top_k_keeps_tokens_tied_with_the_kth_largest():
     assert kept(out[1]) == {0, 1, 2, 3}
 
 
+def test_top_k_beyond_the_vocabulary_keeps_every_token_beside_a_small_one():
+    # top_k has no upper bound (as in vLLM): one past the vocabulary keeps every token. Put in one int64
+    # tensor beside a row whose top_k truncates, 10**30 overflowed, failing every request in the step.
+    metadata = meta([SamplingParams(top_k=3), SamplingParams(top_k=10**30), SamplingParams(top_k=2**63)])
+    out = apply_top_k_top_p(torch.arange(24.0).reshape(3, 8), metadata.top_k, None)
+    assert kept(out[0]) == {5, 6, 7} and kept(out[1]) == kept(out[2]) == set(range(8))
+
+
 def _smallest_nucleus(logits_row, p):
     probs = logits_row.double().softmax(-1)
     order = probs.argsort(descending=True)

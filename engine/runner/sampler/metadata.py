@@ -98,7 +98,10 @@ class SamplingMetadata:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
         top_p = [p.top_p for p in sampling_params]
-        top_k = [p.top_k for p in sampling_params]
+        # A top_k of the vocabulary or more keeps every token, so it is off (0), as vLLM's input batch sets it;
+        # left as given, one beyond int64 (top_k has no upper bound) overflowed the tensor below and failed
+        # every request in the step.
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in sampling_params]
         min_p = [p.min_p for p in sampling_params]
         presence = [p.presence_penalty for p in sampling_params]
         frequency = [p.frequency_penalty for p in sampling_params]
@@ -125,7 +128,7 @@ class SamplingMetadata:
             all_greedy=all(greedy),
             all_random=not any(greedy),
             top_p=floats(top_p) if any(x < 1.0 for x in top_p) else None,
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device) if any(0 < k < vocab_size for k in top_k)
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device) if any(k > 0 for k in top_k)
             else None,
             min_p=floats(min_p) if any(x > 0.0 for x in min_p) else None,
             generators={row: g for row, g in generators.items() if not greedy[row]},
