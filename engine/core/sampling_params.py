@@ -28,6 +28,11 @@ MIN_RANDOM_TEMPERATURE = 1e-2
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
 
+# The most completions one request may ask for: vLLM's VLLM_MAX_N_SEQUENCES default. The front end builds
+# every child's parameters and state when the request arrives, so n=10**9 from a client held the server's
+# event loop and its memory (tens of GB) until the process was killed; vLLM added the ceiling for that reason.
+MAX_N = 16384
+
 # A bias of 100 already makes a token certain or impossible (e**100 dwarfs any softmax mass), and
 # OpenAI's API allows [-100, 100]. The LLM API documents nothing larger, and larger finite values gain
 # nothing: past the logits' dtype range (65504 in float16) they overflow to inf, and inf - inf is NaN,
@@ -112,7 +117,7 @@ class SamplingParams:
         def is_int(value: object) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
-        check("n", is_int(self.n) and self.n >= 1, "an integer >= 1")
+        check("n", is_int(self.n) and 1 <= self.n <= MAX_N, f"an integer in [1, {MAX_N}]")
         check("max_tokens", self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
               "an integer >= 1 or None")
         check("min_tokens", is_int(self.min_tokens) and self.min_tokens >= 0, "an integer >= 0")

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from engine.core import SamplingParams
-from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_SEED, MIN_SEED
+from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_N, MAX_SEED, MIN_SEED
 from engine.serve.errors import OpenAIError
 
 # OpenAI's documented ceiling for top_logprobs / completions logprobs.
@@ -53,7 +53,8 @@ class _SamplingRequest(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    n: int = Field(default=1, ge=1)  # choices per request: n engine requests (engine/parallel_sampling.py)
+    # Choices per request: n engine requests (engine/parallel_sampling.py), at most vLLM's ceiling.
+    n: int = Field(default=1, ge=1, le=MAX_N)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None

@@ -20,6 +20,8 @@ from engine.core import SamplingParams, SamplingType
     ("logit_bias", {5: -100.5}),
     # Infinity passed the bare "> 0" / ">= 0" checks, and turned logits into NaN.
     ("repetition_penalty", float("inf")), ("temperature", float("inf")),
+    # vLLM's ceiling (VLLM_MAX_N_SEQUENCES): n=10**9 held the server's event loop while it built the children.
+    ("n", 16385),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
