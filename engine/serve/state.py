@@ -59,11 +59,13 @@ class ServerState:
                 openai_error.code = "context_length_exceeded"
             raise openai_error from None
         max_model_len = self.engine.max_model_len
+        # The field the client set: on chat, max_completion_tokens (what the openai client sends) when given.
+        max_tokens_param = param_names.get("max_tokens", "max_tokens")
         if params.max_tokens is not None and len(parsed.token_ids) + params.max_tokens > max_model_len:
             raise OpenAIError(
                 f"this model's maximum context length is {max_model_len} tokens, but {len(parsed.token_ids) + params.max_tokens} "
                 f"were requested ({len(parsed.token_ids)} in the prompt, {params.max_tokens} to generate); "
-                "reduce the prompt or max_tokens", param="max_tokens", code="context_length_exceeded")
+                f"reduce the prompt or {max_tokens_param}", param=max_tokens_param, code="context_length_exceeded")
         return parsed
 
 

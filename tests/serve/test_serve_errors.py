@@ -81,6 +81,10 @@ def test_bad_completion_parameters(server, change, param, message):
     ({"messages": [{"content": "no role"}]}, "messages[0].role"),
     ({"messages": "hi"}, "messages"),
     ({"max_completion_tokens": -3}, "max_completion_tokens"),
+    # Past the context: the field the client set (the openai client sends max_completion_tokens), not max_tokens.
+    ({"max_completion_tokens": 600}, "max_completion_tokens"),
+    ({"max_completion_tokens": 600, "max_tokens": 2}, "max_completion_tokens"),
+    ({"max_tokens": 600}, "max_tokens"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
     ({"model": "nope"}, "model"),
