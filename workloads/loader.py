@@ -44,6 +44,10 @@ def load_workload(
         text = path.read_text()
     except OSError as error:
         raise WorkloadError(Problem(str(path), f"cannot read the workload file ({error.strerror or error})")) from None
+    except UnicodeDecodeError as error:
+        # A file saved as UTF-16 (Windows editors do) or a binary file: named, not a bare codec message.
+        raise WorkloadError(Problem(str(path), f"cannot read the workload file (not UTF-8 text: {error.reason} "
+                                               f"at byte {error.start})")) from None
     return _validate(parse_yaml(text, str(path)), overrides, base_dir=path.resolve().parent, label=str(path))
 
 

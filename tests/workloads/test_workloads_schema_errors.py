@@ -202,6 +202,15 @@ def test_missing_workload_file():
         load_workload("/nonexistent/workload.yaml")
 
 
+def test_a_workload_file_that_is_not_utf8_is_named(tmp_path):
+    # Saved as UTF-16 (with its byte-order mark), as Windows editors do: the bare codec error named no file.
+    path = tmp_path / "chat.yaml"
+    path.write_text("name: chat\n", encoding="utf-16")
+    with pytest.raises(WorkloadError, match=rf"{path}: cannot read the workload file \(not UTF-8 text: "
+                                            r"invalid start byte at byte 0\)"):
+        load_workload(path)
+
+
 @pytest.mark.parametrize(
     ("override", "path"),
     [
