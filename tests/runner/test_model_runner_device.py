@@ -66,6 +66,29 @@ def test_cuda_torch_backend_matches_transformers(tiny_llama_path):
         assert output.outputs[0].token_ids == hf_greedy(hf_model, prompt, 6)
 
 
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
+def test_cuda_architectures_match_transformers(architecture, tmp_path):
+    """Each family's own parts on the device (Qwen's biases, Qwen3's per-head q/k norms, the experts' routing,
+    Qwen2-MoE's shared expert): greedy tokens equal transformers' (float32 on the CPU), with the engine in
+    float32 on CUDA, prefill chunked beside decodes, and every block back at the end."""
+    from engine import LLM, SamplingParams
+    from engine.models import make_test_model
+    from tests.engine.model_fixtures import hf_greedy, load_hf_model, mixed_prompts
+
+    head_dim = {"qwen3": 32, "qwen3_moe": 24}.get(architecture)
+    path = make_test_model(tmp_path / architecture, architecture, head_dim=head_dim, seed=5)
+    hf_model = load_hf_model(path)
+    prompts = mixed_prompts(hf_model.config.vocab_size, seed=13, num_prompts=6)
+    llm = LLM(model=str(path), skip_tokenizer_init=True, device="cuda", attention_backend="torch", dtype="float32",
+              max_num_seqs=6, max_num_batched_tokens=40, num_gpu_blocks=128)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == hf_greedy(hf_model, prompt, 6)
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
 @pytest.mark.skipif(not HAVE_FLASH_ATTN, reason="needs CUDA and flash-attn")
 def test_cuda_flash_attn_matches_torch_backend(tiny_llama_path):
     """Same device and dtype, two backends: the first step's logits agree to bfloat16 precision."""
