@@ -6,8 +6,9 @@ in installs that have no torch at all.
 """
 
 from engine.core.sampling_params import SamplingParams
+from engine.core.structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "EngineArgs"]
 
 _LAZY = {
     "LLM": ("engine.llm", "LLM"),

@@ -67,6 +67,9 @@ class AsyncLLM:
         self._scheduler: Scheduler = components.scheduler
         self.tokenizer = (load_tokenizer_for_engine(components.tokenizer_path)
                           if components.tokenizer is not None else None)
+        # Requests are checked (their grammars compiled) on the event loop: with this thread's tokenizer.
+        components.use_grammar_tokenizer(self.tokenizer)
+        self._structured_outputs = components.structured_outputs
         self.stats = EngineStats(components.scheduler)
         self._engine_loop = EngineLoop(components, OutputProcessor(components.tokenizer), self.stats)
         self._active_request_ids: set[str] = set()
@@ -113,7 +116,7 @@ class AsyncLLM:
         """Parse and validate a prompt as ``generate`` will (ValueError naming what is wrong)."""
         parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
         validate_request("prompt", parsed, sampling_params, self._scheduler, self.vocab_size,
-                         self.tokenizer is not None)
+                         self.tokenizer is not None, self._structured_outputs)
         return parsed
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
@@ -133,7 +136,8 @@ class AsyncLLM:
             raise ValueError(f"request_id {request_id!r} is already being served")
         if isinstance(prompt, Prompt):  # already parsed (the server tokenizes first, to answer 400s)
             parsed = prompt
-            validate_request("prompt", parsed, params, self._scheduler, self.vocab_size, self.tokenizer is not None)
+            validate_request("prompt", parsed, params, self._scheduler, self.vocab_size, self.tokenizer is not None,
+                             self._structured_outputs)
         else:
             parsed = self.process_prompt(prompt, params)
         loop = asyncio.get_running_loop()

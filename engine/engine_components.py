@@ -18,6 +18,7 @@ from engine.engine_args import EngineArgs
 from engine.models import load_tokenizer
 from engine.runner.executor import RealExecutor
 from engine.runner.model_runner import ModelRunner
+from engine.structured_output import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,17 @@ class EngineComponents:
     @property
     def scheduler(self) -> Scheduler:
         return self.engine_core.scheduler
+
+    @property
+    def structured_outputs(self) -> StructuredOutputs:
+        return self.model_runner.structured_outputs
+
+    def use_grammar_tokenizer(self, tokenizer) -> None:
+        """Give the engine's grammars ``tokenizer`` to read the vocabulary from: a front end that checks requests
+        on another thread than the engine's (AsyncLLM) passes its own instance, since a Hugging Face tokenizer
+        must not be used from two threads at once. Call before the engine starts stepping."""
+        self.model_runner.structured_outputs = StructuredOutputs(tokenizer, self.model_runner.vocab_size,
+                                                                 self.eos_token_ids)
 
 
 class TokenizerLoadError(ValueError):
@@ -74,10 +86,13 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks))
     warn_if_max_model_len_lowered(scheduler)
-    return EngineComponents(
+    components = EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,
         model_runner=runner, executor=executor, engine_core=EngineCore(scheduler, executor),
         eos_token_ids=eos_token_ids(runner.model_config, tokenizer))
+    # Grammars are masked over the model's vocabulary (its logits' width) and end at the engine's EOS ids.
+    components.use_grammar_tokenizer(tokenizer)
+    return components
 
 
 def warn_if_max_model_len_lowered(scheduler: Scheduler) -> None:

@@ -228,4 +228,4 @@ class LLM:
 
     def _validate(self, index: int, prompt: Prompt, params: SamplingParams) -> None:
         validate_request(f"prompt {index}", prompt, params, self.scheduler, self.model_runner.vocab_size,
-                         self.tokenizer is not None)
+                         self.tokenizer is not None, self.model_runner.structured_outputs)

@@ -13,7 +13,7 @@ import sys
 EXTRA_FOR_PACKAGE = {
     "torch": "real", "transformers": "real", "safetensors": "real", "tokenizers": "real",
     "fastapi": "real,serve", "uvicorn": "real,serve", "httpx": "serve",
-    "triton": "triton", "flash_attn": "gpu",
+    "triton": "triton", "flash_attn": "gpu", "xgrammar": "structured",
 }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.core import Request, SamplingParams, Scheduler
+from engine.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,10 +57,12 @@ def check_token_ids(label: str, token_ids: Sequence[Any], vocab_size: int) -> li
 
 
 def validate_request(label: str, prompt: Prompt, params: SamplingParams, scheduler: Scheduler, vocab_size: int,
-                     has_tokenizer: bool) -> None:
+                     has_tokenizer: bool, structured_outputs: StructuredOutputs | None = None) -> None:
     """Everything that would otherwise fail inside a step, checked while nothing is added yet.
 
-    Reads only the scheduler's configuration (fixed after construction), so any thread may call it.
+    Reads only the scheduler's configuration (fixed after construction), so any thread may call it. A request
+    with structured outputs has its grammar compiled here (``structured_outputs``: the engine's grammars), so a
+    schema, regex or grammar that does not compile is refused before the scheduler sees the request.
     """
     num_tokens = len(prompt.token_ids)
     if num_tokens == 0:
@@ -91,6 +94,21 @@ def validate_request(label: str, prompt: Prompt, params: SamplingParams, schedul
             if getattr(params, name):
                 raise ValueError(f"{label}: SamplingParams.{name} needs a tokenizer (the engine was "
                                  "created with skip_tokenizer_init=True)")
+    if params.structured_outputs is not None:
+        check_structured_outputs(label, params, scheduler, structured_outputs)
+
+
+def check_structured_outputs(label: str, params: SamplingParams, scheduler: Scheduler,
+                             structured_outputs: StructuredOutputs | None) -> None:
+    if scheduler.num_speculative_tokens:
+        raise ValueError(f"{label}: {STRUCTURED_WITH_SPECULATION}")
+    if structured_outputs is None:
+        raise ValueError(f"{label}: SamplingParams.structured_outputs needs the engine's grammars; none were "
+                         "passed to validate_request")
+    try:
+        structured_outputs.check(params.structured_outputs)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
 
 
 def check_priority(priority: object, policy: str, label: str = "priority") -> int:

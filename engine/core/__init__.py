@@ -18,11 +18,12 @@ from engine.core.sampling_params import SamplingParams, SamplingType
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.core.scripted_executor import ScriptedExecutor
+from engine.core.structured_outputs import StructuredOutputsParams
 
 __all__ = [
     "AllBlocksCleared", "BlockPool", "BlockRemoved", "BlockStored", "CacheConfig", "CachedRequestData",
     "EngineCore", "EngineCoreOutput", "EngineStepResult", "Executor", "FreeKVCacheBlockQueue", "KVCacheBlock",
     "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats", "Request", "RequestStatus",
     "SamplingParams", "SamplingType", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats",
-    "ScriptedExecutor", "hash_request_blocks", "make_block_hasher",
+    "ScriptedExecutor", "StructuredOutputsParams", "hash_request_blocks", "make_block_hasher",
 ]

@@ -13,6 +13,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from engine.core.structured_outputs import StructuredOutputsParams
+
 # Below this temperature sampling is greedy (vLLM uses the same threshold). After the raise to
 # MIN_RANDOM_TEMPERATURE below, only a temperature of exactly 0 is.
 GREEDY_TEMPERATURE_EPSILON = 1e-5
@@ -74,6 +76,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # Constrain the output to a JSON schema, regex, choice or grammar (engine/structured_output/ enforces it).
+    structured_outputs: StructuredOutputsParams | None = None
     # Derived once in __post_init__: the stop token ids as a frozenset for O(1) checks per token.
     all_stop_token_ids: frozenset[int] = field(init=False, repr=False, compare=False)
 
@@ -163,6 +167,8 @@ class SamplingParams:
                                                                   and self.prompt_logprobs >= 0),
               "None or an integer >= 0")
         check("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool), "a boolean")
+        check("structured_outputs", self.structured_outputs is None
+              or isinstance(self.structured_outputs, StructuredOutputsParams), "None or a StructuredOutputsParams")
 
     @property
     def sampling_type(self) -> SamplingType:

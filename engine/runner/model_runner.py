@@ -42,6 +42,9 @@ from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler, make_generator
 from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.runner_step import SpeculativeStep
+from engine.structured_output import StructuredOutputs
+from engine.structured_output.manager import STRUCTURED_WITH_SPECULATION
+from engine.structured_output.logits_mask import apply_grammar_masks, constrained_rows
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,11 @@ class ModelRunner:
         self.vocab_size = self.model_config.vocab_size
         # Only for SamplingParams.bad_words, which arrive as text.
         self.tokenizer = tokenizer
+        # Grammars for SamplingParams.structured_outputs; build_engine sets it, with the engine's EOS ids and the
+        # tokenizer the front end checks requests with. A runner without one refuses structured requests.
+        self.structured_outputs: StructuredOutputs | None = None
+        # The requests with a grammar: while empty, a step neither looks for grammars nor allocates a bitmask.
+        self.grammar_req_ids: set[str] = set()
         # Unseeded random sampling draws from torch's global generator: seed it once per engine.
         torch.manual_seed(config.seed)
 
@@ -151,7 +159,8 @@ class ModelRunner:
         batch = self.input_batch
         requests = self.requests
         for req_id in scheduler_output.finished_req_ids:
-            requests.pop(req_id, None)
+            requests.pop(req_id, None)  # its grammar matcher, if any, goes with its state
+            self.grammar_req_ids.discard(req_id)
             batch.remove_request(req_id)
             self.prompt_logprobs.forget(req_id)
         for req_id in scheduler_output.preempted_req_ids:
@@ -179,6 +188,7 @@ class ModelRunner:
                 output_token_ids=[],
                 eos_token_id=new_request.eos_token_id,
                 bad_words_token_ids=self._tokenize_bad_words(params.bad_words) if params.bad_words else None,
+                grammar=self._new_grammar(new_request.req_id, params),
             )
             requests[new_request.req_id] = state
             batch.add_request(state)
@@ -193,6 +203,8 @@ class ModelRunner:
                 # Recomputed from scratch: new block table, and the scheduler's copy of every token.
                 state.block_ids = list(new_block_ids or ())
                 state.output_token_ids[:] = cached.resumed_token_ids[req_id][state.num_prompt_tokens:]
+                if state.grammar is not None:  # the kept output may differ from what this runner sampled
+                    state.grammar.sync(state.output_token_ids)
                 batch.remove_request(req_id)
                 batch.add_request(state)
                 continue
@@ -202,6 +214,8 @@ class ModelRunner:
             if len(state.output_token_ids) > num_output_tokens:
                 # The scheduler kept fewer tokens than were sampled (it is the source of truth).
                 del state.output_token_ids[num_output_tokens:]
+                if state.grammar is not None:
+                    state.grammar.sync(state.output_token_ids)
                 row = batch.req_id_to_index.get(req_id)
                 if row is not None:
                     batch.truncate_output(row, num_output_tokens)
@@ -213,6 +227,21 @@ class ModelRunner:
                 if new_block_ids:
                     batch.block_table.append_row(new_block_ids, row)
         batch.condense()
+
+    def _new_grammar(self, req_id: str, params):
+        """The request's grammar matcher, or None when it asks for no structured outputs. The front end checked
+        the grammar when the request was added (engine/request_inputs.py), so compiling here cannot fail
+        for a request that came through it; a runner driven directly gets the same ValueError."""
+        if params.structured_outputs is None:
+            return None
+        if self.structured_outputs is None:
+            raise ValueError("SamplingParams.structured_outputs needs a grammar backend; this runner was created "
+                             "without one (build_engine gives it one)")
+        if self.speculative is not None:
+            raise ValueError(STRUCTURED_WITH_SPECULATION)
+        grammar = self.structured_outputs.new_request_grammar(req_id, params.structured_outputs)
+        self.grammar_req_ids.add(req_id)
+        return grammar
 
     def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
         """Each word as token ids, bare and with a leading space (how it appears mid-sentence).
@@ -309,9 +338,19 @@ class ModelRunner:
         request id of the rows that ask for them (None when none does)."""
         logits = self.model.compute_logits(hidden_states)
         sampling_states = [self.input_batch.request_states[row] for row in rows.tolist()]
+        # Structured outputs: the grammar masks go on first, before every logits processor (vLLM's order).
+        # Speculative decoding calls this with several positions per request, which a matcher cannot follow;
+        # the two are refused together when a request is added, so no grammar is ever seen there.
+        grammars = constrained_rows(sampling_states) if self.grammar_req_ids else None
+        if grammars:
+            apply_grammar_masks(logits, grammars, self.structured_outputs.backend)
         metadata = self.sampling_metadata_cache.get(sampling_states)
         sampler_output = self.sampler(logits, metadata)
         tokens = sampler_output.sampled_token_ids.tolist()  # the step's one device sync
+        if self.grammar_req_ids:
+            for state, token in zip(sampling_states, tokens):
+                if state.grammar is not None:
+                    state.grammar.accept(token)
         if sampler_output.logprobs is None:
             return tokens, None
         return tokens, split_logprobs(sampler_output.logprobs, metadata.num_logprobs,

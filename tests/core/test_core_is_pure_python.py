@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 CORE = pathlib.Path(__file__).resolve().parents[2] / "engine" / "core"
-FORBIDDEN = {"torch", "simpy", "sim", "analysis", "workloads", "kernels", "triton", "transformers"}
+FORBIDDEN = {"torch", "simpy", "sim", "analysis", "workloads", "kernels", "triton", "transformers", "xgrammar"}
 
 
 def test_importing_the_core_loads_no_torch_or_simpy():

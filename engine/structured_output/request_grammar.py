@@ -1,0 +1,72 @@
+"""One request's grammar state in the runner: an xgrammar ``GrammarMatcher`` and the tokens it has accepted.
+
+Invariant: ``token_ids`` is a prefix of the request's ``output_token_ids`` (the runner's, which follow the
+scheduler's), and the matcher's state is the grammar after exactly those tokens. The prefix is the whole
+output, except in two cases where the grammar stops steering the request:
+
+- terminated: the matcher accepted a stop token (an EOS id). Every EOS id ends a request, so only a request
+  with ``ignore_eos`` goes on from here, and it goes on unconstrained: the grammar has nothing left to say
+  about text after its end, and banning every token would leave nothing to sample.
+- abandoned: the matcher refused a sampled token. The mask allows only tokens the grammar accepts, so this
+  happens only when a later logits processor banned every one of them (``min_tokens`` banning the stop
+  tokens of a finished grammar, say) and the sampler drew from what was left. The output has left the
+  grammar; constraining it further cannot make it valid, so the request continues unconstrained.
+
+``sync`` restores the invariant whenever the scheduler's copy of the output changes under the runner: after
+it keeps fewer tokens than were sampled (truncation) and after a preemption, when the request resumes with
+the output the scheduler kept. It rolls the matcher back to the longest common prefix and replays the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+class RequestGrammar:
+    __slots__ = ("req_id", "matcher", "token_ids", "abandoned")
+
+    def __init__(self, req_id: str, matcher) -> None:
+        self.req_id = req_id
+        self.matcher = matcher  # an xgrammar.GrammarMatcher (typed loosely: this module never imports xgrammar)
+        self.token_ids: list[int] = []
+        self.abandoned = False
+
+    @property
+    def constrains(self) -> bool:
+        """Whether the next token is masked: the grammar is neither over nor abandoned."""
+        return not self.abandoned and not self.matcher.is_terminated()
+
+    def fill_bitmask(self, bitmask, row: int) -> bool:
+        """Write the allowed next tokens into ``bitmask[row]``; False when every token is allowed (no need to
+        apply the row). Only called while ``constrains``: xgrammar refuses to fill for a terminated matcher."""
+        return self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        """Advance over a sampled token. Tokens after the grammar ended or was abandoned are not tracked."""
+        if not self.constrains:
+            return
+        if self.matcher.accept_token(token_id):
+            self.token_ids.append(token_id)
+            return
+        self.abandoned = True
+        logger.warning("request %s: sampled token %d is outside its grammar (a later logits processor banned every "
+                       "token the grammar allows); its output is no longer constrained", self.req_id, token_id)
+
+    def sync(self, output_token_ids: list[int]) -> None:
+        """Make the matcher's state the grammar after ``output_token_ids`` (see the module docstring)."""
+        token_ids = self.token_ids
+        common = 0
+        limit = min(len(token_ids), len(output_token_ids))
+        while common < limit and token_ids[common] == output_token_ids[common]:
+            common += 1
+        if common < len(token_ids):
+            self.matcher.rollback(len(token_ids) - common)
+            del token_ids[common:]
+        # Abandonment and termination are both re-derived by the replay: the refused token may be gone now.
+        self.abandoned = False
+        for token_id in output_token_ids[common:]:
+            if not self.constrains:
+                break
+            self.accept(token_id)
