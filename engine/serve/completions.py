@@ -24,7 +24,7 @@ from engine.outputs import CompletionOutput
 from engine.request_inputs import Prompt
 from engine.serve.logprobs_format import completion_logprobs, prompt_completion_logprobs
 from engine.serve.prompt_batch import PromptOutput, merge_prompt_streams
-from engine.serve.protocol import (COMPLETION_PARAM_NAMES, CompletionRequest, completion_prompts,
+from engine.serve.protocol import (CompletionRequest, completion_param_names, completion_prompts,
                                    completion_sampling_params, echo_only)
 from engine.serve.state import ServerState, UsageCounter, engine_error, usage
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
@@ -104,7 +104,8 @@ async def create_completion(body: CompletionRequest, raw_request: Request, state
     state.check_priority(body.priority)
     params = completion_sampling_params(body)
     batch = completion_prompts(body.prompt)
-    prompts = [state.prepare_prompt(prompt, params, param="prompt", param_names=COMPLETION_PARAM_NAMES,
+    param_names = completion_param_names(body)
+    prompts = [state.prepare_prompt(prompt, params, param="prompt", param_names=param_names,
                                     label=None if len(batch) == 1 else f"prompt[{index}]")
                for index, prompt in enumerate(batch)]
     request_id = f"cmpl-{uuid.uuid4().hex}"

@@ -8,10 +8,10 @@ clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repet
 (each choice then carries the ids of its new tokens, so a client can count tokens per chunk),
 ``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``) and ``priority`` (lower is
 served first, with ``--scheduling-policy priority``).
+Structured outputs: OpenAI's ``response_format`` (``json_object``, ``json_schema``) and vLLM's ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar`` and ``structured_outputs`` (structured_request.py).
 Unknown fields are ignored, as OpenAI-compatible servers usually do; known ones that ask for what this
-server cannot do (``tools``, ``functions``, structured output: a ``response_format`` other than text or vLLM's
-``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``, ``structured_outputs``) are refused,
-not ignored.
+server cannot do (``tools``, ``functions``, beam search) are refused, not ignored.
 Types are strict, as OpenAI's are: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400, not 1 or true.
 
 Validation happens in two places, both reported as 400s naming the parameter: types and ranges here
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from engine.core import SamplingParams
 from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_N, MAX_SEED, MIN_SEED
 from engine.serve.errors import OpenAIError
+from engine.serve.structured_request import structured_request
 
 # OpenAI's documented ceiling for top_logprobs / completions logprobs.
 MAX_LOGPROBS = 20
@@ -42,7 +43,6 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-_STRUCTURED_OUTPUT = "not supported: this server does not constrain output (structured output)"
 _NOT_IMPLEMENTED = {
     "use_beam_search": "not supported: this server samples; beam search is not done",
     "prompt_logprobs": "not supported as a field; on /v1/completions, echo with logprobs scores the prompt",
@@ -79,8 +79,8 @@ class _SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     priority: int = 0
-    # Structured output, OpenAI's (both routes take response_format in vLLM) and vLLM's own fields: accepted
-    # only to refuse them by name, since ignoring them would answer as if the output had been constrained.
+    # Structured outputs, OpenAI's (both routes take response_format in vLLM) and vLLM's own fields; typed
+    # loosely here so that structured_request.py reports a bad value under the name the client used.
     response_format: Any = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -91,20 +91,11 @@ class _SamplingRequest(BaseModel):
     use_beam_search: bool = False
     prompt_logprobs: Any = None
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_responses_only(cls, value: Any) -> Any:
-        # {"type": "text"} is OpenAI's default spelled out; structured output (json_object, json_schema) is not done.
-        if value is not None and value != {"type": "text"}:
-            raise ValueError('not supported except {"type": "text"}, the default')
-        return value
-
-    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                     "use_beam_search", "prompt_logprobs")
+    @field_validator("use_beam_search", "prompt_logprobs")
     @classmethod
     def _not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and value is not False:  # null, and false for flags, ask for nothing
-            raise ValueError(_NOT_IMPLEMENTED.get(info.field_name, _STRUCTURED_OUTPUT))
+            raise ValueError(_NOT_IMPLEMENTED[info.field_name])
         return value
 
     @field_validator("logit_bias")
@@ -178,16 +169,26 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 # SamplingParams field -> the request parameter a user set, per endpoint (for error messages).
-COMPLETION_PARAM_NAMES = {"n": "n"}
+_COMPLETION_PARAM_NAMES = {"n": "n"}
 _CHAT_PARAM_NAMES = {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens"}
-_FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+)")
+# A field, or a field's field (structured_outputs.json): a dot only counts when a name follows it.
+_FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+(?:\.\w+)?)")
+
+
+def completion_param_names(request: CompletionRequest) -> dict[str, str]:
+    return {**_COMPLETION_PARAM_NAMES, **_structured_param_names(request)}
 
 
 def chat_param_names(request: ChatCompletionRequest) -> dict[str, str]:
     names = dict(_CHAT_PARAM_NAMES)
     if request.max_completion_tokens is None:
         names["max_tokens"] = "max_tokens"
-    return names
+    return {**names, **_structured_param_names(request)}
+
+
+def _structured_param_names(request: _SamplingRequest) -> dict[str, str]:
+    structured = structured_request(request)
+    return structured.param_names if structured is not None else {}
 
 
 def sampling_error(error: ValueError, param_names: dict[str, str], default_param: str | None) -> OpenAIError:
@@ -202,7 +203,8 @@ def sampling_error(error: ValueError, param_names: dict[str, str], default_param
     if match is None:
         return OpenAIError(message, param=default_param, code="invalid_value")
     field = match.group(1)
-    param = param_names.get(field, field)
+    top = field.split(".")[0]
+    param = param_names.get(field) or param_names.get(top, top) + field[len(top):]
     return OpenAIError(message[match.start():].replace(f"SamplingParams.{field}", param), param=param,
                        code="invalid_value")
 
@@ -226,6 +228,9 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output)
+    structured = structured_request(request)  # a 400 naming the parameter when malformed
+    if structured is not None:
+        fields["structured_outputs"] = structured.params
     for name in ("top_k", "min_p", "repetition_penalty"):
         value = getattr(request, name)
         if value is not None:
@@ -248,7 +253,7 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     # still produces one token, which the response leaves out (completions.py).
     max_tokens = 1 if echo_only(request) else request.max_tokens
     return sampling_params_for(request, max_tokens=max_tokens, logprobs=request.logprobs,
-                               param_names=COMPLETION_PARAM_NAMES, prompt_logprobs=prompt_logprobs)
+                               param_names=completion_param_names(request), prompt_logprobs=prompt_logprobs)
 
 
 def echo_only(request: CompletionRequest) -> bool:
