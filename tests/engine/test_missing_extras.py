@@ -37,3 +37,21 @@ def test_a_package_no_extra_provides_is_left_to_the_traceback():
     assert missing_extra_message(ModuleNotFoundError("no", name="torch.nn"), "x").startswith("x needs the 'torch'")
     assert missing_extra_message(ModuleNotFoundError("no", name="engine.typo"), "x") is None
     assert missing_extra_message(ModuleNotFoundError("no"), "x") is None
+
+
+def test_without_xgrammar_only_structured_requests_are_refused(tiny_llama_path, monkeypatch):
+    """The structured extra is optional: an engine without xgrammar serves everything else, and a structured
+    request gets a ValueError naming the extra when it is added (the backend is imported on first use)."""
+    from engine import LLM, SamplingParams, StructuredOutputsParams
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)
+    monkeypatch.delitem(sys.modules, "engine.structured_output.xgrammar_backend", raising=False)
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=64)
+    plain = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    assert len(llm.generate(["fine"], plain, use_tqdm=False)[0].outputs[0].token_ids) == 2
+    structured = SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(choice=["a"]))
+    with pytest.raises(ValueError, match=r"prompt 0: SamplingParams\.structured_outputs: structured outputs needs "
+                                         r"the 'xgrammar' package, .*install the 'structured' extra"):
+        llm.generate(["fine"], structured, use_tqdm=False)
+    assert len(llm.generate(["fine"], plain, use_tqdm=False)[0].outputs[0].token_ids) == 2
+    assert llm.scheduler.get_num_unfinished_requests() == 0
