@@ -8,7 +8,9 @@ Three spellings are accepted, on both /v1/completions and /v1/chat/completions, 
   ``choice``, ``grammar``, ``json_object``, ``disable_any_whitespace``).
 
 A request uses one of them: two (say ``guided_json`` and ``response_format``) is a 400 naming both, since
-silently preferring one would answer a question the client did not ask. Every error names the parameter as
+silently preferring one would answer a question the client did not ask. A ``structured_outputs`` object that
+sets no kind, only ``disable_any_whitespace``, is an option of the other spelling rather than a second one:
+``response_format`` has no way to say it, and over a weak model JSON with optional whitespace may never end. Every error names the parameter as
 the client spelled it (``response_format.json_schema.schema``, ``structured_outputs.regex``), including those
 the engine raises later when the grammar does not compile: ``param_names`` maps the engine's field names
 (``structured_outputs.json``) to the request's.
@@ -21,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.structured_outputs import StructuredOutputsParams, shorten
+from engine.core.structured_outputs import KINDS, StructuredOutputsParams, shorten
 from engine.serve.errors import OpenAIError
 
 # vLLM's guided_* field -> the StructuredOutputsParams field it sets.
@@ -51,18 +53,28 @@ def structured_request(body: Any) -> StructuredRequest | None:
     """The body's structured outputs, or None when it asks for none (OpenAIError 400 when malformed)."""
     ways = [_Way(param, {field: getattr(body, param)}, {field: param})
             for param, field in GUIDED_FIELDS.items() if getattr(body, param) is not None]
+    options = None  # a structured_outputs object without a kind: options for the kind another field sets
     if body.structured_outputs is not None:
-        ways.append(_from_structured_outputs(body.structured_outputs))
+        way = _from_structured_outputs(body.structured_outputs)
+        if any(field in KINDS for field in way.fields):
+            ways.append(way)
+        else:
+            options = way
     if body.response_format is not None:
         way = _from_response_format(body.response_format)
         if way is not None:
             ways.append(way)
-    if not ways:
-        return None
     if len(ways) > 1:
         names = " and ".join(way.param for way in ways)
         raise OpenAIError(f"structured outputs can be asked for one way per request, got {names}",
                           param=ways[1].param, code="invalid_value")
+    if not ways:
+        if options is None:
+            return None
+        ways = [options]  # options alone: StructuredOutputsParams names what is missing
+    elif options is not None:
+        ways[0].fields.update(options.fields)
+        ways[0].names.update(options.names)
     way = ways[0]
     try:
         params = StructuredOutputsParams(**way.fields)
