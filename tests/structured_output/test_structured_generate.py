@@ -125,6 +125,19 @@ def test_ignore_eos_goes_on_unconstrained_after_the_grammar(llm):
     assert_healthy(llm)
 
 
+def test_min_tokens_past_the_grammar_leaves_it_without_failing_the_step(llm, caplog):
+    """Documented behaviour: a finished grammar allows only EOS, which min_tokens bans; the row has no token
+    left, the sampler draws anyway, and the request continues unconstrained (logged), its neighbours unharmed."""
+    params = [SamplingParams(temperature=temperature, seed=1, max_tokens=6, min_tokens=4,
+                             structured_outputs=StructuredOutputsParams(choice=["yes"])) for temperature in (0.0, 1.0)]
+    with caplog.at_level("WARNING", logger="engine.structured_output.request_grammar"):
+        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    for output in outputs:
+        assert output.outputs[0].text.startswith("yes") and len(output.outputs[0].token_ids) == 6
+    assert "is outside its grammar" in caplog.text
+    assert_healthy(llm)
+
+
 def test_logprobs_see_the_mask(llm):
     """The mask goes on before the logprobs are read (vLLM's order): with two one-character choices the
     returned top-2 are those two tokens, and their probabilities sum to one."""
