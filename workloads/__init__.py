@@ -38,7 +38,7 @@ from workloads.request_spec import RequestSpec
 from workloads.cluster_section import ROUTERS, ClusterSection
 from workloads.sections import EngineSection, PrioritySection, SharedPrefixSection, SLOSection, TraceSection
 from workloads.traces import TraceFormatError, TraceRecords, read_mooncake_jsonl, read_splitwise_csv, read_trace
-from workloads.workload_section import WorkloadSection
+from workloads.workload_section import RequestClass, WorkloadSection
 
 __all__ = [
     "ArrivalProcess",
@@ -57,6 +57,7 @@ __all__ = [
     "PoissonArrival",
     "PrioritySection",
     "Problem",
+    "RequestClass",
     "RequestSpec",
     "SLOSection",
     "SharedPrefixSection",

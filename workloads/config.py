@@ -97,6 +97,8 @@ class WorkloadConfig(SchemaModel):
         problems: list[tuple[str, str, Any]] = []
         for index, stretch in enumerate(self.workload.stretches()):
             problems += self._stretch_length_problems(stretch, "workload" if index == 0 else f"workload.phases[{index - 1}]")
+        for index, request_class in enumerate(self.workload.classes or []):
+            problems += self._stretch_length_problems(request_class, f"workload.classes[{index}]")
         return problems
 
     def _stretch_length_problems(self, workload: StreamSection, where: str) -> list[tuple[str, str, Any]]:
@@ -158,6 +160,16 @@ class WorkloadConfig(SchemaModel):
                     )
                     break
         return problems
+
+    def class_slos(self) -> dict[str, dict[str, float]]:
+        """Each request class's SLO thresholds (``SLOSection.thresholds``), by class name, the top-level
+        stream's first: a class's own ``slo:`` where it sets one, else the top-level ``slo:`` (empty when
+        neither is set). A class's ``slo:`` replaces the top-level one whole, not key by key."""
+        top = self.slo.thresholds() if self.slo is not None else {}
+        slos = {self.workload.class_name: top}
+        for request_class in self.workload.classes or []:
+            slos[request_class.name] = request_class.slo.thresholds() if request_class.slo is not None else top
+        return slos
 
     def with_overrides(self, overrides: Iterable[str | Override]) -> WorkloadConfig:
         """A new config with ``--set`` style overrides applied; raises WorkloadError when invalid."""

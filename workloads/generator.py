@@ -20,7 +20,7 @@ from workloads.arrivals import TraceArrival
 from workloads.config import WorkloadConfig
 from workloads.distributions import LengthDistribution, TraceLength
 from workloads.errors import Problem, WorkloadError
-from workloads.random_streams import Stream, phase_seed, random_stream, stream_seed
+from workloads.random_streams import Stream, class_seed, phase_seed, random_stream, stream_seed
 from workloads.request_spec import RequestSpec
 from workloads.sections import SharedPrefixSection
 from workloads.tokens import TokenVocabulary, assemble_prompts
@@ -43,30 +43,51 @@ def generate_requests(
     from the workload's and the stretch's index, so adding a phase leaves the earlier ones unchanged)
     and starts ``gap_s`` after the previous stretch's last arrival.
 
+    With ``workload.classes``, each further class is generated on its own too (its seed derived from the
+    workload's and the class's position, so adding a class leaves every other class's requests as they
+    were, ids aside), its arrivals shifted by its ``start_s``, and all classes' requests are merged by
+    arrival time (a tie keeps class order, then each class's own order); ids number the merged stream.
+
     ``model_max_len``: the model's length limit, the cap on prompt + output when the workload sets neither
     ``max_total_len`` nor ``engine.max_model_len`` (``WorkloadConfig.max_total_len``).
     """
     vocabulary = TokenVocabulary(vocab_size, reserved_token_ids)
-    stretches = config.workload.stretches()
-    generated: list[tuple[float, list[int], list[int], int, int | None]] = []
-    offset = 0.0
-    for index, stretch in enumerate(stretches):
-        where = "workload" if index == 0 else f"workload.phases[{index - 1}]"
-        seed = config.seed if index == 0 else phase_seed(config.seed, index)
-        start = offset + (getattr(stretch, "gap_s", 0.0) if index else 0.0)
-        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch, model_max_len), vocabulary, where)
-        generated += [(start + arrival, *rest) for arrival, *rest in requests]
-        offset = start + requests[-1][0]
+    generated = _first_class(config, vocabulary, model_max_len)
+    for index, request_class in enumerate(config.workload.classes or [], start=1):
+        requests = _generate_stretch(request_class, class_seed(config.seed, index),
+                                     config.max_total_len(request_class, model_max_len), vocabulary,
+                                     f"workload.classes[{index - 1}]")
+        generated += [(request_class.start_s + arrival, *rest, request_class.name) for arrival, *rest in requests]
+    # Stable: every class's rows are already in arrival order, so the merge keeps each class's own order.
+    generated.sort(key=lambda row: row[0])
     width = max(6, len(str(len(generated) - 1)))
     specs = []
-    for index, (arrival_time, prompt, output_lens, priority, group) in enumerate(generated):
+    for index, (arrival_time, prompt, output_lens, priority, group, request_class) in enumerate(generated):
         prompt_id = f"req-{index:0{width}d}"
         # n > 1: vLLM's ids for a prompt's completions, f"{i}_{request_id}", all arriving with the prompt.
         request_ids = [prompt_id] if len(output_lens) == 1 else [f"{i}_{prompt_id}" for i in range(len(output_lens))]
         specs += [RequestSpec(request_id=request_id, arrival_time=arrival_time, prompt_token_ids=prompt,
-                              output_len=output_len, priority=priority, prefix_group=group)
+                              output_len=output_len, priority=priority, prefix_group=group,
+                              request_class=request_class)
                   for request_id, output_len in zip(request_ids, output_lens)]
     return specs
+
+
+def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_len: int | None
+                 ) -> list[tuple[float, list[int], list[int], int, int | None, str]]:
+    """The top-level stream, its phases one after the other, as rows of ``_generate_stretch`` plus the
+    class name."""
+    generated: list[tuple[float, list[int], list[int], int, int | None, str]] = []
+    name = config.workload.class_name
+    offset = 0.0
+    for index, stretch in enumerate(config.workload.stretches()):
+        where = "workload" if index == 0 else f"workload.phases[{index - 1}]"
+        seed = config.seed if index == 0 else phase_seed(config.seed, index)
+        start = offset + (getattr(stretch, "gap_s", 0.0) if index else 0.0)
+        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch, model_max_len), vocabulary, where)
+        generated += [(start + arrival, *rest, name) for arrival, *rest in requests]
+        offset = start + requests[-1][0]
+    return generated
 
 
 def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocabulary: TokenVocabulary,

@@ -82,6 +82,9 @@ def _resolve_trace_path(raw: dict[str, Any], base_dir: Path) -> None:
     # sweep run from another directory must find the same files as the base workload does.
     workload = raw.get("workload")
     _resolve_path_key(workload.get("trace") if isinstance(workload, dict) else None, base_dir)
+    classes = workload.get("classes") if isinstance(workload, dict) else None
+    for request_class in classes if isinstance(classes, list) else ():
+        _resolve_path_key(request_class.get("trace") if isinstance(request_class, dict) else None, base_dir)
     sweep = raw.get("sweep")
     if not isinstance(sweep, dict):
         return

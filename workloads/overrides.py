@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,9 @@ from workloads.schema_walk import field_names, field_shape
 from workloads.yaml_loader import load_yaml
 
 Override = tuple[str, Any]
+
+# "classes[1]" in a path: the same as "classes.1".
+LIST_INDEX = re.compile(r"\[(\d+)\]")
 
 
 def parse_override(text: str) -> Override:
@@ -53,8 +57,11 @@ def apply_overrides(
 
 
 def set_path(raw: dict[str, Any], path: str, value: Any, root: type[BaseModel]) -> None:
-    """Set ``raw[path]`` in place, creating absent sections; the path must exist in the schema."""
-    parts = path.split(".")
+    """Set ``raw[path]`` in place, creating absent sections; the path must exist in the schema.
+
+    An element of a list of sections is picked by position, written ``workload.classes.1.arrival.rate``
+    or, as error messages print it, ``workload.classes[1].arrival.rate``."""
+    parts = LIST_INDEX.sub(r".\1", path).split(".")
     if any(not part for part in parts):
         raise WorkloadError(Problem(path, "not a valid setting path (empty part)", value))
     node: dict[str, Any] = raw

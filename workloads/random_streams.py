@@ -32,6 +32,8 @@ class Stream(enum.IntEnum):
     DECODE_ROUTING = 11
     # Which draft tokens a verification accepts (engine.speculative_decoding; sim/speculation.py).
     SPECULATIVE_ACCEPTANCE = 12
+    # Seeds of the further request classes (workload.classes), as PHASES is for later stretches.
+    CLASSES = 13
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:
@@ -46,4 +48,12 @@ def phase_seed(seed: int, phase: int) -> int:
     """The seed of a workload's ``phase``-th later stretch (1, 2, ...): its own streams, independent of
     the first stretch's and of each other's, fixed by the workload's seed."""
     state = np.random.SeedSequence(seed, spawn_key=(int(Stream.PHASES), phase)).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))  # below 2**63, as a workload seed is
+
+
+def class_seed(seed: int, class_index: int) -> int:
+    """The seed of a workload's ``class_index``-th request class (1, 2, ...: ``workload.classes[class_index - 1]``;
+    class 0, the top-level stream, keeps the workload's seed): its own streams, independent of every other
+    class's and of the phases', fixed by the workload's seed and the class's position."""
+    state = np.random.SeedSequence(seed, spawn_key=(int(Stream.CLASSES), class_index)).generate_state(1, dtype=np.uint64)
     return int(state[0] >> np.uint64(1))  # below 2**63, as a workload seed is

@@ -5,6 +5,10 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
+# The class of a request of a workload without ``workload.classes`` (``workload.class_name``'s default);
+# analysis.trace_schema reads a trace without a request_class column as this class too.
+DEFAULT_REQUEST_CLASS = "default"
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
@@ -12,6 +16,8 @@ class RequestSpec:
 
     ``priority`` follows vLLM (lower is served first under priority scheduling); ``prefix_group`` is the
     shared-prefix group the prompt starts with, or None (kept so analysis can relate prefix hits to groups).
+    ``request_class`` names the workload class (``workload.class_name`` or ``workload.classes[i].name``)
+    the request was drawn from; metrics and SLOs are reported per class.
     """
 
     request_id: str
@@ -21,6 +27,7 @@ class RequestSpec:
     output_len: int
     priority: int = 0
     prefix_group: int | None = None
+    request_class: str = DEFAULT_REQUEST_CLASS
 
     @property
     def num_prompt_tokens(self) -> int:

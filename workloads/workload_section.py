@@ -6,9 +6,10 @@ length cap, chunked prefill) live in config.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, TraceArrival
 
@@ -17,7 +18,19 @@ MAX_COMPLETIONS_PER_PROMPT = 1024
 from workloads.distributions import LengthSpec, TraceLength
 from workloads.errors import NO_VALUE, problems_error
 from workloads.schema_base import SchemaModel
-from workloads.sections import PrioritySection, SharedPrefixSection, TraceSection
+from workloads.request_spec import DEFAULT_REQUEST_CLASS
+from workloads.sections import PrioritySection, SharedPrefixSection, SLOSection, TraceSection
+
+# A request class's name: it labels trace rows, summary keys and sweep.csv columns ("interactive.slo_attainment"),
+# so it holds no dot, space or punctuation that would blur those.
+CLASS_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+CLASS_NAME_RULE = "must be a simple identifier: a letter or '_', then letters, digits or '_' (at most 64)"
+
+
+def check_class_name(value: str) -> str:
+    if not re.fullmatch(CLASS_NAME_PATTERN, value):
+        raise ValueError(CLASS_NAME_RULE)
+    return value
 
 
 class StreamSection(SchemaModel):
@@ -142,18 +155,68 @@ class WorkloadPhase(StreamSection):
     gap_s: NonNegativeFloat = 0.0
 
 
+class RequestClass(StreamSection):
+    """A further request class (``workload.classes``): a stream of its own beside the top-level one.
+
+    Its arrivals start ``start_s`` seconds after the run's start (its arrival process starts at 0 and is
+    shifted), and its requests are merged with every other class's by arrival time. ``slo``, when set,
+    replaces the top-level ``slo:`` for this class's requests (all of its thresholds, not key by key).
+    A class has no phases: a class whose mix changes over time is two classes with their own ``start_s``.
+    """
+
+    name: str
+    start_s: NonNegativeFloat = 0.0
+    slo: SLOSection | None = None
+
+    _name_is_simple = field_validator("name")(check_class_name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_phases(cls, data: Any) -> Any:
+        # Said plainly rather than as an unknown key: phases belong to the top-level stream only.
+        if isinstance(data, dict) and "phases" in data:
+            raise problems_error([("phases", "a class has no phases; make each stretch a class of its own, "
+                                   "with its start_s", data["phases"])])
+        return data
+
+
 class WorkloadSection(StreamSection):
-    """The request stream: its first stretch, then each of ``phases`` in turn.
+    """The request stream: its first stretch, then each of ``phases`` in turn; beside it, ``classes``.
 
     Phases let one workload hold traffic whose mix changes over time (a burst of short chats, then
     long documents), which one set of distributions cannot: every request would be drawn from the
     same mixture. A calibration run needs it, so that batch size and context per request vary apart.
+
+    Classes are concurrent streams (interactive chat beside batch summarization), each with its own
+    arrivals, lengths, prefixes, priority and SLO. The top-level stream, phases included, is the first
+    class, named ``class_name``; ``classes`` lists the others.
     """
 
     phases: list[WorkloadPhase] | None = Field(default=None, min_length=1)
+    class_name: str = DEFAULT_REQUEST_CLASS
+    classes: list[RequestClass] | None = Field(default=None, min_length=1)
+
+    _class_name_is_simple = field_validator("class_name")(check_class_name)
+
+    @model_validator(mode="after")
+    def _class_names_unique(self) -> WorkloadSection:
+        problems: list[tuple[str, str, Any]] = []
+        seen = {self.class_name: "workload.class_name"}
+        for index, request_class in enumerate(self.classes or []):
+            if request_class.name in seen:
+                problems.append((f"classes[{index}].name", f"repeats the name of {seen[request_class.name]}; "
+                                 "every class needs a name of its own", request_class.name))
+            seen.setdefault(request_class.name, f"workload.classes[{index}]")
+        if problems:
+            raise problems_error(problems)
+        return self
 
     def stretches(self) -> list[StreamSection]:
-        """This section (without its phases) followed by each phase, in order."""
+        """This section (without its phases or classes) followed by each phase, in order: the first class."""
         # Already validated field by field: copy them over without validating again.
         first = StreamSection.model_construct(**{name: getattr(self, name) for name in StreamSection.model_fields})
         return [first, *(self.phases or [])]
+
+    def class_names(self) -> list[str]:
+        """Every class's name, the top-level stream's first."""
+        return [self.class_name, *(request_class.name for request_class in self.classes or [])]
