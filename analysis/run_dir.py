@@ -23,7 +23,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.json_safe import json_safe
-from analysis.trace_schema import check_requests_frame, check_steps_frame, requests_table, steps_table
+from analysis.trace_schema import (
+    check_requests_frame,
+    check_steps_frame,
+    requests_table,
+    steps_table,
+    with_request_class,
+)
 
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
@@ -88,7 +94,8 @@ def read_run(run_dir: str | Path) -> Run:
     for file_name in (REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE):
         if not (path / file_name).is_file():
             raise FileNotFoundError(f"run directory {str(path)!r} has no {file_name}")
-    requests = pq.read_table(path / REQUESTS_FILE).to_pandas()
+    # A run recorded before request classes has no request_class column: it reads as one class, "default".
+    requests = with_request_class(pq.read_table(path / REQUESTS_FILE).to_pandas())
     steps = pq.read_table(path / STEPS_FILE).to_pandas()
     check_requests_frame(requests)
     check_steps_frame(steps)

@@ -33,6 +33,11 @@ FINISH_REASONS = ("stop", "length", "abort", "ignored", "error")
 
 TOKEN_TIMES_TYPE = pa.list_(pa.float64())
 
+# The class of every request of a workload without classes: workloads.request_spec.DEFAULT_REQUEST_CLASS,
+# spelled again here because analysis imports nothing from workloads (a test holds the two equal).
+DEFAULT_REQUEST_CLASS = "default"
+REQUEST_CLASS_COLUMN = "request_class"
+
 REQUESTS_SCHEMA = pa.schema(
     [
         pa.field("request_id", pa.string(), nullable=False),
@@ -52,6 +57,9 @@ REQUESTS_SCHEMA = pa.schema(
         # fit the model or the KV cache), an errored one's (a server's error message); null otherwise.
         pa.field("status_message", pa.string()),
         pa.field("priority", pa.int64()),
+        # The workload class the request was drawn from (workload.class_name, workload.classes[i].name);
+        # a trace written before classes existed reads as DEFAULT_REQUEST_CLASS.
+        pa.field("request_class", pa.string()),
         # Time of each output token, in order; token_times[0] == first_token_time.
         pa.field("token_times", TOKEN_TIMES_TYPE),
     ]
@@ -134,6 +142,22 @@ def check_steps_frame(frame: pd.DataFrame) -> None:
     _check_columns(frame, REQUIRED_STEP_COLUMNS, "steps")
 
 
+def request_classes(requests: pd.DataFrame) -> np.ndarray:
+    """Each row's request class as an array of str; DEFAULT_REQUEST_CLASS where the trace has no such column
+    (a run recorded before classes) or the row none."""
+    if REQUEST_CLASS_COLUMN not in requests.columns:
+        return np.full(len(requests), DEFAULT_REQUEST_CLASS, dtype=object)
+    return requests[REQUEST_CLASS_COLUMN].fillna(DEFAULT_REQUEST_CLASS).astype(str).to_numpy(dtype=object)
+
+
+def with_request_class(requests: pd.DataFrame) -> pd.DataFrame:
+    """``requests`` with a request_class column: a trace without one (recorded before classes) reads as
+    one class, DEFAULT_REQUEST_CLASS. The frame is changed in place and returned."""
+    if REQUEST_CLASS_COLUMN not in requests.columns:
+        requests[REQUEST_CLASS_COLUMN] = request_classes(requests)
+    return requests
+
+
 def empty_requests_frame() -> pd.DataFrame:
     return requests_table({name: [] for name in REQUIRED_REQUEST_COLUMNS}).to_pandas()
 
@@ -203,6 +227,9 @@ def _common_length(records: Mapping[str, Any], table_name: str) -> int:
 
 
 def _default_column(field: pa.Field, num_rows: int) -> pa.Array:
+    if field.name == REQUEST_CLASS_COLUMN:
+        # A producer that knows no classes ran one: the default.
+        return pa.array([DEFAULT_REQUEST_CLASS] * num_rows, type=field.type)
     if field.type == TOKEN_TIMES_TYPE:
         offsets = pa.array(np.zeros(num_rows + 1, dtype=np.int32))
         return pa.ListArray.from_arrays(offsets, pa.array([], type=pa.float64()))

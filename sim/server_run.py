@@ -36,6 +36,7 @@ from tqdm import tqdm
 from analysis import compute_summary, write_run
 from analysis.trace_schema import FINISH_REASONS, REQUIRED_STEP_COLUMNS, requests_table, steps_table
 from workloads import RequestSpec, WorkloadConfig, generate_requests
+from workloads.request_spec import DEFAULT_REQUEST_CLASS
 
 # Long enough for any request of a sane workload; a stuck server still ends the run eventually.
 REQUEST_TIMEOUT_S = 600.0
@@ -47,6 +48,7 @@ class _Record:
     request_id: str
     arrival_time: float
     num_prompt_tokens: int
+    request_class: str = DEFAULT_REQUEST_CLASS  # the workload class it was drawn from (RequestSpec.request_class)
     first_token_time: float = math.nan
     finish_time: float = math.nan
     num_output_tokens: int = 0
@@ -118,7 +120,7 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     }
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else None
     summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=workload.name, mode="real",
-                              config=config, slo=slo)
+                              config=config, slo=slo, class_slos=workload.class_slos())
     errors = [f"{r.request_id}: {r.error}" for r in records if r.error]
     summary["num_request_errors"] = len(errors)
     summary["request_errors"] = errors[:MAX_ERRORS_KEPT]
@@ -154,7 +156,7 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
     def now() -> float:
         return time.perf_counter() - origin
 
-    record = _Record(spec.request_id, now(), len(spec.prompt_token_ids))
+    record = _Record(spec.request_id, now(), len(spec.prompt_token_ids), spec.request_class)
     body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
@@ -239,6 +241,7 @@ def _columns(records: list[_Record]) -> dict[str, list]:
         "finish_reason": [r.finish_reason for r in records],
         # Why a request failed, as the server said it (a 400's message): the summary names the first few.
         "status_message": [r.error for r in records],
+        "request_class": [r.request_class for r in records],
         "token_times": [r.token_times for r in records],
     }
 

@@ -161,7 +161,8 @@ class Simulation:
 
     def _on_decode_arrival(self, index: int, spec: RequestSpec) -> None:
         replica = self.replicas[index]
-        replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
+        replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
+                                    spec.request_class)
         replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
 
     @property
@@ -207,7 +208,7 @@ class Simulation:
                 woken.add(chosen)
                 # The workload's own time, not env.now (which may differ from it in the last bit).
                 replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
-                                            spec.priority)
+                                            spec.priority, spec.request_class)
                 replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
                 replica.engine.add_request(request)
                 index += 1

@@ -15,6 +15,7 @@ from engine.core.outputs import EngineCoreOutput
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import SchedulerOutput
 from sim.cost_models import StepFeatures
+from workloads.request_spec import DEFAULT_REQUEST_CLASS
 
 NAN = math.nan
 
@@ -36,6 +37,7 @@ class TraceRecorder:
         self.finish_reason: list[str | None] = []
         self.status_message: list[str | None] = []
         self.priority: list[int] = []
+        self.request_class: list[str] = []
         # KV offloading's loads (sim/kv_offload_loads.HostLoads), whose columns join the requests table.
         self.offload_loads = None
         # Speculative decoding: the engine's counts (engine.core.spec_decode.SpecDecodingStats) when it speculates
@@ -53,7 +55,8 @@ class TraceRecorder:
             self.steps["scheduled_request_ids"] = []
             self.steps["scheduled_token_counts"] = []
 
-    def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0) -> None:
+    def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0,
+                   request_class: str = DEFAULT_REQUEST_CLASS) -> None:
         self._index[request_id] = len(self.request_ids)
         self.request_ids.append(request_id)
         self.arrival_time.append(now)
@@ -65,6 +68,7 @@ class TraceRecorder:
         self.finish_reason.append(None)
         self.status_message.append(None)
         self.priority.append(priority)
+        self.request_class.append(request_class)
         self.token_times[request_id] = []
 
     def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
@@ -255,6 +259,7 @@ class TraceRecorder:
             "finish_reason": self.finish_reason,
             "status_message": self.status_message,
             "priority": self.priority,
+            "request_class": self.request_class,
             "token_times": token_times,
         }
         if self.offload_loads is not None:

@@ -76,7 +76,8 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     while next_index < len(specs) or engine.has_work():
         while next_index < len(specs) and specs[next_index].arrival_time <= now:
             spec = specs[next_index]
-            recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority)
+            recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
+                                spec.request_class)
             engine.add_request(make_request(spec, params_by_output_len))
             next_index += 1
         if not engine.has_work():
