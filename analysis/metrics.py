@@ -41,6 +41,7 @@ from analysis.trace_schema import (
     check_requests_frame,
     check_steps_frame,
     empty_steps_frame,
+    request_classes,
 )
 
 RUN_MODES = ("sim", "real", "replay")
@@ -150,6 +151,7 @@ def compute_summary(
     config: Mapping[str, Any] | None,
     slo: Mapping[str, float] | None = None,
     duration_s: float | None = None,
+    class_slos: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The summary.json dictionary of a run (DESIGN.md "Traces"), JSON-safe.
 
@@ -160,6 +162,10 @@ def compute_summary(
       e2e_ms, thresholds in ms, a request passes when its value <= the threshold; as in vLLM a
       request with one output token counts TPOT 0). Without SLOs goodput equals request_throughput.
       slo_attainment is the fraction of completed requests meeting the SLOs.
+    - class_slos: each request class's thresholds (WorkloadConfig.class_slos), where a class's differ from
+      ``slo``; a request of a class it names is judged by them, others by ``slo``. So goodput and
+      slo_attainment judge every request by its own class's SLO; ``slo`` in the summary stays the
+      top-level one.
     - num_preemptions: summed over steps (over requests when there are no step rows).
     - prefix_cache_hit_rate: sum(prefix_hit_tokens) / sum(prefix_query_tokens) over steps, 0 with
       no queries.
@@ -170,6 +176,8 @@ def compute_summary(
     - ignored_examples / errored_examples (only when requests were ignored / errored and the trace says
       why): the first few, each {request_id, reason}.
     - by_priority (only when the requests carry two or more priorities): priority_class_stats.
+    - by_class (only when the run has two or more request classes: the trace's request_class column, or
+      class_slos naming them): analysis.class_stats.request_class_stats.
     - by_replica and replica_load_imbalance (only for a simulated cluster run: its tables carry a
       ``replica`` column, and its config names two or more replicas): analysis.replica_stats.
     - disaggregation (a disaggregated cluster run: its requests table has the KV load's columns): the
@@ -181,6 +189,7 @@ def compute_summary(
     if mode not in RUN_MODES:
         raise ValueError(f"mode must be one of {RUN_MODES}, got {mode!r}")
     slo_thresholds = _check_slo(slo)
+    class_thresholds = {str(name): _check_slo(thresholds) for name, thresholds in (class_slos or {}).items()}
     check_requests_frame(requests)
     steps = empty_steps_frame() if steps is None else steps
     check_steps_frame(steps)
@@ -198,7 +207,9 @@ def compute_summary(
     output_tokens = requests["num_output_tokens"].to_numpy(dtype=np.int64)
     prompt_tokens = requests["num_prompt_tokens"].to_numpy(dtype=np.int64)
     total_output_tokens = int(output_tokens[completed].sum())
-    num_good = count_meeting_slo(latencies, slo_thresholds)
+    # Every request judged by its own class's SLO (one class: the run's).
+    num_good = count_meeting_class_slos(latencies, request_classes(requests)[completed], class_thresholds,
+                                        slo_thresholds)
 
     summary: dict[str, Any] = {
         "name": name,
@@ -211,11 +222,11 @@ def compute_summary(
         "num_errored": int((finish_reason == "error").sum()),
         "num_unfinished": int(finish_reason.isna().sum()),
         "duration_s": duration_s,
-        "request_throughput": _rate(num_finished, duration_s),
-        "output_token_throughput": _rate(total_output_tokens, duration_s),
+        "request_throughput": rate_per_second(num_finished, duration_s),
+        "output_token_throughput": rate_per_second(total_output_tokens, duration_s),
         "total_output_tokens": total_output_tokens,
         "total_prompt_tokens": int(prompt_tokens[completed].sum()),
-        "goodput": _rate(num_good, duration_s),
+        "goodput": rate_per_second(num_good, duration_s),
         "slo": dict(slo_thresholds),
         "slo_attainment": num_good / num_finished if num_finished else None,
         "num_preemptions": num_preemptions(requests, steps),
@@ -229,10 +240,15 @@ def compute_summary(
         "e2e_ms": latency_stats(latencies["e2e_ms"].to_numpy() / 1000.0),
         "queue_ms": latency_stats(latencies["queue_ms"].to_numpy() / 1000.0),
     }
-    by_priority = priority_class_stats(requests, slo_thresholds)
+    by_priority = priority_class_stats(requests, slo_thresholds, class_thresholds)
     if by_priority is not None:
         summary["by_priority"] = by_priority
-    # Imported here: replica_stats builds on this module's latency helpers.
+    # Imported here: replica_stats and class_stats build on this module's latency helpers.
+    from analysis.class_stats import request_class_stats
+
+    by_class = request_class_stats(requests, class_thresholds, slo_thresholds, duration_s)
+    if by_class is not None:
+        summary["by_class"] = by_class
     from analysis.replica_stats import configured_prefill_replicas, configured_replicas, load_imbalance, replica_stats
 
     from analysis.disaggregation_stats import disaggregation_stats
@@ -240,7 +256,7 @@ def compute_summary(
     from analysis.pipeline_stats import pipeline_stats
 
     by_replica = replica_stats(requests, steps, slo_thresholds, duration_s, configured_replicas(config),
-                               configured_prefill_replicas(config) or None)
+                               configured_prefill_replicas(config) or None, class_thresholds)
     if by_replica is not None:
         summary["by_replica"] = by_replica
         summary["replica_load_imbalance"] = load_imbalance(by_replica)
@@ -289,12 +305,13 @@ def _check_slo(slo: Mapping[str, float] | None) -> dict[str, float]:
     return thresholds
 
 
-def priority_class_stats(requests: pd.DataFrame, slo_thresholds: Mapping[str, float]) -> dict[str, Any] | None:
+def priority_class_stats(requests: pd.DataFrame, slo_thresholds: Mapping[str, float],
+                         class_thresholds: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any] | None:
     """Per priority value, when a run has two or more: what a scheduling policy buys each class, which the
     overall percentiles mix away (run a workload under ``priority`` and ``fcfs`` and set these side by
     side). ``{"0": {num_requests, num_finished, slo_attainment, ttft_ms, tpot_ms, e2e_ms, queue_ms}, ...}``,
     keys in increasing priority (lower is served first, as in vLLM), each statistic defined as for the
-    whole run."""
+    whole run (a request judged by its request class's SLO, ``class_thresholds``, as there)."""
     if "priority" not in requests.columns:
         return None
     priorities = sorted(int(value) for value in requests["priority"].dropna().unique())
@@ -308,8 +325,10 @@ def priority_class_stats(requests: pd.DataFrame, slo_thresholds: Mapping[str, fl
         classes[str(priority)] = {
             "num_requests": int(len(members)),
             "num_finished": num_finished,
-            "slo_attainment": (count_meeting_slo(latencies, slo_thresholds) / num_finished
-                               if num_finished and slo_thresholds else None),
+            "slo_attainment": (count_meeting_class_slos(latencies, request_classes(members)[completed_mask(members)],
+                                                        class_thresholds or {}, slo_thresholds) / num_finished
+                               if num_finished and (slo_thresholds or any((class_thresholds or {}).values()))
+                               else None),
             **{key: latency_stats(latencies[key].to_numpy() / 1000.0)
                for key in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")},
         }
@@ -317,6 +336,29 @@ def priority_class_stats(requests: pd.DataFrame, slo_thresholds: Mapping[str, fl
 
 
 def count_meeting_slo(latencies: pd.DataFrame, thresholds: Mapping[str, float]) -> int:
+    return int(meets_slo_mask(latencies, thresholds).sum())
+
+
+def count_meeting_class_slos(latencies: pd.DataFrame, classes: np.ndarray,
+                             class_thresholds: Mapping[str, Mapping[str, float]],
+                             default_thresholds: Mapping[str, float]) -> int:
+    """Completed requests (the rows of ``latencies``; ``classes``: the request class of each) meeting their
+    own class's SLO: ``class_thresholds[class]``, or ``default_thresholds`` for a class it does not name."""
+    return int(class_slo_mask(latencies, classes, class_thresholds, default_thresholds).sum())
+
+
+def class_slo_mask(latencies: pd.DataFrame, classes: np.ndarray, class_thresholds: Mapping[str, Mapping[str, float]],
+                   default_thresholds: Mapping[str, float]) -> np.ndarray:
+    """Per row of ``latencies``: True when the request met its own class's SLO (count_meeting_class_slos)."""
+    meets = np.zeros(len(latencies), dtype=bool)
+    for name in dict.fromkeys(classes.tolist()):
+        rows = classes == name
+        meets[rows] = meets_slo_mask(latencies.loc[rows], class_thresholds.get(name, default_thresholds))
+    return meets
+
+
+def meets_slo_mask(latencies: pd.DataFrame, thresholds: Mapping[str, float]) -> np.ndarray:
+    """Per row of ``latencies``: True when the request met every threshold (all pass when there are none)."""
     meets = np.ones(len(latencies), dtype=bool)
     for key, threshold in thresholds.items():
         values = latencies[key].to_numpy(dtype=np.float64)
@@ -325,10 +367,10 @@ def count_meeting_slo(latencies: pd.DataFrame, thresholds: Mapping[str, float]) 
             values = np.nan_to_num(values, nan=0.0)
         # NaN (e.g. a completed request missing a timestamp) compares False: it fails the SLO.
         meets &= values <= threshold
-    return int(meets.sum())
+    return meets
 
 
-def _rate(count: float, duration_s: float) -> float | None:
+def rate_per_second(count: float, duration_s: float) -> float | None:
     if duration_s > 0:
         return count / duration_s
     # Nothing happened over no time is a rate of zero; something in zero time has no finite rate.

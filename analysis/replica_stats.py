@@ -18,14 +18,17 @@ from analysis.step_aggregates import kv_usage_max, num_preemptions, prefix_cache
 
 def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: Mapping[str, float],
                   duration_s: float, num_replicas: int | None = None,
-                  num_prefill_replicas: int | None = None) -> dict[str, Any] | None:
+                  num_prefill_replicas: int | None = None,
+                  class_thresholds: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any] | None:
     """``{"0": {...}, "1": {...}, ...}`` for a run of two or more replicas, else None. ``num_replicas``
     (the run's ``cluster.num_replicas``) counts the replicas the router never chose too. Each replica:
     num_requests, num_finished, slo_attainment, busy_fraction (its steps' total duration over the run's
     duration_s), kv_usage_mean, kv_usage_max, num_preemptions, prefix_cache_hit_rate, and ttft_ms, e2e_ms,
     queue_ms as for the whole run. A disaggregated run's replicas also get their ``role``, prefill or
-    decode; a prefill replica's requests are those whose prompts it ran (``prefill_replica``)."""
-    from analysis.metrics import completed_mask, count_meeting_slo, latency_stats, request_latencies
+    decode; a prefill replica's requests are those whose prompts it ran (``prefill_replica``). A request
+    meets the SLO of its own request class (``class_thresholds``, else ``slo_thresholds``), as for the run."""
+    from analysis.metrics import completed_mask, count_meeting_class_slos, latency_stats, request_latencies
+    from analysis.trace_schema import request_classes
 
     if "replica" not in requests.columns and "replica" not in steps.columns:
         # Not traces of a simulated cluster (a server run of a cluster workload records no replicas).
@@ -55,8 +58,10 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
         stats[str(replica)] = {
             "num_requests": int(len(members)),
             "num_finished": num_finished,
-            "slo_attainment": (count_meeting_slo(latencies, slo_thresholds) / num_finished
-                               if num_finished and slo_thresholds else None),
+            "slo_attainment": (count_meeting_class_slos(latencies, request_classes(members)[completed_mask(members)],
+                                                        class_thresholds or {}, slo_thresholds) / num_finished
+                               if num_finished and (slo_thresholds or any((class_thresholds or {}).values()))
+                               else None),
             "busy_fraction": busy_s / duration_s if duration_s > 0 else None,
             "kv_usage_mean": time_weighted_kv_usage(replica_steps),
             "kv_usage_max": kv_usage_max(replica_steps),

@@ -87,7 +87,7 @@ def summarize_traces(recorder: TraceRecorder, workload: WorkloadConfig, config: 
     steps = steps_table(recorder.step_columns())
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else None
     summary = compute_summary(requests.to_pandas(), steps.to_pandas(), name=workload.name, mode=mode,
-                              config=config, slo=slo)
+                              config=config, slo=slo, class_slos=workload.class_slos())
     spec_decoding = merge_spec_decoding(recorder.spec_decoding_counts())
     if spec_decoding is not None:
         summary["spec_decoding"] = spec_decoding
