@@ -166,6 +166,9 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             parts.append(Text(f"{what} requests, the first: {examples[0]['request_id']}: {examples[0]['reason']}",
                               style="yellow"))
     parts += [Text(""), latency]
+    request_classes = summary.get("by_class")
+    if request_classes:
+        parts += [Text(""), request_class_table(request_classes)]
     classes = summary.get("by_priority")
     if classes:
         parts += [Text(""), priority_class_table(classes)]
@@ -220,6 +223,43 @@ def replica_table(replicas: Mapping[str, Any]) -> Table:
     return table
 
 
+def request_class_table(classes: Mapping[str, Any]) -> Table:
+    """One row per request class of the workload, each judged by its own SLO, which the caption names (fits
+    100 columns)."""
+    slos = "; ".join(f"{name} {_slo_text(stats)}" for name, stats in classes.items())
+    table = Table(title="by request class (each under its own SLO; ms)", caption=f"SLOs: {slos}", padding=(0, 1))
+    for column in ("class", "finished", "req/s", "SLO met", "TTFT p50", "TTFT p90", "TPOT p90", "E2E p90"):
+        # A class name is an identifier of up to 64 characters: fold a long one rather than cut it.
+        table.add_column(column, justify="left" if column == "class" else "right",
+                         style="bold" if column == "class" else None, no_wrap=column != "class",
+                         overflow="fold" if column == "class" else "ellipsis")
+    for name, stats in classes.items():
+        table.add_row(
+            name, f"{stats.get('num_finished')}/{stats.get('num_requests')}",
+            format_number(stats.get("request_throughput")), format_percent(stats.get("slo_attainment")),
+            *(format_number(summary_value(stats, path), 1)
+              for path in ("ttft_ms.p50", "ttft_ms.p90", "tpot_ms.p90", "e2e_ms.p90")))
+    return table
+
+
+def class_comparison_rows(summaries: Sequence[Mapping[str, Any]]
+                          ) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    """Rows of a comparison across runs for each request class any of them has (a sweep of a workload
+    with ``workload.classes``): what each class got, which the run-level rows mix away."""
+    names = list(dict.fromkeys(name for summary in summaries for name in summary.get("by_class") or {}))
+    rows: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = []
+    for name in names:
+        def read(path: str, percent: bool = False, name: str = name) -> Callable[[Mapping[str, Any]], str]:
+            def reader(summary: Mapping[str, Any]) -> str:
+                value = summary_value((summary.get("by_class") or {}).get(name) or {}, path)
+                return format_percent(value) if percent else format_number(value)
+            return reader
+        rows += [(f"{name}: SLO attainment", read("slo_attainment", percent=True)),
+                 (f"{name}: TTFT p90 (ms)", read("ttft_ms.p90")),
+                 (f"{name}: E2E p90 (ms)", read("e2e_ms.p90"))]
+    return rows
+
+
 def priority_class_table(classes: Mapping[str, Any]) -> Table:
     """One row per priority class (lower is served first): what the policy gave each (fits 80 columns)."""
     table = Table(title="by priority class (lower is served first; ms)", padding=(0, 1))
@@ -246,7 +286,7 @@ def comparison_renderable(
     for label in labels:
         # Sweep labels share their prefix ("tensor_parallel_size=2", "=4", ...): fold, never cut them.
         table.add_column(label, justify="right", overflow="fold")
-    for row_label, read in COMPARISON_ROWS:
+    for row_label, read in (*COMPARISON_ROWS, *class_comparison_rows(summaries)):
         table.add_row(row_label, *(read(summary) for summary in summaries))
     return table
 

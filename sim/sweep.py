@@ -77,6 +77,12 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
             spec = result.summary.get("spec_decoding") or {}
             row["spec_acceptance_length"] = spec.get("mean_acceptance_length")
             row["spec_acceptance_rate"] = spec.get("acceptance_rate")
+        for name, stats in (result.summary.get("by_class") or {}).items():
+            # Per request class (workload.classes), under its own SLO; a class name holds no dot, so
+            # "interactive.ttft_ms_p90" cannot meet a run-level column's name.
+            row[f"{name}.slo_attainment"] = stats.get("slo_attainment")
+            for metric in ("ttft_ms", "e2e_ms"):
+                row[f"{name}.{metric}_p90"] = (stats.get(metric) or {}).get("p90")
         if disaggregated:
             # The parts of TTFT (analysis.disaggregation_stats); empty for a point whose replicas do both.
             parts = result.summary.get("disaggregation") or {}
