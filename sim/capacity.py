@@ -147,6 +147,10 @@ def check_searchable(workload: WorkloadConfig) -> None:
     if workload.workload.phases:
         raise ValueError("workload.phases: a capacity search varies one arrival rate; a workload of several "
                          "stretches has one per stretch (search one stretch at a time)")
+    if workload.workload.classes:
+        raise ValueError("workload.classes: a capacity search varies one arrival rate; a workload of several "
+                         "request classes has one per class (search one class at a time, or sweep a class's rate "
+                         "with sim.run)")
     if isinstance(workload.workload.arrival, BurstArrival):
         raise ValueError("workload.arrival: bursts have no single rate to search (their rate is the background's)")
 

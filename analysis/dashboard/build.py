@@ -5,6 +5,8 @@ The page adapts to what it is given:
   per step, KV-cache usage with preemptions, prefix-cache hit rate, a per-request timeline and the
   configuration; with several runs every figure overlays them, one colour per run throughout;
 - runs that form a sweep: the latency-throughput curve with the SLO and the best point meeting it;
+- runs of several request classes (``workload.classes``): each class's latency distributions, SLO
+  attainment under its own SLO, TTFT and E2E;
 - cluster runs: the replicas side by side (requests routed, busy time, hits, TTFT), and the scheduler
   and KV-cache figures summed over the replicas;
 - a real run beside a simulated or replayed one: predicted vs measured step durations, error
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.dashboard import fidelity_figures, sweep_figures
+from analysis.dashboard.class_figures import class_bar_figure, class_distribution_figure
 from analysis.dashboard.figure_style import DashboardFigure
 from analysis.dashboard.html_tables import config_html, fidelity_table_html, run_list_html, summary_table_html
 from analysis.dashboard.latency_figures import latency_cdf_figure
@@ -75,6 +78,10 @@ def assemble_dashboard(runs: list[DashboardRun], title: str | None = None) -> Da
     if sweep is not None:
         sections.append(Section("sweep", "Sweep", [sweep_figures.latency_throughput_figure(sweep)]))
     sections.append(Section("latency", "Latency", [latency_cdf_figure(runs)]))
+    request_class_figures = [figure for figure in (class_distribution_figure(runs), class_bar_figure(runs))
+                             if figure is not None]
+    if request_class_figures:
+        sections.append(Section("classes", "Request classes", request_class_figures))
     by_class = priority_class_figure(runs)
     if by_class is not None:
         sections.append(Section("priority", "Priority classes", [by_class]))

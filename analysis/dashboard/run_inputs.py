@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import completed_mask, inter_token_latencies, request_latencies
+from analysis.class_stats import class_thresholds_of
+from analysis.metrics import SLO_METRICS, class_slo_mask, completed_mask, inter_token_latencies, request_latencies
 from analysis.run_dir import SUMMARY_FILE, Run, read_run
+from analysis.trace_schema import request_classes
 
 SWEEP_TABLE_FILE = "sweep.csv"
 
@@ -82,22 +84,18 @@ class DashboardRun:
 
     @property
     def meets_slo(self) -> np.ndarray:
-        """Per completed request (the rows of `latencies`): True when it met every SLO of the run.
+        """Per completed request (the rows of `latencies`): True when it met every SLO of its request
+        class (the run's, for a run of one class).
 
         The rule of analysis.metrics' goodput: a value passes when <= its threshold, NaN fails, and
         a single-token request (TPOT undefined) passes any TPOT target, as vLLM counts it.
         """
         if "meets_slo" not in self._cache:
-            latencies = self.latencies
-            meets = np.ones(len(latencies), dtype=bool)
-            for key, threshold in (self.summary.get("slo") or {}).items():
-                if threshold is None or key not in latencies.columns:
-                    continue
-                values = latencies[key].to_numpy(dtype=np.float64)
-                if key == "tpot_ms":
-                    values = np.nan_to_num(values, nan=0.0)
-                meets &= values <= float(threshold)
-            self._cache["meets_slo"] = meets
+            thresholds = {key: float(value) for key, value in (self.summary.get("slo") or {}).items()
+                          if value is not None and key in SLO_METRICS}
+            classes = request_classes(self.requests)[self.completed]
+            self._cache["meets_slo"] = class_slo_mask(self.latencies, classes, class_thresholds_of(self.summary),
+                                                      thresholds)
         return self._cache["meets_slo"]
 
 
