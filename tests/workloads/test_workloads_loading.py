@@ -21,7 +21,7 @@ from workloads import (
 )
 
 EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing",
-                     "disaggregation", "parallelism", "moe", "spec_decode"}
+                     "disaggregation", "parallelism", "moe", "spec_decode", "request_classes"}
 
 
 def test_examples_are_listed():
@@ -39,8 +39,9 @@ def test_every_example_loads_and_generates(name):
     label, point = points[0]
     requests = generate_requests(point, vocab_size=32000, reserved_token_ids=[0, 1, 2])
     assert requests
-    expected = point.workload.num_requests
-    assert expected is None or len(requests) == expected
+    # Every class's count (workload.classes), where each gives one.
+    counts = [point.workload.num_requests, *(c.num_requests for c in point.workload.classes or [])]
+    assert None in counts or len(requests) == sum(counts)
     assert all(a.arrival_time <= b.arrival_time for a, b in zip(requests, requests[1:]))
     cap = point.max_total_len()
     assert cap is None or all(request.total_len <= cap for request in requests)
