@@ -70,3 +70,19 @@ def test_a_server_that_does_not_count_cached_tokens_gives_no_hit_rate():
     assert served_prefix_hit_rate(counted) == pytest.approx(64 / 160)
     assert served_prefix_hit_rate([_Record("c", 0.0, 100)]) is None
     assert served_prefix_hit_rate([]) is None
+
+
+def test_a_server_run_records_each_request_class(server, tmp_path):
+    """The class travels with the request to the client's record, so a server run reports by class too."""
+    workload = load_workload_text(WORKLOAD + """  class_name: chat
+  classes:
+    - {name: batch, num_requests: 6, start_s: 0.05, arrival: {type: poisson, rate: 40},
+       prompt_len: {type: constant, value: 64}, output_len: {type: constant, value: 8}, slo: {e2e_ms: 60000}}
+slo: {ttft_ms: 5000}
+""")
+    summary = run_against_server(workload, server.url, tmp_path / "run", progress=False)
+    specs = generate_requests(workload, vocab_size=512, reserved_token_ids=[0, 1, 2, 3])
+    requests = read_run(tmp_path / "run").requests.set_index("request_id")
+    assert {spec.request_id: spec.request_class for spec in specs} == requests["request_class"].to_dict()
+    assert summary["by_class"]["batch"]["num_finished"] == 6 and summary["by_class"]["chat"]["num_finished"] == 20
+    assert summary["by_class"]["batch"]["slo"] == {"e2e_ms": 60000.0}
