@@ -255,7 +255,9 @@ def class_comparison_rows(summaries: Sequence[Mapping[str, Any]]
                 return format_percent(value) if percent else format_number(value)
             return reader
         rows += [(f"{name}: SLO attainment", read("slo_attainment", percent=True)),
+                 (f"{name}: TTFT p50 (ms)", read("ttft_ms.p50")),
                  (f"{name}: TTFT p90 (ms)", read("ttft_ms.p90")),
+                 (f"{name}: TPOT p90 (ms)", read("tpot_ms.p90")),
                  (f"{name}: E2E p90 (ms)", read("e2e_ms.p90"))]
     return rows
 
