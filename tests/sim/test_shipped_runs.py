@@ -102,18 +102,22 @@ def test_the_fidelity_table_covers_every_recording(capsys):
         assert f"| {workload} | " in printed  # its row of the sensitivity table
 
 
-def test_the_second_campaign_reproduces_its_table(capsys):
-    """The 2026-12-01 recordings (a day later, a slower and drifting machine) through --runs: the shipped
-    profile's worst latency error against their mean is the figure docs/fidelity.md and the README quote."""
+@pytest.mark.parametrize("campaign, recordings, expected", [
+    ("2026-12-01", 5, {"cpu-chat": 30.4, "cpu-overload": 23.6, "cpu-long-prompts": 39.4, "cpu-shared-prefix": 36.9}),
+    ("2026-12-01-07h", 4, {"cpu-chat": 17.2, "cpu-overload": 17.8, "cpu-long-prompts": 41.0, "cpu-shared-prefix": 22.9}),
+])
+def test_the_later_campaigns_reproduce_their_tables(capsys, campaign, recordings, expected):
+    """The 2026-12-01 recordings (a slower, drifting machine) through --runs: the shipped profile's worst latency
+    error against their mean is the figure docs/fidelity.md and the README quote."""
     from benchmarks.fidelity_table import main as fidelity_main
 
-    assert fidelity_main(["--runs", str(DATA / "runs" / "cpu-small-float32" / "2026-12-01")]) == 0
+    assert fidelity_main(["--runs", str(DATA / "runs" / "cpu-small-float32" / campaign)]) == 0
     printed = capsys.readouterr().out
     worst = {}
     for line in printed.splitlines():
-        if ": simulated vs mean of 5 recordings |" in line:
+        if f": simulated vs mean of {recordings} recordings |" in line:
             worst[line.split(":")[0].strip("| ")] = float(line.split("|")[-3].strip().rstrip("%"))
-    assert worst == {"cpu-chat": 30.4, "cpu-overload": 23.6, "cpu-long-prompts": 39.4, "cpu-shared-prefix": 36.9}
+    assert worst == expected
 
 
 def test_jackknife_standard_error_of_a_known_sample():
