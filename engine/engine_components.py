@@ -18,7 +18,7 @@ from engine.engine_args import EngineArgs
 from engine.models import load_tokenizer
 from engine.runner.executor import RealExecutor
 from engine.runner.model_runner import ModelRunner
-from engine.structured_output import StructuredOutputs
+from engine.runner.structured_output import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 

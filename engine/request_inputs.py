@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.core import Request, SamplingParams, Scheduler
-from engine.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
+from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
 
 
 @dataclasses.dataclass(slots=True)

@@ -76,7 +76,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    # Constrain the output to a JSON schema, regex, choice or grammar (engine/structured_output/ enforces it).
+    # Constrain the output to a JSON schema, regex, choice or grammar (engine/runner/structured_output/ enforces it).
     structured_outputs: StructuredOutputsParams | None = None
     # Derived once in __post_init__: the stop token ids as a frozenset for O(1) checks per token.
     all_stop_token_ids: frozenset[int] = field(init=False, repr=False, compare=False)

@@ -7,7 +7,7 @@ whitespace between tokens), which also stops a weak model from padding with spac
 
 Checked here, in pure Python, at construction: the types, that exactly one kind is set, and that a JSON
 string parses. Whether a schema, regex or grammar compiles is the grammar backend's question
-(engine/structured_output/), asked when a request is added, so that a bad one never reaches the
+(engine/runner/structured_output/), asked when a request is added, so that a bad one never reaches the
 scheduler. The core itself only carries these parameters: it neither reads nor enforces them.
 """
 

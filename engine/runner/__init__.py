@@ -12,6 +12,7 @@ The seed's section 5 / 7, one file per stage:
     attention/             paged attention backends (torch, flash_attn, ...)
     sampling_batch.py      SamplingMetadata for the sampling rows, reused while they do not change
     sampler/               the Sampler
+    structured_output/     grammars for structured outputs: xgrammar backend, per-request matchers, logits mask
     logprobs_lists.py      per-request logprob payloads for the front end
     prompt_logprobs.py     prompt logprobs across prefill chunks
     kv_cache_sizing.py     how many KV blocks a memory budget buys

@@ -42,9 +42,9 @@ from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler, make_generator
 from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.runner_step import SpeculativeStep
-from engine.structured_output import StructuredOutputs
-from engine.structured_output.manager import STRUCTURED_WITH_SPECULATION
-from engine.structured_output.logits_mask import apply_grammar_masks, constrained_rows
+from engine.runner.structured_output import StructuredOutputs
+from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION
+from engine.runner.structured_output.logits_mask import apply_grammar_masks, constrained_rows
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.sampling_params import SamplingParams
-from engine.structured_output.request_grammar import RequestGrammar
+from engine.runner.structured_output.request_grammar import RequestGrammar
 
 
 @dataclass(slots=True, eq=False)
@@ -31,7 +31,7 @@ class CachedRequestState:
     output_token_ids: list[int]
     eos_token_id: int | None = None
     bad_words_token_ids: list[list[int]] | None = None
-    # The request's grammar matcher when it asks for structured outputs (engine/structured_output/); it lives
+    # The request's grammar matcher when it asks for structured outputs (engine/runner/structured_output/); it lives
     # and dies with this state, and follows output_token_ids through truncations and preemptions.
     grammar: RequestGrammar | None = None
 

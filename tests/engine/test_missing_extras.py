@@ -45,7 +45,7 @@ def test_without_xgrammar_only_structured_requests_are_refused(tiny_llama_path, 
     from engine import LLM, SamplingParams, StructuredOutputsParams
 
     monkeypatch.setitem(sys.modules, "xgrammar", None)
-    monkeypatch.delitem(sys.modules, "engine.structured_output.xgrammar_backend", raising=False)
+    monkeypatch.delitem(sys.modules, "engine.runner.structured_output.xgrammar_backend", raising=False)
     llm = LLM(model=str(tiny_llama_path), max_num_seqs=2, max_model_len=64)
     plain = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     assert len(llm.generate(["fine"], plain, use_tqdm=False)[0].outputs[0].token_ids) == 2

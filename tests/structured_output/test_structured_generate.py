@@ -130,7 +130,7 @@ def test_min_tokens_past_the_grammar_leaves_it_without_failing_the_step(llm, cap
     left, the sampler draws anyway, and the request continues unconstrained (logged), its neighbours unharmed."""
     params = [SamplingParams(temperature=temperature, seed=1, max_tokens=6, min_tokens=4,
                              structured_outputs=StructuredOutputsParams(choice=["yes"])) for temperature in (0.0, 1.0)]
-    with caplog.at_level("WARNING", logger="engine.structured_output.request_grammar"):
+    with caplog.at_level("WARNING", logger="engine.runner.structured_output.request_grammar"):
         outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
     for output in outputs:
         assert output.outputs[0].text.startswith("yes") and len(output.outputs[0].token_ids) == 6

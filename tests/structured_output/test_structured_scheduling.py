@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from engine.structured_output import RequestGrammar
+from engine.runner.structured_output import RequestGrammar
 from tests.structured_output.helpers import SCHEMA, assert_healthy, satisfies_schema
 
 LONG_NUMBER = r"([0-9]{3}-){6}[0-9]{4}"  # about 30 tokens of output, forced to end
@@ -52,7 +52,7 @@ def test_chunked_prefill_and_preemption_give_valid_outputs(small_model_path, mon
 def grammars(small_model_path):
     """The engine's grammars over the small model's vocabulary, without an engine around them."""
     from engine.models import load_tokenizer
-    from engine.structured_output import StructuredOutputs
+    from engine.runner.structured_output import StructuredOutputs
 
     tokenizer = load_tokenizer(small_model_path)
     return StructuredOutputs(tokenizer, 8192, [tokenizer.eos_token_id]), tokenizer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.structured_output.request_grammar import RequestGrammar
+from engine.runner.structured_output.request_grammar import RequestGrammar
 
 
 def apply_grammar_masks(logits: torch.Tensor, grammars: list[tuple[int, RequestGrammar]], backend) -> None:

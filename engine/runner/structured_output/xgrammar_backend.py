@@ -23,7 +23,7 @@ import torch
 import xgrammar
 
 from engine.core.structured_outputs import StructuredOutputsParams, shorten
-from engine.structured_output.grammar_specs import GrammarSpec, grammar_spec
+from engine.runner.structured_output.grammar_specs import GrammarSpec, grammar_spec
 
 # What each kind's value must be, for error messages.
 _WHAT = {"json": "JSON schema", "json_object": "JSON object request", "regex": "regular expression",

@@ -13,7 +13,7 @@ The parameters themselves live in the core (``engine/core/structured_outputs.py`
 xgrammar and torch.
 """
 
-from engine.structured_output.manager import StructuredOutputs
-from engine.structured_output.request_grammar import RequestGrammar
+from engine.runner.structured_output.manager import StructuredOutputs
+from engine.runner.structured_output.request_grammar import RequestGrammar
 
 __all__ = ["RequestGrammar", "StructuredOutputs"]

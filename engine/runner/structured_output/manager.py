@@ -17,7 +17,7 @@ import threading
 
 from engine.core.structured_outputs import StructuredOutputsParams
 from engine.optional_dependencies import missing_extra_message
-from engine.structured_output.request_grammar import RequestGrammar
+from engine.runner.structured_output.request_grammar import RequestGrammar
 
 # vLLM V1 verifies drafts against the grammar; here a matcher follows one token per step, so the two are refused
 # together, when the request is added (and again by the runner, for anything that bypasses the front end).
@@ -51,7 +51,7 @@ class StructuredOutputs:
             raise ValueError("SamplingParams.structured_outputs needs a tokenizer (the engine was created with "
                              "skip_tokenizer_init=True): grammars are written in text")
         try:
-            from engine.structured_output.xgrammar_backend import XgrammarBackend
+            from engine.runner.structured_output.xgrammar_backend import XgrammarBackend
         except ModuleNotFoundError as error:
             message = missing_extra_message(error, "structured outputs")
             if message is None:
