@@ -23,6 +23,7 @@ from plotly.subplots import make_subplots
 
 from analysis.dashboard.downsample import cdf_points
 from analysis.dashboard.figure_style import DashboardFigure, log_linear_buttons, style
+from analysis.dashboard.grouped_bars import grouped_bar_panels, percent
 from analysis.dashboard.run_inputs import DashboardRun
 from analysis.trace_schema import request_classes
 
@@ -34,15 +35,11 @@ DISTRIBUTION_PANELS = (("TTFT by class", "ttft_ms"), ("E2E by class", "e2e_ms"))
 
 # (panel title, axis title, read one class's statistics, hover format)
 CLASS_PANELS = (
-    ("SLO attainment (own SLO)", "%", lambda stats: _percent(stats.get("slo_attainment")), "%{y:.1f}%"),
+    ("SLO attainment (own SLO)", "%", lambda stats: percent(stats.get("slo_attainment")), "%{y:.1f}%"),
     ("TTFT p90", "ms", lambda stats: (stats.get("ttft_ms") or {}).get("p90"), "%{y:,.1f} ms"),
     ("E2E p90", "ms", lambda stats: (stats.get("e2e_ms") or {}).get("p90"), "%{y:,.0f} ms"),
     ("throughput", "req/s", lambda stats: stats.get("request_throughput"), "%{y:.2f} req/s"),
 )
-
-
-def _percent(value: float | None) -> float | None:
-    return None if value is None else value * 100.0
 
 
 def _classed(runs: Sequence[DashboardRun]) -> list[DashboardRun]:
@@ -89,21 +86,9 @@ def class_bar_figure(runs: Sequence[DashboardRun]) -> DashboardFigure | None:
     classed = _classed(runs)
     if not classed:
         return None
-    figure = make_subplots(rows=1, cols=len(CLASS_PANELS), horizontal_spacing=0.06,
-                           subplot_titles=[panel[0] for panel in CLASS_PANELS])
-    for column, (title, axis_title, read, value_format) in enumerate(CLASS_PANELS, start=1):
-        for run in classed:
-            classes = run.summary["by_class"]
-            figure.add_trace(go.Bar(
-                x=list(classes), y=[read(stats) for stats in classes.values()],
-                customdata=[[stats.get("num_finished"), stats.get("num_requests")] for stats in classes.values()],
-                name=run.label, legendgroup=run.label, showlegend=column == 1, marker={"color": run.color},
-                hovertemplate=f"{run.label}<br>class %{{x}}: {title} {value_format}"
-                              "<br>%{customdata[0]:,} of %{customdata[1]:,} requests finished<extra></extra>",
-            ), row=1, col=column)
-        figure.update_xaxes(title_text="request class", type="category", row=1, col=column)
-        figure.update_yaxes(title_text=axis_title, rangemode="tozero", row=1, col=column)
-    figure.update_layout(barmode="group")
+    figure = grouped_bar_panels(classed, "by_class", CLASS_PANELS, "request class", lambda run, stats: (
+        f"<br>{stats.get('num_finished'):,} of {stats.get('num_requests'):,} requests finished"
+        if stats.get("num_finished") is not None and stats.get("num_requests") is not None else ""))
     style(figure, "Request classes, each under its own SLO", height=420)
     return DashboardFigure(
         "request-classes",

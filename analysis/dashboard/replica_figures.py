@@ -11,45 +11,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from analysis.dashboard.figure_style import DashboardFigure, style
+from analysis.dashboard.grouped_bars import grouped_bar_panels, percent
 from analysis.dashboard.run_inputs import DashboardRun
 
 # (panel title, axis title, read one replica's statistics, hover format)
 REPLICA_PANELS = (
     ("requests routed", "requests", lambda stats: stats.get("num_requests"), "%{y:,}"),
-    ("busy (share of the run stepping)", "%", lambda stats: _percent(stats.get("busy_fraction")), "%{y:.1f}%"),
-    ("prefix-cache hit rate", "%", lambda stats: _percent(stats.get("prefix_cache_hit_rate")), "%{y:.1f}%"),
+    ("busy (share of the run stepping)", "%", lambda stats: percent(stats.get("busy_fraction")), "%{y:.1f}%"),
+    ("prefix-cache hit rate", "%", lambda stats: percent(stats.get("prefix_cache_hit_rate")), "%{y:.1f}%"),
     ("TTFT p90", "ms", lambda stats: (stats.get("ttft_ms") or {}).get("p90"), "%{y:.1f} ms"),
 )
-
-
-def _percent(value: float | None) -> float | None:
-    return None if value is None else value * 100.0
 
 
 def replica_figure(runs: Sequence[DashboardRun]) -> DashboardFigure | None:
     clustered = [run for run in runs if run.summary.get("by_replica")]
     if not clustered:
         return None
-    figure = make_subplots(rows=1, cols=len(REPLICA_PANELS), horizontal_spacing=0.06,
-                           subplot_titles=[panel[0] for panel in REPLICA_PANELS])
-    for column, (title, axis_title, read, value_format) in enumerate(REPLICA_PANELS, start=1):
-        for run in clustered:
-            replicas = run.summary["by_replica"]
-            imbalance = run.summary.get("replica_load_imbalance")
-            figure.add_trace(go.Bar(
-                x=list(replicas), y=[read(stats) for stats in replicas.values()],
-                name=run.label, legendgroup=run.label, showlegend=column == 1, marker={"color": run.color},
-                hovertemplate=f"{run.label}<br>replica %{{x}}: {title} {value_format}"
-                              + (f"<br>load imbalance {imbalance:.2f}" if imbalance is not None else "")
-                              + "<extra></extra>",
-            ), row=1, col=column)
-        figure.update_xaxes(title_text="replica", type="category", row=1, col=column)
-        figure.update_yaxes(title_text=axis_title, rangemode="tozero", row=1, col=column)
-    figure.update_layout(barmode="group")
+    figure = grouped_bar_panels(clustered, "by_replica", REPLICA_PANELS, "replica", lambda run, stats: (
+        f"<br>load imbalance {run.summary['replica_load_imbalance']:.2f}"
+        if run.summary.get("replica_load_imbalance") is not None else ""))
     style(figure, "Replicas of the cluster", height=420)
     return DashboardFigure(
         "replicas",
