@@ -11,6 +11,7 @@ from engine.core.engine_core import EngineCore, EngineStepResult, Executor
 from engine.core.free_block_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.lora import LoRARequest
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerStats
 from engine.core.prefix_cache_stats import PrefixCacheStats
 from engine.core.request import Request, RequestStatus
@@ -23,7 +24,7 @@ from engine.core.structured_outputs import StructuredOutputsParams
 __all__ = [
     "AllBlocksCleared", "BlockPool", "BlockRemoved", "BlockStored", "CacheConfig", "CachedRequestData",
     "EngineCore", "EngineCoreOutput", "EngineStepResult", "Executor", "FreeKVCacheBlockQueue", "KVCacheBlock",
-    "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats", "Request", "RequestStatus",
+    "KVCacheManager", "LoRARequest", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats", "Request", "RequestStatus",
     "SamplingParams", "SamplingType", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats",
     "ScriptedExecutor", "StructuredOutputsParams", "hash_request_blocks", "make_block_hasher",
 ]

@@ -1,9 +1,9 @@
 """Chained hashing of full KV blocks, the key of the prefix cache.
 
 The hash of block ``i`` covers the hash of block ``i - 1``, block ``i``'s token ids and its extra keys,
-so equal hashes mean equal *prefixes*, not only equal blocks. The cache salt is an extra key of the
-first block only: the chain carries it into every later block, so requests with different salts never
-share a cached block.
+so equal hashes mean equal *prefixes*, not only equal blocks. The cache salt and the LoRA adapter's name are
+extra keys of the first block only: the chain carries them into every later block, so requests with
+different salts, or different adapters, never share a cached block.
 
 SHA-256 over a fixed byte encoding makes hashes identical across processes and machines (Python's
 ``hash()`` of a string is randomized per process), and makes collisions negligible, so a hit can be
@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from typing import Sequence
+
+from engine.core.lora import LoRARequest, encode_lora
 
 BlockHash = bytes
 
@@ -33,6 +35,13 @@ def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int], extra_ke
 
 def encode_cache_salt(cache_salt: str | None) -> bytes:
     return b"" if not cache_salt else b"salt:" + cache_salt.encode("utf-8")
+
+
+def first_block_extra_keys(cache_salt: str | None, lora_request: LoRARequest | None) -> bytes:
+    """What the first block's hash covers beside its tokens: the salt, then the adapter (each empty if unset)."""
+    salt = encode_cache_salt(cache_salt)
+    lora = encode_lora(lora_request)
+    return salt + b"\x00" + lora if salt and lora else salt or lora
 
 
 class BlockHasher:
@@ -64,8 +73,8 @@ class BlockHasher:
         new_hashes = []
         for offset, block_index in enumerate(range(num_hashed, num_full_blocks)):
             payload = encoded[offset * block_bytes:(offset + 1) * block_bytes]
-            if block_index == 0 and request.cache_salt:
-                payload += b"\x00" + encode_cache_salt(request.cache_salt)
+            if block_index == 0 and (request.cache_salt or request.lora_request is not None):
+                payload += b"\x00" + first_block_extra_keys(request.cache_salt, request.lora_request)
             parent = hashlib.sha256(parent + payload).digest()
             new_hashes.append(parent)
         return new_hashes
@@ -75,13 +84,14 @@ def make_block_hasher(block_size: int) -> BlockHasher:
     return BlockHasher(block_size)
 
 
-def hash_request_blocks(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> list[BlockHash]:
+def hash_request_blocks(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None,
+                        lora_request: LoRARequest | None = None) -> list[BlockHash]:
     """The chain of hashes of every full block of ``token_ids`` (for tests and tools)."""
     hashes: list[BlockHash] = []
     parent = ROOT_PARENT_HASH
     for block_index in range(len(token_ids) // block_size):
         start = block_index * block_size
-        extra = encode_cache_salt(cache_salt) if block_index == 0 else b""
+        extra = first_block_extra_keys(cache_salt, lora_request) if block_index == 0 else b""
         parent = hash_block_tokens(parent, token_ids[start:start + block_size], extra)
         hashes.append(parent)
     return hashes

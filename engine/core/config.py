@@ -66,6 +66,9 @@ class SchedulerConfig:
     # Speculative decoding: up to this many draft tokens per decode, proposed by the executor and verified
     # in the next step (engine/core/spec_decode.py). 0: off.
     num_speculative_tokens: int = 0
+    # Multi-LoRA serving: the running requests use at most this many distinct adapters (the runner's slots on
+    # the device; engine/core/lora.py). 0: LoRA off, and a request naming an adapter is refused.
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -80,6 +83,8 @@ class SchedulerConfig:
         _require(isinstance(self.num_speculative_tokens, int) and not isinstance(self.num_speculative_tokens, bool)
                  and self.num_speculative_tokens >= 0, "scheduler", "num_speculative_tokens",
                  self.num_speculative_tokens, "an integer >= 0")
+        _require(isinstance(self.max_loras, int) and not isinstance(self.max_loras, bool) and self.max_loras >= 0,
+                 "scheduler", "max_loras", self.max_loras, "an integer >= 0")
         # A batch in flight would sample before its drafts were verified: the next batch could not know which
         # positions hold real tokens (vLLM added the combination later, with its own bookkeeping).
         _require(self.num_speculative_tokens == 0 or not self.async_scheduling, "scheduler", "num_speculative_tokens",

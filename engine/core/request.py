@@ -23,6 +23,7 @@ import enum
 from array import array
 from typing import Callable
 
+from engine.core.lora import LoRARequest
 from engine.core.sampling_params import SamplingParams
 
 _NEVER = 1 << 62
@@ -65,6 +66,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
         "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
         "stop_token_set", "do_remote_prefill", "do_remote_decode", "num_output_placeholders", "spec_token_ids",
+        "lora_request",
     )
 
     def __init__(
@@ -80,6 +82,7 @@ class Request:
         block_hasher: Callable[["Request"], list] | None = None,
         do_remote_prefill: bool = False,
         do_remote_decode: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         # Kept as given when already a list, tuple or array (a workload's prompts need no extra copy).
@@ -127,6 +130,9 @@ class Request:
         # Speculative decoding: draft tokens proposed after its last sampled token, to be verified in its next
         # step. Not part of all_token_ids (never hashed nor cached) until the executor accepts them.
         self.spec_token_ids: list[int] = []
+        # The LoRA adapter it runs with (engine/core/lora.py), None for the base model. Set before hashing: the
+        # adapter is part of the first block's hash.
+        self.lora_request = lora_request
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 

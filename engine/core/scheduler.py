@@ -8,12 +8,13 @@ Each ``schedule()`` (the seed's section 4):
    putting it back in the waiting queue; it is recomputed from scratch when it resumes.
 2. Only if nothing was preempted in this step: waiting requests, in queue order, each starting from
    its longest prefix-cache hit, while the budget, ``max_num_seqs`` and the pool allow; requests whose KV
-   loads from elsewhere (another engine, the host tier) wait for it (engine/core/waiting_admission.py).
+   loads from elsewhere (another engine, the host tier) wait for it, and requests whose LoRA adapter would
+   make the running requests use more than ``max_loras`` adapters are passed over (engine/core/waiting_admission.py).
 
 Invariants checked by the tests after every step: scheduled tokens <= ``max_num_batched_tokens``;
 running requests <= ``max_num_seqs``; every scheduled request holds blocks for
 ``num_computed_tokens + num_scheduled_tokens`` tokens; a request is in exactly one of running / waiting
-/ finished.
+/ finished; the running requests use at most ``max_loras`` distinct LoRA adapters.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Scheduler:
         self.policy = scheduler_config.policy
         self.async_scheduling = scheduler_config.async_scheduling
         self.num_speculative_tokens = scheduler_config.num_speculative_tokens
+        self.max_loras = scheduler_config.max_loras
         self.spec_decoding_stats = SpecDecodingStats(self.num_speculative_tokens) \
             if self.num_speculative_tokens else None
         self.max_model_len = scheduler_config.effective_max_model_len(cache_config)
@@ -92,6 +94,9 @@ class Scheduler:
             # says n > 1 would silently produce one completion.
             raise ValueError(f"request {request.request_id!r}: the core takes n = 1, got "
                              f"n={request.sampling_params.n}; fan it out with engine.parallel_sampling")
+        if request.lora_request is not None and not self.max_loras:
+            raise ValueError(f"request {request.request_id!r} names LoRA adapter {request.lora_request.lora_name!r} "
+                             f"but LoRA is off (scheduler.max_loras=0)")
         reason = self._why_unservable(request)
         if reason is not None:
             request.status = RequestStatus.FINISHED_IGNORED

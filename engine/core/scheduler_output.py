@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.core.lora import LoRARequest
 from engine.core.sampling_params import SamplingParams
 
 
@@ -20,6 +21,8 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     eos_token_id: int | None = None
+    # The adapter its tokens run with (None: the base model); the runner keeps it for the request's life.
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ class _RequestState:
     block_ids: list[int]
     eos_token_id: int | None
     salt: int = 0
+    lora_int_id: int = 0  # 0: the base model
 
 
 @dataclass
@@ -47,6 +48,8 @@ class ScriptedExecutor:
     # The slots whose KV this executor has computed since their block was last (re)allocated, so that
     # tests can check every prefix-cached block really holds computed KV.
     computed_slots: dict[int, set[int]] = field(default_factory=dict)
+    # The LoRA adapter (0: none) whose KV each block holds: a prefix hit must find its own adapter's KV.
+    block_lora: dict[int, int] = field(default_factory=dict)
     num_speculative_tokens: int = 0
     draft_acceptance: float = 0.7
 
@@ -67,12 +70,15 @@ class ScriptedExecutor:
         states = self.states
         for block_id in scheduler_output.new_block_ids_to_zero:
             self.computed_slots[block_id] = set()
+            self.block_lora.pop(block_id, None)
         for request_id in scheduler_output.finished_req_ids:
             states.pop(request_id, None)
         for new_request in scheduler_output.scheduled_new_reqs:
-            states[new_request.req_id] = _RequestState(
+            lora = new_request.lora_request
+            state = states[new_request.req_id] = _RequestState(
                 list(new_request.prompt_token_ids), new_request.num_computed_tokens, list(new_request.block_ids),
-                new_request.eos_token_id, zlib.crc32(new_request.req_id.encode()))
+                new_request.eos_token_id, zlib.crc32(new_request.req_id.encode()), lora.lora_int_id if lora else 0)
+            self._check_prefix_hit(new_request.req_id, state)
         cached = scheduler_output.scheduled_cached_reqs
         for index, request_id in enumerate(cached.req_ids):
             state = states.get(request_id)
@@ -89,6 +95,8 @@ class ScriptedExecutor:
                     f"{request_id}: scheduler says {cached.num_computed_tokens[index]} computed tokens, "
                     f"runner has {state.num_computed_tokens}")
             state.num_computed_tokens = cached.num_computed_tokens[index]
+            if cached.resumed_from_preemption[index]:
+                self._check_prefix_hit(request_id, state)
 
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -110,6 +118,7 @@ class ScriptedExecutor:
             for position in range(end - num_scheduled, end):
                 block_id = state.block_ids[position // block_size]
                 self.computed_slots.setdefault(block_id, set()).add(position % block_size)
+                self.block_lora[block_id] = state.lora_int_id
             if end < len(state.token_ids) + len(drafts):
                 state.num_computed_tokens = end
                 sampled.append([])
@@ -125,6 +134,16 @@ class ScriptedExecutor:
                 proposals[request_id] = self._propose(state)
         return ModelRunnerOutput(req_ids, {request_id: index for index, request_id in enumerate(req_ids)}, sampled,
                                  spec_token_ids=proposals)
+
+    def _check_prefix_hit(self, request_id: str, state: _RequestState) -> None:
+        """The blocks a request starts with computed (its prefix-cache hit) hold KV of its own adapter."""
+        if not self.validate:
+            return
+        num_hit_blocks = -(-state.num_computed_tokens // self.block_size)
+        for block_id in state.block_ids[:num_hit_blocks]:
+            if self.block_lora.get(block_id, state.lora_int_id) != state.lora_int_id:
+                raise ExecutorStateError(f"{request_id} (LoRA {state.lora_int_id}) starts from block {block_id}, "
+                                         f"computed under LoRA {self.block_lora[block_id]}")
 
     def _verify(self, state: _RequestState, drafts) -> list[int]:
         """Append the true tokens: each draft while it matches, then the true token after the last match."""

@@ -12,6 +12,11 @@ Never in a step whose first phase had to preempt (the pool is short). In order:
    many new tokens as the budget, the long-prefill cut and chunked prefill allow. The first request that
    cannot be admitted (no blocks, or a whole prompt past the budget without chunked prefill) stops the
    queue: later requests never overtake it.
+
+With LoRA (``max_loras`` > 0), a request whose adapter is not among the running requests' while they already
+use ``max_loras`` adapters is passed over too, keeping its place (vLLM's rule): it would need an adapter slot
+the runner does not have, and requests behind it that fit may overtake it. This holds for both steps, so the
+running requests never use more than ``max_loras`` adapters.
 """
 
 from __future__ import annotations
@@ -57,9 +62,19 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
     chunked = scheduler.enable_chunked_prefill
     kv_transfers = scheduler.kv_transfers
     offload = kv_cache_manager.offload
+    # The adapter ids the running requests use (None without LoRA: then no request names one).
+    max_loras = scheduler.max_loras
+    active_loras = {request.lora_request.lora_int_id for request in running
+                    if request.lora_request is not None} if max_loras else None
+
+    def lora_fits(request: Request) -> bool:
+        lora = request.lora_request
+        return lora is None or lora.lora_int_id in active_loras or len(active_loras) < max_loras
 
     def admit(request: Request, num_new_tokens: int) -> None:
         running.append(request)
+        if request.lora_request is not None:
+            active_loras.add(request.lora_request.lora_int_id)
         if request.status == _PREEMPTED:
             admissions.scheduled_resumed.append(request)
             # Tokens of its batches still in flight are dropped now (it recomputes from its sequence as of this
@@ -79,6 +94,8 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
         for request in kv_transfers.loaded_requests():
             if token_budget <= 0 or len(running) >= max_num_seqs:
                 break
+            if not lora_fits(request):
+                continue  # stays loaded, in its slots, until its adapter fits
             num_new_tokens = _chunk(request.num_tokens - kv_transfers.load_end[request.request_id], threshold,
                                     token_budget, chunked)
             if num_new_tokens is None:
@@ -94,7 +111,7 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
     skipped: list[Request] = []
     while waiting and token_budget > 0 and len(running) < max_num_seqs:
         request = waiting.peek_request()
-        if request.status == _LOADING:
+        if request.status == _LOADING or not lora_fits(request):
             skipped.append(waiting.pop_request())
             continue
         if request.do_remote_prefill:

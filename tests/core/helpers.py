@@ -13,12 +13,13 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
               async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
-              draft_acceptance=0.7) -> EngineCore:
+              draft_acceptance=0.7, max_loras=0) -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                         long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
-                        async_scheduling=async_scheduling, num_speculative_tokens=num_speculative_tokens),
+                        async_scheduling=async_scheduling, num_speculative_tokens=num_speculative_tokens,
+                        max_loras=max_loras),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks))
     executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed,
@@ -74,6 +75,8 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
     running_ids = [request.request_id for request in scheduler.running]
     waiting_ids = [request.request_id for request in scheduler.waiting]
     assert len(running_ids) <= scheduler.max_num_seqs
+    running_loras = {request.lora_request.lora_int_id for request in scheduler.running if request.lora_request}
+    assert len(running_loras) <= scheduler.max_loras, f"running requests use adapters {sorted(running_loras)}"
     assert not set(running_ids) & set(waiting_ids)
     assert sorted(running_ids + waiting_ids) == sorted(scheduler.requests)
     for request in scheduler.running:

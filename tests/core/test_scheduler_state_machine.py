@@ -26,6 +26,10 @@ With speculative decoding (engine/core/spec_decode.py) the executor proposes dra
 verifies the ones it is scheduled with: requests advance by several tokens in some steps, rejected positions are
 taken back, and the tokens must still be each request's own; no block holding a rejected draft's KV may be
 cached or copied to the host.
+
+With LoRA (max_loras 1 or 2), requests name one of three adapters or none: the running requests never use more
+than max_loras adapters, a prefix-cache hit only ever finds KV computed under the request's own adapter (the
+scripted executor checks it), and every request still finishes with its own tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engine.core import RequestStatus
+from engine.core.lora import LoRARequest
 
 from tests.core.helpers import (check_cached_blocks_were_computed, check_scheduler_invariants, expected_tokens,
                                 make_core, make_request)
@@ -54,17 +59,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
         max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
         eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]),
-        speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]))
+        speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]),
+        max_loras=st.sampled_from([0, 0, 1, 2]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
-              speculative_tokens, draft_acceptance):
+              speculative_tokens, draft_acceptance, max_loras):
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
                               enable_prefix_caching=caching, async_scheduling=async_scheduling,
                               eos_probability=eos_probability, num_offload_blocks=offload_blocks if caching else 0,
                               num_speculative_tokens=0 if async_scheduling else speculative_tokens,
-                              draft_acceptance=draft_acceptance)
+                              draft_acceptance=draft_acceptance, max_loras=max_loras)
         self.scheduler = self.core.scheduler
         manager = self.scheduler.kv_cache_manager
         if manager.offload is not None:
@@ -80,8 +86,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.host_content: dict[int, bytes | None] = {}  # what each host slot's last copy holds
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
-          priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]))
-    def add_request(self, prefix, suffix_len, max_tokens, priority, transfer):
+          priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]),
+          lora_id=st.sampled_from([0, 0, 1, 2, 3]))
+    def add_request(self, prefix, suffix_len, max_tokens, priority, transfer, lora_id):
         self.counter += 1
         self.time += 0.25
         request_id = f"r{self.counter}"
@@ -92,7 +99,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
                                            arrival_time=self.time, eos_token_id=EOS_TOKEN_ID,
                                            do_remote_prefill=transfer == "remote_prefill",
-                                           do_remote_decode=transfer == "remote_decode"))
+                                           do_remote_decode=transfer == "remote_decode",
+                                           lora_request=LoRARequest(f"adapter-{lora_id}", lora_id)
+                                           if lora_id and self.scheduler.max_loras else None))
 
     def checked_offload(self, offload_computed):
         """The manager's copy of a request's blocks to the host, checking that each block it is given has all
