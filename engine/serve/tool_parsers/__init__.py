@@ -1,0 +1,37 @@
+"""Tool-call parsers for ``tool_choice: "auto"``, registered by name (``--tool-call-parser NAME``).
+
+A parser reads what the model wrote in its own tool-calling format and splits it into content and tool calls,
+two ways: ``extract`` on a whole text (non-streaming responses), and ``streaming()``, an object fed the text a
+delta at a time (streamed responses). A new format is one module defining a ``ToolParser`` subclass, registered
+here with ``register``; ``parser_names()`` lists them for the CLI's error on an unknown name.
+"""
+
+from __future__ import annotations
+
+from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
+from engine.serve.tool_parsers.hermes import HermesToolParser
+
+_PARSERS: dict[str, type[ToolParser]] = {}
+
+
+def register(name: str, parser: type[ToolParser]) -> None:
+    if name in _PARSERS:
+        raise ValueError(f"a tool-call parser named {name!r} is already registered")
+    _PARSERS[name] = parser
+
+
+def parser_names() -> list[str]:
+    return sorted(_PARSERS)
+
+
+def get_parser(name: str) -> ToolParser:
+    """The parser registered as ``name``; a ValueError listing the known names otherwise."""
+    if name not in _PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(parser_names())}")
+    return _PARSERS[name]()
+
+
+register("hermes", HermesToolParser)
+
+__all__ = ["ExtractedToolCalls", "ParsedToolCall", "StreamingToolParser", "ToolParser", "get_parser",
+           "parser_names", "register"]

@@ -1,0 +1,37 @@
+"""What every tool-call parser gives: content and calls from a whole text, and the same from deltas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ParsedToolCall:
+    name: str
+    arguments: str  # a JSON text, as OpenAI's function.arguments
+
+
+@dataclass
+class ExtractedToolCalls:
+    content: str  # the text outside the calls ("" when there is none)
+    tool_calls: list[ParsedToolCall] = field(default_factory=list)
+
+
+class StreamingToolParser:
+    """Fed a choice's text one delta at a time: each ``feed`` returns the content that is certainly not part
+    of a call, and the calls completed by that delta; ``finish`` returns what was held back when the text ends.
+    The content of all the deltas, joined, and the calls, in order, equal ``extract`` on the whole text."""
+
+    def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[str, list[ParsedToolCall]]:
+        raise NotImplementedError
+
+
+class ToolParser:
+    def extract(self, text: str) -> ExtractedToolCalls:
+        raise NotImplementedError
+
+    def streaming(self) -> StreamingToolParser:
+        raise NotImplementedError

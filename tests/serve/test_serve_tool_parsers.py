@@ -1,0 +1,81 @@
+"""The hermes tool-call parser on crafted texts: calls, the content around them, malformed blocks, and the
+streaming parser fed the same texts split at every position (it must agree with the whole-text parse)."""
+
+import json
+
+import pytest
+
+from engine.serve.tool_parsers import ParsedToolCall, get_parser, parser_names, register
+from engine.serve.tool_parsers.hermes import HermesToolParser
+
+WEATHER = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+
+TEXTS = {
+    "one call": (WEATHER, "", [("get_weather", {"city": "Paris", "days": 2})]),
+    "two calls": (WEATHER + "\n" + TIME, "\n", [("get_weather", {"city": "Paris", "days": 2}),
+                                               ("get_time", {})]),
+    "text around": ("Let me check. " + WEATHER + " Done.", "Let me check.  Done.",
+                    [("get_weather", {"city": "Paris", "days": 2})]),
+    "no arguments key": ('<tool_call>{"name": "ping"}</tool_call>', "", [("ping", {})]),
+    "malformed json": ('a <tool_call>{"name": "f", "arguments": {</tool_call> b',
+                       'a <tool_call>{"name": "f", "arguments": {</tool_call> b', []),
+    "no name": ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    "malformed then good": ('<tool_call>nope</tool_call>' + WEATHER, '<tool_call>nope</tool_call>',
+                            [("get_weather", {"city": "Paris", "days": 2})]),
+    "never closed": ('x <tool_call>{"name": "f", "arguments": {}}', 'x <tool_call>{"name": "f", "arguments": {}}',
+                     []),
+    "a partial tag that is not one": ("1 < 2 and <tool_cal is text <", "1 < 2 and <tool_cal is text <", []),
+    "plain text": ("just an answer", "just an answer", []),
+    "unicode": ('é <tool_call>{"name": "say", "arguments": {"word": "naïve"}}</tool_call>', "é ",
+                [("say", {"word": "naïve"})]),
+}
+
+
+def calls_of(calls: list[ParsedToolCall]) -> list[tuple[str, dict]]:
+    return [(call.name, json.loads(call.arguments)) for call in calls]
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_extract(name):
+    text, content, calls = TEXTS[name]
+    extracted = HermesToolParser().extract(text)
+    assert extracted.content == content
+    assert calls_of(extracted.tool_calls) == calls
+
+
+def stream(text: str, cuts: list[int]) -> tuple[str, list[ParsedToolCall]]:
+    parser = HermesToolParser().streaming()
+    content, calls = [], []
+    for start, end in zip([0, *cuts], [*cuts, len(text)]):
+        piece, new_calls = parser.feed(text[start:end])
+        content.append(piece)
+        calls.extend(new_calls)
+    piece, new_calls = parser.finish()
+    return "".join([*content, piece]), calls + new_calls
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_streaming_split_anywhere_agrees_with_extract(name):
+    text = TEXTS[name][0]
+    expected = HermesToolParser().extract(text)
+    for cut in range(len(text) + 1):  # one cut at every position, and every character its own delta
+        assert stream(text, [cut]) == (expected.content, expected.tool_calls), cut
+    assert stream(text, list(range(1, len(text)))) == (expected.content, expected.tool_calls)
+
+
+def test_streaming_holds_back_only_what_could_open_a_call():
+    parser = HermesToolParser().streaming()
+    assert parser.feed("Hello <tool") == ("Hello ", [])
+    assert parser.feed("box>") == ("<toolbox>", [])  # not a tag after all: released
+    assert parser.feed('<tool_call>{"name": "f", "arguments": {"a": 1}}') == ("", [])
+    assert parser.feed("</tool_call>") == ("", [ParsedToolCall("f", '{"a": 1}')])
+
+
+def test_registry_names_the_known_parsers():
+    assert "hermes" in parser_names()
+    assert isinstance(get_parser("hermes"), HermesToolParser)
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes"):
+        get_parser("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register("hermes", HermesToolParser)
