@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from engine.core import SamplingParams
 from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_N, MAX_SEED, MIN_SEED
 from engine.serve.errors import OpenAIError
-from engine.serve.structured_request import structured_request
+from engine.serve.structured_request import StructuredRequest, structured_request
+from engine.serve.tool_protocol import ChatTool, MessageToolCall, parse_tool_choice
 
 # OpenAI's documented ceiling for top_logprobs / completions logprobs.
 MAX_LOGPROBS = 20
@@ -129,13 +130,39 @@ class ChatContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = _STRICT
-    # OpenAI's roles ("function" is deprecated there). Content is required: OpenAI lets only an assistant
-    # message with tool_calls omit it, and this server does not support tool calls.
+    # OpenAI's roles ("function" is deprecated there). Fields are checked in this order, so the validators of
+    # the later ones can see the earlier (content last: whether it may be null depends on role and tool_calls).
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ChatContentPart]
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, validate_default=True)
+    content: str | list[ChatContentPart] | None = Field(default=None, validate_default=True)
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _only_assistants_call(cls, tool_calls: list[MessageToolCall] | None, info: ValidationInfo) -> Any:
+        if tool_calls is not None and info.data.get("role") != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {info.data.get('role')} messages")
+        return tool_calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_results_name_their_call(cls, tool_call_id: str | None, info: ValidationInfo) -> str | None:
+        if tool_call_id is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return tool_call_id
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_calling(cls, content: Any, info: ValidationInfo) -> Any:
+        # As OpenAI: only an assistant message with tool_calls may leave its content out (or null).
+        if content is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise ValueError("content is required (only an assistant message with tool_calls may omit it)")
+        return content
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -148,8 +175,13 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
-    # Accepted only to refuse them by name: ignoring them would answer as if they had been honoured.
-    tools: Any = None
+    # Tool calling (tool_protocol.py; what the choice does is tool_calls.py's). Declared in this order so that
+    # tool_choice's validator sees the tools.
+    tools: list[ChatTool] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    # OpenAI's deprecated spelling of tools, accepted only to refuse it by name: ignoring it would answer as if
+    # it had been honoured.
     functions: Any = None
     echo: bool = False  # vLLM's: prepend the last message to the answer; not done here
 
@@ -160,11 +192,17 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("not supported on chat completions (echo is a /v1/completions field here)")
         return value
 
-    @field_validator("tools", "functions")
+    @field_validator("tool_choice")
     @classmethod
-    def _no_tool_calling(cls, value: Any) -> Any:
-        if value is not None and value != []:  # some clients send an empty list for "no tools"; that is honoured
-            raise ValueError("not supported: this server does not call tools")
+    def _tool_choice_names_a_tool(cls, value: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        return parse_tool_choice(value, [tool.function.name for tool in tools])
+
+    @field_validator("functions")
+    @classmethod
+    def _no_legacy_functions(cls, value: Any) -> Any:
+        if value is not None and value != []:  # some clients send an empty list for "no functions"; honoured
+            raise ValueError("not supported: functions is OpenAI's deprecated form; send tools instead")
         return value
 
 
@@ -179,15 +217,17 @@ def completion_param_names(request: CompletionRequest) -> dict[str, str]:
     return {**_COMPLETION_PARAM_NAMES, **_structured_param_names(request)}
 
 
-def chat_param_names(request: ChatCompletionRequest) -> dict[str, str]:
+def chat_param_names(request: ChatCompletionRequest,
+                     tool_structured: StructuredRequest | None = None) -> dict[str, str]:
     names = dict(_CHAT_PARAM_NAMES)
     if request.max_completion_tokens is None:
         names["max_tokens"] = "max_tokens"
-    return {**names, **_structured_param_names(request)}
+    return {**names, **_structured_param_names(request, tool_structured)}
 
 
-def _structured_param_names(request: _SamplingRequest) -> dict[str, str]:
-    structured = structured_request(request)
+def _structured_param_names(request: _SamplingRequest,
+                            tool_structured: StructuredRequest | None = None) -> dict[str, str]:
+    structured = tool_structured or structured_request(request)
     return structured.param_names if structured is not None else {}
 
 
@@ -210,8 +250,10 @@ def sampling_error(error: ValueError, param_names: dict[str, str], default_param
 
 
 def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, logprobs: int | None,
-                        param_names: dict[str, str], prompt_logprobs: int | None = None) -> SamplingParams:
-    """The request's SamplingParams; a ValueError becomes a 400 naming the request's parameter."""
+                        param_names: dict[str, str], prompt_logprobs: int | None = None,
+                        tool_structured: StructuredRequest | None = None) -> SamplingParams:
+    """The request's SamplingParams; a ValueError becomes a 400 naming the request's parameter.
+    ``tool_structured`` (tool_choice required or named) takes the place of the request's structured outputs."""
     try:
         logit_bias = ({int(token): bias for token, bias in request.logit_bias.items()}
                       if request.logit_bias is not None else None)
@@ -228,7 +270,7 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output)
-    structured = structured_request(request)  # a 400 naming the parameter when malformed
+    structured = tool_structured or structured_request(request)  # a 400 naming the parameter when malformed
     if structured is not None:
         fields["structured_outputs"] = structured.params
     for name in ("top_k", "min_p", "repetition_penalty"):
@@ -261,13 +303,15 @@ def echo_only(request: CompletionRequest) -> bool:
     return request.echo and request.max_tokens == 0
 
 
-def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def chat_sampling_params(request: ChatCompletionRequest,
+                         tool_structured: StructuredRequest | None = None) -> SamplingParams:
     if request.top_logprobs is not None and not request.logprobs:
         raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return sampling_params_for(request, max_tokens=max_tokens, logprobs=logprobs,
-                               param_names=chat_param_names(request))
+                               param_names=chat_param_names(request, tool_structured),
+                               tool_structured=tool_structured)
 
 
 def completion_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
