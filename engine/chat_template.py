@@ -35,12 +35,16 @@ def check_messages(messages: Any, label: str = "messages") -> list[dict[str, str
     return checked
 
 
-def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> dict[str, Any]:
-    """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template."""
+def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template;
+    ``tools`` (OpenAI's function definitions) go to the template, for templates that render them."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise NoChatTemplateError("this model has no chat template; send a prompt instead")
+    extra = {"tools": tools} if tools else {}
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **extra)
     except Exception as error:  # a template may raise on, e.g., roles it does not know
         raise ChatTemplateError(f"the chat template rejected the messages: {error}") from None
     return {"prompt": text, "prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
