@@ -31,16 +31,21 @@ from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
 from engine.serve.state import ServerState
+from engine.serve.tool_parsers import get_parser
 from engine.serve.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, server_version, tokenize
 
 
 def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = None, *,
-              shutdown_engine: bool = False, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+              shutdown_engine: bool = False, on_shutdown: Callable[[], None] | None = None,
+              tool_parser: str | None = None) -> FastAPI:
+    """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it."""
+    if tool_parser is not None:
+        get_parser(tool_parser)  # a ValueError listing the known names
     if served_model_names is None:
         served_model_names = [str(engine.engine_args.model or engine.model_path.name)]
     elif isinstance(served_model_names, str):
         served_model_names = [served_model_names]
-    state = ServerState(engine, list(served_model_names))
+    state = ServerState(engine, list(served_model_names), tool_parser=tool_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -24,12 +24,21 @@ from engine.serve.logprobs_format import chat_logprobs
 from engine.serve.protocol import ChatCompletionRequest, chat_param_names, chat_sampling_params
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
+from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured_request
+from engine.serve.tool_output import ChoiceToolOutput, choice_tool_output
+from engine.serve.tool_prompt import template_messages, template_tools, with_tools_described
 
 
-def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
-    messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+def render_chat_prompt(state: ServerState, body: Any, mode: ToolMode | None = None) -> dict[str, Any]:
+    """The prompt of ``body``'s messages (and tools); the tools are described in a system message for a
+    template that ignores them only when the model may call one (``mode`` other than none; tool_prompt.py)."""
+    tokenizer = state.engine.get_tokenizer()
+    messages = template_messages(body, tokenizer)
+    tools = template_tools(body)
+    if mode is not None and mode.kind != "none":
+        messages = with_tools_described(messages, tools, tokenizer)
     try:
-        return render_chat(state.engine.get_tokenizer(), messages, body.add_generation_prompt)
+        return render_chat(tokenizer, messages, body.add_generation_prompt, tools=tools)
     except NoChatTemplateError:
         raise OpenAIError("this model has no chat template; use /v1/completions", param="messages",
                           code="no_chat_template") from None
@@ -40,19 +49,35 @@ def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> dict[
 class _Messages(UsageCounter):
     """The assistant messages being built from delta outputs, one per choice index."""
 
-    def __init__(self, params: SamplingParams, body: ChatCompletionRequest) -> None:
+    def __init__(self, params: SamplingParams, body: ChatCompletionRequest, mode: ToolMode) -> None:
         super().__init__()
+        self.mode = mode
+        self.tool_outputs: dict[int, ChoiceToolOutput] = {}  # per choice index
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
         self.tokens_as_ids = body.return_tokens_as_token_ids
+        self.streaming = False  # streamed deltas go through the tool mode here; whole messages in _collect
         self.sent_role: set[int] = set()  # choice indices whose first chunk (with the role) has gone out
 
     def choices(self, output: RequestOutput) -> list[dict[str, Any]]:
         self.count(output)
         return [self._choice(completion) for completion in output.outputs]
 
+    def tool_output(self, index: int) -> ChoiceToolOutput:
+        if index not in self.tool_outputs:
+            self.tool_outputs[index] = choice_tool_output(self.mode)
+        return self.tool_outputs[index]
+
     def _choice(self, completion: CompletionOutput) -> dict[str, Any]:
         delta: dict[str, Any] = {"content": completion.text}
+        finish_reason = completion.finish_reason
+        if self.streaming and self.mode.kind != "none":
+            tools = self.tool_output(completion.index)
+            content, tool_calls = tools.stream(completion.text, finished=finish_reason is not None)
+            delta = {"content": content} if content else {}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
+            finish_reason = tools.finish_reason(finish_reason)
         if completion.index not in self.sent_role:
             delta = {"role": "assistant", **delta}
             self.sent_role.add(completion.index)
@@ -61,7 +86,7 @@ class _Messages(UsageCounter):
             logprobs = chat_logprobs(completion.logprobs, completion.token_ids, self.num_top_logprobs,
                                      self.tokens_as_ids)
         choice = {"index": completion.index, "delta": delta, "logprobs": logprobs,
-                  "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+                  "finish_reason": finish_reason, "stop_reason": completion.stop_reason}
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
         return choice
@@ -70,13 +95,16 @@ class _Messages(UsageCounter):
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
     state.check_model(body.model)
     state.check_priority(body.priority)
-    params = chat_sampling_params(body)
-    prompt = state.prepare_prompt(render_chat_prompt(state, body), params, param="messages",
-                                  param_names=chat_param_names(body))
+    mode = resolve_tool_mode(body, state.tool_parser)
+    tool_structured = tool_structured_request(body, mode)
+    params = chat_sampling_params(body, tool_structured)
+    prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
+                                  param_names=chat_param_names(body, tool_structured))
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
     outputs = state.engine.generate(prompt, params, request_id, priority=body.priority)
-    messages = _Messages(params, body)
+    messages = _Messages(params, body, mode)
+    messages.streaming = body.stream
     if body.stream:
         chunk_header = {**header, "object": "chat.completion.chunk"}
         return sse_response(stream_chunks(outputs, messages, chunk_header, body.include_usage, state.engine.abort,
@@ -107,9 +135,11 @@ async def _collect(outputs: AsyncIterator[RequestOutput], messages: _Messages) -
                 content_logprobs.setdefault(index, []).extend(delta["logprobs"]["content"])
     choices = []
     for index in sorted(last):
-        choice = {"index": index, "message": {"role": "assistant", "content": "".join(text[index])},
+        tools = messages.tool_output(index)
+        choice = {"index": index, "message": {"role": "assistant", **tools.message("".join(text[index]))},
                   "logprobs": {"content": content_logprobs[index]} if index in content_logprobs else None,
-                  "finish_reason": last[index]["finish_reason"], "stop_reason": last[index]["stop_reason"]}
+                  "finish_reason": tools.finish_reason(last[index]["finish_reason"]),
+                  "stop_reason": last[index]["stop_reason"]}
         if messages.return_token_ids:
             choice["token_ids"] = token_ids[index]
         choices.append(choice)

@@ -21,6 +21,7 @@ from engine.async_llm import AsyncLLM
 from engine.engine_args import DEFAULT_MODEL, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.serve.app import build_app
+from engine.serve.tool_parsers import parser_names
 from engine.serve.cli_checks import (HelpFormatter, OneLineErrorParser, check_args, check_unchunked_budget,
                                      tokenizer_error_line)
 
@@ -42,6 +43,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="0-65535; 0 picks a free port")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server and engine log level")
+    tools = parser.add_argument_group("tool calling")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='let requests use tool_choice "auto" (needs --tool-call-parser); the default '
+                            "tool_choice of a request with tools is then auto, else none")
+    tools.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                       help=f"the format the model writes tool calls in, for tool_choice auto: "
+                            f"{', '.join(parser_names())} (default: none)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
                         help="most requests running at once, >= 1")
@@ -107,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("loaded %s in %.1f s: max_model_len %d, %d KV blocks of %d tokens; serving it as %s",
                 engine.model_path, time.perf_counter() - started, engine.max_model_len,
                 stats.kv_cache_usable_blocks, engine.block_size, ", ".join(names))
-    app = build_app(engine, names, shutdown_engine=True, on_shutdown=lambda: _print_summary(engine))
+    app = build_app(engine, names, shutdown_engine=True, on_shutdown=lambda: _print_summary(engine),
+                    tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 

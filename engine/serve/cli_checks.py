@@ -17,6 +17,7 @@ from engine.core.sampling_params import MAX_SEED, MIN_SEED
 from engine.engine_args import DEFAULT_MODEL_NAMES, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.models.config import ModelConfig
+from engine.serve.tool_parsers import parser_names
 
 # dest -> (lowest, highest) accepted; None: unbounded. The engine's own limits, spelled as the CLI's flags.
 INTEGER_RANGES: dict[str, tuple[int | None, int | None]] = {
@@ -72,6 +73,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             args.speculative_config = SpeculativeConfig.parse(args.speculative_config)
         except ValueError as error:
             parser.error(f"--speculative-config: {error}")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser NAME (the format the model writes calls "
+                     f"in: {', '.join(parser_names())})")
+    if args.tool_call_parser is not None and args.tool_call_parser not in parser_names():
+        parser.error(f"--tool-call-parser {args.tool_call_parser!r} is not a known parser; known: "
+                     f"{', '.join(parser_names())}")
     try:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:

@@ -19,6 +19,8 @@ from engine.serve.protocol import sampling_error
 class ServerState:
     engine: AsyncLLM
     served_model_names: list[str]
+    # The tool-call parser's name when tool_choice "auto" is enabled (--enable-auto-tool-choice), else None.
+    tool_parser: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -38,6 +38,8 @@ def run_main(argv, capsys) -> tuple[int, str]:
     (["--kv-offloading-size", "4", "--no-enable-prefix-caching"], "error: --kv-offloading-size needs prefix caching"),
     (["--host", "999.1.1.1"], "error: --host '999.1.1.1' is not an address to listen on"),
     (["--tokenizer", "/nonexistent"], "error: --tokenizer '/nonexistent' is not a folder"),
+    (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice needs --tool-call-parser NAME"),
+    (["--tool-call-parser", "nope"], "error: --tool-call-parser 'nope' is not a known parser; known: hermes"),
     (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value: 'many'"),
 ])
 def test_bad_flags_are_one_line_errors(tiny_model_path, capsys, argv, message):
