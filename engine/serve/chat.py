@@ -4,6 +4,10 @@ The prompt is the tokenizer's ``apply_chat_template`` rendering (with the genera
 without adding special tokens again: templates put BOS in themselves. Streaming chunks carry, per
 choice, ``delta: {"role": "assistant", "content": ...}`` first, then ``{"content": ...}``; each choice's
 last chunk has its finish reason; usage and ``[DONE]`` follow as for completions.
+
+With tools (tool_calls.py decides the mode), each choice's text goes through its ``ChoiceToolOutput``
+(tool_output.py): whole, into ``content`` and ``tool_calls``; streamed, into deltas carrying ``content`` and/or
+``tool_calls`` (a delta can then be empty while text is held back), and ``tool_calls`` as the finish reason.
 """
 
 from __future__ import annotations

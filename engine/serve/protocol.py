@@ -10,8 +10,12 @@ clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repet
 served first, with ``--scheduling-policy priority``).
 Structured outputs: OpenAI's ``response_format`` (``json_object``, ``json_schema``) and vLLM's ``guided_json``,
 ``guided_regex``, ``guided_choice``, ``guided_grammar`` and ``structured_outputs`` (structured_request.py).
+Tool calling on chat: OpenAI's ``tools``, ``tool_choice`` (none, auto, required or a named function) and
+``parallel_tool_calls``, with assistant ``tool_calls`` and ``tool`` messages in the history (tool_protocol.py
+for the fields, tool_calls.py for what each choice does; auto needs the server's
+``--enable-auto-tool-choice --tool-call-parser NAME``).
 Unknown fields are ignored, as OpenAI-compatible servers usually do; known ones that ask for what this
-server cannot do (``tools``, ``functions``, beam search) are refused, not ignored.
+server cannot do (the deprecated ``functions``, beam search) are refused, not ignored.
 Types are strict, as OpenAI's are: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400, not 1 or true.
 
 Validation happens in two places, both reported as 400s naming the parameter: types and ranges here
