@@ -59,12 +59,13 @@ _TOOL_CHOICE_FORMS = 'none, auto, required or {"type": "function", "function": {
 
 
 def parse_tool_choice(value: Any, tool_names: list[str]) -> str | NamedToolChoice | None:
-    """``tool_choice`` checked against the request's tools; a ValueError whose message says what is wrong."""
+    """``tool_choice`` checked against the request's tools; a ValueError says what is wrong (the 400's message
+    starts with ``tool_choice: ``, so the message does not name it again)."""
     if value is None:
         return None
     if isinstance(value, str):
         if value not in TOOL_CHOICE_MODES:
-            raise ValueError(f"tool_choice must be one of {_TOOL_CHOICE_FORMS}")
+            raise ValueError(f"must be one of {_TOOL_CHOICE_FORMS}")
         choice: str | NamedToolChoice = value
     else:
         try:
@@ -72,14 +73,14 @@ def parse_tool_choice(value: Any, tool_names: list[str]) -> str | NamedToolChoic
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"tool_choice must be one of {_TOOL_CHOICE_FORMS}; tool_choice.{where}: "
+            raise ValueError(f"must be one of {_TOOL_CHOICE_FORMS}; tool_choice.{where}: "
                              f"{first['msg']}") from None
     if choice == "none":
         return choice
     if not tool_names:
-        raise ValueError("tool_choice needs tools: send the functions the model may call in tools")
+        raise ValueError("needs tools: send the functions the model may call in tools")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in tool_names:
-        raise ValueError(f"tool_choice names the function {choice.function.name!r}, which is not in tools "
+        raise ValueError(f"names the function {choice.function.name!r}, which is not in tools "
                          f"({', '.join(repr(name) for name in tool_names)})")
     return choice
 
