@@ -68,9 +68,9 @@ def _refuse_structured_outputs(body: Any, choice: Any) -> None:
     asked = [param for param in GUIDED_FIELDS if getattr(body, param) is not None]
     if isinstance(body.structured_outputs, dict) and any(kind in body.structured_outputs for kind in KINDS):
         asked.append("structured_outputs")
-    if isinstance(body.response_format, dict) and body.response_format.get("type") != "text" \
-            or body.response_format is not None and not isinstance(body.response_format, dict):
-        asked.append("response_format")
+    response_format = body.response_format
+    if response_format is not None and not (isinstance(response_format, dict) and response_format.get("type") == "text"):
+        asked.append("response_format")  # {"type": "text"} asks for nothing
     if asked:
         raise OpenAIError(f"tool_choice {shown} constrains the output to tool calls, so it cannot be combined "
                           f"with {asked[0]}; send one of tool_choice and {asked[0]}", param=asked[0],
