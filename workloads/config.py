@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from workloads.cluster_section import ClusterSection
+from workloads.lora_section import AdapterSpec, LoRASection
 from workloads.errors import NO_VALUE, WorkloadError, format_value, problems_error, problems_from_validation_error
 from workloads.overrides import Override, apply_overrides
 from workloads.schema_base import SchemaModel
@@ -67,7 +68,7 @@ class WorkloadConfig(SchemaModel):
 
     @model_validator(mode="after")
     def _consistent_across_sections(self) -> WorkloadConfig:
-        problems = self._length_problems()
+        problems = self._length_problems() + self._lora_problems()
         if not problems and self.sweep:
             problems = self._sweep_problems()
         if problems:
@@ -136,6 +137,47 @@ class WorkloadConfig(SchemaModel):
                     engine.max_num_batched_tokens,
                 )
             )
+        return problems
+
+    def lora_sections(self) -> list[tuple[str, LoRASection]]:
+        """Every ``lora:`` section of the workload with its path: the stream's stretches', then the classes'."""
+        sections = [("workload" if index == 0 else f"workload.phases[{index - 1}]", stretch.lora)
+                    for index, stretch in enumerate(self.workload.stretches())]
+        sections += [(f"workload.classes[{index}]", request_class.lora)
+                     for index, request_class in enumerate(self.workload.classes or [])]
+        return [(f"{where}.lora", section) for where, section in sections if section is not None]
+
+    def lora_adapters(self) -> dict[str, AdapterSpec]:
+        """Every adapter a request may name, by name (the sections agree on each: validated)."""
+        adapters: dict[str, AdapterSpec] = {}
+        for _, section in self.lora_sections():
+            for spec in section.adapter_specs():
+                adapters.setdefault(spec.name, spec)
+        return adapters
+
+    def _lora_problems(self) -> list[tuple[str, str, Any]]:
+        sections = self.lora_sections()
+        engine = self.engine
+        if not sections:
+            return []
+        problems: list[tuple[str, str, Any]] = []
+        if engine.max_loras == 0:
+            where, section = sections[0]
+            problems.append((where, "needs engine.max_loras > 0 (LoRA is off at engine.max_loras 0): set how many "
+                             "adapters the device holds at once", NO_VALUE))
+        seen: dict[str, tuple[str, AdapterSpec]] = {}
+        for where, section in sections:
+            if section.max_rank() > engine.max_lora_rank:
+                problems.append((f"{where}.rank", f"must be <= engine.max_lora_rank ({engine.max_lora_rank}), the rank "
+                                 "the device's adapter slots are sized for", section.rank))
+            for spec in section.adapter_specs():
+                earlier = seen.setdefault(spec.name, (where, spec))
+                if earlier[1] != spec:
+                    problems.append((f"{where}.rank", f"gives {spec.name} rank {spec.rank} and modules "
+                                     f"{list(spec.target_modules)}, but {earlier[0]} gives it rank {earlier[1].rank} and "
+                                     f"modules {list(earlier[1].target_modules)}: one adapter has one shape",
+                                     section.rank))
+                    break
         return problems
 
     def _sweep_problems(self) -> list[tuple[str, str, Any]]:

@@ -20,6 +20,7 @@ from workloads.arrivals import TraceArrival
 from workloads.config import WorkloadConfig
 from workloads.distributions import LengthDistribution, TraceLength
 from workloads.errors import Problem, WorkloadError
+from workloads.lora_section import adapter_name
 from workloads.random_streams import Stream, class_seed, phase_seed, random_stream, stream_seed
 from workloads.request_spec import RequestSpec
 from workloads.sections import SharedPrefixSection
@@ -29,6 +30,7 @@ from workloads.traces import TraceRecords
 from workloads.workload_section import StreamSection
 
 NO_GROUP = -1
+NO_ADAPTER = -1  # a base-model request (workload.lora unset, or drawn into base_model_fraction)
 
 
 def generate_requests(
@@ -62,22 +64,24 @@ def generate_requests(
     generated.sort(key=lambda row: row[0])
     width = max(6, len(str(len(generated) - 1)))
     specs = []
-    for index, (arrival_time, prompt, output_lens, priority, group, request_class) in enumerate(generated):
+    for index, (arrival_time, prompt, output_lens, priority, group, adapter, request_class) in enumerate(generated):
         prompt_id = f"req-{index:0{width}d}"
         # n > 1: vLLM's ids for a prompt's completions, f"{i}_{request_id}", all arriving with the prompt.
         request_ids = [prompt_id] if len(output_lens) == 1 else [f"{i}_{prompt_id}" for i in range(len(output_lens))]
+        # A prompt's completions run with its adapter, as vLLM fans out n with the request's LoRA.
+        lora_name, lora_int_id = (None, 0) if adapter == NO_ADAPTER else (adapter_name(adapter), adapter + 1)
         specs += [RequestSpec(request_id=request_id, arrival_time=arrival_time, prompt_token_ids=prompt,
                               output_len=output_len, priority=priority, prefix_group=group,
-                              request_class=request_class)
+                              request_class=request_class, lora_name=lora_name, lora_int_id=lora_int_id)
                   for request_id, output_len in zip(request_ids, output_lens)]
     return specs
 
 
 def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_len: int | None
-                 ) -> list[tuple[float, list[int], list[int], int, int | None, str]]:
+                 ) -> list[tuple[float, list[int], list[int], int, int | None, int, str]]:
     """The top-level stream, its phases one after the other, as rows of ``_generate_stretch`` plus the
     class name."""
-    generated: list[tuple[float, list[int], list[int], int, int | None, str]] = []
+    generated: list[tuple[float, list[int], list[int], int, int | None, int, str]] = []
     name = config.workload.class_name
     offset = 0.0
     for index, stretch in enumerate(config.workload.stretches()):
@@ -91,9 +95,9 @@ def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_
 
 
 def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocabulary: TokenVocabulary,
-                      where: str) -> list[tuple[float, list[int], list[int], int, int | None]]:
+                      where: str) -> list[tuple[float, list[int], list[int], int, int | None, int]]:
     """One stretch's prompts as (arrival time, prompt, output length of each of its ``n`` completions,
-    priority, prefix group), in order."""
+    priority, prefix group, LoRA adapter index or NO_ADAPTER), in order."""
     arrival_times, trace_rows = _arrivals_and_rows(workload, seed)
     count = len(arrival_times)
     if count == 0:
@@ -119,10 +123,14 @@ def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocab
     token_rng = random_stream(seed, Stream.PROMPT_TOKENS)
     prompts = assemble_prompts(prompt_lens, leading, lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
     completion_lens = _completion_output_lengths(workload, seed, output_lens, prompt_lens, output_column, cap)
+    # Its own stream: adding workload.lora leaves every other draw (arrivals, lengths, tokens) as it was.
+    adapters = ([NO_ADAPTER] * count if workload.lora is None
+                else workload.lora.pick(random_stream(seed, Stream.LORA_ADAPTERS), count).tolist())
     return [
-        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group)
-        for arrival_time, prompt, completions, priority, group in zip(
-            arrival_times.tolist(), prompts, completion_lens, priorities.tolist(), groups.tolist(), strict=True
+        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group, adapter)
+        for arrival_time, prompt, completions, priority, group, adapter in zip(
+            arrival_times.tolist(), prompts, completion_lens, priorities.tolist(), groups.tolist(), adapters,
+            strict=True
         )
     ]
 

@@ -34,6 +34,8 @@ class Stream(enum.IntEnum):
     SPECULATIVE_ACCEPTANCE = 12
     # Seeds of the further request classes (workload.classes), as PHASES is for later stretches.
     CLASSES = 13
+    # Which LoRA adapter each request runs with (workload.lora; workloads/lora_section.py).
+    LORA_ADAPTERS = 14
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

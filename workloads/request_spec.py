@@ -17,7 +17,8 @@ class RequestSpec:
     ``priority`` follows vLLM (lower is served first under priority scheduling); ``prefix_group`` is the
     shared-prefix group the prompt starts with, or None (kept so analysis can relate prefix hits to groups).
     ``request_class`` names the workload class (``workload.class_name`` or ``workload.classes[i].name``)
-    the request was drawn from; metrics and SLOs are reported per class.
+    the request was drawn from; metrics and SLOs are reported per class. ``lora_name`` / ``lora_int_id``: its
+    LoRA adapter (vLLM's ``LoRARequest`` fields), None / 0 for the base model.
     """
 
     request_id: str
@@ -28,6 +29,10 @@ class RequestSpec:
     priority: int = 0
     prefix_group: int | None = None
     request_class: str = DEFAULT_REQUEST_CLASS
+    # The LoRA adapter the request runs with (workload.lora; workloads/lora_section.py): its name and the
+    # runner's id (>= 1), or None and 0 for the base model.
+    lora_name: str | None = None
+    lora_int_id: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from workloads.errors import problems_error
+from workloads.lora_section import LORA_RANKS
 from workloads.schema_base import SchemaModel
 from workloads.speculative_decoding_section import SpeculativeDecodingSection
 from workloads.traces import TraceFormat, TraceFormatError, TraceRecords, infer_format, read_trace
@@ -67,6 +68,30 @@ class EngineSection(SchemaModel):
     # vLLM's speculative decoding (simulated): each decode carries draft tokens, verified in one pass; the
     # accepted ones and one more come out of the step (workloads/speculative_decoding_section.py). null: off.
     speculative_decoding: SpeculativeDecodingSection | None = None
+    # vLLM's multi-LoRA serving (simulated; workload.lora picks each request's adapter): adapters on the device
+    # at once (0: LoRA off), the rank their slots are sized for (a smaller adapter is padded to it), and
+    # adapters kept in host memory (null: max_loras), whose load is a copy over the host link, not a disk read.
+    max_loras: NonNegativeInt = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: PositiveInt | None = None
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank_is_vllms(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"must be one of vLLM's ranks {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_loras_hold_the_device_ones(self) -> EngineSection:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise problems_error([("max_cpu_loras", f"must be >= max_loras ({self.max_loras}): the host cache holds "
+                                   "every adapter on the device", self.max_cpu_loras)])
+        return self
+
+    def cpu_lora_capacity(self) -> int:
+        """Adapters the host cache holds: max_cpu_loras, or max_loras when it is null (vLLM's default)."""
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
 
     @field_validator("block_size")
     @classmethod

@@ -17,6 +17,7 @@ from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, TraceArrival
 MAX_COMPLETIONS_PER_PROMPT = 1024
 from workloads.distributions import LengthSpec, TraceLength
 from workloads.errors import NO_VALUE, problems_error
+from workloads.lora_section import LoRASection
 from workloads.schema_base import SchemaModel
 from workloads.request_spec import DEFAULT_REQUEST_CLASS
 from workloads.sections import PrioritySection, SharedPrefixSection, SLOSection, TraceSection
@@ -53,6 +54,9 @@ class StreamSection(SchemaModel):
     # Completions per prompt (parallel sampling, SamplingParams.n): n requests with one prompt arrive
     # together, each with its own output length (the front ends fan n out the same way).
     n: PositiveInt = Field(default=1, le=MAX_COMPLETIONS_PER_PROMPT)
+    # Multi-LoRA serving: the adapters this stretch's requests run with (workloads/lora_section.py). null: the
+    # base model. Needs engine.max_loras > 0.
+    lora: LoRASection | None = None
 
     def uses_trace_times(self) -> bool:
         return isinstance(self.arrival, TraceArrival)
