@@ -44,6 +44,9 @@ FEATURE_COLUMNS = {
     # Speculative decoding's verifications (recorded only by runs that speculate; no profile prices them yet).
     "num_spec_tokens": "num_spec_tokens",
     "spec_attention_work": "spec_attention_work",
+    # Multi-LoRA serving's adapter tokens and distinct adapters (recorded only by LoRA runs; no profile prices them).
+    "num_lora_tokens": "num_lora_tokens",
+    "num_active_loras": "num_active_loras",
 }
 LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", "decode_graph_batch",
                    "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
@@ -55,7 +58,8 @@ CONTEXT_HINGE_FEATURE = "decode_context_tokens"
 # read again in the same step comes from cache, so its term is the discount on the second read.
 DISCOUNT_FEATURES = ("shared_context_tokens",)
 OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
-                    "shared_context_tokens", "kv_block_runs", "num_spec_tokens", "spec_attention_work")
+                    "shared_context_tokens", "kv_block_runs", "num_spec_tokens", "spec_attention_work",
+                    "num_lora_tokens", "num_active_loras")
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.

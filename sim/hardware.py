@@ -52,6 +52,10 @@ class HardwareSpec:
     # (sim/kv_offload_loads.py). None: not known (a run that offloads KV must set it).
     host_link_bandwidth_gbps: float | None = None
     allreduce_latency_s: float | None = None
+    # GB/s the host reads files at (a LoRA adapter's weights not in the host cache, engine.max_cpu_loras:
+    # sim/lora_adapters.py). Not a GPU figure: the server's local NVMe, about 3 GB/s for a PCIe Gen4 x4 drive
+    # reading sequentially; set it for the storage the adapters really live on (a network volume is slower).
+    disk_read_bandwidth_gbps: float = 3.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -66,6 +70,9 @@ class HardwareSpec:
                 not _is_number(self.host_link_bandwidth_gbps) or self.host_link_bandwidth_gbps <= 0):
             raise ValueError(f"hardware.host_link_bandwidth_gbps must be a positive number, got "
                              f"{self.host_link_bandwidth_gbps!r}")
+        if not _is_number(self.disk_read_bandwidth_gbps) or self.disk_read_bandwidth_gbps <= 0:
+            raise ValueError(f"hardware.disk_read_bandwidth_gbps must be a positive number, got "
+                             f"{self.disk_read_bandwidth_gbps!r}")
         if self.interconnect_bandwidth_gbps is not None and (
                 not _is_number(self.interconnect_bandwidth_gbps) or self.interconnect_bandwidth_gbps <= 0):
             raise ValueError(f"hardware.interconnect_bandwidth_gbps must be a positive number, got "

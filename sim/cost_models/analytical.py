@@ -16,6 +16,9 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   cache's bytes are ``kv_cache_dtype``'s (an fp8 cache: one byte an element).
 * lm_head computes logits for one row per request (only the last position is sampled), and sampling
   makes a few passes over those logits in FP32.
+* multi-LoRA serving (``price_lora``): on a step with adapter tokens, each adapted projection's shrink and
+  expand over the batch's adapters (``sim/cost_models/lora_cost.py``: FLOPs per adapter token, each distinct
+  adapter's weights read once); a step without adapter tokens costs what it did before LoRA existed.
 * speculative decoding's verification of d drafts is a decode with d + 1 query rows
   (``StepFeatures.num_spec_tokens``): d + 1 rows through every linear layer, the request's KV read once and
   scored by every row, logits and sampling at every row.
@@ -53,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.cost_models.linear_cost import LinearCost
+from sim.cost_models.lora_cost import LoRACost
 from sim.cost_models.routed_experts import RoutedExpertsCost, expected_distinct_experts
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.hardware import HardwareSpec
@@ -187,6 +191,8 @@ class AnalyticalCostModel:
         self._fixed_s = hardware.step_overhead_s + hardware.kernel_launch_overhead_s * (
             layers * self.kernels_per_layer + KERNELS_OUTSIDE_LAYERS)
         self.shard = model
+        # Multi-LoRA serving's shrink and expand kernels (price_lora); None: no step has adapter tokens.
+        self.lora: LoRACost | None = None
         self._allreduces_per_step = layers * ALLREDUCES_PER_LAYER
         self._hidden_bytes_per_token = h * element_bytes
         self._logit_bytes_per_request = full_vocab_size * element_bytes
@@ -249,7 +255,18 @@ class AnalyticalCostModel:
         pipeline parallelism, a batch's time through an empty pipeline: the engine's overhead and every stage."""
         if self.pipeline_parallel_size > 1:
             return self.engine_overhead_s(features) + sum(self.pipeline_stage_times(features))
+        if features.num_lora_tokens:
+            return sum(self.component_times(features)) + self.lora.time(features.num_lora_tokens,
+                                                                        features.num_active_loras)
         return sum(self.component_times(features))
+
+    def price_lora(self, max_lora_rank: int, target_modules: tuple[str, ...] | list[str]) -> None:
+        """Price multi-LoRA serving's kernels on steps with adapter tokens (sim/cost_models/lora_cost.py); a step
+        without them keeps its time to the last bit. One engine stage only (the simulator refuses LoRA with
+        pipeline parallelism)."""
+        if self.pipeline_parallel_size > 1:
+            raise ValueError("LoRA is priced on one pipeline stage only")
+        self.lora = LoRACost(self.shard, self.hardware, self.dtype, max_lora_rank, target_modules)
 
     def engine_overhead_s(self, features: StepFeatures) -> float:
         """The engine's own seconds per step (scheduling, preparing inputs), outside the GPUs' time."""
@@ -374,6 +391,7 @@ class AnalyticalCostModel:
             "fixed_overhead_s": self._fixed_s,
             "kernels_per_layer": self.kernels_per_layer,
             "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,
+            **({"lora": self.lora.describe()} if self.lora is not None else {}),
         }
 
     # --- physics checks ---------------------------------------------------------------------------

@@ -67,6 +67,10 @@ class StepFeatures:
     # keys). Both 0 on a step without drafts, whose features are what they were before speculation existed.
     num_spec_tokens: int = 0
     spec_attention_work: int = 0
+    # Multi-LoRA serving: tokens of requests that run with an adapter, and the distinct adapters of the batch
+    # (sim/lora_steps.py counts them; sim/cost_models/lora_cost.py prices them). Both 0 without LoRA.
+    num_lora_tokens: int = 0
+    num_active_loras: int = 0
 
     @property
     def has_prefill(self) -> int:
