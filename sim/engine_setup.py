@@ -12,6 +12,7 @@ from engine.core import CacheConfig, SchedulerConfig
 from sim.cost_models import AnalyticalCostModel, CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
 from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
+from sim.lora_adapters import LoRASetup, lora_setup
 from sim.model_presets import resolve_model
 from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype
 from sim.speculation import SpeculationSetup
@@ -43,6 +44,8 @@ class RunSetup:
     host_link: HostLinkSetup | None = field(default=None)
     # Speculative decoding (engine.speculative_decoding with num_speculative_tokens > 0); None without it.
     speculation: SpeculationSetup | None = field(default=None)
+    # Multi-LoRA serving (workload.lora): the adapter slots and each adapter's load times; None without adapters.
+    lora: LoRASetup | None = field(default=None)
 
     def describe(self) -> dict:
         """The resolved configuration, for summary.json."""
@@ -56,6 +59,8 @@ class RunSetup:
         }
         if self.speculation is not None:  # (a run without it describes itself as it always did)
             described["speculative_decoding"] = self.speculation.describe()
+        if self.lora is not None:
+            described["lora"] = self.lora.describe()
         return described
 
 
@@ -129,7 +134,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold, policy=engine.scheduling_policy,
-            async_scheduling=engine.async_scheduling, num_speculative_tokens=num_speculative_tokens)
+            async_scheduling=engine.async_scheduling, num_speculative_tokens=num_speculative_tokens,
+            max_loras=engine.max_loras)
     except ValueError as error:
         raise _named("engine", error) from None
     try:
@@ -154,10 +160,41 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
                                        workload.seed, draft_cost_model)
+    lora = _lora(workload, model, hardware, cost_model)
     if requests is None:
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link,
-                    speculation)
+                    speculation, lora)
+
+
+def _lora(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec, cost_model: CostModel
+          ) -> LoRASetup | None:
+    """The adapters' slots and load times for workload.lora (None without adapters), refusing what the simulator
+    does not model with them; prices their kernels in the analytical cost model."""
+    adapters = workload.lora_adapters()
+    if not adapters:
+        return None
+    engine, where = workload.engine, workload.lora_sections()[0][0]
+    refused = [(engine.pipeline_parallel_size > 1, f"engine.pipeline_parallel_size {engine.pipeline_parallel_size}"),
+               (engine.async_scheduling, "engine.async_scheduling: true"),
+               (workload.cluster.disaggregated, f"cluster.prefill_replicas {workload.cluster.prefill_replicas}"),
+               (engine.speculative_decoding is not None and engine.speculative_decoding.num_speculative_tokens > 0,
+                "engine.speculative_decoding")]
+    for refuse, setting in refused:
+        if refuse:
+            raise SetupError(f"{where}: LoRA adapters are not simulated with {setting}; set one of them back")
+    if not isinstance(cost_model, AnalyticalCostModel):
+        # A profile's terms were fitted on steps without adapters: nothing in it prices their kernels.
+        raise SetupError(f"{where}: LoRA adapters need the analytical cost model; a calibrated profile "
+                         f"({cost_model.name}) was fitted on steps without adapters and has no term for their kernels")
+    specs = list(adapters.values())
+    try:
+        setup = lora_setup(specs, model, hardware, workload.dtype, engine.tensor_parallel_size, engine.max_loras,
+                           engine.cpu_lora_capacity(), engine.max_lora_rank)
+    except ValueError as error:
+        raise SetupError(str(error)) from None
+    cost_model.price_lora(engine.max_lora_rank, specs[0].target_modules)
+    return setup
 
 
 def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[int, ModelShape | None]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from engine.core import EngineCore
 from sim.engine_setup import SetupError
+from sim.lora_adapters import refuse_lora_outside_simulator
 from workloads import WorkloadConfig
 
 
@@ -75,6 +76,10 @@ def _warm_up(llm) -> None:
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
                       dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
                       enforce_eager: bool = False) -> RealEngine:
+    try:
+        refuse_lora_outside_simulator(workload, "a real run")
+    except ValueError as error:
+        raise SetupError(str(error)) from None
     if workload.engine.tensor_parallel_size > 1:
         raise SetupError(f"engine.tensor_parallel_size: {workload.engine.tensor_parallel_size} GPUs per engine run in "
                          "the simulator only; a real run uses one device (set engine.tensor_parallel_size=1)")

@@ -20,6 +20,7 @@ from sim.model_shapes import kv_cache_storage_dtype
 from sim.engine_setup import RunSetup, build_setup
 from sim.replica_loads import ReplicaLoads
 from sim.router import make_router
+from sim.lora_steps import LoRASteps
 from sim.speculative_executor import make_executor
 from sim.simulator import Simulation
 from sim.trace_recorder import TraceRecorder
@@ -43,6 +44,9 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
     engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config),
                           make_executor(setup.cost_model, setup.speculation))
                for _ in range(num_replicas)]
+    if setup.lora is not None:  # each replica has its own adapter slots
+        for engine in engines:
+            engine.executor.lora = LoRASteps(setup.lora)
     router = None
     cluster = setup.workload.cluster
     loads = ReplicaLoads(engines, cluster.stats_interval_s)

@@ -21,6 +21,7 @@ from array import array
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.scheduler_output import SchedulerOutput
 from sim.cost_models import CostModel, StepFeatures
+from sim.lora_steps import LoRASteps
 from sim.scheduled_batch import scheduler_output_features, step_batch
 
 
@@ -42,6 +43,8 @@ class SimulatedExecutor:
         self.last_overhead = 0.0
         self.last_stage_times: list[float] = []
         self.last_features: StepFeatures | None = None
+        # Multi-LoRA serving (sim/lora_steps.py): the adapters' slots, and each step's adapter counts and loads.
+        self.lora: LoRASteps | None = None
 
     def add_prompt(self, request_id: str, prompt_token_ids: array) -> None:
         """Note a request's prompt before it is added: the k-th request (k > 0) with a prompt seen before
@@ -70,6 +73,10 @@ class SimulatedExecutor:
         if not scheduler_output.total_num_scheduled_tokens:
             # Nothing ran (a step that only preempted): no time, and not a step a replay recorded.
             self.last_duration = 0.0
+        elif self.lora is not None:
+            # The batch's adapters not on the device load first, synchronously, as vLLM's worker loads them.
+            load_s = self.lora.on_step(scheduler_output, features)
+            self.last_duration = self.cost_model_time(features) + load_s
         elif self.time_by_stage:
             cost_model = self.cost_model
             self.last_overhead = cost_model.engine_overhead_s(features)

@@ -20,6 +20,9 @@ hand-off may reach a decode replica at the end of any prefill step.
 An engine with pipeline parallelism (``engine.pipeline_parallel_size`` > 1) or async scheduling keeps several
 batches in flight; its loop is sim/pipeline_stages.py's, without the fast-forward.
 
+An engine that serves LoRA adapters pays each step's adapter loads before the step (sim/lora_steps.py); a
+fast-forward carries each step's adapter counts and its first step's loads.
+
 An engine with KV offloading (a host tier of its prefix cache) loads from host memory over its replica's host
 link (sim/kv_offload_loads.py): a loading request waits in the queue, so no fast-forward runs meanwhile.
 """
@@ -39,6 +42,7 @@ from sim.cost_models import StepFeatures
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
 from sim.livelock import check_preemptions
+from sim.lora_steps import FastForwardLoRA
 from sim.pipeline_stages import pipelined_engine_loop
 from sim.kv_offload_loads import HostLinkSetup, HostLoads
 from sim.replica_loads import ReplicaLoads
@@ -97,6 +101,7 @@ class Simulation:
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
         for replica in self.replicas:
             replica.recorder.track_spec_decoding(replica.engine.scheduler.spec_decoding_stats)
+            replica.recorder.track_lora(replica.executor.lora)
         self.router = router
         # The counts the router weighs (live by default); the router's built-in policies read the same object.
         self.loads = loads if loads is not None else ReplicaLoads(engines)
@@ -208,7 +213,7 @@ class Simulation:
                 woken.add(chosen)
                 # The workload's own time, not env.now (which may differ from it in the last bit).
                 replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
-                                            spec.priority, spec.request_class)
+                                            spec.priority, spec.request_class, spec.lora_name)
                 replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
                 replica.engine.add_request(request)
                 index += 1
@@ -309,15 +314,16 @@ class Simulation:
             return min(self.requests[self._num_arrived].arrival_time, self._next_publish_time)
         return self._next_publish_time
 
-    def _plan_durations(self, plan: DecodeFastForward,
-                        executor: SimulatedExecutor) -> tuple[list[float], list[StepFeatures]]:
+    def _plan_durations(self, plan: DecodeFastForward, executor: SimulatedExecutor
+                        ) -> tuple[list[float], list[StepFeatures], FastForwardLoRA | None]:
         """Durations and features of the decode-only steps that start before the next arrival (or the next
-        publication of the loads)."""
+        publication of the loads), and their adapters when the engine serves LoRA (sim/lora_steps.py)."""
         time_features = executor.cost_model_time
         next_event = self._next_event_time()
         now = self.env.now
         durations: list[float] = []
         planned_steps: list[StepFeatures] = []
+        lora = None if executor.lora is None else executor.lora.plan_fast_forward(plan.requests, plan.last_steps)
         while len(durations) < MAX_FAST_FORWARD_STEPS and now < next_event:
             step = plan.step(len(durations))
             if step.num_decode_reqs == 0:
@@ -328,16 +334,24 @@ class Simulation:
                 decode_context_tokens=step.decode_context_tokens, prefill_context_tokens=0,
                 prefill_attention_work=0, max_seq_len=step.max_seq_len,
                 shared_context_tokens=step.shared_kv_tokens, kv_block_runs=step.kv_block_runs)
-            duration = time_features(features)
+            if lora is None:
+                duration = time_features(features)
+            else:
+                features.num_lora_tokens, features.num_active_loras = lora.counts(len(durations))
+                # Only the first step can load: the later ones' adapters are among its, all active.
+                duration = time_features(features) + (lora.first_load_s if not durations else 0.0)
             planned_steps.append(features)
             durations.append(duration)
             # The same float addition SimPy performs for each timeout, so times match ordinary steps.
             now = now + duration
-        return durations, planned_steps
+        return durations, planned_steps, lora
 
-    def _fast_forward(self, replica: Replica, result, durations: list[float], planned_steps: list[StepFeatures]):
+    def _fast_forward(self, replica: Replica, result, durations: list[float], planned_steps: list[StepFeatures],
+                      lora: FastForwardLoRA | None):
         """Advance virtual time through the fast-forwarded steps and record them as ordinary ones."""
         env = self.env
+        if lora is not None:
+            replica.executor.lora.commit_fast_forward(lora, result.num_steps)
         starts, ends = [], []
         now = env.now
         for duration in durations[:result.num_steps]:

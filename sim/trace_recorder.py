@@ -45,6 +45,10 @@ class TraceRecorder:
         self.spec_decoding = None
         self._spec_baseline = None  # its counts when tracking began (track_spec_decoding)
         self._accepted_before = 0
+        # Multi-LoRA serving: the executor's adapter state (sim/lora_steps.LoRASteps) when it serves adapters
+        # (track_lora), and each request's adapter.
+        self.lora = None
+        self.lora_names: list[str | None] | None = None
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
@@ -56,7 +60,7 @@ class TraceRecorder:
             self.steps["scheduled_token_counts"] = []
 
     def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0,
-                   request_class: str = DEFAULT_REQUEST_CLASS) -> None:
+                   request_class: str = DEFAULT_REQUEST_CLASS, lora_name: str | None = None) -> None:
         self._index[request_id] = len(self.request_ids)
         self.request_ids.append(request_id)
         self.arrival_time.append(now)
@@ -69,6 +73,8 @@ class TraceRecorder:
         self.status_message.append(None)
         self.priority.append(priority)
         self.request_class.append(request_class)
+        if self.lora_names is not None:
+            self.lora_names.append(lora_name)
         self.token_times[request_id] = []
 
     def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
@@ -125,6 +131,8 @@ class TraceRecorder:
         steps["kv_block_runs"].append(features.kv_block_runs)
         if self.spec_decoding is not None:
             self._record_verification(features)
+        if self.lora is not None:
+            self._record_lora(features, self.lora.last_num_loads, self.lora.last_num_disk_loads, self.lora.last_load_s)
         if self.record_schedule:
             steps["scheduled_request_ids"].append(list(scheduler_output.num_scheduled_tokens))
             steps["scheduled_token_counts"].append(list(scheduler_output.num_scheduled_tokens.values()))
@@ -150,6 +158,26 @@ class TraceRecorder:
         steps["spec_accepted_tokens"].append(accepted - self._accepted_before)
         steps["spec_attention_work"].append(features.spec_attention_work)
         self._accepted_before = accepted
+
+    def track_lora(self, lora_steps) -> None:
+        """Record an engine that serves LoRA adapters (``lora_steps``: its executor's sim/lora_steps.LoRASteps; None
+        does nothing): the step table gains LORA_STEP_COLUMNS, the requests table ``lora_name``. Before any event."""
+        if lora_steps is None:
+            return
+        if self.steps["step"] or self.request_ids:
+            raise RuntimeError("track_lora must be called before the first arrival or step is recorded")
+        self.lora = lora_steps
+        self.lora_names = []
+        for name in LORA_STEP_COLUMNS:
+            self.steps[name] = []
+
+    def _record_lora(self, features: StepFeatures, num_loads: int, num_disk_loads: int, load_s: float) -> None:
+        steps = self.steps
+        steps["num_lora_tokens"].append(features.num_lora_tokens)
+        steps["num_active_loras"].append(features.num_active_loras)
+        steps["num_lora_loads"].append(num_loads)
+        steps["num_lora_disk_loads"].append(num_disk_loads)
+        steps["lora_load_s"].append(load_s)
 
     def track_spec_decoding(self, stats) -> None:
         """Record a speculating engine (``stats``: its scheduler's SpecDecodingStats; None does nothing): the step
@@ -229,6 +257,10 @@ class TraceRecorder:
             steps["prefill_attention_sliced_work"].append(0)
             steps["shared_context_tokens"].append(step.shared_context_tokens)
             steps["kv_block_runs"].append(step.kv_block_runs)
+            if self.lora is not None:  # only the first step can load (sim/lora_steps.py)
+                lora = self.lora
+                self._record_lora(step, *((lora.last_num_loads, lora.last_num_disk_loads, lora.last_load_s)
+                                          if offset == 0 else (0, 0, 0.0)))
             if self.record_schedule:
                 # A fast-forwarded step schedules, in running order, every request still decoding.
                 active = [request.request_id for request, finish in zip(result.requests, result.finish_step)
@@ -264,6 +296,8 @@ class TraceRecorder:
         }
         if self.offload_loads is not None:
             columns.update(self.offload_loads.request_columns(self.request_ids))
+        if self.lora_names is not None:
+            columns["lora_name"] = self.lora_names
         return columns
 
     def step_columns(self) -> dict[str, list]:
@@ -279,6 +313,10 @@ class TraceRecorder:
 # A speculating real run's step columns (lists, like scheduled_request_ids) that its replay reads back.
 SAMPLED_COUNTS, PROPOSED_COUNTS = "sampled_token_counts", "proposed_draft_counts"
 SPEC_STEP_COLUMNS = ("num_spec_tokens", "spec_accepted_tokens", "spec_attention_work")
+# A LoRA-serving engine's step columns: adapter tokens and distinct adapters of the batch (StepFeatures), the
+# adapters it loaded before computing (all, and those read from disk first), and the seconds those loads took
+# (part of duration).
+LORA_STEP_COLUMNS = ("num_lora_tokens", "num_active_loras", "num_lora_loads", "num_lora_disk_loads", "lora_load_s")
 
 STEP_COLUMNS = (
     "step", "start_time", "duration", "num_prefill_reqs", "num_decode_reqs", "num_scheduled_tokens",
