@@ -183,6 +183,8 @@ def compute_summary(
     - disaggregation (a disaggregated cluster run: its requests table has the KV load's columns): the
       parts of TTFT, analysis.disaggregation_stats.
     - kv_offload (a run with KV offloading): the prompt KV loaded from host memory, analysis.offload_stats.
+    - lora (a run that serves LoRA adapters): adapter loads, their share of step time, the most requested
+      adapters, analysis.lora_stats.
     - pipeline (engines of two or more pipeline stages): busy fraction and batches in flight,
       analysis.pipeline_stats.
     """
@@ -266,6 +268,11 @@ def compute_summary(
     offload = offload_stats(requests)
     if offload is not None:
         summary["kv_offload"] = offload
+    from analysis.lora_stats import lora_stats
+
+    lora = lora_stats(requests, steps)
+    if lora is not None:
+        summary["lora"] = lora
     pipeline = pipeline_stats(steps, duration_s, config)
     if pipeline is not None:
         summary["pipeline"] = pipeline

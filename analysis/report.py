@@ -84,6 +84,9 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
     ("prefix-cache hit rate", lambda s: format_percent(s.get("prefix_cache_hit_rate"))),
     # KV offloading: the share of prompt tokens loaded from host memory ("-" without it).
     ("loaded from host", lambda s: format_percent((s.get("kv_offload") or {}).get("loaded_token_fraction"))),
+    # Multi-LoRA serving: adapter loads and the share of step time they took ("-" without it).
+    ("LoRA adapter loads", lambda s: format_number((s.get("lora") or {}).get("adapter_loads"))),
+    ("LoRA load share", lambda s: format_percent((s.get("lora") or {}).get("load_share_of_step_time"))),
     # Speculative decoding: tokens per verification, accepted drafts plus one ("-" without it).
     ("acceptance length", lambda s: format_number((s.get("spec_decoding") or {}).get("mean_acceptance_length"), 2)),
     # A cluster's busiest replica over its mean one ("-" for one engine): what a sweep over routers compares.
@@ -127,6 +130,12 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
         headline.add_row("loaded from host (KV offloading)",
                          f"{format_percent(offload.get('loaded_token_fraction'))} of prompt tokens, "
                          f"load p50 {format_number((offload.get('load_ms') or {}).get('p50'))} ms")
+    lora = summary.get("lora")
+    if lora:
+        headline.add_row(f"LoRA ({format_number(lora.get('num_adapters_used'))} adapters used)",
+                         f"{format_percent(lora.get('lora_token_fraction'))} of tokens on adapters, "
+                         f"{format_number(lora.get('adapter_loads'))} loads ({format_number(lora.get('disk_loads'))} "
+                         f"from disk), {format_percent(lora.get('load_share_of_step_time'))} of step time loading")
     spec = summary.get("spec_decoding")
     if spec:
         headline.add_row(f"speculative decoding ({spec.get('num_speculative_tokens')} drafts)",

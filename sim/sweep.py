@@ -64,6 +64,7 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
     rows = []
     disaggregated = any(result.summary.get("disaggregation") for result in results)
     speculating = any(result.summary.get("spec_decoding") for result in results)
+    serving_lora = any(result.summary.get("lora") for result in results)
     for result in results:
         row = {"point": result.label, "run_dir": str(result.out_dir)}
         row.update({name: result.summary.get(name) for name in SWEEP_TABLE_COLUMNS})
@@ -72,6 +73,10 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
                 row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
         # KV offloading: the share of prompt tokens loaded from host memory (empty without it).
         row["offload_loaded_token_fraction"] = (result.summary.get("kv_offload") or {}).get("loaded_token_fraction")
+        if serving_lora:  # multi-LoRA serving: adapter loads and their share of step time (empty where it is off)
+            lora = result.summary.get("lora") or {}
+            row["lora_adapter_loads"] = lora.get("adapter_loads")
+            row["lora_load_share"] = lora.get("load_share_of_step_time")
         if speculating:
             # Speculative decoding: tokens per verification and accepted share of drafts (empty where it is off).
             spec = result.summary.get("spec_decoding") or {}
