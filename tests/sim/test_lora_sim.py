@@ -232,3 +232,28 @@ def test_real_runs_refuse_lora_until_the_runner_takes_it(capsys):
     for executor in ("real", "server"):
         assert main(["multi_lora", "--executor", executor, "--out", "/nonexistent/never"]) == 2
         assert "LoRA adapters are simulated only" in capsys.readouterr().err
+
+
+def test_a_fast_forward_counts_its_steps_adapters_and_loads_only_in_its_first_step():
+    from types import SimpleNamespace
+
+    from engine.core import LoRARequest
+    from sim.lora_adapters import LoRASetup
+
+    setup = LoRASetup(max_loras=2, max_cpu_loras=3, max_lora_rank=16, copy_s={1: 1.0, 2: 2.0, 3: 4.0},
+                      disk_read_s={1: 10.0, 2: 20.0, 3: 40.0}, names={1: "a", 2: "b", 3: "c"})
+    lora = LoRASteps(setup)
+    lora.slots.admit({1, 3}, 0)
+    lora.slots.admit({1}, 1)
+    lora.num_steps = 2
+    # Running: two requests of adapter 1 (decoding in steps 0..4 and 0..1), one of adapter 2 (0..2), one base.
+    requests = [SimpleNamespace(lora_request=LoRARequest("a", 1)), SimpleNamespace(lora_request=LoRARequest("b", 2)),
+                SimpleNamespace(lora_request=None), SimpleNamespace(lora_request=LoRARequest("a", 1))]
+    plan = lora.plan_fast_forward(requests, [4, 2, 9, 1])
+    assert [plan.counts(step) for step in range(6)] == [(3, 2), (3, 2), (2, 2), (1, 1), (1, 1), (0, 0)]
+    assert plan.first_load_s == 2.0 + 20.0  # adapter 2: read from disk, then copied; 3 leaves the device
+    assert lora.slots.device == {1: 1, 3: 0}  # planning changes nothing
+    lora.commit_fast_forward(plan, num_steps=4)
+    assert (lora.last_num_loads, lora.last_num_disk_loads, lora.last_load_s) == (1, 1, 22.0)
+    # As four ordinary steps leave them: adapter 1 last ran in step 3 of the stretch, adapter 2 in step 2.
+    assert lora.slots.device == {1: 5, 2: 4} and lora.slots.host == {1: 5, 2: 4, 3: 0} and lora.num_steps == 6
