@@ -26,11 +26,11 @@ from workloads.request_spec import RequestSpec
 from workloads.sections import SharedPrefixSection
 from workloads.tokens import TokenVocabulary, assemble_prompts
 from workloads.trace_sampling import select_rows, synthetic_arrivals, trace_arrivals
-from workloads.traces import TraceRecords
+from workloads.traces import BASE_MODEL, TraceRecords
 from workloads.workload_section import StreamSection
 
 NO_GROUP = -1
-NO_ADAPTER = -1  # a base-model request (workload.lora unset, or drawn into base_model_fraction)
+NO_ADAPTER = BASE_MODEL  # a base-model request (workload.lora unset, drawn into base_model_fraction, or the trace says so)
 
 
 def generate_requests(
@@ -124,8 +124,13 @@ def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocab
     prompts = assemble_prompts(prompt_lens, leading, lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
     completion_lens = _completion_output_lengths(workload, seed, output_lens, prompt_lens, output_column, cap)
     # Its own stream: adding workload.lora leaves every other draw (arrivals, lengths, tokens) as it was.
-    adapters = ([NO_ADAPTER] * count if workload.lora is None
-                else workload.lora.pick(random_stream(seed, Stream.LORA_ADAPTERS), count).tolist())
+    if workload.lora is None:
+        adapters = [NO_ADAPTER] * count
+    elif workload.uses_trace_adapters():
+        assert records is not None and records.lora_adapters is not None  # validation guarantees them
+        adapters = records.lora_adapters[trace_rows].tolist()  # BASE_MODEL == NO_ADAPTER
+    else:
+        adapters = workload.lora.pick(random_stream(seed, Stream.LORA_ADAPTERS), count).tolist()
     return [
         (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group, adapter)
         for arrival_time, prompt, completions, priority, group, adapter in zip(

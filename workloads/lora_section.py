@@ -50,14 +50,16 @@ class LoRASection(SchemaModel):
     - ``rank``: every adapter's rank, or a list cycled over the adapters (adapter i gets ``rank[i % len]``);
       each at most ``engine.max_lora_rank``.
     - ``popularity``: ``uniform``, or ``{zipf: s}``: adapter i is picked with probability proportional to
-      ``1 / (i + 1) ** s`` (adapter-0 the most popular; s > 0).
-    - ``base_model_fraction``: the share of requests that run on the base model, without an adapter.
+      ``1 / (i + 1) ** s`` (adapter-0 the most popular; s > 0); or ``trace``: the adapter the stream's trace names
+      in its ``lora_adapter`` column for the request's row (empty: the base model).
+    - ``base_model_fraction``: the share of requests that run on the base model, without an adapter (0 with
+      ``trace``, whose rows say it).
     - ``target_modules``: the projections each adapter adapts (PEFT's names).
     """
 
     adapters: int = Field(ge=1, le=MAX_ADAPTERS)
     rank: int | list[int] = 16
-    popularity: Literal["uniform"] | dict[str, float] = "uniform"
+    popularity: Literal["uniform", "trace"] | dict[str, float] = "uniform"
     base_model_fraction: float = Field(default=0.0, ge=0, le=1)
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES), min_length=1)
 
@@ -81,13 +83,13 @@ class LoRASection(SchemaModel):
     @field_validator("popularity", mode="before")
     @classmethod
     def _popularity(cls, value: Any) -> Any:
-        if value == "uniform":
+        if value in ("uniform", "trace"):
             return value
         exponent = value.get("zipf") if isinstance(value, dict) and set(value) == {"zipf"} else None
         if (exponent is None or isinstance(exponent, bool) or not isinstance(exponent, (int, float))
                 or not math.isfinite(exponent) or exponent <= 0):
-            raise ValueError("must be 'uniform' or {zipf: s} with an exponent s > 0 (adapter i picked in proportion "
-                             "to 1 / (i + 1) ** s)")
+            raise ValueError("must be 'uniform', 'trace' or {zipf: s} with an exponent s > 0 (adapter i picked in "
+                             "proportion to 1 / (i + 1) ** s)")
         return {"zipf": float(exponent)}
 
     @field_validator("target_modules")
@@ -101,10 +103,16 @@ class LoRASection(SchemaModel):
         return value
 
     @model_validator(mode="after")
-    def _ranks_not_more_than_adapters(self) -> LoRASection:
+    def _consistent(self) -> LoRASection:
+        problems = []
         if isinstance(self.rank, list) and len(self.rank) > self.adapters:
-            raise problems_error([("rank", f"lists {len(self.rank)} ranks for {self.adapters} adapters; the ones past "
-                                   "the last adapter would never be used", self.rank)])
+            problems.append(("rank", f"lists {len(self.rank)} ranks for {self.adapters} adapters; the ones past the last "
+                             "adapter would never be used", self.rank))
+        if self.popularity == "trace" and self.base_model_fraction:
+            problems.append(("base_model_fraction", "must be 0 with popularity: trace (the trace's empty lora_adapter "
+                             "cells are the base-model requests)", self.base_model_fraction))
+        if problems:
+            raise problems_error(problems)
         return self
 
     def rank_of(self, index: int) -> int:
@@ -118,7 +126,7 @@ class LoRASection(SchemaModel):
         return [AdapterSpec(adapter_name(index), index + 1, self.rank_of(index), modules) for index in range(self.adapters)]
 
     def probabilities(self) -> np.ndarray:
-        if self.popularity == "uniform":
+        if self.popularity in ("uniform", "trace"):
             weights = np.ones(self.adapters)
         else:
             weights = 1.0 / np.arange(1, self.adapters + 1, dtype=np.float64) ** self.popularity["zipf"]

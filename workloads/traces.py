@@ -4,10 +4,13 @@ Two public formats carry real traffic:
 
 - ``csv``: the Azure LLM inference trace 2023 as processed by Splitwise and Vidur, columns
   ``arrived_at`` (seconds), ``num_prefill_tokens``, ``num_decode_tokens``; other columns are ignored.
+  An optional ``lora_adapter`` column names each request's LoRA adapter by its index (``adapter-i``), empty for
+  the base model (``workload.lora.popularity: trace`` takes it).
 - ``mooncake``: Mooncake's (Kimi, FAST'25) JSONL, one object per line with ``timestamp``
   (milliseconds), ``input_length``, ``output_length`` and ``hash_ids``. Each hash id names one
   512-token block of the prompt; equal ids mean equal content, which is how the trace carries its
-  prefix sharing. The generator turns each id into a fixed block of token ids (tokens.py).
+  prefix sharing. The generator turns each id into a fixed block of token ids (tokens.py). An optional
+  ``lora_adapter`` key (an adapter index, or null) is the CSV column's equivalent.
 
 Reads are cached by (path, size, modification time): a sweep validates and generates every point from
 the same file. The cached arrays are read-only so no caller can change another's view of the trace.
@@ -36,6 +39,9 @@ MAX_TRACE_TOKENS = 2**31 - 1
 # Mooncake hash ids are 64-bit hashes' worth of integers at most.
 MAX_HASH_ID = 2**63 - 1
 CSV_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+# The optional column (CSV) or key (JSONL) naming each request's LoRA adapter by index; BASE_MODEL where empty.
+LORA_ADAPTER_COLUMN = "lora_adapter"
+BASE_MODEL = -1
 
 
 class TraceFormatError(ValueError):
@@ -57,6 +63,8 @@ class TraceRecords:
     block_hash_ids: np.ndarray | None = None
     block_hash_offsets: np.ndarray | None = None
     block_size: int = MOONCAKE_BLOCK_SIZE
+    # Each row's LoRA adapter index (BASE_MODEL: none), when the trace has the lora_adapter column; else None.
+    lora_adapters: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -102,6 +110,7 @@ def _read_cached(path: str, trace_format: TraceFormat, size: int, mtime_ns: int)
         records.output_lens,
         records.block_hash_ids,
         records.block_hash_offsets,
+        records.lora_adapters,
     ):
         if array is not None:
             array.setflags(write=False)
@@ -147,6 +156,7 @@ def read_splitwise_csv(path: str | os.PathLike[str]) -> TraceRecords:
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
+    adapters: list[int] = []
     with _open_text(path) as handle:
         reader = csv.reader(handle)
         header = [column.strip() for column in next(reader, [])]
@@ -154,6 +164,7 @@ def read_splitwise_csv(path: str | os.PathLike[str]) -> TraceRecords:
         if missing:
             raise TraceFormatError(f"{path} line 1: missing column(s) {', '.join(missing)} (header is {header})")
         time_column, prompt_column, output_column = (header.index(column) for column in CSV_COLUMNS)
+        adapter_column = header.index(LORA_ADAPTER_COLUMN) if LORA_ADAPTER_COLUMN in header else None
         for line_number, row in enumerate(reader, start=2):
             if not row or all(not cell.strip() for cell in row):
                 continue
@@ -163,10 +174,14 @@ def read_splitwise_csv(path: str | os.PathLike[str]) -> TraceRecords:
             times.append(_seconds(row[time_column].strip(), where, "arrived_at"))
             prompts.append(_integer(row[prompt_column].strip(), where, "num_prefill_tokens", 1))
             outputs.append(_integer(row[output_column].strip(), where, "num_decode_tokens", 0))
+            if adapter_column is not None:
+                cell = row[adapter_column].strip()
+                adapters.append(_integer(cell, where, LORA_ADAPTER_COLUMN, 0) if cell else BASE_MODEL)
     if not times:
         raise TraceFormatError(f"{path}: the trace has no rows")
     return TraceRecords(
-        str(path), np.array(times), np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64)
+        str(path), np.array(times), np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64),
+        lora_adapters=np.array(adapters, dtype=np.int64) if adapter_column is not None else None,
     )
 
 
@@ -176,6 +191,7 @@ def read_mooncake_jsonl(path: str | os.PathLike[str]) -> TraceRecords:
     outputs: list[int] = []
     hash_ids: list[int] = []
     offsets = [0]
+    adapters: list[int] = []
     with _open_text(path) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -205,6 +221,8 @@ def read_mooncake_jsonl(path: str | os.PathLike[str]) -> TraceRecords:
                                        f"covers {expected} blocks of {MOONCAKE_BLOCK_SIZE} tokens")
             hash_ids.extend(ids)
             offsets.append(len(hash_ids))
+            adapter = record.get(LORA_ADAPTER_COLUMN)
+            adapters.append(BASE_MODEL if adapter is None else _integer(str(adapter), where, LORA_ADAPTER_COLUMN, 0))
     if not times:
         raise TraceFormatError(f"{path}: the trace has no rows")
     return TraceRecords(
@@ -214,4 +232,6 @@ def read_mooncake_jsonl(path: str | os.PathLike[str]) -> TraceRecords:
         np.array(outputs, dtype=np.int64),
         block_hash_ids=np.array(hash_ids, dtype=np.int64),
         block_hash_offsets=np.array(offsets, dtype=np.int64),
+        # Only when some record names one: a trace without the key is the base model's, as before.
+        lora_adapters=np.array(adapters, dtype=np.int64) if any(a != BASE_MODEL for a in adapters) else None,
     )

@@ -108,6 +108,9 @@ class StreamSection(SchemaModel):
     def _trace_problems(self) -> list[tuple[str, str, Any]]:
         problems: list[tuple[str, str, Any]] = []
         if self.trace is None:
+            if self.uses_trace_adapters():
+                problems.append(("lora.popularity", "needs a workload.trace section whose lora_adapter column names "
+                                 "each request's adapter", "trace"))
             for name in ("arrival", "prompt_len", "output_len"):
                 if getattr(self, name).type == "trace":
                     problems.append((f"{name}.type", "needs a workload.trace section naming the trace file", "trace"))
@@ -134,6 +137,7 @@ class StreamSection(SchemaModel):
                     NO_VALUE,
                 )
             )
+        problems += self._trace_adapter_problems()
         needs_rows = self.uses_trace_times() or self.uses_trace_lengths()
         if needs_rows and self.trace.sample == "sequential" and self.num_requests is not None:
             available = len(self.trace.pool_rows())
@@ -147,6 +151,27 @@ class StreamSection(SchemaModel):
                     )
                 )
         return problems
+
+
+    def uses_trace_adapters(self) -> bool:
+        return self.lora is not None and self.lora.popularity == "trace"
+
+    def _trace_adapter_problems(self) -> list[tuple[str, str, Any]]:
+        """lora.popularity: trace takes each request's adapter from its trace row: the stream must take its rows
+        from the trace, whose lora_adapter column names adapters the section has. (Called with a trace.)"""
+        if not self.uses_trace_adapters():
+            return []
+        records = self.trace.records()
+        if records.lora_adapters is None:
+            return [("lora.popularity", f"is trace, but the trace {self.trace.path} has no lora_adapter column", "trace")]
+        if not (self.uses_trace_times() or self.uses_trace_lengths()):
+            return [("lora.popularity", "is trace, but no request takes a trace row: set arrival.type, prompt_len.type "
+                     "or output_len.type to trace", "trace")]
+        largest = int(records.lora_adapters[self.trace.pool_rows()].max())
+        if largest >= self.lora.adapters:
+            return [("lora.adapters", f"must be > every adapter index the trace names (it names {largest})",
+                     self.lora.adapters)]
+        return []
 
 
 class WorkloadPhase(StreamSection):

@@ -105,8 +105,8 @@ def test_ranks_cycle_over_the_adapters(raw_workload):
     ("lora.rank", [8, "x"], "workload.lora.rank: every rank must be an integer in 1..512; not [1] 'x'"),
     ("lora.rank", [8, 8, 8, 8, 8, 8, 8, 8, 8], "workload.lora.rank: lists 9 ranks for 8 adapters"),
     ("lora.rank", 32, "workload.lora.rank: must be <= engine.max_lora_rank (16)"),
-    ("lora.popularity", "zipf", "workload.lora.popularity: must be 'uniform' or {zipf: s}"),
-    ("lora.popularity", {"zipf": 0}, "workload.lora.popularity: must be 'uniform' or {zipf: s}"),
+    ("lora.popularity", "zipf", "workload.lora.popularity: must be 'uniform', 'trace' or {zipf: s}"),
+    ("lora.popularity", {"zipf": 0}, "workload.lora.popularity: must be 'uniform', 'trace' or {zipf: s}"),
     ("lora.popularity", {"pareto": 1}, "workload.lora.popularity"),
     ("lora.base_model_fraction", 1.5, "workload.lora.base_model_fraction"),
     ("lora.target_modules", ["qkv"], "workload.lora.target_modules: names unknown modules ['qkv']"),
@@ -145,3 +145,46 @@ def test_engine_lora_defaults_are_vllms(raw_workload):
     engine = load_workload(raw_workload).engine
     assert (engine.max_loras, engine.max_lora_rank, engine.max_cpu_loras) == (0, 16, None)
     assert load_workload(with_lora(raw_workload)).engine.cpu_lora_capacity() == 4
+
+
+def trace_workload(raw, tmp_path, rows, lora=None, **stream):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens,lora_adapter\n"
+                    + "".join(f"{i * 0.5},{10 + i},{5},{adapter}\n" for i, adapter in enumerate(rows)))
+    raw["engine"]["max_loras"] = 2
+    raw["workload"] = {"num_requests": len(rows), "arrival": {"type": "trace"}, "prompt_len": {"type": "trace"},
+                       "output_len": {"type": "trace"}, "trace": {"path": str(path)},
+                       "lora": lora or {"adapters": 4, "popularity": "trace"}, **stream}
+    return raw
+
+
+def test_a_trace_column_names_each_requests_adapter(raw_workload, tmp_path):
+    rows = ["2", "", "0", "3", ""]
+    requests = generate_requests(load_workload(trace_workload(raw_workload, tmp_path, rows)), VOCAB_SIZE)
+    assert [r.lora_name for r in requests] == ["adapter-2", None, "adapter-0", "adapter-3", None]
+    # Without popularity: trace the column is read but the section draws as always; without lora it is unused.
+    raw = trace_workload(raw_workload, tmp_path, rows, lora={"adapters": 4})
+    del raw["workload"]["lora"]
+    assert {r.lora_name for r in generate_requests(load_workload(raw), VOCAB_SIZE)} == {None}
+
+
+@pytest.mark.parametrize("lora, stream, expected", [
+    ({"adapters": 3, "popularity": "trace"}, {}, "workload.lora.adapters: must be > every adapter index the trace "
+                                                 "names (it names 3)"),
+    ({"adapters": 4, "popularity": "trace", "base_model_fraction": 0.5}, {},
+     "workload.lora.base_model_fraction: must be 0 with popularity: trace"),
+    ({"adapters": 4, "popularity": "trace"}, {"arrival": {"type": "poisson", "rate": 1},
+                                              "prompt_len": {"type": "constant", "value": 8},
+                                              "output_len": {"type": "constant", "value": 8}},
+     "workload.lora.popularity: is trace, but no request takes a trace row"),
+])
+def test_trace_adapters_refuse_what_cannot_work(raw_workload, tmp_path, lora, stream, expected):
+    assert expected in problems(trace_workload(raw_workload, tmp_path, ["2", "", "0", "3", ""], lora, **stream))
+
+
+def test_a_trace_without_the_column_cannot_name_adapters(raw_workload, data_dir):
+    with_lora(raw_workload, dict(LORA, popularity="trace", base_model_fraction=0.0))
+    assert "workload.lora.popularity: needs a workload.trace section" in problems(raw_workload)
+    raw_workload["workload"]["trace"] = {"path": str(data_dir / "splitwise_conv_sample.csv")}
+    raw_workload["workload"]["prompt_len"] = {"type": "trace"}
+    assert "has no lora_adapter column" in problems(raw_workload)
