@@ -232,6 +232,10 @@ def test_real_runs_refuse_lora_until_the_runner_takes_it(capsys):
     for executor in ("real", "server"):
         assert main(["multi_lora", "--executor", executor, "--out", "/nonexistent/never"]) == 2
         assert "LoRA adapters are simulated only" in capsys.readouterr().err
+    from sim.validate import main as validate_main
+
+    assert validate_main(["multi_lora", "--out", "/nonexistent/never"]) == 2
+    assert "workload.lora: LoRA adapters are simulated only; sim.validate's recording" in capsys.readouterr().err
 
 
 def test_a_fast_forward_counts_its_steps_adapters_and_loads_only_in_its_first_step():
