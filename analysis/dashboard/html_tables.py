@@ -39,6 +39,14 @@ SPEC_DECODING_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
     ("draft tokens accepted", "spec_decoding.acceptance_rate", "percent", "higher"),
     ("tokens per verification", "spec_decoding.mean_acceptance_length", "number", "higher"),
 )
+# Shown when some run serves LoRA adapters (analysis/lora_stats.py).
+LORA_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("tokens on LoRA adapters", "lora.lora_token_fraction", "percent", None),
+    ("LoRA adapter loads", "lora.adapter_loads", "count", "lower"),
+    ("LoRA loads from disk", "lora.disk_loads", "count", "lower"),
+    ("step time loading adapters", "lora.load_share_of_step_time", "percent", "lower"),
+    ("adapters per batch (mean)", "lora.mean_active_loras", "number", None),
+)
 LATENCY_ROWS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"), ("queue", "queue_ms"))
 LATENCY_STATISTICS = ("mean", "p50", "p90", "p99")
 
@@ -82,8 +90,10 @@ def summary_table_html(runs: Sequence[DashboardRun]) -> str:
         latency = _by_run_table(runs, rows, "latency (ms)")
     offloading = any(run.summary.get("kv_offload") for run in runs)
     speculating = any(run.summary.get("spec_decoding") for run in runs)
+    serving_lora = any(run.summary.get("lora") for run in runs)
     headline = _by_run_table(runs, HEADLINE_ROWS + (OFFLOAD_ROWS if offloading else ())
-                             + (SPEC_DECODING_ROWS if speculating else ()), "headline")
+                             + (SPEC_DECODING_ROWS if speculating else ()) + (LORA_ROWS if serving_lora else ()),
+                             "headline")
     base = runs[0].summary
     slo = ", ".join(f"{escape(key.removesuffix('_ms'))} &le; {value:g} ms"
                     for key, value in (base.get("slo") or {}).items() if value is not None) or "none"

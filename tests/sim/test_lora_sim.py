@@ -261,3 +261,11 @@ def test_a_fast_forward_counts_its_steps_adapters_and_loads_only_in_its_first_st
     assert (lora.last_num_loads, lora.last_num_disk_loads, lora.last_load_s) == (1, 1, 22.0)
     # As four ordinary steps leave them: adapter 1 last ran in step 3 of the stretch, adapter 2 in step 2.
     assert lora.slots.device == {1: 5, 2: 4} and lora.slots.host == {1: 5, 2: 4, 3: 0} and lora.num_steps == 6
+
+
+def test_the_dashboard_shows_the_adapters(tmp_path):
+    from sim.run import main
+
+    assert main(["multi_lora", "--set", "workload.num_requests=100", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    page = (tmp_path / "run" / "dashboard.html").read_text()
+    assert "LoRA adapter loads" in page and "step time loading adapters" in page
