@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine.runner.lora.config import LoRAConfig
 from engine.runner.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class RunnerConfig:
     eager_token_padding: int | None = None
     # Speculative decoding's proposer and its settings (engine/runner/spec_decode/); None: off.
     speculative_config: SpeculativeConfig | None = None
+    # Multi-LoRA serving (engine/runner/lora/): adapter slots and the host cache; None: off.
+    lora_config: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, requirement: str) -> None:

@@ -10,6 +10,7 @@ Invariants after ``condense()``:
 - ``token_ids_cpu[row, :num_tokens[row]]`` are the request's prompt then output tokens.
 - ``num_computed_tokens_cpu[row]`` tokens of the row have KV in the cache (before this step's tokens).
 - ``block_table`` row ``row`` holds the request's physical blocks, in logical order.
+- ``lora_int_ids[row]`` is the request's LoRA adapter id, 0 for the base model (engine/runner/lora/).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens_cpu = np.zeros(max_num_reqs, dtype=np.int32)
+        self.lora_int_ids = np.zeros(max_num_reqs, dtype=np.int32)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req, block_size)
 
     # ------------------------------------------------------------------ membership
@@ -81,6 +83,7 @@ class InputBatch:
         self.num_tokens[row] = num_tokens
         self.num_prompt_tokens[row] = num_prompt_tokens
         self.num_computed_tokens_cpu[row] = state.num_computed_tokens
+        self.lora_int_ids[row] = 0 if state.lora_request is None else state.lora_request.lora_int_id
         self.block_table.add_row(state.block_ids, row)
         return row
 
@@ -124,6 +127,7 @@ class InputBatch:
         self.num_tokens[target] = num_tokens
         self.num_prompt_tokens[target] = self.num_prompt_tokens[source]
         self.num_computed_tokens_cpu[target] = self.num_computed_tokens_cpu[source]
+        self.lora_int_ids[target] = self.lora_int_ids[source]
         self.block_table.move_row(source, target)
 
     # ------------------------------------------------------------------ per-step updates

@@ -36,6 +36,7 @@ from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, w
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
+from engine.runner.lora.manager import LoRAManager
 from engine.runner.prepare_inputs import prepare_inputs
 from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_logprobs
 from engine.runner.request_state import CachedRequestState
@@ -59,6 +60,9 @@ class ModelRunner:
                                            self.attention_backend)
         self.model, self.model_config = load_model(config.model, self.dtype, self.device,
                                                    attention_backend=self.attention_backend)
+        # Multi-LoRA serving: the model's projections get adapter slots (engine/runner/lora/); None: off.
+        self.lora = LoRAManager(self.model, config.lora_config, self.device) \
+            if config.lora_config is not None else None
         limit = self.model.max_model_len_limit
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what model {str(config.model)!r} "
@@ -189,6 +193,7 @@ class ModelRunner:
                 eos_token_id=new_request.eos_token_id,
                 bad_words_token_ids=self._tokenize_bad_words(params.bad_words) if params.bad_words else None,
                 grammar=self._new_grammar(new_request.req_id, params),
+                lora_request=self._check_lora(new_request.lora_request),
             )
             requests[new_request.req_id] = state
             batch.add_request(state)
@@ -227,6 +232,12 @@ class ModelRunner:
                 if new_block_ids:
                     batch.block_table.append_row(new_block_ids, row)
         batch.condense()
+
+    def _check_lora(self, lora_request):
+        if lora_request is not None and self.lora is None:
+            raise ValueError(f"a request names LoRA adapter {lora_request.lora_name!r} but this runner was created "
+                             "without LoRA (RunnerConfig.lora_config)")
+        return lora_request
 
     def _new_grammar(self, req_id: str, params):
         """The request's grammar matcher, or None when it asks for no structured outputs. The front end checked
@@ -289,16 +300,23 @@ class ModelRunner:
         num_scheduled_tokens = np.fromiter((scheduled[req_id] for req_id in req_ids), dtype=np.int32,
                                            count=num_reqs)
         prepared = prepare_inputs(batch, num_scheduled_tokens)
+        # The step's rows per LoRA adapter (None when no row has one: then the forward does no LoRA work).
+        lora_batch = self.lora.prepare_step(batch, num_scheduled_tokens) if self.lora is not None else None
         graphs = self.decode_graphs
-        if graphs is not None and graphs.handles(prepared):
-            hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs])
-        else:
-            input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions, prepared.common,
-                                                           self.eager_token_padding)
-            attn_metadata = self.metadata_builder.build(common)
-            input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-            positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
-            hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
+        try:
+            # Captured graphs hold no adapter: a step with one runs eagerly (engine/runner/lora/).
+            if graphs is not None and lora_batch is None and graphs.handles(prepared):
+                hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs])
+            else:
+                input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions,
+                                                               prepared.common, self.eager_token_padding)
+                attn_metadata = self.metadata_builder.build(common)
+                input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
+                hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
+        finally:
+            if lora_batch is not None:
+                self.lora.finish_step()
 
         states = batch.request_states[:num_reqs]
         prompt_logprobs = None

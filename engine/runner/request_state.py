@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.lora import LoRARequest
 from engine.core.sampling_params import SamplingParams
 from engine.runner.structured_output.request_grammar import RequestGrammar
 
@@ -34,6 +35,8 @@ class CachedRequestState:
     # The request's grammar matcher when it asks for structured outputs (engine/runner/structured_output/); it lives
     # and dies with this state, and follows output_token_ids through truncations and preemptions.
     grammar: RequestGrammar | None = None
+    # The LoRA adapter it runs with (None: the base model); sent once, when the request is first scheduled.
+    lora_request: LoRARequest | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
