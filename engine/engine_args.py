@@ -14,6 +14,7 @@ from pathlib import Path
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.models import default_model_path
 from engine.runner.config import RunnerConfig
+from engine.runner.lora.config import LoRAConfig
 from engine.runner.spec_decode.config import SpeculativeConfig
 
 # model=None means the generated "small" default; these names pick a generated default model.
@@ -47,9 +48,25 @@ class EngineArgs:
     # vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
     # "prompt_lookup_max": ...} (a dict, its JSON text, or a SpeculativeConfig); None: off.
     speculative_config: SpeculativeConfig | dict | str | None = None
+    # Multi-LoRA serving (vLLM's names and defaults): requests may name a PEFT adapter (LoRARequest); at most
+    # max_loras adapters run at once, each of rank <= max_lora_rank; max_cpu_loras loaded ones stay in host
+    # memory (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if not isinstance(self.enable_lora, bool):
+            raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
+
+    def create_lora_config(self) -> LoRAConfig | None:
+        """The runner's LoRA settings (a ValueError naming a bad one), or None without enable_lora."""
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                          max_cpu_loras=self.max_cpu_loras)
 
     def resolve_model_path(self) -> Path:
         """The checkpoint folder: a generated default model by name, or a local folder."""
@@ -78,7 +95,7 @@ class EngineArgs:
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_gpu_blocks=self.num_gpu_blocks, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed, enforce_eager=self.enforce_eager,
-            speculative_config=self.speculative_config)
+            speculative_config=self.speculative_config, lora_config=self.create_lora_config())
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(
@@ -86,7 +103,8 @@ class EngineArgs:
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy,
             num_speculative_tokens=self.speculative_config.num_speculative_tokens
-            if self.speculative_config is not None else 0)
+            if self.speculative_config is not None else 0,
+            max_loras=self.max_loras if self.enable_lora else 0)
 
     def check_kv_offloading(self) -> None:
         """A ValueError naming kv_offloading_size_gib when it cannot be honoured."""

@@ -22,7 +22,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.chat_template import check_messages, render_chat
-from engine.core import EngineCore, SamplingParams, Scheduler
+from engine.core import EngineCore, LoRARequest, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine
 from engine.front_end_step import step_front_end
@@ -59,6 +59,10 @@ class LLM:
         enforce_eager: bool = False,
         kv_offloading_size_gib: float = 0.0,
         speculative_config: dict | str | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         args = EngineArgs(
             model=model, tokenizer=tokenizer, skip_tokenizer_init=skip_tokenizer_init, dtype=dtype, device=device,
@@ -68,7 +72,8 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold, attention_backend=attention_backend,
             seed=seed, scheduling_policy=scheduling_policy, enforce_eager=enforce_eager,
-            kv_offloading_size_gib=kv_offloading_size_gib, speculative_config=speculative_config)
+            kv_offloading_size_gib=kv_offloading_size_gib, speculative_config=speculative_config,
+            enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
         self.engine_args = args
         components = build_engine(args)
         self.tokenizer = components.tokenizer
@@ -95,7 +100,8 @@ class LLM:
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order.
 
         ``prompts``: a string, a list of strings, a list of token-id lists, or dicts with
@@ -103,26 +109,30 @@ class LLM:
         is one prompt. ``sampling_params``: one for all prompts, or one per prompt (default: vLLM's
         defaults, i.e. 16 tokens at temperature 1). ``priority``: one integer per prompt, lower served
         first (with ``scheduling_policy="priority"``, as in vLLM). With ``SamplingParams(n=k)`` a prompt's
-        output holds its k completions in ``outputs``, by index.
+        output holds its k completions in ``outputs``, by index. ``lora_request``: the LoRA adapter (a
+        ``LoRARequest``) for every prompt, or a list of one per prompt (None: the base model); needs
+        ``enable_lora=True``, and each adapter is read and checked before any request is added.
         """
         parsed = self._parse_prompts(prompts)
         params = self._expand_sampling_params(sampling_params, len(parsed))
         priorities = self._check_priorities(priority, len(parsed))
-        for index, (prompt, request_params) in enumerate(zip(parsed, params)):
-            self._validate(index, prompt, request_params)
+        lora_requests = self._expand_lora_requests(lora_request, len(parsed))
+        for index, (prompt, request_params, request_lora) in enumerate(zip(parsed, params, lora_requests)):
+            self._validate(index, prompt, request_params, request_lora)
         request_ids = [f"{next(self._request_counter)}" for _ in parsed]
         # n > 1: the prompt's n completions are n engine requests, gathered back into one output.
         parents = {request_id: ParentRequest(request_id, request_params, "final")
                    for request_id, request_params in zip(request_ids, params) if request_params.n > 1}
         added: list[str] = []
         try:
-            for request_id, prompt, request_params, request_priority in zip(request_ids, parsed, params, priorities):
+            for request_id, prompt, request_params, request_priority, request_lora in zip(
+                    request_ids, parsed, params, priorities, lora_requests):
                 parent = parents.get(request_id)
                 engine_requests = (zip(parent.child_ids, parent.child_params) if parent is not None
                                    else [(request_id, request_params)])
                 for engine_request_id, engine_params in engine_requests:
                     added.append(engine_request_id)  # before adding: aborting an id the core lacks is harmless
-                    self._add_request(engine_request_id, prompt, engine_params, request_priority)
+                    self._add_request(engine_request_id, prompt, engine_params, request_priority, request_lora)
             finished = self._run_engine(set(request_ids), parents, use_tqdm)
         except BaseException:
             self._abort(added)
@@ -131,7 +141,8 @@ class LLM:
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             priority: Sequence[int] | None = None) -> list[RequestOutput]:
+             priority: Sequence[int] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` messages) or a list of
         them, each through the model's chat template (engine/chat_template.py, as the server's chat route
         renders it), then ``generate``. One RequestOutput per conversation, in order."""
@@ -144,7 +155,8 @@ class LLM:
         prompts = [render_chat(self.tokenizer, check_messages(conversation, "messages" if single else
                                                               f"messages[{index}]"), add_generation_prompt)
                    for index, conversation in enumerate(conversations)]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority,
+                             lora_request=lora_request)
 
     def _check_priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
         if priority is None:
@@ -154,9 +166,24 @@ class LLM:
         policy = self.scheduler.scheduler_config.policy
         return [check_priority(value, policy, f"priority[{index}]") for index, value in enumerate(priority)]
 
-    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> None:
+    @staticmethod
+    def _expand_lora_requests(lora_request: Any, num_prompts: int) -> list[LoRARequest | None]:
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            return [lora_request] * num_prompts
+        if isinstance(lora_request, (str, bytes)) or not isinstance(lora_request, Sequence) \
+                or len(lora_request) != num_prompts:
+            raise ValueError(f"lora_request must be a LoRARequest, or a list of one per prompt ({num_prompts}) "
+                             f"holding LoRARequests or None, got {lora_request!r:.200}")
+        for index, value in enumerate(lora_request):
+            if value is not None and not isinstance(value, LoRARequest):
+                raise ValueError(f"lora_request[{index}] must be a LoRARequest or None, got {type(value).__name__}")
+        return list(lora_request)
+
+    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
+                     lora_request: LoRARequest | None = None) -> None:
         arrival_time = time.monotonic()
-        request = make_core_request(request_id, prompt, params, self.eos_token_ids, arrival_time, priority)
+        request = make_core_request(request_id, prompt, params, self.eos_token_ids, arrival_time, priority,
+                                    lora_request)
         self.output_processor.add_request(request_id, prompt.text, prompt.token_ids, request.sampling_params,
                                           arrival_time)
         self.engine_core.add_request(request)
@@ -226,6 +253,8 @@ class LLM:
                 raise ValueError(f"sampling_params[{index}] must be a SamplingParams, got {type(p).__name__}")
         return params
 
-    def _validate(self, index: int, prompt: Prompt, params: SamplingParams) -> None:
+    def _validate(self, index: int, prompt: Prompt, params: SamplingParams,
+                  lora_request: LoRARequest | None = None) -> None:
         validate_request(f"prompt {index}", prompt, params, self.scheduler, self.model_runner.vocab_size,
-                         self.tokenizer is not None, self.model_runner.structured_outputs)
+                         self.tokenizer is not None, self.model_runner.structured_outputs, lora_request,
+                         self.model_runner.lora)

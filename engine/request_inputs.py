@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from engine.core import Request, SamplingParams, Scheduler
+from engine.core import LoRARequest, Request, SamplingParams, Scheduler
 from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
 
 
@@ -57,12 +57,15 @@ def check_token_ids(label: str, token_ids: Sequence[Any], vocab_size: int) -> li
 
 
 def validate_request(label: str, prompt: Prompt, params: SamplingParams, scheduler: Scheduler, vocab_size: int,
-                     has_tokenizer: bool, structured_outputs: StructuredOutputs | None = None) -> None:
+                     has_tokenizer: bool, structured_outputs: StructuredOutputs | None = None,
+                     lora_request: LoRARequest | None = None, lora=None) -> None:
     """Everything that would otherwise fail inside a step, checked while nothing is added yet.
 
     Reads only the scheduler's configuration (fixed after construction), so any thread may call it. A request
     with structured outputs has its grammar compiled here (``structured_outputs``: the engine's grammars), so a
-    schema, regex or grammar that does not compile is refused before the scheduler sees the request.
+    schema, regex or grammar that does not compile is refused before the scheduler sees the request. A request
+    with a LoRA adapter has it read and checked into the runner's host cache here (``lora``: the runner's
+    LoRAManager, None without enable_lora), for the same reason.
     """
     num_tokens = len(prompt.token_ids)
     if num_tokens == 0:
@@ -96,6 +99,21 @@ def validate_request(label: str, prompt: Prompt, params: SamplingParams, schedul
                                  "created with skip_tokenizer_init=True)")
     if params.structured_outputs is not None:
         check_structured_outputs(label, params, scheduler, structured_outputs)
+    if lora_request is not None:
+        check_lora_request(label, lora_request, lora)
+
+
+def check_lora_request(label: str, lora_request: LoRARequest, lora) -> None:
+    """The adapter loads and fits the model (``lora``: the runner's LoRAManager), or a ValueError naming it."""
+    if not isinstance(lora_request, LoRARequest):
+        raise ValueError(f"{label}: lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+    if lora is None:
+        raise ValueError(f"{label}: lora_request {lora_request.lora_name!r} needs an engine created with "
+                         "enable_lora=True")
+    try:
+        lora.add_lora(lora_request)
+    except ValueError as error:
+        raise ValueError(f"{label}: lora_request {lora_request.lora_name!r}: {error}") from None
 
 
 def check_structured_outputs(label: str, params: SamplingParams, scheduler: Scheduler,
@@ -122,7 +140,7 @@ def check_priority(priority: object, policy: str, label: str = "priority") -> in
 
 
 def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, eos_token_ids: list[int],
-                      arrival_time: float, priority: int = 0) -> Request:
+                      arrival_time: float, priority: int = 0, lora_request: LoRARequest | None = None) -> Request:
     """The core's Request; its ``sampling_params`` carry the extra EOS ids (hand those to the output
     processor too, so both sides agree on what stops the request)."""
     eos_token_id = eos_token_ids[0] if eos_token_ids else None
@@ -133,4 +151,4 @@ def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, e
         params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
         params.seed = seed
     return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time,
-                   priority=priority)
+                   priority=priority, lora_request=lora_request)
