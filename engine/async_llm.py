@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from engine.core import SamplingParams, Scheduler
+from engine.core import LoRARequest, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine, load_tokenizer_for_engine
 from engine.engine_loop import EngineDeadError, EngineLoop, EngineStepError
@@ -70,6 +70,8 @@ class AsyncLLM:
         # Requests are checked (their grammars compiled) on the event loop: with this thread's tokenizer.
         components.use_grammar_tokenizer(self.tokenizer)
         self._structured_outputs = components.structured_outputs
+        # The runner's LoRA state (None without enable_lora); its host cache is safe to fill from this thread.
+        self._lora = components.model_runner.lora
         self.stats = EngineStats(components.scheduler)
         self._engine_loop = EngineLoop(components, OutputProcessor(components.tokenizer), self.stats)
         self._active_request_ids: set[str] = set()
@@ -112,18 +114,28 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ requests
 
-    def process_prompt(self, prompt: Any, sampling_params: SamplingParams) -> Prompt:
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Read and check a LoRA adapter into the runner's host cache now (vLLM's ``add_lora``; the server loads
+        its --lora-modules this way): a ValueError naming what is wrong, or enable_lora missing."""
+        if self._lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} needs an engine created with enable_lora=True")
+        self._lora.add_lora(lora_request)
+
+    def process_prompt(self, prompt: Any, sampling_params: SamplingParams,
+                       lora_request: LoRARequest | None = None) -> Prompt:
         """Parse and validate a prompt as ``generate`` will (ValueError naming what is wrong)."""
         parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
         validate_request("prompt", parsed, sampling_params, self._scheduler, self.vocab_size,
-                         self.tokenizer is not None, self._structured_outputs)
+                         self.tokenizer is not None, self._structured_outputs, lora_request, self._lora)
         return parsed
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *,
-                       output_kind: OutputKind = "delta", priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       output_kind: OutputKind = "delta", priority: int = 0,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs. ``prompt``: text, token ids, or a dict as ``LLM.generate`` takes.
-        ``priority``: lower is served first (with ``scheduling_policy="priority"``, as in vLLM)."""
+        ``priority``: lower is served first (with ``scheduling_policy="priority"``, as in vLLM).
+        ``lora_request``: the LoRA adapter to run with (needs enable_lora)."""
         if output_kind not in ("delta", "cumulative"):
             raise ValueError(f"output_kind must be 'delta' or 'cumulative', got {output_kind!r}")
         check_priority(priority, self._scheduler.scheduler_config.policy)
@@ -137,9 +149,9 @@ class AsyncLLM:
         if isinstance(prompt, Prompt):  # already parsed (the server tokenizes first, to answer 400s)
             parsed = prompt
             validate_request("prompt", parsed, params, self._scheduler, self.vocab_size, self.tokenizer is not None,
-                             self._structured_outputs)
+                             self._structured_outputs, lora_request, self._lora)
         else:
-            parsed = self.process_prompt(prompt, params)
+            parsed = self.process_prompt(prompt, params, lora_request)
         loop = asyncio.get_running_loop()
         collector = RequestOutputCollector(loop, output_kind)
         # n > 1: n engine requests whose outputs the parent relabels into this one stream.
@@ -163,7 +175,7 @@ class AsyncLLM:
             arrival_time = time.monotonic()
             for engine_request_id, engine_params, sink in engine_requests:
                 request = make_core_request(engine_request_id, parsed, engine_params, self.eos_token_ids,
-                                            arrival_time, priority)
+                                            arrival_time, priority, lora_request)
                 self._engine_loop.add_request(request, parsed.text, sink)
             while not finished:
                 output = await collector.get()

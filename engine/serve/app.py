@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI's routes over one ``AsyncLLM``.
 
-    GET  /v1/models            the served model (with max_model_len, vocab_size, reserved_token_ids)
+    GET  /v1/models            the served model (with max_model_len, vocab_size, reserved_token_ids), then each
+                               LoRA adapter (root: its folder, parent: its base_model_name, else the model's)
     POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
     POST /tokenize             prompt text or chat messages -> token ids (vLLM's utility route)
@@ -25,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.async_llm import AsyncLLM
+from engine.core import LoRARequest
 from engine.serve.chat import create_chat_completion
 from engine.serve.completions import create_completion
 from engine.serve.errors import OpenAIError, install_error_handlers
@@ -37,7 +39,8 @@ from engine.serve.tokenize import DetokenizeRequest, TokenizeRequest, detokenize
 
 def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = None, *,
               shutdown_engine: bool = False, on_shutdown: Callable[[], None] | None = None,
-              tool_parser: str | None = None) -> FastAPI:
+              tool_parser: str | None = None, lora_requests: dict[str, LoRARequest] | None = None,
+              lora_parents: dict[str, str] | None = None) -> FastAPI:
     """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it."""
     if tool_parser is not None:
         get_parser(tool_parser)  # a ValueError listing the known names
@@ -45,7 +48,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
         served_model_names = [str(engine.engine_args.model or engine.model_path.name)]
     elif isinstance(served_model_names, str):
         served_model_names = [served_model_names]
-    state = ServerState(engine, list(served_model_names), tool_parser=tool_parser)
+    state = ServerState(engine, list(served_model_names), tool_parser=tool_parser,
+                        lora_requests=dict(lora_requests or {}), lora_parents=dict(lora_parents or {}))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -69,6 +73,10 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
                   "root": str(engine.model_path), "parent": None, "max_model_len": engine.max_model_len,
                   "vocab_size": engine.vocab_size, "reserved_token_ids": reserved}
                  for name in state.served_model_names]
+        cards += [{"id": name, "object": "model", "created": state.created, "owned_by": "servesim",
+                   "root": lora_request.lora_path, "parent": state.lora_parents.get(name, state.model_name), "max_model_len": engine.max_model_len,
+                   "vocab_size": engine.vocab_size, "reserved_token_ids": reserved}
+                  for name, lora_request in state.lora_requests.items()]
         return JSONResponse({"object": "list", "data": cards})
 
     @app.post("/v1/completions")

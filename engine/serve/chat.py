@@ -97,16 +97,16 @@ class _Messages(UsageCounter):
 
 
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
-    state.check_model(body.model)
+    lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
     mode = resolve_tool_mode(body, state.tool_parser)
     tool_structured = tool_structured_request(body, mode)
     params = chat_sampling_params(body, tool_structured)
     prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
-                                  param_names=chat_param_names(body, tool_structured))
+                                  param_names=chat_param_names(body, tool_structured), lora_request=lora_request)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
-    outputs = state.engine.generate(prompt, params, request_id, priority=body.priority)
+    outputs = state.engine.generate(prompt, params, request_id, priority=body.priority, lora_request=lora_request)
     messages = _Messages(params, body, mode)
     messages.streaming = body.stream
     if body.stream:

@@ -24,6 +24,7 @@ from engine.serve.app import build_app
 from engine.serve.tool_parsers import parser_names
 from engine.serve.cli_checks import (HelpFormatter, OneLineErrorParser, check_args, check_unchunked_budget,
                                      tokenizer_error_line)
+from engine.serve.lora_modules import lora_requests_for
 
 logger = logging.getLogger("engine.serve")
 
@@ -79,6 +80,16 @@ def make_parser() -> argparse.ArgumentParser:
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                              "(also prompt_lookup_min, prompt_lookup_max); default: off")
     engine.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded requests' sampling")
+    lora = parser.add_argument_group("LoRA adapters")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT format)")
+    lora.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                      help="adapters to serve, each as name=path or JSON '{\"name\": ..., \"path\": ..., "
+                           "\"base_model_name\": ...}'; a request whose model is the name uses the adapter")
+    lora.add_argument("--max-loras", type=int, default=defaults.max_loras,
+                      help="most adapters in one batch, >= 1")
+    lora.add_argument("--max-lora-rank", type=int, default=defaults.max_lora_rank, help="highest adapter rank, >= 1")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="adapters kept loaded in host memory, >= --max-loras (default: --max-loras)")
     return parser
 
 
@@ -91,7 +102,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
         enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib,
-        speculative_config=args.speculative_config)
+        speculative_config=args.speculative_config, enable_lora=args.enable_lora, max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,12 +123,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     names = args.served_model_name or [args.model]
+    try:  # every adapter is read and checked now: a bad one stops the server before it listens
+        lora_requests = lora_requests_for(args.lora_modules or [], names)
+        for lora_request in lora_requests.values():
+            try:
+                engine.add_lora(lora_request)
+            except ValueError as error:
+                raise ValueError(f"--lora-modules {lora_request.lora_name}: {error}") from None
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        engine.shutdown()
+        return 2
     stats = engine.get_stats()
     logger.info("loaded %s in %.1f s: max_model_len %d, %d KV blocks of %d tokens; serving it as %s",
                 engine.model_path, time.perf_counter() - started, engine.max_model_len,
                 stats.kv_cache_usable_blocks, engine.block_size, ", ".join(names))
+    if lora_requests:
+        logger.info("serving LoRA adapters %s", ", ".join(f"{name} ({request.lora_path})"
+                                                         for name, request in lora_requests.items()))
     app = build_app(engine, names, shutdown_engine=True, on_shutdown=lambda: _print_summary(engine),
-                    tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
+                    tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+                    lora_requests=lora_requests, lora_parents={module.name: module.base_model_name
+                                                               for module in args.lora_modules or []
+                                                               if module.base_model_name})
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 

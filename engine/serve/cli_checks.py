@@ -28,6 +28,9 @@ INTEGER_RANGES: dict[str, tuple[int | None, int | None]] = {
     "num_gpu_blocks": (2, None),  # block 0 is the null block
     "max_model_len": (1, None),
     "seed": (MIN_SEED, MAX_SEED),  # what torch.manual_seed accepts
+    "max_loras": (1, None),
+    "max_lora_rank": (1, None),
+    "max_cpu_loras": (1, None),
 }
 
 
@@ -79,6 +82,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.tool_call_parser is not None and args.tool_call_parser not in parser_names():
         parser.error(f"--tool-call-parser {args.tool_call_parser!r} is not a known parser; known: "
                      f"{', '.join(parser_names())}")
+    check_lora_flags(parser, args)
     try:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
@@ -86,6 +90,25 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.tokenizer is not None and args.tokenizer not in DEFAULT_MODEL_NAMES and not Path(args.tokenizer).is_dir():
         parser.error(f"--tokenizer {args.tokenizer!r} is not a folder; give the folder holding the tokenizer's "
                      "files, or leave --tokenizer out to use the model's")
+
+
+def check_lora_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--lora-modules entries parsed into LoRAModulePaths (args.lora_modules), each needing --enable-lora."""
+    from engine.serve.lora_modules import parse_lora_module
+
+    if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
+        parser.error(f"--max-cpu-loras must be >= --max-loras ({args.max_loras}), got {args.max_cpu_loras}")
+    if not args.lora_modules:
+        return
+    if not args.enable_lora:
+        parser.error("--lora-modules needs --enable-lora")
+    modules = []
+    for text in args.lora_modules:
+        try:
+            modules.append(parse_lora_module(text))
+        except ValueError as error:
+            parser.error(f"--lora-modules: {error}")
+    args.lora_modules = modules
 
 
 def check_unchunked_budget(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -100,19 +100,20 @@ class _Choices:
 
 
 async def create_completion(body: CompletionRequest, raw_request: Request, state: ServerState) -> Response:
-    state.check_model(body.model)
+    lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
     params = completion_sampling_params(body)
     batch = completion_prompts(body.prompt)
     param_names = completion_param_names(body)
     prompts = [state.prepare_prompt(prompt, params, param="prompt", param_names=param_names,
-                                    label=None if len(batch) == 1 else f"prompt[{index}]")
+                                    label=None if len(batch) == 1 else f"prompt[{index}]", lora_request=lora_request)
                for index, prompt in enumerate(batch)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "object": "text_completion", "created": int(time.time()),
               "model": body.model or state.model_name}
     request_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{index}" for index in range(len(prompts))]
-    outputs = merge_prompt_streams([state.engine.generate(prompt, params, prompt_request_id, priority=body.priority)
+    outputs = merge_prompt_streams([state.engine.generate(prompt, params, prompt_request_id, priority=body.priority,
+                                                          lora_request=lora_request)
                                     for prompt, prompt_request_id in zip(prompts, request_ids)])
     choices = _Choices(params, body, prompts, state.engine.get_tokenizer())
     if body.stream:

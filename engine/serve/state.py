@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.async_llm import AsyncLLM
-from engine.core import SamplingParams
+from engine.core import LoRARequest, SamplingParams
 from engine.engine_loop import EngineDeadError, EngineStepError
 from engine.request_inputs import Prompt, check_priority
 from engine.serve.errors import OpenAIError
@@ -21,6 +21,10 @@ class ServerState:
     served_model_names: list[str]
     # The tool-call parser's name when tool_choice "auto" is enabled (--enable-auto-tool-choice), else None.
     tool_parser: str | None = None
+    # Adapter name -> its LoRARequest (--lora-modules): a request whose model is the name runs with it.
+    lora_requests: dict[str, LoRARequest] = field(default_factory=dict)
+    # Adapter name -> the base model it was trained on, where --lora-modules gave one (/v1/models' parent).
+    lora_parents: dict[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -34,27 +38,35 @@ class ServerState:
         except ValueError as error:
             raise OpenAIError(str(error), param="priority") from None
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.served_model_names:
-            raise OpenAIError(f"the model {model!r} does not exist; this server serves "
-                              f"{', '.join(repr(name) for name in self.served_model_names)}",
-                              param="model", code="model_not_found")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter the request's ``model`` names (None: the base model), or vLLM's 404 for a model this
+        server does not serve."""
+        if model is None or model in self.served_model_names:
+            return None
+        lora_request = self.lora_requests.get(model)
+        if lora_request is None:
+            served = [*self.served_model_names, *self.lora_requests]
+            raise OpenAIError(f"The model `{model}` does not exist. This server serves "
+                              f"{', '.join(repr(name) for name in served)}.", status=404, param="model",
+                              code="model_not_found")
+        return lora_request
 
     def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str],
-                       label: str | None = None) -> Prompt:
+                       label: str | None = None, lora_request: LoRARequest | None = None) -> Prompt:
         """Tokenize and validate; a 400 names ``param`` for a prompt the engine cannot take, or the sampling
         parameter at fault (``param_names`` maps SamplingParams fields to the request's names). ``label``
         (``prompt[2]`` in a batch) starts the message, so the client knows which prompt it is about."""
         try:
-            return self._prepare_prompt(prompt, params, param, param_names)
+            return self._prepare_prompt(prompt, params, param, param_names, lora_request)
         except OpenAIError as error:
             if label is not None:
                 error.message = f"{label}: {error.message}"
             raise
 
-    def _prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str]) -> Prompt:
+    def _prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str],
+                        lora_request: LoRARequest | None) -> Prompt:
         try:
-            parsed = self.engine.process_prompt(prompt, params)
+            parsed = self.engine.process_prompt(prompt, params, lora_request)
         except ValueError as error:
             openai_error = sampling_error(error, param_names, default_param=param)
             if "more than the engine allows" in openai_error.message:

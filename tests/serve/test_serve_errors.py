@@ -22,7 +22,6 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
 
 
 @pytest.mark.parametrize("change,param,message", [
-    ({"model": "gpt-4"}, "model", "does not exist"),
     ({"max_tokens": -1}, "max_tokens", "max_tokens must be an integer >= 1"),
     ({"max_tokens": 0}, "max_tokens", ">= 1"),
     ({"max_tokens": "many"}, "max_tokens", "valid integer"),
@@ -87,7 +86,6 @@ def test_bad_completion_parameters(server, change, param, message):
     ({"max_tokens": 600}, "max_tokens"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
-    ({"model": "nope"}, "model"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
@@ -171,12 +169,21 @@ def test_unknown_routes_and_methods(server):
     assert_openai_error(httpx.get(f"{server.url}/v1/completions", timeout=10), 405, None)
 
 
+@pytest.mark.parametrize("route,body", [("/v1/completions", {**GOOD_COMPLETION, "model": "gpt-4"}),
+                                        ("/v1/chat/completions", {**GOOD_CHAT, "model": "nope"}),
+                                        ("/tokenize", {"model": "nope", "prompt": "hi"})])
+def test_an_unknown_model_is_a_404_as_in_vllm(server, route, body):
+    error = assert_openai_error(httpx.post(f"{server.url}{route}", json=body, timeout=10), 404, "model")
+    assert error["type"] == "not_found_error" and error["code"] == "model_not_found"
+    assert error["message"] == f"The model `{body['model']}` does not exist. This server serves 'tiny'."
+
+
 def test_the_openai_client_raises_bad_request(server):
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=10) as client:
         with pytest.raises(openai.BadRequestError) as raised:
             client.completions.create(model="tiny", prompt="x", max_tokens=-5)
         assert raised.value.status_code == 400 and raised.value.body["param"] == "max_tokens"
-        with pytest.raises(openai.BadRequestError):
+        with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="unknown", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt="x", n=0)
