@@ -84,7 +84,7 @@ def make_parser() -> argparse.ArgumentParser:
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT format)")
     lora.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                       help="adapters to serve, each as name=path or JSON '{\"name\": ..., \"path\": ..., "
-                           "\"base_model_name\": ...}'; a request whose model is the name uses the adapter")
+                           "\"base_model_name\": ...}'; a request whose model is the name uses the adapter (default: none)")
     lora.add_argument("--max-loras", type=int, default=defaults.max_loras,
                       help="most adapters in one batch, >= 1")
     lora.add_argument("--max-lora-rank", type=int, default=defaults.max_lora_rank, help="highest adapter rank, >= 1")
