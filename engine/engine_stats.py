@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass, field
 
 from engine.core import Scheduler
@@ -66,6 +67,12 @@ class EngineStatsSnapshot:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # LoRA (vLLM's lora_requests_info): max_loras (0: off), the adapters of running and waiting requests, and
+    # when they were read (wall time, the gauge's value in vLLM).
+    max_lora: int = 0
+    running_lora_adapters: list[str] = field(default_factory=list)
+    waiting_lora_adapters: list[str] = field(default_factory=list)
+    lora_info_time: float = 0.0
     finished_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS.values(), 0))
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -98,6 +105,11 @@ class EngineStats:
             stats.prefix_cache_queries += prefix.queries
             stats.prefix_cache_hits += prefix.hits
             stats.num_preemptions = scheduler.num_preemptions_total
+            if scheduler.max_loras:  # a walk over the queues only where adapters can be in them
+                stats.max_lora = scheduler.max_loras
+                stats.running_lora_adapters = _adapter_names(scheduler.running)
+                stats.waiting_lora_adapters = _adapter_names(scheduler.waiting)
+                stats.lora_info_time = time.time()
             spec = scheduler.spec_decoding_stats
             if spec is not None:
                 stats.spec_decode_num_drafts = spec.num_drafts
@@ -137,3 +149,7 @@ class EngineStats:
             for request_id in request_ids:
                 self._last_token_time.pop(request_id, None)
                 self._stats.finished_requests["error"] = self._stats.finished_requests.get("error", 0) + 1
+
+
+def _adapter_names(requests) -> list[str]:
+    return sorted({request.lora_request.lora_name for request in requests if request.lora_request is not None})

@@ -79,6 +79,12 @@ def render_metrics(stats: EngineStatsSnapshot, model_name: str) -> str:
                stats.spec_decode_num_draft_tokens)
     out.single("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
                stats.spec_decode_num_accepted_tokens)
+    if stats.max_lora:
+        out.header("lora_requests_info", "gauge", "LoRA adapters of running and waiting requests (vLLM's "
+                   "lora_requests_info; the value is when they were read, in seconds since the epoch).")
+        out.sample("lora_requests_info", float(stats.lora_info_time), max_lora=str(stats.max_lora),
+                   running_lora_adapters=",".join(stats.running_lora_adapters),
+                   waiting_lora_adapters=",".join(stats.waiting_lora_adapters))
     out.header("requests_finished_total", "counter", "Finished requests by finish reason.")
     for reason, count in sorted(stats.finished_requests.items()):
         out.sample("requests_finished_total", count, finished_reason=reason)

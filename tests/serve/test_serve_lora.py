@@ -98,6 +98,17 @@ def test_streamed_adapter_completion_equals_non_streamed(client, engine_outputs)
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == engine_outputs["beta"][0].text
 
 
+def test_metrics_name_the_adapters_in_use(client, lora_server):
+    """vLLM's lora_requests_info gauge: max_loras and the adapters of running and waiting requests (none once
+    every request has finished)."""
+    client.completions.create(model="alpha", prompt=PROMPT, max_tokens=2)
+    text = httpx.get(f"{lora_server.url}/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("servesim_lora_requests_info{")]
+    assert len(lines) == 1
+    assert 'max_lora="2"' in lines[0] and 'running_lora_adapters=""' in lines[0]
+    assert 'waiting_lora_adapters=""' in lines[0] and float(lines[0].split()[-1]) > 0
+
+
 def test_an_unknown_model_is_a_404(client):
     with pytest.raises(openai.NotFoundError) as raised:
         client.completions.create(model="gamma", prompt=PROMPT, max_tokens=2)
@@ -149,3 +160,23 @@ def test_a_bad_adapter_stops_the_server_at_start(tiny_model_path, adapters, tmp_
     assert status == 2 and err.startswith("error: --lora-modules bad: ") and "field 'bias'" in err, err
     status, err = run_main([*argv[:-2], f"alpha={adapters['alpha']}", f"alpha={adapters['beta']}"], capsys)
     assert status == 2 and "adapter name 'alpha' is used twice" in err, err
+
+
+def test_lora_requests_info_names_running_and_waiting_adapters(tiny_model_path, adapters):
+    from engine.engine_stats import EngineStats
+    from engine.request_inputs import Prompt
+    from engine.serve.prometheus import render_metrics
+
+    llm = LLM(model=str(tiny_model_path), enable_lora=True, max_loras=1, max_lora_rank=8, **ENGINE_ARGS)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    for index, name in enumerate(("alpha", "beta")):  # max_loras=1: beta waits while alpha runs
+        lora_request = LoRARequest(name, index + 1, str(adapters[name]))
+        llm._validate(index, Prompt(None, [5, 6, 7]), params, lora_request)
+        llm._add_request(f"r{index}", Prompt(None, [5, 6, 7]), params, lora_request=lora_request)
+    llm.engine_core.step()
+    stats = EngineStats(llm.scheduler).snapshot()
+    assert (stats.max_lora, stats.running_lora_adapters, stats.waiting_lora_adapters) == (1, ["alpha"], ["beta"])
+    line = next(line for line in render_metrics(stats, "tiny").splitlines()
+                if line.startswith("servesim_lora_requests_info{"))
+    assert 'max_lora="1",running_lora_adapters="alpha",waiting_lora_adapters="beta"' in line
+    llm._abort(["r0", "r1"])
