@@ -211,3 +211,24 @@ def test_a_batch_without_adapters_does_no_lora_work(small_path, prompts):
             llm.generate(prompts[:3], greedy(), use_tqdm=False)
         counts.append(mode.ops)
     assert len(counts[0]) > 100 and counts[0] == counts[1]
+
+
+def test_slots_evict_the_least_recently_used_adapter_the_batch_does_not_use():
+    from engine.runner.lora.device_slots import LoRASlots
+
+    slots = LoRASlots([], max_loras=2)
+    loads = []
+
+    def get_weights(request):
+        loads.append(request.lora_int_id)
+        return None  # no modules to fill
+
+    adapter = {lora_id: LoRARequest(f"a{lora_id}", lora_id, "") for lora_id in range(1, 5)}
+    assert slots.assign([adapter[1], adapter[2]], get_weights) == {1: 0, 2: 1}
+    assert slots.assign([adapter[1]], get_weights) == {1: 0}  # 2 is now the least recently used
+    assert slots.assign([adapter[3]], get_weights) == {3: 1}
+    assert slots.assign([adapter[3], adapter[1]], get_weights) == {3: 1, 1: 0}  # resident: nothing copied
+    assert slots.assign([adapter[4], adapter[3]], get_weights) == {4: 0, 3: 1}  # 1 goes: 3 is in the batch
+    assert loads == [1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="the batch uses 3 LoRA adapters, more than max_loras 2"):
+        slots.assign([adapter[1], adapter[2], adapter[3]], get_weights)
