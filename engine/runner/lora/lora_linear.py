@@ -4,17 +4,20 @@
     out[rows of adapter a, slice s] += (x A_s^T) B_s^T   for each adapter a in the step, each slice s it adapts
 
 A fused projection is several slices of one output (``qkv_proj``: q, k, v; ``gate_up_proj``: gate, up),
-each with its own A and B, as PEFT trains them on the separate projections. Each slice's weights live in
-``max_loras`` slots: ``lora_a[s]`` is [max_loras, max_lora_rank, in_features] and ``lora_b[s]`` is
-[max_loras, slice_out, max_lora_rank], zero beyond the adapter's rank (so the padding adds nothing), with
-the adapter's scale folded into B when the slot is filled (engine/runner/lora/device_slots.py).
+each with its own A and B, as PEFT trains them on the separate projections. A slot packs the slices an
+adapter adapts side by side: ``lora_a`` is [max_loras, num_slices * max_lora_rank, in_features] with the
+adapted slices' A stacked along the rank, and ``lora_b`` is [max_loras, out_features, num_slices *
+max_lora_rank] holding each slice's B in its own output rows and rank columns (block diagonal), zeros
+everywhere else, so padding adds nothing. The adapter's scale is folded into B when the slot is filled
+(engine/runner/lora/device_slots.py). A step then costs two matmuls per adapter and projection at the
+adapter's own rank times its number of slices, however many slices the projection has.
 
 Rows are grouped by adapter: one loop over the step's distinct adapters (at most max_loras), each an
-``index_select`` of its rows, two small matmuls per adapted slice, and an ``index_add_`` back. A gathered
-bmm (one [rank, in] matrix per token) would instead copy every token's weights and multiply at the
-padded rank; with few adapters per step the loop does exact-rank dense matmuls and no per-token copies,
-and it skips the slices an adapter does not target. A step whose batch uses no adapter (``LoRABatch``
-unset) does no tensor work beyond the base projection.
+``index_select`` of its rows, the two matmuls, and an ``index_add_`` back (skipped when the adapter has
+every row). A gathered bmm (one [rank, in] matrix per token) would instead copy every token's weights and
+multiply at the padded rank; with few adapters per step the loop does dense matmuls at the adapters'
+ranks and no per-token copies. A step whose batch uses no adapter (``LoRABatch`` unset) does no tensor
+work beyond the base projection.
 """
 
 from __future__ import annotations
@@ -53,16 +56,14 @@ class LoRALinear(nn.Module):
         self.slice_sizes = slice_sizes
         self.context = context
         weight = base.weight
+        width = len(slice_sizes) * max_lora_rank
         # Buffers, not parameters: the model's parameters stay exactly the checkpoint's.
-        for index, size in enumerate(slice_sizes):
-            self.register_buffer(f"lora_a_{index}", torch.zeros(max_loras, max_lora_rank, base.in_features,
-                                                               dtype=weight.dtype, device=weight.device),
-                                 persistent=False)
-            self.register_buffer(f"lora_b_{index}", torch.zeros(max_loras, size, max_lora_rank, dtype=weight.dtype,
-                                                               device=weight.device), persistent=False)
-        # Per slot: the adapter's rank, and the slices it adapts (host-side, read each step without a sync).
-        self.slot_rank = [0] * max_loras
-        self.slot_slices: list[tuple[int, ...]] = [()] * max_loras
+        self.register_buffer("lora_a", torch.zeros(max_loras, width, base.in_features, dtype=weight.dtype,
+                                                   device=weight.device), persistent=False)
+        self.register_buffer("lora_b", torch.zeros(max_loras, base.out_features, width, dtype=weight.dtype,
+                                                   device=weight.device), persistent=False)
+        # Per slot: the packed rank (the adapter's rank times the slices it adapts), read without a sync.
+        self.slot_width = [0] * max_loras
 
     @property
     def in_features(self) -> int:
@@ -72,25 +73,20 @@ class LoRALinear(nn.Module):
     def out_features(self) -> int:
         return self.base.out_features
 
-    def lora_a(self, index: int) -> torch.Tensor:
-        return getattr(self, f"lora_a_{index}")
-
-    def lora_b(self, index: int) -> torch.Tensor:
-        return getattr(self, f"lora_b_{index}")
-
     def set_slot(self, slot: int, rank: int, slices: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Fill ``slot`` with an adapter of rank ``rank``: ``slices[s] = (A [rank, in], scaled B [out_s, rank])``
-        for the slices it adapts; every other slice, and every column past ``rank``, becomes zero."""
-        for index in range(len(self.slice_sizes)):
-            lora_a, lora_b = self.lora_a(index), self.lora_b(index)
-            lora_a[slot].zero_()
-            lora_b[slot].zero_()
-            if index in slices:
-                a, b = slices[index]
-                lora_a[slot, :rank].copy_(a)
-                lora_b[slot, :, :rank].copy_(b)
-        self.slot_rank[slot] = rank
-        self.slot_slices[slot] = tuple(sorted(slices))
+        for the slices it adapts, packed side by side; everything else in the slot becomes zero."""
+        lora_a, lora_b = self.lora_a[slot], self.lora_b[slot]
+        lora_a.zero_()
+        lora_b.zero_()
+        column = 0
+        for index in sorted(slices):
+            a, b = slices[index]
+            offset, size = self.slice_offsets[index], self.slice_sizes[index]
+            lora_a[column:column + rank].copy_(a)
+            lora_b[offset:offset + size, column:column + rank].copy_(b)
+            column += rank
+        self.slot_width[slot] = column
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -98,11 +94,14 @@ class LoRALinear(nn.Module):
         if batch is None:
             return out
         for slot, token_indices in batch.groups:
-            rank = self.slot_rank[slot]
-            rows = x.index_select(0, token_indices)
-            for index in self.slot_slices[slot]:
-                shrunk = rows @ self.lora_a(index)[slot, :rank].T
-                delta = shrunk @ self.lora_b(index)[slot, :, :rank].T
-                offset = self.slice_offsets[index]
-                out[:, offset:offset + self.slice_sizes[index]].index_add_(0, token_indices, delta)
+            width = self.slot_width[slot]
+            if not width:
+                continue  # the adapter leaves this projection alone
+            every_row = token_indices.shape[0] == x.shape[0]  # indices are distinct: all of them, in order
+            rows = x if every_row else x.index_select(0, token_indices)
+            delta = (rows @ self.lora_a[slot, :width].T) @ self.lora_b[slot, :, :width].T
+            if every_row:
+                out += delta
+            else:
+                out.index_add_(0, token_indices, delta)
         return out
