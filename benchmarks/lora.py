@@ -7,9 +7,10 @@ without LoRA; the same engine with ``enable_lora`` but base-model requests only 
 step does no LoRA work); every request on one adapter; half on each of two adapters (both in one batch,
 ``max_loras=2``). Adapters are generated (``engine.models.make_lora``: all seven projections, ``--rank``).
 Columns: output tokens per second, the ratio to the engine without LoRA, and the median decode step time.
-The extra work is ``2 * rank * (in + out)`` flops per token per projection, about ``2 * rank / hidden`` of the
-base matmuls at rank 8 and hidden 512 (3% of the flops), but each adapter's rows cost an index_select, two
-small matmuls per slice and an index_add, which on the CPU weigh more than their flops.
+The extra work is ``2 * rank * (in + out)`` flops per token per projection (times the slices of a fused
+one: q/k/v and gate/up are packed into one pair of matmuls), a few percent of the base matmuls at rank 8 and
+hidden 512; each adapter's rows also cost an index_select and an index_add, and on the CPU the small matmuls
+weigh more than their flops.
 """
 
 from __future__ import annotations
