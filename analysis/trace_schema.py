@@ -205,7 +205,7 @@ def _build_table(
         if name in schema.names:
             continue
         try:
-            array = _as_array(pa.array(_plain(values)))
+            array = _as_array(pa.array(_plain(values), from_pandas=True))  # NaN in a text column: null, as pandas reads it
         except (pa.ArrowException, TypeError, ValueError) as error:
             raise ValueError(f"{table_name} column {name!r}: cannot store values ({error})") from error
         arrays.append(array)

@@ -99,9 +99,9 @@ def lora_setup(adapters: list[AdapterSpec], model: ModelShape, hardware: Hardwar
 
 
 def refuse_lora_outside_simulator(workload, what: str) -> None:
-    """A ValueError when ``workload`` runs requests with adapters anywhere but in the simulator (``what``: the
-    executor), naming the fields: the real runner's LoRA lands separately, and real runs do not take it yet."""
+    """A ValueError when ``workload`` runs requests with adapters where ``what`` (a driver) cannot run them,
+    naming the field."""
     sections = workload.lora_sections()
     if sections:
-        raise ValueError(f"{sections[0][0]}: LoRA adapters are simulated only; {what} does not run them yet (the real "
-                         f"runner's LoRA lands separately): drop the lora section, or run the simulator")
+        raise ValueError(f"{sections[0][0]}: LoRA adapters run in the simulator and in real runs "
+                         f"(--executor real); {what} does not run them: drop the lora section, or use one of those")

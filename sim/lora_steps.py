@@ -23,6 +23,29 @@ from sim.lora_adapters import LoRASetup
 from sim.lora_slots import AdapterLoad, LoRASlots
 
 
+def count_step_adapters(adapter_of: dict[str, int], scheduler_output: SchedulerOutput, features: StepFeatures
+                        ) -> set[int]:
+    """Set the step's adapter tokens and distinct adapters in ``features`` and return the adapters' ids.
+    ``adapter_of`` (request id -> adapter id) learns new requests' adapters and forgets finished ones, as a
+    runner's request states do."""
+    for new_request in scheduler_output.scheduled_new_reqs:
+        if new_request.lora_request is not None:
+            adapter_of[new_request.req_id] = new_request.lora_request.lora_int_id
+    adapters: set[int] = set()
+    num_lora_tokens = 0
+    if adapter_of:
+        for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            adapter = adapter_of.get(request_id)
+            if adapter is not None:
+                num_lora_tokens += num_tokens
+                adapters.add(adapter)
+    for request_id in scheduler_output.finished_req_ids:
+        adapter_of.pop(request_id, None)
+    features.num_lora_tokens = num_lora_tokens
+    features.num_active_loras = len(adapters)
+    return adapters
+
+
 class LoRASteps:
     def __init__(self, setup: LoRASetup) -> None:
         self.setup = setup
@@ -47,22 +70,7 @@ class LoRASteps:
 
     def on_step(self, scheduler_output: SchedulerOutput, features: StepFeatures) -> float:
         """Count the step's adapters into ``features``, activate them, and return the seconds of its loads."""
-        adapter_of = self.adapter_of
-        for new_request in scheduler_output.scheduled_new_reqs:
-            if new_request.lora_request is not None:
-                adapter_of[new_request.req_id] = new_request.lora_request.lora_int_id
-        adapters: set[int] = set()
-        num_lora_tokens = 0
-        if adapter_of:
-            for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-                adapter = adapter_of.get(request_id)
-                if adapter is not None:
-                    num_lora_tokens += num_tokens
-                    adapters.add(adapter)
-        for request_id in scheduler_output.finished_req_ids:
-            adapter_of.pop(request_id, None)
-        features.num_lora_tokens = num_lora_tokens
-        features.num_active_loras = len(adapters)
+        adapters = count_step_adapters(self.adapter_of, scheduler_output, features)
         loads = self.slots.admit(adapters, self.num_steps) if adapters else []
         self.num_steps += 1
         return self._note_loads(loads)

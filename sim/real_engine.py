@@ -9,11 +9,10 @@ simulated ``model:`` preset, which names a shape for the cost model.
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.core import EngineCore
 from sim.engine_setup import SetupError
-from sim.lora_adapters import refuse_lora_outside_simulator
 from workloads import WorkloadConfig
 
 
@@ -23,6 +22,10 @@ class RealEngine:
     vocab_size: int
     reserved_token_ids: list[int]
     info: dict
+    # LoRA workloads: each adapter's folder (sim/real_lora_adapters.py) and the runner's LoRA manager, whose
+    # counters the run records per step; empty and None otherwise.
+    lora_paths: dict[str, str] = field(default_factory=dict)
+    lora_manager: object = None
 
 
 def cpu_name() -> str:
@@ -76,10 +79,6 @@ def _warm_up(llm) -> None:
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
                       dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
                       enforce_eager: bool = False) -> RealEngine:
-    try:
-        refuse_lora_outside_simulator(workload, "a real run")
-    except ValueError as error:
-        raise SetupError(str(error)) from None
     if workload.engine.tensor_parallel_size > 1:
         raise SetupError(f"engine.tensor_parallel_size: {workload.engine.tensor_parallel_size} GPUs per engine run in "
                          "the simulator only; a real run uses one device (set engine.tensor_parallel_size=1)")
@@ -139,7 +138,17 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
               long_prefill_token_threshold=section.long_prefill_token_threshold, attention_backend=attention_backend,
               seed=workload.seed, scheduling_policy=section.scheduling_policy,
               gpu_memory_utilization=section.gpu_memory_utilization, enforce_eager=enforce_eager,
-              speculative_config=speculative_config)
+              speculative_config=speculative_config, enable_lora=section.max_loras > 0,
+              max_loras=max(section.max_loras, 1), max_lora_rank=section.max_lora_rank,
+              max_cpu_loras=section.cpu_lora_capacity() if section.max_loras else None)
+    lora_paths = {}
+    if workload.lora_adapters():
+        from engine.models.default_model import cache_root
+        from sim.real_lora_adapters import write_workload_adapters
+
+        # Before the warm-up, which must not run with a run's adapter: the host cache starts empty, as a real
+        # run's adapters are read from disk when its first request of each runs.
+        lora_paths = write_workload_adapters(workload, llm.engine_args.resolve_model_path(), cache_root())
     _warm_up(llm)
     runner = llm.model_runner
     reserved = sorted(set(llm.tokenizer.all_special_ids)) if llm.tokenizer is not None else []
@@ -153,4 +162,4 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
             "dtype": str(runner.dtype).removeprefix("torch."), "attention_backend": runner.attention_backend,
             "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__,
             "cuda_graphs": runner.decode_graphs is not None}
-    return RealEngine(llm.engine_core, runner.vocab_size, reserved, info)
+    return RealEngine(llm.engine_core, runner.vocab_size, reserved, info, lora_paths, runner.lora)

@@ -18,6 +18,7 @@ import pandas as pd
 from analysis import write_run
 from engine.core import CacheConfig, EngineCore, SchedulerConfig
 from sim.machine_load import MachineLoad
+from sim.real_lora_steps import RealLoRASteps
 from sim.run_pipeline import RunResult, summarize_traces
 from sim.speed_probe import probe_summary, run_speed_probe, write_probe
 from sim.wall_clock_driver import run_wall_clock
@@ -39,10 +40,11 @@ def real_run_config(workload: WorkloadConfig, scheduler_config: SchedulerConfig,
 
 def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: EngineCore, *, vocab_size: int,
              reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False,
-             speed_probe: bool = False) -> RunResult:
+             speed_probe: bool = False, lora_paths: dict[str, str] | None = None, lora_manager=None) -> RunResult:
     """``speed_probe``: time the fixed probe steps of ``sim/speed_probe.py`` before the first request and
     after the last (about 15 s on the CPU): the machine's speed around the run, which ``sim.validate``
-    reports (and simulates at, with ``--at-probed-speed``)."""
+    reports (and simulates at, with ``--at-probed-speed``). ``lora_paths`` and ``lora_manager``: a LoRA workload's
+    adapter folders and the runner's LoRA manager (sim/real_engine.py's RealEngine has both)."""
     requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
                                  model_max_len=engine.scheduler.scheduler_config.max_model_len)
     probes = []
@@ -51,7 +53,9 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
                                       phase="before"))
     load = MachineLoad.start()
     started = time.perf_counter()
-    recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)")
+    lora_steps = RealLoRASteps(lora_manager) if lora_manager is not None and lora_paths else None
+    recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)",
+                              lora_paths=lora_paths, lora_steps=lora_steps)
     finished = time.perf_counter()
     cpu_run = (executor_info or {}).get("device") == "cpu"
     machine_load = load.summary(sum(recorder.step_columns()["duration"]) if cpu_run else None)

@@ -17,6 +17,8 @@ import numpy as np
 from analysis import Run, read_run
 from engine.core import CacheConfig, EngineCore, Scheduler, SchedulerConfig
 from sim.cost_models.replay import ReplayCostModel
+from sim.real_lora_steps import RecordedLoRASteps
+from sim.trace_recorder import LORA_STEP_COLUMNS
 from sim.recorded_drafts import RecordedDraftsExecutor
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
@@ -82,6 +84,9 @@ def replay(run_dir: str | Path) -> tuple[TraceRecorder, Run, ReplayCostModel]:
         steps = run.steps.sort_values("step")
         executor = RecordedDraftsExecutor(cost_model, steps["scheduled_request_ids"].tolist(),
                                           steps[SAMPLED_COUNTS].tolist(), steps[PROPOSED_COUNTS].tolist())
+    if LORA_STEP_COLUMNS[0] in run.steps.columns:
+        # Adapter counts and the recorded loads in the replay's trace; the recorded durations include the loads.
+        executor.lora = RecordedLoRASteps(run.steps)
     engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     # Fast-forward plans durations ahead of time; a replay consumes them strictly in order.
     recorder = Simulation(engine, requests, fast_forward=False, record_schedule=True).run()

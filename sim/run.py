@@ -156,8 +156,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> int:
-    refuse_lora_outside_simulator(workload, f"--executor {args.executor}")
     if args.executor == "server":
+        refuse_lora_outside_simulator(workload, "--executor server")
         from sim.server_run import run_against_server
 
         summary = run_against_server(workload, args.url, out_dir, progress=progress)
@@ -171,7 +171,8 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
                                  enforce_eager=args.enforce_eager)
         result = run_real(workload, out_dir, real.engine, vocab_size=real.vocab_size,
                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
-                          speed_probe=args.speed_probe)
+                          speed_probe=args.speed_probe, lora_paths=real.lora_paths,
+                          lora_manager=real.lora_manager)
         summary, wall = result.summary, result.wall_s
     if not args.quiet:
         print_summary(summary, console=console)

@@ -50,7 +50,6 @@ from sim.machine_load import busy_machine_warning
 from sim.profile_match import SHIPPED_PROFILES_DIR, check_profile_fits, default_profile_for
 from sim.speed_probe import probed_speed, read_probe
 from sim.step_time_error import describe_step_time_error, step_time_error
-from sim.lora_adapters import refuse_lora_outside_simulator
 from sim.validate_report import (HEADLINE_METRICS, describe_headline_error, describe_machine_speed,
                                  describe_sensitivity, headline_error, step_kind_table)
 from workloads import WorkloadError, load_workload
@@ -121,7 +120,11 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None,
                          "is not compared by sim.validate (a calibrated profile prices no draft verification); "
                          "record the run with sim.run --executor real and replay it with sim.run --replay")
     # Refused before the recording (and before stale recordings are removed), as build_real_engine refuses it.
-    refuse_lora_outside_simulator(workload, "sim.validate's recording")
+    lora_sections = workload.lora_sections()
+    if lora_sections:
+        raise ValueError(f"{lora_sections[0][0]}: a LoRA workload is not compared by sim.validate (a calibrated profile "
+                         "prices no adapter kernels or loads); record the run with sim.run --executor real and "
+                         "replay it with sim.run --replay")
     real_dirs = real_run_dirs(out_dir, repeats)
     remove_stale_recordings(out_dir, repeats)
     for real_dir in real_dirs:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Callable, Sequence
 
 from tqdm import tqdm
@@ -26,6 +27,7 @@ from engine.core import EngineCore, SamplingParams
 from sim.cost_models.replay import ReplayDivergedError
 from sim.scheduled_batch import scheduler_output_features
 from sim.engine_requests import make_request
+from sim.real_lora_steps import RealLoRASteps
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
 
@@ -56,8 +58,12 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
                    progress: bool = False, description: str = "running",
                    clock: Callable[[], float] = time.perf_counter,
                    sleep: Callable[[float], None] = time.sleep,
-                   timeline: RecordedTimeline | None = None) -> TraceRecorder:
+                   timeline: RecordedTimeline | None = None, lora_paths: Mapping[str, str] | None = None,
+                   lora_steps: RealLoRASteps | None = None) -> TraceRecorder:
+    """``lora_paths``: each adapter's folder (a real runner reads it); ``lora_steps``: the runner's LoRA counters,
+    recorded per step (sim/real_lora_steps.py), for an engine that serves adapters."""
     recorder = TraceRecorder(record_schedule=record_schedule)
+    recorder.track_lora(lora_steps)
     recorder.track_spec_decoding(engine.scheduler.spec_decoding_stats)  # (None: an engine that does not speculate)
     # A speculating engine's tokens kept and drafts proposed per step, which its replay must reproduce.
     record_drafts = record_schedule and engine.scheduler.num_speculative_tokens > 0
@@ -77,8 +83,8 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
         while next_index < len(specs) and specs[next_index].arrival_time <= now:
             spec = specs[next_index]
             recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
-                                spec.request_class)
-            engine.add_request(make_request(spec, params_by_output_len))
+                                spec.request_class, spec.lora_name)
+            engine.add_request(make_request(spec, params_by_output_len, lora_paths=lora_paths))
             next_index += 1
         if not engine.has_work():
             # Idle until the next arrival; the step it triggers starts at that arrival.
@@ -108,7 +114,10 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
             # the previous step's end (its bookkeeping included, as in a real run) to this one's.
             duration = timeline.step_duration(scheduler_output.total_num_scheduled_tokens, wall_end - span_start)
             end = start + duration
-        recorder.on_step(start, duration, scheduler_output, scheduler_output_features(scheduler_output), scheduler)
+        features = scheduler_output_features(scheduler_output)
+        if lora_steps is not None:
+            lora_steps.on_step(scheduler_output, features)
+        recorder.on_step(start, duration, scheduler_output, features, scheduler)
         if record_drafts:
             recorder.on_drafts(scheduler_output, result.model_runner_output)
         recorder.on_outputs(result.outputs, end)

@@ -10,6 +10,8 @@ logprobs and speculative decoding's verification all see the adapter.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from torch import nn
@@ -32,6 +34,9 @@ class LoRAManager:
         modules = wrap_model(model, config.max_loras, config.max_lora_rank, self.context)
         self.host_cache = LoRAHostCache(config.host_cache_size, target_shapes(model), config.max_lora_rank)
         self.slots = LoRASlots(modules, config.max_loras)
+        # Seconds spent giving steps' adapters their slots (reading from disk and copying in), all steps together:
+        # real runs record each step's share (sim/real_lora_steps.py), as the simulator prices its loads.
+        self.total_load_s = 0.0
 
     def add_lora(self, lora_request: LoRARequest) -> LoRAWeights:
         """Read and check the adapter into the host cache (the front end calls this when a request is added)."""
@@ -48,7 +53,11 @@ class LoRAManager:
         for row in np.flatnonzero(row_lora_ids).tolist():
             lora_request = batch.request_states[row].lora_request
             requests.setdefault(lora_request.lora_int_id, lora_request)
+        loads_before = self.slots.num_slot_loads
+        started = time.perf_counter()
         slots = self.slots.assign(list(requests.values()), self.host_cache.get)
+        if self.slots.num_slot_loads != loads_before:
+            self.total_load_s += time.perf_counter() - started
         token_lora_ids = np.repeat(row_lora_ids, num_scheduled_tokens)
         groups = []
         for lora_id, slot in slots.items():
