@@ -5,7 +5,9 @@ adapter, and the runner adds that adapter's low-rank update to the base layers' 
 tokens only. The core needs to know the adapter for two reasons:
 
 - the prefix cache: KV computed under one adapter is not another's (or the base model's), so the adapter's
-  name is an extra key of the first block's hash, and the chain carries it into every later block;
+  name and id are an extra key of the first block's hash, and the chain carries it into every later block
+  (the id too because a server may unload a name and load it again from other weights: the new adapter gets
+  a new id, never reused, so it can never hit the KV the old one left in the cache);
 - the batch: the runner holds at most ``SchedulerConfig.max_loras`` adapters on the device at once, so the
   running requests may use at most that many distinct adapters (engine/core/waiting_admission.py).
 
@@ -37,5 +39,8 @@ class LoRARequest:
 
 
 def encode_lora(lora_request: LoRARequest | None) -> bytes:
-    """The adapter's part of the first block's extra keys (empty for the base model)."""
-    return b"" if lora_request is None else b"lora:" + lora_request.lora_name.encode("utf-8")
+    """The adapter's part of the first block's extra keys (empty for the base model): its id, then its name
+    (the id is digits ended by ``:``, so no two (id, name) pairs encode alike)."""
+    if lora_request is None:
+        return b""
+    return b"lora:%d:" % lora_request.lora_int_id + lora_request.lora_name.encode("utf-8")

@@ -33,7 +33,11 @@ def test_an_adapter_changes_every_block_hash_and_the_salt_still_counts():
     base = hash_request_blocks(tokens, 16)
     sql = hash_request_blocks(tokens, 16, lora_request=ADAPTER_A)
     assert len(sql) == 4 and not set(base) & set(sql)
-    assert hash_request_blocks(tokens, 16, lora_request=LoRARequest("sql", 7, "/elsewhere")) == sql  # the name keys it
+    # The name and the id key it (the runner refuses one id for two folders, so the path need not); a name
+    # loaded again under a new id (the server's /v1/load_lora_adapter after an unload) misses the old KV.
+    assert hash_request_blocks(tokens, 16, lora_request=LoRARequest("sql", 1, "/elsewhere")) == sql
+    assert not set(hash_request_blocks(tokens, 16, lora_request=LoRARequest("sql", 7, "/adapters/sql"))) & set(sql)
+    assert not set(hash_request_blocks(tokens, 16, lora_request=LoRARequest("chat", 1, "/adapters/sql"))) & set(sql)
     salted = hash_request_blocks(tokens, 16, cache_salt="t", lora_request=ADAPTER_A)
     assert not set(salted) & (set(sql) | set(hash_request_blocks(tokens, 16, cache_salt="t")))
 
