@@ -121,6 +121,14 @@ class AsyncLLM:
             raise ValueError(f"LoRA adapter {lora_request.lora_name!r} needs an engine created with enable_lora=True")
         self._lora.add_lora(lora_request)
 
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget the adapter's name, so that a new adapter may take it under a new id (vLLM's ``remove_lora``;
+        the server's unload calls it). Requests already running with the adapter finish with it, and its weights
+        leave host memory when the least-recently-used order drops them. False: no adapter has this id."""
+        if self._lora is None:
+            return False
+        return self._lora.remove_lora(lora_int_id)
+
     def process_prompt(self, prompt: Any, sampling_params: SamplingParams,
                        lora_request: LoRARequest | None = None) -> Prompt:
         """Parse and validate a prompt as ``generate`` will (ValueError naming what is wrong)."""

@@ -116,6 +116,25 @@ def test_one_id_for_two_adapters_is_refused(llm, tiny_llama_path, tmp_path):
         llm.generate([[5, 6]], PARAMS, use_tqdm=False, lora_request=LoRARequest("first", 6, str(first)))
 
 
+def test_a_removed_adapter_releases_its_name_but_never_its_id(llm, tiny_llama_path, tmp_path):
+    """What the server's unload asks of the runner: the name may come back as a new adapter under a new id,
+    the old id keeps naming the old adapter (requests still running with it go on), and no id is reused."""
+    first = make_lora_adapter(tmp_path / "first", tiny_llama_path, rank=4, seed=1)
+    second = make_lora_adapter(tmp_path / "second", tiny_llama_path, rank=4, seed=2)
+    old, new = LoRARequest("again", 11, str(first)), LoRARequest("again", 12, str(second))
+    old_tokens = llm.generate([[5, 6]], PARAMS, use_tqdm=False, lora_request=old)[0].outputs[0].token_ids
+    cache = llm.model_runner.lora.host_cache
+    assert cache.remove_lora(11) and not cache.remove_lora(99)
+    new_tokens = llm.generate([[5, 6]], PARAMS, use_tqdm=False, lora_request=new)[0].outputs[0].token_ids
+    assert new_tokens != old_tokens
+    assert llm.generate([[5, 6]], PARAMS, use_tqdm=False, lora_request=old)[0].outputs[0].token_ids == old_tokens
+    with pytest.raises(ValueError, match=r"lora_int_id 11 is adapter 'again' at .*first'; it cannot also be "):
+        llm.generate([[5, 6]], PARAMS, use_tqdm=False, lora_request=LoRARequest("again", 11, str(second)))
+    with pytest.raises(ValueError, match=r"lora_name 'again' is adapter lora_int_id 12; it cannot also be "
+                                         r"lora_int_id 13"):
+        llm.generate([[5, 6]], PARAMS, use_tqdm=False, lora_request=LoRARequest("again", 13, str(second)))
+
+
 def test_lora_request_lists_are_checked(llm, adapter):
     good = LoRARequest("good", 7, str(adapter))
     with pytest.raises(ValueError, match=r"lora_request must be a LoRARequest, or a list of one per prompt \(2\)"):

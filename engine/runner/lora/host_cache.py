@@ -6,8 +6,15 @@ thread reads the cache when it fills a device slot; a lock makes the two safe to
 from here while requests still use it is read again from its folder, which was valid when they were added.
 
 The cache also keeps the identity of every adapter it has seen: a ``lora_int_id`` always names the same
-adapter (name and folder), and a name always the same id, because the prefix cache keys KV by the name
-and the device slots by the id (two adapters under one id, or one name, would share KV or weights).
+adapter (name and folder), and a name always the same id, because the device slots key weights by the id
+(two adapters under one id would share weights) and users expect one name to mean one adapter.
+
+``remove_lora`` (the server's ``/v1/unload_lora_adapter``) releases the adapter's name, so that a later
+load may give it to a new adapter under a new id, but keeps the id's identity forever (ids are never
+reused) and leaves the weights to the least-recently-used order: requests already running with the old
+adapter keep their LoRARequest, and their steps still find (or read again) exactly that adapter, which
+keeps its device slot while any batch uses it. Dropping the weights at once would make such a request read
+its folder again, which the user may have just overwritten with the new adapter.
 """
 
 from __future__ import annotations
@@ -45,13 +52,26 @@ class LoRAHostCache:
         lora_id, name, path = lora_request.lora_int_id, lora_request.lora_name, lora_request.lora_path
         with self._lock:
             known = self._identity.get(lora_id)
-            if known is not None and known != (name, path):
+            if known == (name, path):
+                return  # an adapter seen before (possibly removed since, with requests still running it)
+            if known is not None:
                 raise ValueError(f"LoRARequest lora_int_id {lora_id} is adapter {known[0]!r} at {known[1]!r}; "
                                  f"it cannot also be {name!r} at {path!r} (give each adapter its own id)")
             other_id = self._ids_by_name.get(name)
             if other_id is not None and other_id != lora_id:
                 raise ValueError(f"LoRARequest lora_name {name!r} is adapter lora_int_id {other_id}; it cannot "
-                                 f"also be lora_int_id {lora_id} (the prefix cache keys KV by the name)")
+                                 f"also be lora_int_id {lora_id} (give each adapter its own name)")
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Release the adapter's name for a new adapter (False: the id was never seen). Its weights stay until
+        the least-recently-used order drops them, and the id keeps naming this adapter (see the docstring)."""
+        with self._lock:
+            identity = self._identity.get(lora_int_id)
+            if identity is None:
+                return False
+            if self._ids_by_name.get(identity[0]) == lora_int_id:
+                del self._ids_by_name[identity[0]]
+            return True
 
     def get(self, lora_request: LoRARequest) -> LoRAWeights:
         """The adapter's weights, read from its folder unless cached (a ValueError if it cannot be used);
@@ -69,8 +89,9 @@ class LoRAHostCache:
         adapter = read_adapter(lora_request.lora_path, self.target_shapes, self.max_lora_rank)
         with self._lock:
             self.num_loads += 1
-            self._identity[lora_id] = (lora_request.lora_name, lora_request.lora_path)
-            self._ids_by_name[lora_request.lora_name] = lora_id
+            if lora_id not in self._identity:  # a removed adapter read again keeps its name released
+                self._identity[lora_id] = (lora_request.lora_name, lora_request.lora_path)
+                self._ids_by_name[lora_request.lora_name] = lora_id
             self._adapters[lora_id] = adapter
             self._adapters.move_to_end(lora_id)
             while len(self._adapters) > self.capacity:

@@ -42,6 +42,10 @@ class LoRAManager:
         """Read and check the adapter into the host cache (the front end calls this when a request is added)."""
         return self.host_cache.get(lora_request)
 
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Release the adapter's name (the server unloaded it); running requests still run it (host_cache.py)."""
+        return self.host_cache.remove_lora(lora_int_id)
+
     def prepare_step(self, batch: InputBatch, num_scheduled_tokens: np.ndarray) -> LoRABatch | None:
         """Slots for the batch's adapters and their rows, set for the forward (None: no adapter this step)."""
         num_reqs = len(num_scheduled_tokens)
