@@ -9,6 +9,8 @@
     GET  /version              the package version
     GET  /health               200 while the engine thread runs, 503 otherwise
     GET  /metrics              Prometheus text format
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+                               only when runtime LoRA updates are allowed (engine/serve/lora_updates.py)
 
 The app does not own the engine unless asked (``shutdown_engine=True``, what ``python -m engine.serve``
 does): then leaving the server's lifespan shuts the engine down, aborting requests still in flight.
@@ -30,6 +32,7 @@ from engine.core import LoRARequest
 from engine.serve.chat import create_chat_completion
 from engine.serve.completions import create_completion
 from engine.serve.errors import OpenAIError, install_error_handlers
+from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
 from engine.serve.state import ServerState
@@ -40,8 +43,11 @@ from engine.serve.tokenize import DetokenizeRequest, TokenizeRequest, detokenize
 def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = None, *,
               shutdown_engine: bool = False, on_shutdown: Callable[[], None] | None = None,
               tool_parser: str | None = None, lora_requests: dict[str, LoRARequest] | None = None,
-              lora_parents: dict[str, str] | None = None) -> FastAPI:
-    """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it."""
+              lora_parents: dict[str, str] | None = None,
+              allow_runtime_lora_updating: bool | None = None) -> FastAPI:
+    """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it.
+    ``allow_runtime_lora_updating``: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (None: as the
+    environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says)."""
     if tool_parser is not None:
         get_parser(tool_parser)  # a ValueError listing the known names
     if served_model_names is None:
@@ -64,6 +70,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     app = FastAPI(title="servesim OpenAI-compatible server", lifespan=lifespan, strict_content_type=False)
     app.state.server = state
     install_error_handlers(app)
+    if runtime_lora_updating_allowed(allow_runtime_lora_updating):
+        add_lora_update_routes(app, state)
 
     @app.get("/v1/models")
     async def list_models() -> JSONResponse:

@@ -85,6 +85,10 @@ def make_parser() -> argparse.ArgumentParser:
     lora.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                       help="adapters to serve, each as name=path or JSON '{\"name\": ..., \"path\": ..., "
                            "\"base_model_name\": ...}'; a request whose model is the name uses the adapter (default: none)")
+    lora.add_argument("--allow-runtime-lora-updating", action="store_true",
+                      help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, vLLM's runtime LoRA "
+                           "updates (needs --enable-lora; or set SERVESIM_ALLOW_RUNTIME_LORA_UPDATING=true). Any "
+                           "client can then make the server read any folder it can see")
     lora.add_argument("--max-loras", type=int, default=defaults.max_loras,
                       help="most adapters in one batch, >= 1")
     lora.add_argument("--max-lora-rank", type=int, default=defaults.max_lora_rank, help="highest adapter rank, >= 1")
@@ -145,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                     tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
                     lora_requests=lora_requests, lora_parents={module.name: module.base_model_name
                                                                for module in args.lora_modules or []
-                                                               if module.base_model_name})
+                                                               if module.base_model_name},
+                    # The flag turns the routes on; without it the environment variable decides.
+                    allow_runtime_lora_updating=True if args.allow_runtime_lora_updating else None)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 

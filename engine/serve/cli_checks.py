@@ -93,11 +93,14 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def check_lora_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--lora-modules entries parsed into LoRAModulePaths (args.lora_modules), each needing --enable-lora."""
+    """--lora-modules entries parsed into LoRAModulePaths (args.lora_modules); they and
+    --allow-runtime-lora-updating need --enable-lora."""
     from engine.serve.lora_modules import parse_lora_module
 
     if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
         parser.error(f"--max-cpu-loras must be >= --max-loras ({args.max_loras}), got {args.max_cpu_loras}")
+    if args.allow_runtime_lora_updating and not args.enable_lora:
+        parser.error("--allow-runtime-lora-updating needs --enable-lora")
     if not args.lora_modules:
         return
     if not args.enable_lora:

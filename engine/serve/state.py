@@ -3,6 +3,7 @@ before it reaches the engine (model name, prompt, context length)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +22,20 @@ class ServerState:
     served_model_names: list[str]
     # The tool-call parser's name when tool_choice "auto" is enabled (--enable-auto-tool-choice), else None.
     tool_parser: str | None = None
-    # Adapter name -> its LoRARequest (--lora-modules): a request whose model is the name runs with it.
+    # Adapter name -> its LoRARequest (--lora-modules, and /v1/load_lora_adapter when runtime updates are
+    # allowed): a request whose model is the name runs with it.
     lora_requests: dict[str, LoRARequest] = field(default_factory=dict)
     # Adapter name -> the base model it was trained on, where --lora-modules gave one (/v1/models' parent).
     lora_parents: dict[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    # The lora_int_id the next loaded adapter gets: above every id given so far, so none is ever reused (the
+    # runner and the prefix cache key adapters by id; engine/serve/lora_updates.py).
+    next_lora_int_id: int = 0
+    lora_update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.next_lora_int_id = max([self.next_lora_int_id, 1, *(request.lora_int_id + 1
+                                                                  for request in self.lora_requests.values())])
 
     @property
     def model_name(self) -> str:
