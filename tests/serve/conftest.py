@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import engine.serve.cli
+
 from engine.models import default_model_path
 from tests.serve.serve_helpers import REPO_ROOT
 
@@ -75,18 +77,32 @@ class ServerProcess:
         self._log.close()
 
 
-@pytest.fixture(scope="session")
-def server(tiny_model_path, tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("server-log")
-    for attempt in range(3):  # a free port can be taken between choosing it and binding it
-        process = ServerProcess(tiny_model_path, log_dir / f"server-{attempt}.log", SERVER_ARGS)
+def start_server(model_path: Path, log_dir: Path, extra_args: list[str]) -> ServerProcess:
+    """A healthy server on a free port (tried again, up to three times, when another process took the port
+    between choosing it and binding it)."""
+    for attempt in range(3):
+        process = ServerProcess(model_path, log_dir / f"server-{attempt}.log", extra_args)
         try:
             process.wait_ready(SERVER_START_TIMEOUT_S)
-            break
-        except RuntimeError:
+            return process
+        except (RuntimeError, TimeoutError):
             process.stop()
             if attempt == 2 or "address already in use" not in process.log().lower():
                 raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_path, tmp_path_factory):
+    process = start_server(tiny_model_path, tmp_path_factory.mktemp("server-log"), SERVER_ARGS)
     yield process
     process.stop()
 
+
+@pytest.fixture
+def never_serve(monkeypatch):
+    """For tests of the CLI's flags: a flag that slipped through would start a server that never returns;
+    fail instead."""
+    def serve(*args, **kwargs):
+        raise AssertionError("the flags were accepted and the server would have started")
+    monkeypatch.setattr(engine.serve.cli.uvicorn, "run", serve)

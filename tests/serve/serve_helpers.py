@@ -1,4 +1,4 @@
-"""Helpers shared by the serve tests: reading /metrics and waiting for the server to be idle."""
+"""Helpers shared by the serve tests: reading /metrics, waiting for the server to be idle, running the CLI."""
 
 import time
 from pathlib import Path
@@ -38,3 +38,14 @@ def wait_until_idle(url: str, timeout: float = 30.0) -> dict[str, float]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the server still has requests after {timeout} s: {samples}")
         time.sleep(0.05)
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """``python -m engine.serve ARGV`` in process: (exit status, stderr)."""
+    from engine.serve.cli import main
+
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, capsys.readouterr().err

@@ -3,24 +3,11 @@ status 2, before any model loads (``main`` is called in-process: each case takes
 
 import pytest
 
-import engine.serve.cli
 from engine.serve.cli import main, make_parser
+from tests.serve.serve_helpers import run_cli
 
-
-@pytest.fixture(autouse=True)
-def _never_serve(monkeypatch):
-    """A flag that slipped through would start a server that never returns; fail instead."""
-    def serve(*args, **kwargs):
-        raise AssertionError("the flags were accepted and the server would have started")
-    monkeypatch.setattr(engine.serve.cli.uvicorn, "run", serve)
-
-
-def run_main(argv, capsys) -> tuple[int, str]:
-    try:
-        status = main(argv)
-    except SystemExit as exit_:
-        status = exit_.code
-    return status, capsys.readouterr().err
+# Every test here calls main(): a flag that slipped through must fail, not start a server (conftest.py).
+pytestmark = pytest.mark.usefixtures("never_serve")
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -43,7 +30,7 @@ def run_main(argv, capsys) -> tuple[int, str]:
     (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value: 'many'"),
 ])
 def test_bad_flags_are_one_line_errors(tiny_model_path, capsys, argv, message):
-    status, err = run_main(["--model", str(tiny_model_path), *argv], capsys)
+    status, err = run_cli(["--model", str(tiny_model_path), *argv], capsys)
     assert status == 2 and err.startswith(message) and err.count("\n") == 1, err
 
 
@@ -51,15 +38,15 @@ def test_an_unchunked_budget_below_max_model_len_is_refused(tiny_model_path, cap
     """The engine would lower max_model_len to the budget unasked (/v1/models then said 16, and a 21-token
     prompt was refused "more than 16 (max_model_len=2048)"); refused up front, as sim.run and vLLM do."""
     argv = ["--model", str(tiny_model_path), "--no-enable-chunked-prefill", "--max-num-batched-tokens", "16"]
-    status, err = run_main(argv, capsys)
+    status, err = run_cli(argv, capsys)
     assert status == 2 and err.startswith("error: --max-num-batched-tokens must be >= max_model_len (2048, "
                                           "the model's) with --no-enable-chunked-prefill, got 16"), err
-    status, err = run_main([*argv, "--max-model-len", "64"], capsys)
+    status, err = run_cli([*argv, "--max-model-len", "64"], capsys)
     assert status == 2 and "max_model_len (64, --max-model-len)" in err, err
 
 
 def test_a_folder_without_a_tokenizer_names_the_flag(tiny_model_path, tmp_path, capsys):
-    status, err = run_main(["--model", str(tiny_model_path), "--tokenizer", str(tmp_path)], capsys)
+    status, err = run_cli(["--model", str(tiny_model_path), "--tokenizer", str(tmp_path)], capsys)
     assert status == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: cannot load a tokenizer from {str(tmp_path)!r} (--tokenizer): no tokenizer.json")
     assert "tokenizer=<folder>" not in err and "sentencepiece" not in err
@@ -73,7 +60,6 @@ def test_help_states_each_default_once():
 
 
 def test_a_bad_speculative_config_names_the_flag_and_key(capsys):
-    from engine.serve.cli import main
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--speculative-config", '{"num_speculative_tokens": 0}'])
     assert "--speculative-config: speculative_config.num_speculative_tokens must be an integer >= 1, got 0" \

@@ -11,12 +11,11 @@ import httpx
 import openai
 import pytest
 
-import engine.serve.cli
 from engine import LLM, SamplingParams
 from engine.core import LoRARequest
-from engine.serve.cli import main
 from tests.engine.lora_fixtures import make_adapters
-from tests.serve.conftest import SERVER_START_TIMEOUT_S, ServerProcess
+from tests.serve.conftest import start_server
+from tests.serve.serve_helpers import run_cli
 
 PROMPT = "The scheduler picks the next batch"
 MESSAGES = [{"role": "user", "content": "Name a cache."}]
@@ -34,12 +33,7 @@ def lora_server(tiny_model_path, adapters, tmp_path_factory):
     beta = json.dumps({"name": "beta", "path": str(adapters["beta"]), "base_model_name": "tiny-base"})
     args = ["--max-num-seqs", "16", "--num-gpu-blocks", "256", "--max-model-len", "512", "--enable-lora",
             "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules", f"alpha={adapters['alpha']}", beta]
-    process = ServerProcess(tiny_model_path, tmp_path_factory.mktemp("lora-server") / "server.log", args)
-    try:
-        process.wait_ready(SERVER_START_TIMEOUT_S)
-    except Exception:
-        process.stop()
-        raise
+    process = start_server(tiny_model_path, tmp_path_factory.mktemp("lora-server"), args)
     yield process
     process.stop()
 
@@ -119,21 +113,6 @@ def test_an_unknown_model_is_a_404(client):
 
 # ---- flags, checked in-process (no server starts)
 
-@pytest.fixture
-def never_serve(monkeypatch):
-    def serve(*args, **kwargs):
-        raise AssertionError("the flags were accepted and the server would have started")
-    monkeypatch.setattr(engine.serve.cli.uvicorn, "run", serve)
-
-
-def run_main(argv, capsys) -> tuple[int, str]:
-    try:
-        status = main(argv)
-    except SystemExit as exit_:
-        status = exit_.code
-    return status, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("argv,message", [
     (["--lora-modules", "a=/x"], "error: --lora-modules needs --enable-lora"),
     (["--enable-lora", "--lora-modules", "a"], "error: --lora-modules: 'a' must be name=path or a JSON object"),
@@ -145,7 +124,7 @@ def run_main(argv, capsys) -> tuple[int, str]:
      "error: --max-cpu-loras must be >= --max-loras (3), got 2"),
 ])
 def test_bad_lora_flags_are_one_line_errors(tiny_model_path, capsys, never_serve, argv, message):
-    status, err = run_main(["--model", str(tiny_model_path), *argv], capsys)
+    status, err = run_cli(["--model", str(tiny_model_path), *argv], capsys)
     assert status == 2 and message in err and err.count("\n") == 1, err
 
 
@@ -156,9 +135,9 @@ def test_a_bad_adapter_stops_the_server_at_start(tiny_model_path, adapters, tmp_
                                              .replace('"bias": "none"', '"bias": "all"'))
     argv = ["--model", str(tiny_model_path), "--max-num-seqs", "4", "--num-gpu-blocks", "32", "--enable-lora",
             "--lora-modules", f"good={adapters['alpha']}", f"bad={bad}"]
-    status, err = run_main(argv, capsys)
+    status, err = run_cli(argv, capsys)
     assert status == 2 and err.startswith("error: --lora-modules bad: ") and "field 'bias'" in err, err
-    status, err = run_main([*argv[:-2], f"alpha={adapters['alpha']}", f"alpha={adapters['beta']}"], capsys)
+    status, err = run_cli([*argv[:-2], f"alpha={adapters['alpha']}", f"alpha={adapters['beta']}"], capsys)
     assert status == 2 and "adapter name 'alpha' is used twice" in err, err
 
 

@@ -19,9 +19,8 @@ from engine.core import LoRARequest
 from engine.serve import ServerThread, build_app
 from engine.serve.lora_updates import ALLOW_ENV_VAR
 from tests.engine.lora_fixtures import make_adapters
-from tests.serve.conftest import SERVER_START_TIMEOUT_S, ServerProcess
-from tests.serve.serve_helpers import metric, parse_metrics, wait_until_idle
-from tests.serve.test_serve_lora import run_main
+from tests.serve.conftest import start_server
+from tests.serve.serve_helpers import metric, parse_metrics, run_cli, wait_until_idle
 
 # 70 token ids: four full blocks of 16 that the prefix cache can keep, then a partial one.
 PROMPT = [3 + (7 * index) % 200 for index in range(70)]
@@ -40,12 +39,7 @@ def lora_server(tiny_model_path, adapters, tmp_path_factory):
     args = ["--max-num-seqs", "16", "--num-gpu-blocks", "256", "--max-model-len", "512", "--enable-lora",
             "--max-loras", "2", "--max-lora-rank", "8", "--allow-runtime-lora-updating",
             "--lora-modules", f"static={adapters['alpha']}"]
-    process = ServerProcess(tiny_model_path, tmp_path_factory.mktemp("lora-runtime") / "server.log", args)
-    try:
-        process.wait_ready(SERVER_START_TIMEOUT_S)
-    except Exception:
-        process.stop()
-        raise
+    process = start_server(tiny_model_path, tmp_path_factory.mktemp("lora-runtime"), args)
     yield process
     process.stop()
 
@@ -250,7 +244,6 @@ def test_the_environment_variable_gives_the_permission(plain_engine, monkeypatch
         assert answer.json()["error"]["message"] == "no route POST /v1/unload_lora_adapter"
 
 
-def test_the_flag_needs_enable_lora(tiny_model_path, capsys, monkeypatch):
-    monkeypatch.setattr("engine.serve.cli.uvicorn.run", lambda *args, **kwargs: pytest.fail("the server started"))
-    status, err = run_main(["--model", str(tiny_model_path), "--allow-runtime-lora-updating"], capsys)
+def test_the_flag_needs_enable_lora(tiny_model_path, capsys, never_serve):
+    status, err = run_cli(["--model", str(tiny_model_path), "--allow-runtime-lora-updating"], capsys)
     assert status == 2 and err == "error: --allow-runtime-lora-updating needs --enable-lora\n"

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from tests.serve.conftest import SERVER_ARGS, SERVER_START_TIMEOUT_S, ServerProcess
+from tests.serve.conftest import SERVER_ARGS, start_server
 from tests.serve.serve_helpers import metric, wait_until_idle
 
 pytest.importorskip("xgrammar")
@@ -40,10 +40,9 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def auto_server(tiny_model_path, tmp_path_factory):
-    process = ServerProcess(tiny_model_path, tmp_path_factory.mktemp("auto-log") / "server.log",
-                            [*SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                             "--max-model-len", "2048"])  # the tools' system message and forced calls are long
-    process.wait_ready(SERVER_START_TIMEOUT_S)
+    process = start_server(tiny_model_path, tmp_path_factory.mktemp("auto-log"),
+                           [*SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                            "--max-model-len", "2048"])  # the tools' system message and forced calls are long
     yield process
     process.stop()
 
