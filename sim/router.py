@@ -1,7 +1,7 @@
 """Routers: which replica of a cluster serves an arriving request (workloads/cluster_section.py).
 
-A router reads the replicas' own scheduler state at the moment the request arrives: the prefix cache,
-and the waiting and running counts (``ReplicaLoads``: live, as the step in progress will leave them, or
+A router reads the replicas' own scheduler state at the moment the request arrives: the prefix cache, the
+LoRA adapters they hold (``adapters_held``), and the waiting and running counts (``ReplicaLoads``: live, as the step in progress will leave them, or
 as last published, vLLM-style; the simulator runs a step's scheduling and bookkeeping when the step
 starts, see sim/simulator.py). It changes nothing: the prefix lookup is
 ``KVCacheManager.get_computed_blocks``, which only reads.
@@ -108,6 +108,62 @@ class PrefixAwareRouter:
         return best_index
 
 
+def adapters_held(engine: EngineCore) -> tuple[set[int], set[int]]:
+    """(on the device or about to be, in host memory) of ``engine``'s LoRA adapters, by the runner's id.
+
+    "About to be": the adapters of its running and waiting requests, which its next steps load if they are
+    not in a slot already; a burst of one adapter's requests arriving together then follows the first of
+    them. A real router learns the same from the engines' metrics: vLLM exports each engine's running and
+    waiting adapters (``vllm:lora_requests_info``), and a LoRA-aware router (vLLM production-stack's, or
+    dLoRA's and Chameleon's schedulers) tracks what it routed where. The simulator reads the simulated
+    executor's slots directly (sim/lora_steps.py), live even when the load counts are published.
+    """
+    lora = getattr(engine.executor, "lora", None)
+    if lora is None:
+        return set(), set()
+    device = set(lora.slots.device)
+    scheduler = engine.scheduler
+    for queue in (scheduler.running, scheduler.waiting):
+        for queued in queue:
+            if queued.lora_request is not None:
+                device.add(queued.lora_request.lora_int_id)
+    return device, set(lora.slots.host)
+
+
+class LoRAAwareRouter:
+    """Adapter affinity: a request of adapter X goes to the least loaded replica that holds X on the device
+    (``adapters_held``), else to the least loaded that holds it in host memory, else to the least loaded
+    replica (whose slots then load it); base-model requests go to the least loaded replica.
+
+    A holder qualifies only while its load score is at most ``max_load_ratio`` times the lowest score, or
+    within ``MIN_LOAD_GAP`` of it (at low load a ratio of small counts means little): past that, a hot adapter
+    spills over to the least loaded replica, which then holds it too. Invariant: the chosen replica's score
+    is at most max(``max_load_ratio`` x the lowest, the lowest + ``MIN_LOAD_GAP``). Without LoRA (no
+    replica has slots, or the request has no adapter) it is ``least_loaded``.
+    """
+
+    # One waiting request (vLLM's score weighs it as four running).
+    MIN_LOAD_GAP = 4
+
+    def __init__(self, max_load_ratio: float, loads: ReplicaLoads) -> None:
+        self.max_load_ratio = max_load_ratio
+        self.loads = loads
+
+    def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
+        scores = [self.loads.score(index) for index in range(len(replicas))]
+        least_loaded = lowest(scores)
+        if request.lora_request is None:
+            return least_loaded
+        adapter = request.lora_request.lora_int_id
+        limit = max(self.max_load_ratio * scores[least_loaded], scores[least_loaded] + self.MIN_LOAD_GAP)
+        held = [adapters_held(engine) for engine in replicas]
+        for tier in (0, 1):  # the device, then host memory
+            holders = [index for index in range(len(replicas)) if adapter in held[index][tier] and scores[index] <= limit]
+            if holders:
+                return min(holders, key=scores.__getitem__)
+        return least_loaded
+
+
 class RouterError(ValueError):
     """A router of the user's own that cannot be loaded, or that chose no replica of the cluster."""
 
@@ -176,4 +232,6 @@ def make_router(workload: WorkloadConfig, loads: ReplicaLoads, stream: Stream = 
         return PowerOfTwoRouter(workload.seed, loads, stream)
     if cluster.router == "prefix_aware":
         return PrefixAwareRouter(cluster.prefix_aware_max_load_gap, loads)
+    if cluster.router == "lora_aware":
+        return LoRAAwareRouter(cluster.lora_aware_max_load_ratio, loads)
     raise ValueError(f"cluster.router: unknown router {cluster.router!r}")

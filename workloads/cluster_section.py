@@ -21,6 +21,14 @@ as vLLM's data-parallel front end sees them: sim/replica_loads.py):
   whose ``least_loaded`` score is within ``max_load_gap`` of the lowest (ties: the lower score, then the
   lower index). A cache-aware router in the manner of SGLang's and llm-d's: it trades balance for hits.
   Without prefix caching it finds no hits and is ``least_loaded``.
+- ``lora_aware``: adapter affinity, as dLoRA, S-LoRA's cluster mode, Chameleon and vLLM production-stack's
+  LoRA routing do: a request of adapter X goes to the least loaded replica that has X on the device (in a
+  slot, or named by one of its running or waiting requests), else to the least loaded that has X in host
+  memory, else to the least loaded replica (whose slots then load X). A holder qualifies only while its
+  ``least_loaded`` score is at most ``max_load_ratio`` times the lowest (or within 4, one waiting request, of
+  it): past that a hot adapter spills to the least loaded replica. Base-model requests, and every request of
+  a workload without LoRA, go to the least loaded replica: there it is ``least_loaded`` (allowed, so that a
+  sweep over routers runs on any workload).
 
 With one replica every router sends everything to it: a sweep over routers needs ``num_replicas`` > 1.
 
@@ -50,10 +58,11 @@ from workloads.errors import problems_error
 from workloads.schema_base import SchemaModel
 
 DEFAULT_MAX_LOAD_GAP = 4
+DEFAULT_MAX_LOAD_RATIO = 2.0
 MIN_STATS_INTERVAL_S = 1e-3
 MAX_REPLICAS = 256
-ROUTERS = ("round_robin", "random", "least_outstanding", "least_loaded", "power_of_two", "prefix_aware")
-LOAD_READING_ROUTERS = ("least_outstanding", "least_loaded", "power_of_two", "prefix_aware")
+ROUTERS = ("round_robin", "random", "least_outstanding", "least_loaded", "power_of_two", "prefix_aware", "lora_aware")
+LOAD_READING_ROUTERS = ("least_outstanding", "least_loaded", "power_of_two", "prefix_aware", "lora_aware")
 # A router of the user's own: "package.module:ClassName".
 CUSTOM_ROUTER_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -67,6 +76,10 @@ class ClusterSection(SchemaModel):
     # prefix_aware only (null: DEFAULT_MAX_LOAD_GAP). In units of least_loaded's score: 4 is one more
     # waiting request, or four more running ones.
     max_load_gap: int | None = Field(default=None, ge=0)
+    # lora_aware only (null: DEFAULT_MAX_LOAD_RATIO): how much busier than the least loaded replica (by
+    # least_loaded's score) a replica holding the request's adapter may be and still get it. 1 keeps the
+    # balance of least_loaded beyond one waiting request; larger keeps each adapter on fewer replicas.
+    max_load_ratio: float | None = Field(default=None, ge=1, allow_inf_nan=False)
     # How often the replicas' waiting and running counts reach the router (sim/replica_loads.py): 0 reads
     # them live; vLLM's data-parallel front end gets them every 0.1 s and counts its own routing between.
     # A property of the deployment, not of one router: the routers that weigh load (LOAD_READING_ROUTERS)
@@ -94,13 +107,18 @@ class ClusterSection(SchemaModel):
         return self.router not in ROUTERS
 
     @model_validator(mode="after")
-    def _gap_only_for_prefix_aware(self) -> ClusterSection:
+    def _load_bounds_only_for_their_routers(self) -> ClusterSection:
         # A setting that the chosen router never reads would silently do nothing.
         if self.max_load_gap is not None and self.router != "prefix_aware":
             raise problems_error([("max_load_gap", f"applies to router 'prefix_aware' only, and router is "
                                    f"{self.router!r} (beside other routers in a sweep, sweep the whole section: "
                                    "sweep={cluster: [{router: least_loaded}, {router: prefix_aware, max_load_gap: 8}]})",
                                    self.max_load_gap)])
+        if self.max_load_ratio is not None and self.router != "lora_aware":
+            raise problems_error([("max_load_ratio", f"applies to router 'lora_aware' only, and router is "
+                                   f"{self.router!r} (beside other routers in a sweep, sweep the whole section: "
+                                   "sweep={cluster: [{router: least_loaded}, {router: lora_aware, max_load_ratio: 4}]})",
+                                   self.max_load_ratio)])
         return self
 
     @model_validator(mode="after")
@@ -126,3 +144,7 @@ class ClusterSection(SchemaModel):
     @property
     def prefix_aware_max_load_gap(self) -> int:
         return DEFAULT_MAX_LOAD_GAP if self.max_load_gap is None else self.max_load_gap
+
+    @property
+    def lora_aware_max_load_ratio(self) -> float:
+        return DEFAULT_MAX_LOAD_RATIO if self.max_load_ratio is None else self.max_load_ratio
