@@ -112,8 +112,7 @@ def adapters_held(engine: EngineCore) -> tuple[set[int], set[int]]:
     """(on the device or about to be, in host memory) of ``engine``'s LoRA adapters, by the runner's id.
 
     "About to be": the adapters of its running and waiting requests, which its next steps load if they are
-    not in a slot already; a burst of one adapter's requests arriving together then follows the first of
-    them. A real router learns the same from the engines' metrics: vLLM exports each engine's running and
+    not in a slot already. A real router learns the same from the engines' metrics: vLLM exports each engine's running and
     waiting adapters (``vllm:lora_requests_info``), and a LoRA-aware router (vLLM production-stack's, or
     dLoRA's and Chameleon's schedulers) tracks what it routed where. The simulator reads the simulated
     executor's slots directly (sim/lora_steps.py), live even when the load counts are published.
@@ -140,6 +139,10 @@ class LoRAAwareRouter:
     spills over to the least loaded replica, which then holds it too. Invariant: the chosen replica's score
     is at most max(``max_load_ratio`` x the lowest, the lowest + ``MIN_LOAD_GAP``). Without LoRA (no
     replica has slots, or the request has no adapter) it is ``least_loaded``.
+
+    A request of an adapter no replica holds goes to the least loaded replica, and the next request of it
+    then finds it there, queued (``adapters_held``), even at the same instant: a burst of one new adapter
+    stays on one replica until that replica passes the bound, rather than loading the adapter everywhere.
     """
 
     # One waiting request (vLLM's score weighs it as four running).
@@ -161,7 +164,9 @@ class LoRAAwareRouter:
             holders = [index for index in range(len(replicas)) if adapter in held[index][tier] and scores[index] <= limit]
             if holders:
                 return min(holders, key=scores.__getitem__)
-        return least_loaded
+        # No holder: the least loaded, and of those tied (idle replicas, at a light load) the one with the fewest
+        # adapters on its device, whose free slot takes the adapter without evicting another's.
+        return min(range(len(replicas)), key=lambda index: (scores[index], len(held[index][0])))
 
 
 class RouterError(ValueError):
