@@ -36,6 +36,14 @@ BAD_INPUTS = [
         "cluster.max_load_gap",
         "-1",
     ),
+    ("load ratio without the router that reads it", [("set", "cluster.max_load_ratio", 3)], "cluster.max_load_ratio",
+     "3"),
+    (
+        "load ratio below 1",
+        [("set", "cluster.router", "lora_aware"), ("set", "cluster.max_load_ratio", 0.5)],
+        "cluster.max_load_ratio",
+        "0.5",
+    ),
     ("min > max in a distribution", [("set", "workload.prompt_len.min", 100)], "workload.prompt_len.max", "64"),
     (
         "min > max in clipping bounds",
