@@ -24,7 +24,8 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
     (the run's ``cluster.num_replicas``) counts the replicas the router never chose too. Each replica:
     num_requests, num_finished, slo_attainment, busy_fraction (its steps' total duration over the run's
     duration_s), kv_usage_mean, kv_usage_max, num_preemptions, prefix_cache_hit_rate, and ttft_ms, e2e_ms,
-    queue_ms as for the whole run. A disaggregated run's replicas also get their ``role``, prefill or
+    queue_ms as for the whole run; with LoRA adapters, lora_adapters (distinct adapters of its requests) and
+    lora_adapter_loads (its slots' loads). A disaggregated run's replicas also get their ``role``, prefill or
     decode; a prefill replica's requests are those whose prompts it ran (``prefill_replica``). A request
     meets the SLO of its own request class (``class_thresholds``, else ``slo_thresholds``), as for the run."""
     from analysis.metrics import completed_mask, count_meeting_class_slos, latency_stats, request_latencies
@@ -69,6 +70,11 @@ def replica_stats(requests: pd.DataFrame, steps: pd.DataFrame, slo_thresholds: M
             "prefix_cache_hit_rate": prefix_cache_hit_rate(replica_steps),
             **{key: latency_stats(latencies[key].to_numpy() / 1000.0) for key in ("ttft_ms", "e2e_ms", "queue_ms")},
         }
+        if "lora_name" in members.columns and requests["lora_name"].notna().any():
+            # Multi-LoRA: how many adapters the router gave it, and how often its slots loaded one.
+            stats[str(replica)]["lora_adapters"] = int(members["lora_name"].nunique())
+            if "num_lora_loads" in replica_steps.columns:
+                stats[str(replica)]["lora_adapter_loads"] = int(replica_steps["num_lora_loads"].sum())
         if "prefill_replica" in requests.columns:
             stats[str(replica)]["role"] = "prefill" if replica in prefill_replicas else "decode"
     return stats

@@ -219,7 +219,7 @@ def replica_table(replicas: Mapping[str, Any]) -> Table:
         title = f"by replica, the {MAX_REPLICA_ROWS} busiest of {len(replicas)} (ms)"
     if any(stats.get("role") for stats in replicas.values()):
         title = title.replace(" (ms)", " (ms; P: prefill, D: decode)")
-    table = Table(title=title, padding=(0, 1))
+    table = Table(title=title, padding=(0, 1), caption=_replica_adapters_caption(shown))
     for column in ("replica", "requests", "SLO met", "busy", "KV mean", "hits", "TTFT p90", "E2E p90"):
         table.add_column(column, justify="right", style="bold" if column == "replica" else None, no_wrap=True)
     for replica, stats in shown:
@@ -230,6 +230,16 @@ def replica_table(replicas: Mapping[str, Any]) -> Table:
             format_percent(stats.get("prefix_cache_hit_rate")),
             *(format_number(summary_value(stats, path), 1) for path in ("ttft_ms.p90", "e2e_ms.p90")))
     return table
+
+
+def _replica_adapters_caption(shown: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """Multi-LoRA: the adapters each replica served and its slots' loads (what a LoRA-aware router changes), as a
+    caption, since another column would not fit 80."""
+    if not any("lora_adapters" in stats for _, stats in shown):
+        return None
+    return "adapters (loads): " + ", ".join(
+        f"{replica}: {format_number(stats.get('lora_adapters'))} ({format_number(stats.get('lora_adapter_loads'))})"
+        for replica, stats in shown)
 
 
 def request_class_table(classes: Mapping[str, Any]) -> Table:

@@ -205,10 +205,23 @@ def test_on_the_example_affinity_loads_fewer_adapters_and_meets_the_slo_more_oft
     for router in ("round_robin", "least_loaded", "lora_aware"):
         workload = multi_lora("cluster.num_replicas=4", f"cluster.router={router}", "workload.num_requests=400")
         summaries[router] = run_simulation(workload, tmp_path / router).summary
+    for summary in summaries.values():  # each replica's adapters and loads, which add up to the run's
+        by_replica = summary["by_replica"]
+        assert sum(stats["lora_adapter_loads"] for stats in by_replica.values()) == summary["lora"]["adapter_loads"]
     aware = summaries.pop("lora_aware")
     for other in summaries.values():
         assert aware["lora"]["adapter_loads"] < other["lora"]["adapter_loads"]
         assert aware["slo_attainment"] > other["slo_attainment"]
+        # Kept by adapter, each replica serves fewer of them.
+        assert (sum(stats["lora_adapters"] for stats in aware["by_replica"].values())
+                < sum(stats["lora_adapters"] for stats in other["by_replica"].values()))
+    from analysis.report import replica_table
+    from rich.console import Console
+
+    console = Console(record=True, width=80)
+    console.print(replica_table(aware["by_replica"]))
+    stats = aware["by_replica"]["0"]
+    assert f"0: {stats['lora_adapters']} ({stats['lora_adapter_loads']})" in console.export_text()
 
 
 def test_without_lora_it_routes_as_least_loaded():
