@@ -9,9 +9,10 @@ ignore them.
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
-from analysis import steps_table
+from analysis import requests_table, steps_table
 from engine.core import EngineCore, Scheduler
 from sim.engine_requests import make_request
 from sim.engine_setup import build_setup
@@ -249,3 +250,23 @@ def test_without_lora_it_routes_as_least_loaded():
 def test_a_bad_max_load_ratio_is_named(overrides, message):
     with pytest.raises(WorkloadError, match=message):
         multi_lora("cluster.num_replicas=2", *overrides)
+
+
+@pytest.mark.parametrize("overrides", [[], ["cluster.stats_interval_s=0.1"]])
+def test_the_same_traces_with_and_without_fast_forward(overrides):
+    # The router reads the slots a fast-forward commits ahead: they must be those the ordinary steps leave.
+    def run(fast_forward):
+        setup = build_setup(multi_lora("cluster.num_replicas=3", "cluster.router=lora_aware", *overrides))
+        engines = lora_cluster(setup)
+        loads = ReplicaLoads(engines, setup.workload.cluster.stats_interval_s)
+        simulation = Simulation(engines, setup.requests, router=make_router(setup.workload, loads), loads=loads,
+                                fast_forward=fast_forward)
+        trace = simulation.run()
+        return (simulation, requests_table(trace.request_columns()).to_pandas(),
+                steps_table(trace.step_columns()).to_pandas())
+
+    (on, *tables_on), (off, *tables_off) = run(True), run(False)
+    assert on.num_fast_forwarded_steps > 0 and off.num_fast_forwarded_steps == 0
+    assert on.replica_of_request == off.replica_of_request
+    for table_on, table_off in zip(tables_on, tables_off):
+        pd.testing.assert_frame_equal(table_on, table_off, check_exact=True)
