@@ -5,6 +5,11 @@ squares, with hinge terms on the token count when they win on held-out steps), p
 coefficients and the error on held-out steps, and writes a profile that ``sim.run --cost-model`` reads.
 The profile records where it came from: hardware, model, dtype, attention backend, software versions
 and the source runs.
+
+Runs of a LoRA workload add the adapters' terms (sim/calibration_fit.py's LORA_FEATURE_SETS, fitted on what
+each step's duration leaves after its recorded loads) and the loads' own costs (sim/lora_load_fit.py), and
+the profile records the adapters' shape and ``max_lora_rank`` it was measured with (provenance ``lora``).
+Base-model runs may be fitted with them; LoRA runs must share one adapter shape and one ``max_lora_rank``.
 """
 
 from __future__ import annotations
@@ -20,8 +25,13 @@ import pandas as pd
 
 from analysis import read_run
 from sim.calibration_fit import FitResult, fit_step_model, step_feature_frame
+from sim.lora_adapters import adapter_bytes
+from sim.lora_load_fit import fit_load_costs
+from sim.model_presets import resolve_model
+from workloads import load_workload
 from sim.cli_support import check_output_file, open_fraction, print_warning, warnings_as_lines
 from sim.cost_models import make_provenance, save_profile
+from sim.cost_models.calibrated import LORA_FEATURES
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
 from sim.recording_speeds import fit_with_recording_speeds
@@ -32,13 +42,55 @@ from sim.speed_probe import calibration_reference
 RECORDING_SPREAD_WARNING = 0.03
 
 
-def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
-    frames, executors = [], []
+def recording_lora(run, run_dir: Path) -> dict | None:
+    """A LoRA run's adapters as calibration needs them (None for a base-model run): the slots' rank, the
+    adapters' ranks and modules, and the bytes of one adapter on the run's model (their mean, if they differ)."""
+    config = run.summary.get("config", {})
+    if "num_lora_tokens" not in run.steps.columns or "workload" not in config:
+        return None
+    workload = load_workload(config["workload"])
+    adapters = list(workload.lora_adapters().values())
+    if not adapters:
+        return None
+    executor = config.get("executor", {})
+    model = resolve_model(workload.model)
+    if executor.get("model") not in (None, model.name):
+        model_path = executor.get("model_path")
+        if not model_path or not Path(model_path).is_dir():
+            raise ValueError(f"{run_dir}: its workload names model {workload.model!r} but it ran "
+                             f"{executor.get('model')!r}, whose checkpoint is not here: the adapters' bytes are unknown")
+        model = resolve_model(model_path)
+    dtype = executor.get("dtype") or workload.dtype
+    sizes = [adapter_bytes(model, adapter, dtype) for adapter in adapters]
+    return {"max_lora_rank": workload.engine.max_lora_rank,
+            "adapter_ranks": sorted({adapter.rank for adapter in adapters}),
+            "target_modules": list(adapters[0].target_modules), "adapter_bytes": sum(sizes) / len(sizes)}
+
+
+def lora_shape(loras: list[dict | None], run_dirs: list[Path]) -> dict | None:
+    """The one adapter shape and slot rank the LoRA runs share (None without LoRA runs); differing ones are named."""
+    shapes = {str(run): {key: lora[key] for key in ("max_lora_rank", "adapter_ranks", "target_modules")}
+              for run, lora in zip(run_dirs, loras) if lora is not None}
+    if not shapes:
+        return None
+    if len({repr(shape) for shape in shapes.values()}) > 1:
+        raise ValueError(f"the LoRA runs differ in max_lora_rank, adapter ranks or target modules ({shapes}): their "
+                         "adapter terms are per token of one adapter shape; fit one profile per shape")
+    return dict(next(iter(shapes.values())), adapter_bytes=next(lora for lora in loras if lora)["adapter_bytes"])
+
+
+def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict, dict | None]:
+    """The feature table of every run's steps, the runs' executor, and the shape of their adapters (None
+    without LoRA runs; the table then has an ``adapter_bytes`` column for the loads' fit)."""
+    frames, executors, loras = [], [], []
     for run_dir in run_dirs:
         run = read_run(run_dir)
         if run.summary.get("mode") != "real":
             raise ValueError(f"{run_dir}: mode is {run.summary.get('mode')!r}; calibrate from real runs")
-        frames.append(step_feature_frame(run.steps).assign(recording=len(frames)))
+        lora = recording_lora(run, run_dir)
+        loras.append(lora)
+        frame = step_feature_frame(run.steps).assign(recording=len(frames))
+        frames.append(frame if lora is None else frame.assign(adapter_bytes=lora["adapter_bytes"]))
         executors.append(run.summary.get("config", {}).get("executor", {}))
         warning = busy_machine_warning(run.summary.get("machine_load"), str(run_dir))
         if warning:
@@ -47,7 +99,7 @@ def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
     if len(identities) > 1:
         raise ValueError(f"the runs come from different executors {sorted(map(str, identities))}: "
                          "fit one profile per model, device, dtype and backend")
-    return pd.concat(frames, ignore_index=True), executors[0]
+    return pd.concat(frames, ignore_index=True), executors[0], lora_shape(loras, run_dirs)
 
 
 def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 0.2, seed: int = 0,
@@ -57,7 +109,7 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
     level set by the ``speed_level`` recordings (a subset of ``run_dirs``; default all of them)."""
     if speed_level and not speed_per_recording:
         raise ValueError("--speed-level sets the level of a fit with --speed-per-recording; add that flag")
-    features, executor = load_steps(run_dirs)
+    features, executor, lora = load_steps(run_dirs)
     speeds = None
     if speed_per_recording:
         fit, speeds = fit_with_recording_speeds(features, level_indexes(run_dirs, speed_level),
@@ -84,10 +136,37 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
     provenance["calibrated_range"] = calibrated_range(features)
     # How the measured runs were made (their torch version, CUDA graphs on or off, threads, ...).
     provenance["executor"] = {key: value for key, value in executor.items() if key != "model_path"}
+    load_fit = None
+    if lora is not None:
+        # What the adapters' terms were measured with (sim.run and sim.validate check a LoRA workload against it).
+        load_fit = fit_load_costs(features[features["adapter_bytes"].notna()], seed=seed)
+        provenance["lora"] = dict(lora, compute_terms=[name for name in fit.coefficients if name in LORA_FEATURES],
+                                  held_out_median_ape_by_terms=fit.lora_feature_errors,
+                                  loads=None if load_fit is None else load_fit.summary())
     save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,
                  hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
-                 token_count_offsets_s=fit.token_count_offsets_s)
+                 token_count_offsets_s=fit.token_count_offsets_s,
+                 lora_loads=None if load_fit is None else load_fit.costs.to_dict())
     return fit
+
+
+def describe_lora_fit(lora: dict, loads: dict | None) -> str:
+    """What the fit learned of the adapters: which compute terms won on held-out steps, and the loads' costs."""
+    tried = ", ".join(f"{terms} {error:.2%}" for terms, error in lora["held_out_median_ape_by_terms"].items())
+    lines = [f"  LoRA (max_lora_rank {lora['max_lora_rank']}, adapter ranks {lora['adapter_ranks']}, "
+             f"{lora['adapter_bytes'] / 1e6:.2f} MB an adapter): kept {' + '.join(lora['compute_terms'])}; held-out "
+             f"steps with adapters, median |error| by terms tried: {tried}"]
+    if loads is None:
+        lines.append("  no step loaded an adapter: the simulator prices loads from the hardware's bandwidths")
+    else:
+        fitted = lora["loads"]
+        unit, scale = ("GB/s", 1e-9) if loads["kind"] == "per_byte" else ("ms a load", 1e3)
+        rate = (lambda s: 1 / s * scale if s else float("inf")) if loads["kind"] == "per_byte" else (lambda s: s * scale)
+        errors = ", ".join(f"{kind} {error:.1%}" for kind, error in fitted["median_ape_by_kind"].items())
+        lines.append(f"  adapter loads ({fitted['num_load_steps']} steps, {fitted['num_held_out_load_steps']} held out): "
+                     f"{loads['kind']}, copy {rate(loads['copy_s']):.3g} {unit}, disk read {rate(loads['disk_read_s']):.3g} "
+                     f"{unit}; median |error| {errors}")
+    return "\n".join(lines)
 
 
 def level_indexes(run_dirs: list[Path], speed_level: list[Path] | None) -> list[int] | None:
@@ -189,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
              if key + "_median_ape" in errors]
     if kinds:
         print(f"  median |error| by step: {', '.join(kinds)}; their total time: {errors['total_time_ape']:.2%} off")
-    provenance = json.loads(args.output.read_text())["provenance"]
+    profile = json.loads(args.output.read_text())
+    provenance = profile["provenance"]
+    if "lora" in provenance:
+        print(describe_lora_fit(provenance["lora"], profile.get("lora_loads")))
     errors_by_run = provenance["recording_errors"]
     if "recording_speeds" in provenance:
         # The drift was fitted, not averaged into the costs: say how far each recording ran from the level.

@@ -44,10 +44,14 @@ FEATURE_COLUMNS = {
     # Speculative decoding's verifications (recorded only by runs that speculate; no profile prices them yet).
     "num_spec_tokens": "num_spec_tokens",
     "spec_attention_work": "spec_attention_work",
-    # Multi-LoRA serving's adapter tokens and distinct adapters (recorded only by LoRA runs; no profile prices them).
+    # Multi-LoRA serving's adapter tokens and distinct adapters (recorded only by LoRA runs: LORA_FEATURE_SETS).
     "num_lora_tokens": "num_lora_tokens",
     "num_active_loras": "num_active_loras",
 }
+# A LoRA run's slot fills: how many, how many read from disk first, and their measured seconds (part of the
+# step's duration). The fit prices the adapters' compute on what a step's duration leaves after its loads
+# (``duration`` in step_feature_frame); the loads are fitted apart (sim/lora_load_fit.py).
+LORA_LOAD_COLUMNS = ("num_lora_loads", "num_lora_disk_loads", "lora_load_s")
 LINEAR_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "has_prefill", "decode_graph_batch",
                    "decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
                    "prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
@@ -59,7 +63,13 @@ CONTEXT_HINGE_FEATURE = "decode_context_tokens"
 DISCOUNT_FEATURES = ("shared_context_tokens",)
 OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
                     "shared_context_tokens", "kv_block_runs", "num_spec_tokens", "spec_attention_work",
-                    "num_lora_tokens", "num_active_loras")
+                    "num_lora_tokens", "num_active_loras", *LORA_LOAD_COLUMNS)
+# The adapters' compute terms tried when the recordings have adapter tokens, simplest first; each later set
+# must beat the kept one clearly (2%) on the held-out steps with adapter tokens. Per adapter token: the
+# shrink and expand FLOPs (and on a CPU the gather of the adapter's rows); per distinct adapter: its weights
+# read once and its own matmul calls (this runner loops over the batch's adapters, sim/cost_models/
+# lora_cost.py). Recordings without adapter tokens fit none of them, exactly as before LoRA existed.
+LORA_FEATURE_SETS = (("num_lora_tokens",), ("num_active_loras",), ("num_lora_tokens", "num_active_loras"))
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.
@@ -83,6 +93,10 @@ class FitResult:
     # and of the held-out steps' total time (what latency sums over), next to the per-step median.
     held_out_has_prefill: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     held_out_durations: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # LoRA recordings only: each tried set of adapter terms (names joined by "+") -> the median |error| of the
+    # held-out steps with adapter tokens, and how many such steps there were.
+    lora_feature_errors: dict[str, float] = field(default_factory=dict)
+    num_held_out_lora_steps: int = 0
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         seconds = np.full(len(features), self.intercept_s)
@@ -108,6 +122,10 @@ class FitResult:
                     summary[f"num_{name}_steps"] = int(selected.sum())
             durations = self.held_out_durations
             summary["total_time_ape"] = float(abs((self.held_out_errors * durations).sum()) / durations.sum())
+        if self.lora_feature_errors:
+            kept = "+".join(name for name in self.coefficients if name in LORA_FEATURE_SETS[-1])
+            summary["lora_steps_median_ape"] = self.lora_feature_errors[kept]
+            summary["num_held_out_lora_steps"] = self.num_held_out_lora_steps
         return summary
 
 
@@ -126,7 +144,11 @@ def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
     frame["has_prefill"] = (~decode_only).astype(float)
     padded = [1 << max(int(count) - 1, 0).bit_length() for count in frame["num_reqs"]]
     frame["decode_graph_batch"] = np.where(decode_only, padded, 0).astype(float)
-    frame["duration"] = steps["duration"].astype(float)
+    # What the step's compute took: a LoRA run's slot fills are measured apart and priced apart (0 elsewhere,
+    # where the subtraction leaves every duration exactly as it was).
+    frame["duration"] = steps["duration"].astype(float) - steps["lora_load_s"].astype(float)
+    for column in LORA_LOAD_COLUMNS:
+        frame[column] = steps[column].astype(float)
     return frame[frame["num_tokens"] > 0].reset_index(drop=True)
 
 
@@ -137,13 +159,14 @@ def _segments(values: np.ndarray, knots: list[float]) -> list[np.ndarray]:
 
 
 def _design(features: pd.DataFrame, knots: dict[str, list[float]], offset_counts: list[int],
-            fixed: dict[str, float] | None = None) -> np.ndarray:
+            fixed: dict[str, float] | None = None, extra: tuple[str, ...] = ()) -> np.ndarray:
     """Columns: 1, the linear features without knots, each feature with knots split into segments (each
     with its own non-negative slope: the cost per token may fall as matrix kernels grow more efficient,
     or rise as the KV read outgrows a cache, but a step never gets cheaper with more work), and the
-    small-batch indicators."""
+    small-batch indicators. ``extra``: more plain features after the linear ones (the adapters' terms)."""
     columns = [np.ones(len(features))]
-    columns += [features[name].to_numpy(float) for name in LINEAR_FEATURES if name not in knots and name not in (fixed or {})]
+    columns += [features[name].to_numpy(float) for name in (*LINEAR_FEATURES, *extra)
+                if name not in knots and name not in (fixed or {})]
     for name, feature_knots in knots.items():
         columns += _segments(features[name].to_numpy(float), feature_knots)
     tokens = features[HINGE_FEATURE].to_numpy(float)
@@ -152,17 +175,19 @@ def _design(features: pd.DataFrame, knots: dict[str, list[float]], offset_counts
 
 
 def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float]],
-                  offset_counts: list[int] = (), fixed: dict[str, float] | None = None) -> FitResult:
+                  offset_counts: list[int] = (), fixed: dict[str, float] | None = None,
+                  extra: tuple[str, ...] = ()) -> FitResult:
     """``knots``: per feature (the token count, the decode KV read), where its slope may change; a plain
     list means knots on the token count only. ``fixed``: coefficients taken as given (seconds per unit,
     e.g. measured by a microbenchmark) for costs the runs hardly vary apart; the rest is fitted to what
-    they leave of each step's duration."""
+    they leave of each step's duration. ``extra``: plain non-negative terms beyond LINEAR_FEATURES (the
+    adapters' compute, LORA_FEATURE_SETS), listed after them in the result."""
     if not isinstance(knots, dict):
         knots = {HINGE_FEATURE: list(knots)}
     knots = {name: list(values) for name, values in knots.items() if values}
     fixed = dict(fixed or {})
     offset_counts = list(offset_counts)
-    design = _design(train, knots, offset_counts, fixed)
+    design = _design(train, knots, offset_counts, fixed, extra)
     duration = train["duration"].to_numpy(float)
     target = duration - sum((value * train[name].to_numpy(float) for name, value in fixed.items()),
                             np.zeros(len(train)))
@@ -174,7 +199,7 @@ def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float
     column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
     num_physical = design.shape[1] - len(offset_counts)
     lower = np.concatenate([np.zeros(num_physical), np.full(len(offset_counts), -np.inf)])
-    plain = [name for name in LINEAR_FEATURES if name not in knots and name not in fixed]
+    plain = [name for name in (*LINEAR_FEATURES, *extra) if name not in knots and name not in fixed]
     for name in DISCOUNT_FEATURES:
         if name in plain:  # a discount on tokens another term already charges for: may be negative
             lower[1 + plain.index(name)] = -np.inf
@@ -196,8 +221,8 @@ def fit_candidate(train: pd.DataFrame, knots: list[float] | dict[str, list[float
                    for knot, before, after in zip(feature_knots, slopes, slopes[1:])]
     offsets = {count: float(value) for count, value in zip(offset_counts, solution[num_physical:])}
     kind = "piecewise_linear" if hinges else "linear"
-    return FitResult(kind, {name: coefficients[name] for name in LINEAR_FEATURES}, float(solution[0]), hinges,
-                     offsets)
+    return FitResult(kind, {name: coefficients[name] for name in (*LINEAR_FEATURES, *extra)}, float(solution[0]),
+                     hinges, offsets)
 
 
 def check_fixed_coefficients(fixed: dict[str, float]) -> None:
@@ -252,13 +277,42 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     small = [int(count) for count in sorted(counts.index) if count <= 16 and counts[count] >= MIN_STEPS_PER_OFFSET]
     candidates = [({HINGE_FEATURE: knots, CONTEXT_HINGE_FEATURE: context}, offsets)
                   for offsets in ([], small) for context in context_knots for knots in token_knots]
+    if not train["num_lora_tokens"].any():  # no adapters (or none in the fit): the fit as before LoRA existed
+        best = _best_candidate(train, held_out, candidates, fixed)
+    else:
+        best = _best_lora_candidate(train, held_out, candidates, fixed)
+    best.held_out_has_prefill = held_out["num_prefill_reqs"].to_numpy() > 0
+    best.held_out_durations = held_out["duration"].to_numpy(float)
+    return best
+
+
+def _best_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates: list, fixed: dict[str, float],
+                    extra: tuple[str, ...] = ()) -> FitResult:
     best = None
     for knots, offsets in candidates:
-        fit = fit_candidate(train, knots, offsets, fixed)
+        fit = fit_candidate(train, knots, offsets, fixed, extra)
         fit.held_out_errors = (fit.predict(held_out) - held_out["duration"].to_numpy()) / held_out["duration"].to_numpy()
         fit.train_errors = (fit.predict(train) - train["duration"].to_numpy()) / train["duration"].to_numpy()
         if best is None or np.median(np.abs(fit.held_out_errors)) < np.median(np.abs(best.held_out_errors)) * 0.98:
             best = fit  # a more complex candidate must win clearly (2%) to be kept
-    best.held_out_has_prefill = held_out["num_prefill_reqs"].to_numpy() > 0
-    best.held_out_durations = held_out["duration"].to_numpy(float)
+    return best
+
+
+def _best_lora_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates: list,
+                         fixed: dict[str, float]) -> FitResult:
+    """The best base candidate with each set of adapter terms (LORA_FEATURE_SETS); among them, the set whose
+    fit times the held-out steps with adapter tokens best, a later (richer) set kept only if it wins clearly."""
+    lora_steps = held_out["num_lora_tokens"].to_numpy() > 0
+    if not lora_steps.any():
+        raise ValueError("the held-out steps have no adapter tokens, so the adapters' terms cannot be judged: "
+                         "record more steps with adapters, or hold out a larger fraction")
+    best, best_error, errors = None, np.inf, {}
+    for names in LORA_FEATURE_SETS:
+        fit = _best_candidate(train, held_out, candidates, fixed, names)
+        error = float(np.median(np.abs(fit.held_out_errors[lora_steps])))
+        errors["+".join(names)] = error
+        if best is None or error < best_error * 0.98:
+            best, best_error = fit, error
+    best.lora_feature_errors = errors
+    best.num_held_out_lora_steps = int(lora_steps.sum())
     return best

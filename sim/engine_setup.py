@@ -6,10 +6,12 @@ Derived values are computed here and only here: the KV-pool size from the memory
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from engine.core import CacheConfig, SchedulerConfig
-from sim.cost_models import AnalyticalCostModel, CostModel, load_cost_model
+from sim.calibrated_lora import check_profile_prices_lora
+from sim.cost_models import AnalyticalCostModel, CalibratedCostModel, CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
 from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
 from sim.lora_adapters import LoRASetup, lora_setup
@@ -170,7 +172,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
 def _lora(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec, cost_model: CostModel
           ) -> LoRASetup | None:
     """The adapters' slots and load times for workload.lora (None without adapters), refusing what the simulator
-    does not model with them; prices their kernels in the analytical cost model."""
+    does not model with them; prices their kernels in the analytical cost model. A calibrated profile prices
+    them only if it was fitted on LoRA runs, and its fitted load costs replace the hardware's (calibrated_lora.py)."""
     adapters = workload.lora_adapters()
     if not adapters:
         return None
@@ -183,17 +186,26 @@ def _lora(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec, c
     for refuse, setting in refused:
         if refuse:
             raise SetupError(f"{where}: LoRA adapters are not simulated with {setting}; set one of them back")
-    if not isinstance(cost_model, AnalyticalCostModel):
-        # A profile's terms were fitted on steps without adapters: nothing in it prices their kernels.
-        raise SetupError(f"{where}: LoRA adapters need the analytical cost model; a calibrated profile "
-                         f"({cost_model.name}) was fitted on steps without adapters and has no term for their kernels")
+    load_costs = None
+    if isinstance(cost_model, CalibratedCostModel):
+        try:
+            notes = check_profile_prices_lora(cost_model.profile, cost_model.path or "(inline)", where, workload)
+        except ValueError as error:
+            raise SetupError(str(error)) from None
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        load_costs = cost_model.profile.lora_loads
+    elif not isinstance(cost_model, AnalyticalCostModel):
+        raise SetupError(f"{where}: LoRA adapters need the analytical cost model or a calibrated profile fitted on "
+                         f"LoRA runs; the cost model {cost_model.name} has no term for their kernels")
     specs = list(adapters.values())
     try:
         setup = lora_setup(specs, model, hardware, workload.dtype, engine.tensor_parallel_size, engine.max_loras,
-                           engine.cpu_lora_capacity(), engine.max_lora_rank)
+                           engine.cpu_lora_capacity(), engine.max_lora_rank, load_costs)
     except ValueError as error:
         raise SetupError(str(error)) from None
-    cost_model.price_lora(engine.max_lora_rank, specs[0].target_modules)
+    if isinstance(cost_model, AnalyticalCostModel):
+        cost_model.price_lora(engine.max_lora_rank, specs[0].target_modules)
     return setup
 
 

@@ -19,6 +19,9 @@ does in ``set_active_adapters``:
 - not in the host cache: first the whole adapter file read from disk, ``bytes / disk_read_bandwidth_gbps``
   (``HardwareSpec``; every tensor-parallel worker reads the file, in parallel), then the copy as above.
 
+With a calibrated profile fitted on LoRA runs, both come from the loads it measured instead (its ``lora_loads``,
+sim/lora_load_fit.py: seconds per byte of the same bytes, or per load), and no bandwidth is needed.
+
 Not modelled: the per-tensor copies' launch costs (one per matrix and layer), PEFT's file parsing, and the
 slot's zeroing beyond the adapter's rank.
 """
@@ -79,9 +82,11 @@ class LoRASetup:
 
 
 def lora_setup(adapters: list[AdapterSpec], model: ModelShape, hardware: HardwareSpec, dtype: str,
-               tensor_parallel_size: int, max_loras: int, max_cpu_loras: int, max_lora_rank: int) -> LoRASetup:
-    """Each adapter's load times on ``hardware``; refuses what the simulator cannot price (names the field)."""
-    if hardware.host_link_bandwidth_gbps is None:
+               tensor_parallel_size: int, max_loras: int, max_cpu_loras: int, max_lora_rank: int,
+               load_costs: dict | None = None) -> LoRASetup:
+    """Each adapter's load times on ``hardware``, or from ``load_costs`` (a calibrated profile's ``lora_loads``:
+    kind per_byte or per_load, copy_s, disk_read_s); refuses what the simulator cannot price (names the field)."""
+    if load_costs is None and hardware.host_link_bandwidth_gbps is None:
         raise ValueError(f"workload.lora: hardware {hardware.name!r} names no host link to load adapters over; set "
                          "hardware.host_link_bandwidth_gbps")
     if model.is_moe:
@@ -90,12 +95,19 @@ def lora_setup(adapters: list[AdapterSpec], model: ModelShape, hardware: Hardwar
             raise ValueError(f"workload.lora.target_modules: {mlp} of a mixture of experts ({model.name!r}) are its "
                              "experts, whose LoRA the simulator does not price; adapt the attention projections only")
     shard = model.shard(tensor_parallel_size)
+    names = {adapter.int_id: adapter.name for adapter in adapters}
+    if load_costs is not None:
+        per_byte = load_costs["kind"] == "per_byte"
+        copy_s = {adapter.int_id: load_costs["copy_s"] * (adapter_bytes(shard, adapter, dtype) if per_byte else 1)
+                  for adapter in adapters}
+        disk_read_s = {adapter.int_id: load_costs["disk_read_s"] * (adapter_bytes(model, adapter, dtype) if per_byte
+                                                                     else 1) for adapter in adapters}
+        return LoRASetup(max_loras, max_cpu_loras, max_lora_rank, copy_s, disk_read_s, names)
     link = hardware.host_link_bandwidth_gbps * 1e9 * HOST_LINK_EFFICIENCY
     disk = hardware.disk_read_bandwidth_gbps * 1e9
     copy_s = {adapter.int_id: adapter_bytes(shard, adapter, dtype) / link for adapter in adapters}
     disk_read_s = {adapter.int_id: adapter_bytes(model, adapter, dtype) / disk for adapter in adapters}
-    return LoRASetup(max_loras, max_cpu_loras, max_lora_rank, copy_s, disk_read_s,
-                     {adapter.int_id: adapter.name for adapter in adapters})
+    return LoRASetup(max_loras, max_cpu_loras, max_lora_rank, copy_s, disk_read_s, names)
 
 
 def refuse_lora_outside_simulator(workload, what: str) -> None:

@@ -17,6 +17,10 @@ Without ``--profile`` the shipped profile fitted on the run's kind of device, mo
 time) and also compares the simulation with each metric's mean over the recordings, next to how far the
 recordings lie from that mean (``analysis/repeated_runs.py``): on a shared machine one recording's luck
 can exceed the simulator's error.
+
+A LoRA workload needs a profile fitted on LoRA runs (``--profile``; sim/calibrated_lora.py): the simulation
+then prices the adapters' compute with its terms and their loads with its fitted load costs. The shipped
+profiles have no adapter terms, and a LoRA workload is refused with them, with the commands that fit one.
 """
 
 from __future__ import annotations
@@ -39,10 +43,15 @@ from analysis.repeated_runs import compare_with_mean, spread_about_mean, standar
 from engine.core import EngineCore, Scheduler
 from engine.optional_dependencies import exit_for_missing_extra
 from sim.calibrate import speed_standard_error
+from sim.calibrated_lora import HOW_TO_CALIBRATE, check_profile_prices_lora
 from sim.cli_support import check_output_directory, flags_given, positive_int, print_warning
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
 from sim.cost_models.calibrated_range import describe_extrapolation
+from sim.hardware import resolve_hardware
+from sim.lora_adapters import lora_setup
+from sim.lora_steps import LoRASteps
+from sim.model_presets import resolve_model
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
@@ -79,7 +88,9 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
         raise ValueError(f"{run.path}: engine.speculative_decoding is not compared by sim.validate (a calibrated "
                          "profile prices no draft verification); replay the run with sim.run --replay")
     workload = load_workload(run.summary["config"]["workload"])
-    engine = EngineCore(Scheduler(scheduler_config, cache_config), SimulatedExecutor(cost_model))
+    executor = SimulatedExecutor(cost_model)
+    executor.lora = simulated_lora(workload, loaded)
+    engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     started = time.perf_counter()
     recorder = Simulation(engine, requests).run()
     config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(run.path))
@@ -90,6 +101,33 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
         summary["cost_model_extrapolation"] = extrapolation
     write_run(out_dir, requests_table, steps_table, summary)
     return summary
+
+
+def simulated_lora(workload, model: CalibratedCostModel) -> LoRASteps | None:
+    """A LoRA workload's adapter slots, their loads priced by the profile's fitted costs; None without adapters.
+    A profile without adapter terms is refused (check_profile_prices_lora)."""
+    adapters = list(workload.lora_adapters().values())
+    if not adapters:
+        return None
+    check_profile_prices_lora(model.profile, model.path or "(inline)", workload.lora_sections()[0][0], workload)
+    engine = workload.engine
+    setup = lora_setup(adapters, resolve_model(workload.model), resolve_hardware(workload.hardware), workload.dtype,
+                       engine.tensor_parallel_size, engine.max_loras, engine.cpu_lora_capacity(), engine.max_lora_rank,
+                       model.profile.lora_loads)
+    return LoRASteps(setup)
+
+
+def refuse_lora_without_profile(workload, profile: Path | None) -> None:
+    """Before recording a LoRA workload: a ValueError unless ``profile`` was fitted on LoRA runs (the shipped
+    profiles were not), saying how to fit one."""
+    sections = workload.lora_sections()
+    if not sections:
+        return
+    if profile is None:
+        raise ValueError(f"{sections[0][0]}: a LoRA workload is compared by sim.validate only with --profile, a "
+                         "profile fitted on LoRA runs (the shipped profiles have no term for adapters): "
+                         f"{HOW_TO_CALIBRATE}; then `python -m sim.validate WORKLOAD --profile lora-profile.json`")
+    check_profile_prices_lora(CalibratedCostModel.from_file(profile).profile, str(profile), sections[0][0], workload)
 
 
 def real_run_dirs(out_dir: Path, repeats: int) -> list[Path]:
@@ -119,12 +157,8 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None,
         raise ValueError(f"engine.speculative_decoding: num_speculative_tokens {speculative.num_speculative_tokens} "
                          "is not compared by sim.validate (a calibrated profile prices no draft verification); "
                          "record the run with sim.run --executor real and replay it with sim.run --replay")
-    # Refused before the recording (and before stale recordings are removed), as build_real_engine refuses it.
-    lora_sections = workload.lora_sections()
-    if lora_sections:
-        raise ValueError(f"{lora_sections[0][0]}: a LoRA workload is not compared by sim.validate (a calibrated profile "
-                         "prices no adapter kernels or loads); record the run with sim.run --executor real and "
-                         "replay it with sim.run --replay")
+    # Refused before the recording (and before stale recordings are removed): a profile without adapter terms.
+    refuse_lora_without_profile(workload, profile)
     real_dirs = real_run_dirs(out_dir, repeats)
     remove_stale_recordings(out_dir, repeats)
     for real_dir in real_dirs:
@@ -133,7 +167,7 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None,
                                  attention_backend=attention_backend, enforce_eager=enforce_eager)
         run_real(workload, real_dir, real.engine, vocab_size=real.vocab_size,
                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
-                 speed_probe=speed_probe)
+                 speed_probe=speed_probe, lora_paths=real.lora_paths, lora_manager=real.lora_manager)
     comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path,
                                    at_probed_speed=at_probed_speed, allow_profile_mismatch=allow_profile_mismatch)
     if repeats > 1:
@@ -208,6 +242,12 @@ def validate_recorded(real_run_dir: Path, out_dir: Path, *, profile: Path | None
         profile = default_profile_for(executor)
     model = CalibratedCostModel.from_file(profile)
     notes = check_profile_fits(model.profile.provenance, executor, profile, allow_mismatch=allow_profile_mismatch)
+    recorded_workload = load_workload(real_summary["config"]["workload"])
+    if recorded_workload.lora_sections():
+        if chosen and not model.profile.prices_lora:
+            refuse_lora_without_profile(recorded_workload, None)
+        notes += check_profile_prices_lora(model.profile, str(profile), recorded_workload.lora_sections()[0][0],
+                                           recorded_workload)
     speed = probed_speed(model, real_run_dir)
     applied = at_probed_speed and speed is not None
     if at_probed_speed and not applied:

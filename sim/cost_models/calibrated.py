@@ -26,7 +26,13 @@ PROFILE_KINDS = ("linear", "piecewise_linear")
 # data (a negative slope times a huge feature) must still give a positive duration.
 DEFAULT_MINIMUM_STEP_TIME_S = 1e-5
 _TOP_LEVEL_KEYS = ("format", "kind", "features", "coefficients", "intercept_s", "hinges", "token_count_offsets_s",
-                   "minimum_step_time_s", "provenance")
+                   "minimum_step_time_s", "lora_loads", "provenance")
+# The adapters' compute terms a profile fitted on LoRA runs has (sim/calibration_fit.py's LORA_FEATURE_SETS).
+LORA_FEATURES = ("num_lora_tokens", "num_active_loras")
+# "lora_loads" (optional, LoRA profiles only): what one adapter load costs, fitted on the recorded slot fills
+# (sim/lora_load_fit.py): seconds per adapter byte ("per_byte") or per load ("per_load"), for the copy into a
+# slot and for the read from disk that precedes it when the host cache misses.
+LORA_LOAD_KINDS = ("per_byte", "per_load")
 # Small-batch offsets apply to steps of at most this many tokens (a table, not a curve: on a CPU the
 # matmul kernels for 1, 2, 3 rows differ in kind, and step time is not even monotone there).
 MAX_OFFSET_TOKEN_COUNT = 64
@@ -50,10 +56,17 @@ class StepProfile:
     minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S
     # Seconds added to steps of exactly this many scheduled tokens (small batches only; may be negative).
     token_count_offsets_s: dict[int, float] = field(default_factory=dict)
+    # LoRA profiles: {"kind": per_byte | per_load, "copy_s": ..., "disk_read_s": ...}; None without.
+    lora_loads: dict | None = None
 
     @property
     def features(self) -> list[str]:
         return list(self.coefficients)
+
+    @property
+    def prices_lora(self) -> bool:
+        """Whether the profile was fitted on steps with adapters (it then has their compute terms)."""
+        return any(name in self.coefficients for name in LORA_FEATURES)
 
     def to_dict(self) -> dict:
         data = {"format": PROFILE_FORMAT, "kind": self.kind, "features": self.features,
@@ -64,6 +77,8 @@ class StepProfile:
         if self.token_count_offsets_s:
             data["token_count_offsets_s"] = {str(count): value for count, value in self.token_count_offsets_s.items()}
         data["minimum_step_time_s"] = self.minimum_step_time_s
+        if self.lora_loads is not None:
+            data["lora_loads"] = dict(self.lora_loads)
         data["provenance"] = self.provenance
         return data
 
@@ -143,9 +158,18 @@ class StepProfile:
         minimum = number("minimum_step_time_s", data.get("minimum_step_time_s", DEFAULT_MINIMUM_STEP_TIME_S))
         if minimum <= 0:
             raise fail("minimum_step_time_s", f"must be positive, got {minimum!r}")
+        lora_loads = None
+        if "lora_loads" in data:
+            raw = data["lora_loads"]
+            if not isinstance(raw, dict) or set(raw) != {"kind", "copy_s", "disk_read_s"}:
+                raise fail("lora_loads", f"must be an object with keys kind, copy_s, disk_read_s, got {raw!r}")
+            if raw["kind"] not in LORA_LOAD_KINDS:
+                raise fail("lora_loads.kind", f"must be one of {', '.join(LORA_LOAD_KINDS)}, got {raw['kind']!r}")
+            lora_loads = {"kind": raw["kind"], "copy_s": number("lora_loads.copy_s", raw["copy_s"], minimum=0),
+                          "disk_read_s": number("lora_loads.disk_read_s", raw["disk_read_s"], minimum=0)}
         return cls(kind=kind, coefficients=coefficients, intercept_s=number("intercept_s", data["intercept_s"]),
                    provenance=_validate_provenance(data["provenance"], fail), hinges=tuple(hinges),
-                   minimum_step_time_s=minimum, token_count_offsets_s=offsets)
+                   minimum_step_time_s=minimum, token_count_offsets_s=offsets, lora_loads=lora_loads)
 
 
 def _validate_provenance(provenance: object, fail) -> dict:
@@ -189,7 +213,7 @@ def make_provenance(*, hardware: str, model: str, dtype: str, attention_backend:
 def save_profile(path: str | Path, coefficients: dict[str, float], intercept_s: float, provenance: dict, *,
                  kind: str = "linear", hinges: list[dict] | None = None,
                  minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S,
-                 token_count_offsets_s: dict[int, float] | None = None) -> StepProfile:
+                 token_count_offsets_s: dict[int, float] | None = None, lora_loads: dict | None = None) -> StepProfile:
     """Validate and write a profile; return what a later ``load_profile`` will read back."""
     data = {"format": PROFILE_FORMAT, "kind": kind, "features": list(coefficients),
             "coefficients": dict(coefficients), "intercept_s": intercept_s,
@@ -198,6 +222,8 @@ def save_profile(path: str | Path, coefficients: dict[str, float], intercept_s: 
         data["hinges"] = hinges
     if token_count_offsets_s:
         data["token_count_offsets_s"] = {str(count): value for count, value in token_count_offsets_s.items()}
+    if lora_loads is not None:
+        data["lora_loads"] = lora_loads
     profile = StepProfile.from_dict(data, source=str(path))  # never write a file the loader would reject
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ import pandas as pd
 # as has_prefill have no range to leave).
 RANGE_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "decode_context_tokens", "prefill_context_tokens",
                   "prefill_attention_work", "prefill_attention_dense_work", "context_prefill_dense_work",
-                  "prefill_attention_sliced_work", "shared_context_tokens", "kv_block_runs")
+                  "prefill_attention_sliced_work", "shared_context_tokens", "kv_block_runs", "num_lora_tokens",
+                  "num_active_loras")
 
 
 def calibrated_range(features: pd.DataFrame) -> dict[str, float]:

@@ -235,7 +235,7 @@ def test_the_server_executor_and_validate_refuse_lora(capsys):
     from sim.validate import main as validate_main
 
     assert validate_main(["multi_lora", "--out", "/nonexistent/never"]) == 2
-    assert "workload.lora: a LoRA workload is not compared by sim.validate" in capsys.readouterr().err
+    assert "workload.lora: a LoRA workload is compared by sim.validate only with --profile" in capsys.readouterr().err
 
 
 def test_a_fast_forward_counts_its_steps_adapters_and_loads_only_in_its_first_step():
