@@ -91,3 +91,44 @@ def test_a_lora_run_is_retimed_on_its_adapters(lora_run, tmp_path):
     assert len(table) == len(recorded.steps) and (table["measured_s"] > 0).all()
     # The re-timed run's tables are the recording's (a text column with nulls read back by pandas included).
     assert read_run(tmp_path / "retimed").requests["lora_name"].tolist() == recorded.requests["lora_name"].tolist()
+
+
+@pytest.mark.filterwarnings("ignore:.*other processes kept")  # the suite runs in parallel
+def test_validate_compares_a_lora_workload_with_a_profile_fitted_on_lora_runs(lora_run, tmp_path, capsys):
+    """Calibrate on two recordings (the fixture's and one of another seed), then sim.validate records a third
+    workload and simulates it with that profile: its adapters priced by the profile's terms and fitted loads.
+    Only the structure and a loose bound are checked: timings on a shared machine are the machine's."""
+    import json
+
+    from sim.calibrate import main as calibrate_main
+    from sim.validate import main as validate_main
+
+    out, _ = lora_run
+    second = load_workload(dict(LORA, seed=6))
+    real = build_real_engine(second, model="tiny", threads=1)
+    run_real(second, tmp_path / "second", real.engine, vocab_size=real.vocab_size,
+             reserved_token_ids=real.reserved_token_ids, executor_info=real.info, lora_paths=real.lora_paths,
+             lora_manager=real.lora_manager)
+    profile = tmp_path / "lora-profile.json"
+    assert calibrate_main([str(out), str(tmp_path / "second"), "-o", str(profile)]) == 0
+    fitted = json.loads(profile.read_text())
+    assert set(fitted["features"]) & {"num_lora_tokens", "num_active_loras"}
+    assert fitted["provenance"]["lora"]["max_lora_rank"] == 8 and fitted["lora_loads"]["kind"] in ("per_byte",
+                                                                                                   "per_load")
+    assert "LoRA (max_lora_rank 8, adapter ranks [4, 8]" in capsys.readouterr().out
+    workload_file = tmp_path / "w.yaml"
+    workload_file.write_text(json.dumps(dict(LORA, seed=7)))
+    validated = tmp_path / "validate"
+    assert validate_main([str(workload_file), "--model", "tiny", "--profile", str(profile), "--out", str(validated),
+                          "--no-progress", "--no-dashboard"]) == 0
+    comparison = json.loads((validated / "comparison.json").read_text())
+    simulated, recorded = read_run(validated / "sim"), read_run(validated / "real")
+    assert simulated.summary["num_finished"] == recorded.summary["num_finished"] == 40
+    # The same request stream and adapters; the simulation counts its own adapter tokens and loads.
+    assert simulated.requests["lora_name"].tolist() == recorded.requests["lora_name"].tolist()
+    assert 0 < simulated.steps["num_lora_tokens"].sum() <= simulated.steps["num_scheduled_tokens"].sum()
+    assert simulated.summary["lora"]["adapter_loads"] >= 3 and simulated.summary["lora"]["load_s"] > 0  # 3 adapters
+    assert comparison["step_time_error"]["num_steps"] == len(recorded.steps)
+    throughput = comparison["metrics"]["request_throughput"]
+    assert 0.1 < throughput["sim"] / throughput["real"] < 10  # loose: a busy machine's real run may crawl
+    assert "largest headline error" in capsys.readouterr().out
