@@ -6,7 +6,9 @@ than 5% too long). ``sim.validate`` compares latencies; this module isolates the
 every step the real run recorded, with the features it recorded, and comparing with the measured
 durations. When the total is off by a few percent on every recording of a workload, the machine ran
 at another speed than during calibration (or the model lacks a feature: see by kind of step); when
-the step times are right but latencies are not, the difference is in the queueing.
+the step times are right but latencies are not, the difference is in the queueing. A LoRA run's steps are
+compared on what their durations leave after the recorded adapter loads (step_feature_frame), as the
+profile's step terms were fitted: the loads are priced apart.
 
 ``step_time_error_by_kind`` splits the error by what the step did (decodes only; a prefill chunk of a
 given size, fresh, after a context already in the cache, or after a long one): the kinds that carry
