@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -176,3 +177,41 @@ def test_the_shipped_profile_refuses_a_lora_workload_saying_how_to_calibrate(cap
     assert validate_main(["multi_lora", "--profile", str(SHIPPED_PROFILES_DIR / "cpu-small-float32.json"),
                           "--out", "/nonexistent/never"]) == 2
     assert "was fitted on steps without adapters" in capsys.readouterr().err
+
+
+LORA_RUNS = Path(__file__).resolve().parents[2] / "sim" / "data" / "runs" / "cpu-small-float32-lora"
+LORA_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32-lora.json"
+
+
+def test_the_shipped_lora_profile_is_what_calibrate_fits_on_its_shipped_runs(tmp_path):
+    from sim.calibrate import main as calibrate_main
+
+    runs = [str(LORA_RUNS / f"lora-calibrate-{index}") for index in range(1, 6)] + [str(LORA_RUNS / "base-calibrate")]
+    out = tmp_path / "profile.json"
+    assert calibrate_main([*runs, "-o", str(out)]) == 0
+    fitted, shipped = json.loads(out.read_text()), json.loads(LORA_PROFILE.read_text())
+    assert fitted["features"] == shipped["features"] and {"num_lora_tokens", "num_active_loras"} <= set(fitted["features"])
+    assert fitted["coefficients"] == pytest.approx(shipped["coefficients"], rel=1e-6, abs=1e-12)
+    assert fitted["lora_loads"]["kind"] == shipped["lora_loads"]["kind"]
+    for key in ("copy_s", "disk_read_s"):
+        assert fitted["lora_loads"][key] == pytest.approx(shipped["lora_loads"][key], rel=1e-6)
+    assert shipped["provenance"]["lora"]["max_lora_rank"] == 16
+
+
+def test_the_shipped_lora_profile_is_never_the_default_and_validates_a_shipped_lora_run(tmp_path, capsys):
+    from sim.profile_match import default_profile_for
+    from sim.validate import main as validate_main
+
+    executor = json.loads((LORA_RUNS / "base-calibrate" / "summary.json").read_text())["config"]["executor"]
+    assert default_profile_for(executor).name == "cpu-small-float32.json"
+    run = str(LORA_RUNS / "lora-few-adapters-1")
+    assert validate_main(["--real-run", run, "--out", str(tmp_path / "default"), "--no-dashboard"]) == 2
+    assert "a LoRA workload is compared by sim.validate only with --profile" in capsys.readouterr().err
+    out = tmp_path / "validate"
+    assert validate_main(["--real-run", run, "--profile", str(LORA_PROFILE), "--out", str(out), "--no-dashboard"]) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    # A loose bound guarding the offline pipeline; the figures are in docs/fidelity.md.
+    assert abs(comparison["metrics"]["request_throughput"]["relative_error"]) < 0.03
+    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
+        assert abs(comparison["metrics"][key]["relative_error"]) < 0.25, key
+    assert abs(comparison["step_time_error"]["total"]) < 0.1
