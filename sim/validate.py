@@ -65,6 +65,8 @@ from workloads import WorkloadError, load_workload
 
 # The shipped CPU profile; sim.validate picks the shipped profile that fits each run (profile_match.py).
 DEFAULT_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32.json"
+# The shipped CPU LoRA profile (never a default: named in the refusal of a LoRA run without --profile).
+LORA_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32-lora.json"
 # The speed change either side of the simulated one at which ``step_time_sensitivity`` simulates again:
 # the machine's own drift between recordings (2-6%), so the slope spans what a percentile really does.
 SENSITIVITY_STEP = 0.02
@@ -125,8 +127,10 @@ def refuse_lora_without_profile(workload, profile: Path | None) -> None:
         return
     if profile is None:
         raise ValueError(f"{sections[0][0]}: a LoRA workload is compared by sim.validate only with --profile, a "
-                         "profile fitted on LoRA runs (the shipped profiles have no term for adapters): "
-                         f"{HOW_TO_CALIBRATE}; then `python -m sim.validate WORKLOAD --profile lora-profile.json`")
+                         "profile fitted on LoRA runs (the default profiles have no term for adapters; "
+                         f"{LORA_PROFILE} is one for the small model on the CPU with rank-16 adapters on all seven "
+                         f"projections): {HOW_TO_CALIBRATE}; then `python -m sim.validate WORKLOAD --profile "
+                         "lora-profile.json`")
     check_profile_prices_lora(CalibratedCostModel.from_file(profile).profile, str(profile), sections[0][0], workload)
 
 
