@@ -15,6 +15,10 @@ KV tokens decodes read (on a CPU, reading KV costs more per token once a step's 
 last-level cache); and each with a small-batch table, one offset per token count up to a few tokens,
 the only terms allowed to be negative (on a CPU, the matrix kernels for 1, 2 and 3 rows differ in kind
 and a 3-row step can take longer than a 4-row one, which no smooth term captures).
+
+Steps of LoRA runs are fitted on their duration less their recorded adapter loads (priced apart, by
+sim/lora_load_fit.py), with the adapters' terms of LORA_FEATURE_SETS added to every candidate; the set kept is
+the one that times the held-out steps with adapter tokens best. Without adapter tokens nothing changes.
 """
 
 from __future__ import annotations
