@@ -160,13 +160,18 @@ def describe_lora_fit(lora: dict, loads: dict | None) -> str:
         lines.append("  no step loaded an adapter: the simulator prices loads from the hardware's bandwidths")
     else:
         fitted = lora["loads"]
-        unit, scale = ("GB/s", 1e-9) if loads["kind"] == "per_byte" else ("ms a load", 1e3)
-        rate = (lambda s: 1 / s * scale if s else float("inf")) if loads["kind"] == "per_byte" else (lambda s: s * scale)
         errors = ", ".join(f"{kind} {error:.1%}" for kind, error in fitted["median_ape_by_kind"].items())
         lines.append(f"  adapter loads ({fitted['num_load_steps']} steps, {fitted['num_held_out_load_steps']} held out): "
-                     f"{loads['kind']}, copy {rate(loads['copy_s']):.3g} {unit}, disk read {rate(loads['disk_read_s']):.3g} "
-                     f"{unit}; median |error| {errors}")
+                     f"{loads['kind']}, copy {describe_load_cost(loads['kind'], loads['copy_s'])}, disk read "
+                     f"{describe_load_cost(loads['kind'], loads['disk_read_s'])}; median |error| {errors}")
     return "\n".join(lines)
+
+
+def describe_load_cost(kind: str, seconds: float) -> str:
+    """A fitted load cost for a person: a bandwidth for seconds per byte, milliseconds for seconds per load."""
+    if kind == "per_load":
+        return f"{seconds * 1e3:.3g} ms a load"
+    return f"{1e-9 / seconds:.3g} GB/s" if seconds else "free (no such load recorded)"
 
 
 def level_indexes(run_dirs: list[Path], speed_level: list[Path] | None) -> list[int] | None:

@@ -215,3 +215,13 @@ def test_the_shipped_lora_profile_is_never_the_default_and_validates_a_shipped_l
     for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
         assert abs(comparison["metrics"][key]["relative_error"]) < 0.25, key
     assert abs(comparison["step_time_error"]["total"]) < 0.1
+
+
+def test_calibration_refuses_lora_runs_of_different_adapter_shapes():
+    from sim.calibrate import lora_shape
+
+    rank_16 = {"max_lora_rank": 16, "adapter_ranks": [16], "target_modules": ["q_proj"], "adapter_bytes": 1e6}
+    assert lora_shape([None, rank_16, dict(rank_16)], ["base", "a", "b"]) == rank_16
+    assert lora_shape([None, None], ["base", "base-2"]) is None
+    with pytest.raises(ValueError, match=r"the LoRA runs differ in max_lora_rank, adapter ranks or target modules"):
+        lora_shape([rank_16, dict(rank_16, max_lora_rank=32)], ["a", "b"])
