@@ -12,17 +12,31 @@ runner computes at each adapter's own rank, so another rank costs another amount
 A workload whose ``max_lora_rank`` alone differs is a warning: the runner's slots are sized for it, but its
 kernels run at the adapters' ranks (engine/runner/lora/lora_linear.py), so the compute terms still apply;
 only the slots' memory differs.
+
+``sim.validate`` refuses a LoRA workload before recording it unless ``--profile`` names a profile fitted on LoRA
+runs (``refuse_lora_without_profile``), and simulates a recorded LoRA run with the profile's adapter slots and
+load costs (``simulated_lora``).
 """
 
 from __future__ import annotations
 
-from sim.cost_models.calibrated import StepProfile
+from pathlib import Path
 
+from sim.cost_models.calibrated import StepProfile, load_profile
+from sim.hardware import resolve_hardware
+from sim.lora_adapters import lora_setup
+from sim.lora_steps import LoRASteps
+from sim.model_presets import resolve_model
+from sim.profile_match import SHIPPED_PROFILES_DIR
+
+# The shipped CPU LoRA profile (never a default: named in the refusal of a LoRA run without --profile).
+LORA_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32-lora.json"
 HOW_TO_CALIBRATE = (
     "record a few real runs of a LoRA workload and fit one, e.g. `python -m sim.run multi_lora --executor real "
     "--model small --set model=small --set hardware=cpu --set dtype=float32 --set engine.max_model_len=2048 "
-    "--set engine.max_num_batched_tokens=512 --set workload.num_requests=30 --out runs/lora-1` (and runs/lora-2, "
-    "... with other seeds, rates and max_loras), then `python -m sim.calibrate runs/lora-1 runs/lora-2 runs/lora-3 "
+    "--set engine.max_num_batched_tokens=512 --set workload.num_requests=30 --set workload.lora.base_model_fraction=0.5 "
+    "--out runs/lora-1` (and runs/lora-2, ... with other seeds, rates and max_loras; half the requests on the base "
+    "model separate the adapters' cost from the machine's drift), then `python -m sim.calibrate runs/lora-1 runs/lora-2 runs/lora-3 "
     "-o lora-profile.json`")
 
 
@@ -48,3 +62,32 @@ def check_profile_prices_lora(profile: StepProfile, source: str, where: str, wor
                         "the real runner computes at the adapters' own rank (the same here), so only the slots' "
                         "memory differs")
     return warnings
+
+
+def simulated_lora(workload, profile: StepProfile, source: str) -> LoRASteps | None:
+    """A LoRA workload's adapter slots, their loads priced by the profile's fitted costs; None without adapters.
+    A profile without adapter terms is refused (check_profile_prices_lora)."""
+    adapters = list(workload.lora_adapters().values())
+    if not adapters:
+        return None
+    check_profile_prices_lora(profile, source, workload.lora_sections()[0][0], workload)
+    engine = workload.engine
+    setup = lora_setup(adapters, resolve_model(workload.model), resolve_hardware(workload.hardware), workload.dtype,
+                       engine.tensor_parallel_size, engine.max_loras, engine.cpu_lora_capacity(), engine.max_lora_rank,
+                       profile.lora_loads)
+    return LoRASteps(setup)
+
+
+def refuse_lora_without_profile(workload, profile: Path | str | None) -> None:
+    """Before recording a LoRA workload: a ValueError unless ``profile`` was fitted on LoRA runs (None, the
+    default profiles, were not), saying how to fit one."""
+    sections = workload.lora_sections()
+    if not sections:
+        return
+    if profile is None:
+        raise ValueError(f"{sections[0][0]}: a LoRA workload is compared by sim.validate only with --profile, a "
+                         "profile fitted on LoRA runs (the default profiles have no term for adapters; "
+                         f"sim/data/profiles/{LORA_PROFILE.name} is one for the small model on the CPU with rank-16 adapters on all seven "
+                         f"projections): {HOW_TO_CALIBRATE}; then `python -m sim.validate WORKLOAD --profile "
+                         "lora-profile.json`")
+    check_profile_prices_lora(load_profile(profile), str(profile), sections[0][0], workload)

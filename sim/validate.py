@@ -43,15 +43,11 @@ from analysis.repeated_runs import compare_with_mean, spread_about_mean, standar
 from engine.core import EngineCore, Scheduler
 from engine.optional_dependencies import exit_for_missing_extra
 from sim.calibrate import speed_standard_error
-from sim.calibrated_lora import HOW_TO_CALIBRATE, check_profile_prices_lora
+from sim.calibrated_lora import check_profile_prices_lora, refuse_lora_without_profile, simulated_lora
 from sim.cli_support import check_output_directory, flags_given, positive_int, print_warning
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
 from sim.cost_models.calibrated_range import describe_extrapolation
-from sim.hardware import resolve_hardware
-from sim.lora_adapters import lora_setup
-from sim.lora_steps import LoRASteps
-from sim.model_presets import resolve_model
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
 from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
@@ -65,8 +61,6 @@ from workloads import WorkloadError, load_workload
 
 # The shipped CPU profile; sim.validate picks the shipped profile that fits each run (profile_match.py).
 DEFAULT_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32.json"
-# The shipped CPU LoRA profile (never a default: named in the refusal of a LoRA run without --profile).
-LORA_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32-lora.json"
 # The speed change either side of the simulated one at which ``step_time_sensitivity`` simulates again:
 # the machine's own drift between recordings (2-6%), so the slope spans what a percentile really does.
 SENSITIVITY_STEP = 0.02
@@ -91,7 +85,7 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
                          "profile prices no draft verification); replay the run with sim.run --replay")
     workload = load_workload(run.summary["config"]["workload"])
     executor = SimulatedExecutor(cost_model)
-    executor.lora = simulated_lora(workload, loaded)
+    executor.lora = simulated_lora(workload, loaded.profile, loaded.path or "(inline)")
     engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     started = time.perf_counter()
     recorder = Simulation(engine, requests).run()
@@ -103,35 +97,6 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
         summary["cost_model_extrapolation"] = extrapolation
     write_run(out_dir, requests_table, steps_table, summary)
     return summary
-
-
-def simulated_lora(workload, model: CalibratedCostModel) -> LoRASteps | None:
-    """A LoRA workload's adapter slots, their loads priced by the profile's fitted costs; None without adapters.
-    A profile without adapter terms is refused (check_profile_prices_lora)."""
-    adapters = list(workload.lora_adapters().values())
-    if not adapters:
-        return None
-    check_profile_prices_lora(model.profile, model.path or "(inline)", workload.lora_sections()[0][0], workload)
-    engine = workload.engine
-    setup = lora_setup(adapters, resolve_model(workload.model), resolve_hardware(workload.hardware), workload.dtype,
-                       engine.tensor_parallel_size, engine.max_loras, engine.cpu_lora_capacity(), engine.max_lora_rank,
-                       model.profile.lora_loads)
-    return LoRASteps(setup)
-
-
-def refuse_lora_without_profile(workload, profile: Path | None) -> None:
-    """Before recording a LoRA workload: a ValueError unless ``profile`` was fitted on LoRA runs (the shipped
-    profiles were not), saying how to fit one."""
-    sections = workload.lora_sections()
-    if not sections:
-        return
-    if profile is None:
-        raise ValueError(f"{sections[0][0]}: a LoRA workload is compared by sim.validate only with --profile, a "
-                         "profile fitted on LoRA runs (the default profiles have no term for adapters; "
-                         f"{LORA_PROFILE} is one for the small model on the CPU with rank-16 adapters on all seven "
-                         f"projections): {HOW_TO_CALIBRATE}; then `python -m sim.validate WORKLOAD --profile "
-                         "lora-profile.json`")
-    check_profile_prices_lora(CalibratedCostModel.from_file(profile).profile, str(profile), sections[0][0], workload)
 
 
 def real_run_dirs(out_dir: Path, repeats: int) -> list[Path]:
