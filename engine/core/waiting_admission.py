@@ -73,7 +73,7 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
 
     def admit(request: Request, num_new_tokens: int) -> None:
         running.append(request)
-        if request.lora_request is not None:
+        if active_loras is not None and request.lora_request is not None:
             active_loras.add(request.lora_request.lora_int_id)
         if request.status == _PREEMPTED:
             admissions.scheduled_resumed.append(request)
@@ -94,7 +94,7 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
         for request in kv_transfers.loaded_requests():
             if token_budget <= 0 or len(running) >= max_num_seqs:
                 break
-            if not lora_fits(request):
+            if active_loras is not None and not lora_fits(request):
                 continue  # stays loaded, in its slots, until its adapter fits
             num_new_tokens = _chunk(request.num_tokens - kv_transfers.load_end[request.request_id], threshold,
                                     token_budget, chunked)
@@ -111,7 +111,7 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
     skipped: list[Request] = []
     while waiting and token_budget > 0 and len(running) < max_num_seqs:
         request = waiting.peek_request()
-        if request.status == _LOADING or not lora_fits(request):
+        if request.status == _LOADING or active_loras is not None and not lora_fits(request):
             skipped.append(waiting.pop_request())
             continue
         if request.do_remote_prefill:
