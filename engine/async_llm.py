@@ -43,7 +43,8 @@ from engine.output_processor import OutputProcessor
 from engine.output_processor.request_state import OutputKind
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
-from engine.request_inputs import Prompt, check_priority, make_core_request, parse_prompt, validate_request
+from engine.request_inputs import (Prompt, check_priority, make_core_request, parse_prompt, truncate_prompt,
+                                   validate_request)
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError"]
 
@@ -131,8 +132,10 @@ class AsyncLLM:
 
     def process_prompt(self, prompt: Any, sampling_params: SamplingParams,
                        lora_request: LoRARequest | None = None) -> Prompt:
-        """Parse and validate a prompt as ``generate`` will (ValueError naming what is wrong)."""
+        """Parse, truncate (``truncate_prompt_tokens``) and validate a prompt as ``generate`` will (ValueError
+        naming what is wrong)."""
         parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
+        parsed = truncate_prompt("prompt", parsed, sampling_params, self._scheduler.max_model_len)
         validate_request("prompt", parsed, sampling_params, self._scheduler, self.vocab_size,
                          self.tokenizer is not None, self._structured_outputs, lora_request, self._lora)
         return parsed
@@ -155,7 +158,7 @@ class AsyncLLM:
         if request_id in self._active_request_ids:
             raise ValueError(f"request_id {request_id!r} is already being served")
         if isinstance(prompt, Prompt):  # already parsed (the server tokenizes first, to answer 400s)
-            parsed = prompt
+            parsed = truncate_prompt("prompt", prompt, params, self._scheduler.max_model_len)
             validate_request("prompt", parsed, params, self._scheduler, self.vocab_size, self.tokenizer is not None,
                              self._structured_outputs, lora_request, self._lora)
         else:

@@ -30,7 +30,7 @@ from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
 from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,
-                                   validate_request)
+                                   truncate_prompt, validate_request)
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ class LLM:
         params = self._expand_sampling_params(sampling_params, len(parsed))
         priorities = self._check_priorities(priority, len(parsed))
         lora_requests = self._expand_lora_requests(lora_request, len(parsed))
+        parsed = [truncate_prompt(f"prompt {index}", prompt, request_params, self.scheduler.max_model_len)
+                  for index, (prompt, request_params) in enumerate(zip(parsed, params))]
         for index, (prompt, request_params, request_lora) in enumerate(zip(parsed, params, lora_requests)):
             self._validate(index, prompt, request_params, request_lora)
         request_ids = [f"{next(self._request_counter)}" for _ in parsed]

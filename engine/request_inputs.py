@@ -56,6 +56,24 @@ def check_token_ids(label: str, token_ids: Sequence[Any], vocab_size: int) -> li
     return [int(t) for t in token_ids]
 
 
+def truncate_prompt(label: str, prompt: Prompt, params: SamplingParams, max_model_len: int) -> Prompt:
+    """The prompt's last ``params.truncate_prompt_tokens`` tokens (vLLM's left truncation; -1 keeps as many
+    as the engine allows, ``max_model_len``), or the prompt itself when it is no longer. A cut prompt has no
+    text: what is echoed or reported is what the model saw, the kept tokens. A count above ``max_model_len``
+    is refused, as vLLM refuses it, since no prompt that long could be served anyway."""
+    keep = params.truncate_prompt_tokens
+    if keep is None:
+        return prompt
+    if keep == -1:
+        keep = max_model_len
+    if keep > max_model_len:
+        raise ValueError(f"{label}: SamplingParams.truncate_prompt_tokens must be -1 or at most max_model_len "
+                         f"({max_model_len}), got {keep}; select a smaller truncation size")
+    if len(prompt.token_ids) <= keep:
+        return prompt
+    return Prompt(None, prompt.token_ids[-keep:])
+
+
 def validate_request(label: str, prompt: Prompt, params: SamplingParams, scheduler: Scheduler, vocab_size: int,
                      has_tokenizer: bool, structured_outputs: StructuredOutputs | None = None,
                      lora_request: LoRARequest | None = None, lora=None) -> None:

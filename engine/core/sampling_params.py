@@ -78,6 +78,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     # Constrain the output to a JSON schema, regex, choice or grammar (engine/runner/structured_output/ enforces it).
     structured_outputs: StructuredOutputsParams | None = None
+    # Keep only the prompt's last k tokens (-1: as many as the engine allows), as vLLM's field does. The front
+    # end cuts the prompt before the request is made (engine/request_inputs.py); the core never sees the cut.
+    truncate_prompt_tokens: int | None = None
     # Derived once in __post_init__: the stop token ids as a frozenset for O(1) checks per token.
     all_stop_token_ids: frozenset[int] = field(init=False, repr=False, compare=False)
 
@@ -166,6 +169,10 @@ class SamplingParams:
         check("prompt_logprobs", self.prompt_logprobs is None or (is_int(self.prompt_logprobs)
                                                                   and self.prompt_logprobs >= 0),
               "None or an integer >= 0")
+        check("truncate_prompt_tokens", self.truncate_prompt_tokens is None or (
+            is_int(self.truncate_prompt_tokens) and (self.truncate_prompt_tokens >= 1
+                                                     or self.truncate_prompt_tokens == -1)),
+              "None, -1 (the longest prompt the engine allows) or an integer >= 1")
         check("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool), "a boolean")
         check("structured_outputs", self.structured_outputs is None
               or isinstance(self.structured_outputs, StructuredOutputsParams), "None or a StructuredOutputsParams")

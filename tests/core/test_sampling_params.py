@@ -22,6 +22,9 @@ from engine.core import SamplingParams, SamplingType
     ("repetition_penalty", float("inf")), ("temperature", float("inf")),
     # vLLM's ceiling (VLLM_MAX_N_SEQUENCES): n=10**9 held the server's event loop while it built the children.
     ("n", 16385),
+    # vLLM's rule: a count of tokens to keep, or -1 for the engine's limit; 0 would keep nothing.
+    ("truncate_prompt_tokens", 0), ("truncate_prompt_tokens", -2), ("truncate_prompt_tokens", 2.0),
+    ("truncate_prompt_tokens", True),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
