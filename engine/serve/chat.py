@@ -8,6 +8,9 @@ last chunk has its finish reason; usage and ``[DONE]`` follow as for completions
 With tools (tool_calls.py decides the mode), each choice's text goes through its ``ChoiceToolOutput``
 (tool_output.py): whole, into ``content`` and ``tool_calls``; streamed, into deltas carrying ``content`` and/or
 ``tool_calls`` (a delta can then be empty while text is held back), and ``tool_calls`` as the finish reason.
+
+vLLM's ``prompt_logprobs`` (the rendered prompt's, after any ``truncate_prompt_tokens``) go on the response,
+not on a choice, as vLLM puts them: every choice shares the prompt. ``null`` when not asked; never streamed.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from engine.core import SamplingParams
 from engine.chat_template import ChatTemplateError, NoChatTemplateError, render_chat
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.serve.errors import OpenAIError
-from engine.serve.logprobs_format import chat_logprobs
-from engine.serve.protocol import ChatCompletionRequest, chat_param_names, chat_sampling_params
+from engine.serve.logprobs_format import chat_logprobs, prompt_logprobs_json
+from engine.serve.protocol import (ChatCompletionRequest, chat_param_names, chat_sampling_params,
+                                   returned_prompt_logprobs)
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured_request
@@ -62,9 +66,15 @@ class _Messages(UsageCounter):
         self.tokens_as_ids = body.return_tokens_as_token_ids
         self.streaming = False  # streamed deltas go through the tool mode here; whole messages in _collect
         self.sent_role: set[int] = set()  # choice indices whose first chunk (with the role) has gone out
+        self.num_prompt_logprobs = returned_prompt_logprobs(body)
+        self.prompt_logprobs: list[Any] | None = None  # the response's, formatted from the first output with them
 
     def choices(self, output: RequestOutput) -> list[dict[str, Any]]:
         self.count(output)
+        if (self.num_prompt_logprobs is not None and self.prompt_logprobs is None
+                and output.prompt_logprobs is not None):
+            self.prompt_logprobs = prompt_logprobs_json(output.prompt_logprobs, output.prompt_token_ids,
+                                                        self.num_prompt_logprobs)
         return [self._choice(completion) for completion in output.outputs]
 
     def tool_output(self, index: int) -> ChoiceToolOutput:
@@ -120,7 +130,8 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
         return Response(status_code=499)
     except Exception as error:
         return engine_error(error).to_response()
-    return JSONResponse({**header, "object": "chat.completion", "choices": choices, "usage": messages.usage()})
+    return JSONResponse({**header, "object": "chat.completion", "choices": choices, "usage": messages.usage(),
+                         "prompt_logprobs": messages.prompt_logprobs})
 
 
 async def _collect(outputs: AsyncIterator[RequestOutput], messages: _Messages) -> list[dict[str, Any]]:

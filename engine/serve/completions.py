@@ -1,6 +1,8 @@
 """``POST /v1/completions``: a prompt (text or token ids), or a batch of them -> ``n`` choices per prompt,
 streamed or not; with ``echo`` each choice starts with its prompt (and the prompt's logprobs, the first
-null, when ``logprobs`` is set: the log-likelihood requests of evaluation harnesses).
+null, when ``logprobs`` is set: the log-likelihood requests of evaluation harnesses). vLLM's
+``prompt_logprobs`` field puts the prompt's logprobs on each choice in vLLM's own shape (not streamed;
+``null`` when not asked, as vLLM answers).
 
 Streaming sends one chunk per choice per engine output that carries text or tokens (a chunk may hold
 several tokens when the client reads slower than the engine generates; ``return_token_ids`` tells how
@@ -22,10 +24,10 @@ from fastapi.responses import JSONResponse, Response
 from engine.core import SamplingParams
 from engine.outputs import CompletionOutput
 from engine.request_inputs import Prompt
-from engine.serve.logprobs_format import completion_logprobs, prompt_completion_logprobs
+from engine.serve.logprobs_format import completion_logprobs, prompt_completion_logprobs, prompt_logprobs_json
 from engine.serve.prompt_batch import PromptOutput, merge_prompt_streams
 from engine.serve.protocol import (CompletionRequest, completion_param_names, completion_prompts,
-                                   completion_sampling_params, echo_only)
+                                   completion_sampling_params, echo_only, returned_prompt_logprobs)
 from engine.serve.state import ServerState, UsageCounter, engine_error, usage
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 
@@ -47,6 +49,9 @@ class _Choices:
         self.skip_special_tokens = params.skip_special_tokens
         self.text_offsets: dict[int, int] = {}  # choice index -> characters of text sent so far
         self.echoed: set[int] = set()  # choice indices whose prompt went out
+        self.num_prompt_logprobs = returned_prompt_logprobs(body)
+        self.prompt_logprobs: dict[int, list[Any]] = {}  # prompt index -> its prompt_logprobs, formatted once
+        self.prompt_logprobs_sent: set[int] = set()  # choice indices that carried them
         self.usage_counters = [UsageCounter() for _ in prompts]
 
     def choices(self, item: PromptOutput) -> list[dict[str, Any]]:
@@ -84,9 +89,23 @@ class _Choices:
                 key: echo_logprobs[key] + logprobs[key] for key in echo_logprobs}
         choice = {"index": index, "text": text, "logprobs": logprobs,
                   "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+        if self.num_prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self._prompt_logprobs(index, item)
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
         return choice
+
+    def _prompt_logprobs(self, index: int, item: PromptOutput) -> list[Any] | None:
+        """The prompt's logprobs for choice ``index``'s first output that has them (every choice of a prompt
+        carries the same list), else None."""
+        output = item.output
+        if index in self.prompt_logprobs_sent or output.prompt_logprobs is None:
+            return None
+        self.prompt_logprobs_sent.add(index)
+        if item.prompt_index not in self.prompt_logprobs:
+            self.prompt_logprobs[item.prompt_index] = prompt_logprobs_json(
+                output.prompt_logprobs, output.prompt_token_ids, self.num_prompt_logprobs)
+        return self.prompt_logprobs[item.prompt_index]
 
     def _prompt_text(self, prompt: Prompt) -> str:
         if prompt.text is not None:
@@ -137,8 +156,10 @@ async def _collect(outputs: AsyncIterator[PromptOutput], choices: _Choices) -> l
             for delta in choices.choices(item):
                 choice = merged.get(delta["index"])
                 if choice is None:
-                    merged[delta["index"]] = delta
+                    merged[delta["index"]] = {**delta, "prompt_logprobs": delta.get("prompt_logprobs")}
                     continue
+                if delta.get("prompt_logprobs") is not None:
+                    choice["prompt_logprobs"] = delta["prompt_logprobs"]
                 choice["text"] += delta["text"]
                 choice["finish_reason"], choice["stop_reason"] = delta["finish_reason"], delta["stop_reason"]
                 if "token_ids" in choice:

@@ -4,6 +4,8 @@ Completions (legacy): ``{"tokens", "token_logprobs", "top_logprobs": [{token: lo
 with ``logprobs=k`` top entries per position. Chat: ``{"content": [{"token", "logprob", "bytes",
 "top_logprobs": [{"token", "logprob", "bytes"}]}]}`` with ``top_logprobs=k`` entries per position.
 The top entries are those of rank 1..k, in rank order; the sampled token may or may not be among them.
+vLLM's ``prompt_logprobs`` extension: one entry per prompt token, null for the first, else
+``{"<token_id>": {"logprob", "rank", "decoded_token"}}`` holding the prompt token and the top k.
 
 Tokens are shown as their text, which is not unique (byte-level pieces of one character all decode
 to U+FFFD), so completions' ``top_logprobs`` dict can hold fewer than k keys. vLLM's
@@ -80,6 +82,28 @@ def prompt_completion_logprobs(prompt_logprobs: list[dict[int, Logprob] | None] 
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offset}, offset
+
+
+def prompt_logprobs_json(prompt_logprobs: list[dict[int, Logprob] | None] | None, token_ids: list[int],
+                         num_top: int) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs`` of a response: per prompt token, the token's own entry and those of rank 1..k
+    (the engine may hold more when echo asked for a larger k), keyed by token id as a string; -inf is sent
+    as -9999.0, as vLLM clamps it. None when the engine has none."""
+    if prompt_logprobs is None:
+        return None
+    positions: list[dict[str, dict[str, Any]] | None] = []
+    for index, token_id in enumerate(token_ids):
+        position = prompt_logprobs[index] if index < len(prompt_logprobs) else None
+        if position is None:
+            positions.append(None)
+            continue
+        kept = {token_id: position[token_id]} if token_id in position else {}
+        for top_id, top_logprob in _top(position, num_top):
+            kept.setdefault(top_id, top_logprob)
+        positions.append({str(kept_id): {"logprob": _logprob_value(logprob.logprob), "rank": logprob.rank,
+                                         "decoded_token": logprob.decoded_token}
+                          for kept_id, logprob in kept.items()})
+    return positions
 
 
 def _chat_entry(token_id: int, logprob: Logprob, as_token_ids: bool) -> dict[str, Any]:

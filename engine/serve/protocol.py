@@ -6,8 +6,11 @@ clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repet
 ``stop_token_ids``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
 ``include_stop_str_in_output``, ``return_token_ids``
 (each choice then carries the ids of its new tokens, so a client can count tokens per chunk),
-``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``) and ``priority`` (lower is
-served first, with ``--scheduling-policy priority``).
+``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``), ``priority`` (lower is
+served first, with ``--scheduling-policy priority``), ``prompt_logprobs`` (k: each prompt token's logprob and
+the top k, per choice on completions and on the response on chat, as vLLM places them; not with ``stream``,
+which vLLM refuses too) and ``truncate_prompt_tokens`` (keep the prompt's last k tokens, -1: as many as the
+engine allows; on chat, of the rendered template).
 Structured outputs: OpenAI's ``response_format`` (``json_object``, ``json_schema``) and vLLM's ``guided_json``,
 ``guided_regex``, ``guided_choice``, ``guided_grammar`` and ``structured_outputs`` (structured_request.py).
 Tool calling on chat: OpenAI's ``tools``, ``tool_choice`` (none, auto, required or a named function) and
@@ -48,10 +51,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-_NOT_IMPLEMENTED = {
-    "use_beam_search": "not supported: this server samples; beam search is not done",
-    "prompt_logprobs": "not supported as a field; on /v1/completions, echo with logprobs scores the prompt",
-}
+_NO_BEAM_SEARCH = "not supported: this server samples; beam search is not done"
 
 
 class _SamplingRequest(BaseModel):
@@ -84,6 +84,10 @@ class _SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     priority: int = 0
+    # Each prompt token's logprob and the top k (response shape: logprobs_format.prompt_logprobs_json).
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # Keep the prompt's last k tokens (-1: as many as the engine allows); SamplingParams checks the value.
+    truncate_prompt_tokens: int | None = None
     # Structured outputs, OpenAI's (both routes take response_format in vLLM) and vLLM's own fields; typed
     # loosely here so that structured_request.py reports a bad value under the name the client used.
     response_format: Any = None
@@ -92,15 +96,23 @@ class _SamplingRequest(BaseModel):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
-    # vLLM extensions this server does not implement, refused by name for the same reason.
+    # A vLLM extension this server does not implement, refused by name for the same reason.
     use_beam_search: bool = False
-    prompt_logprobs: Any = None
 
-    @field_validator("use_beam_search", "prompt_logprobs")
+    @field_validator("use_beam_search")
     @classmethod
-    def _not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and value is not False:  # null, and false for flags, ask for nothing
-            raise ValueError(_NOT_IMPLEMENTED[info.field_name])
+    def _no_beam_search(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(_NO_BEAM_SEARCH)
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # vLLM's rule: no chunk carries them, so asking for any with stream is refused (0, which asks for
+        # the prompt tokens' own logprobs only, vLLM lets through and returns nothing; so does this server).
+        if value and info.data.get("stream"):
+            raise ValueError("prompt_logprobs are not available when stream=true")
         return value
 
     @field_validator("logit_bias")
@@ -273,7 +285,8 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
         logit_bias=logit_bias, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
-        include_stop_str_in_output=request.include_stop_str_in_output)
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        truncate_prompt_tokens=request.truncate_prompt_tokens)
     structured = tool_structured or structured_request(request)  # a 400 naming the parameter when malformed
     if structured is not None:
         fields["structured_outputs"] = structured.params
@@ -293,13 +306,22 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     if request.suffix is not None:
         raise OpenAIError("suffix is not supported", param="suffix")
     # echo with logprobs scores the prompt too (what evaluation harnesses ask for: a continuation's
-    # log-likelihood given its context), as vLLM does: prompt logprobs at the same top-k.
-    prompt_logprobs = request.logprobs if request.echo else None
+    # log-likelihood given its context), as vLLM does: prompt logprobs at the same top-k. With the
+    # prompt_logprobs field as well, the engine computes the larger top-k and each view keeps its own.
+    echo_logprobs = request.logprobs if request.echo else None
+    asked = [k for k in (echo_logprobs, returned_prompt_logprobs(request)) if k is not None]
+    prompt_logprobs = max(asked) if asked else None
     # echo with max_tokens 0 returns the prompt alone (vLLM's "echo without generation"): the engine
     # still produces one token, which the response leaves out (completions.py).
     max_tokens = 1 if echo_only(request) else request.max_tokens
     return sampling_params_for(request, max_tokens=max_tokens, logprobs=request.logprobs,
                                param_names=completion_param_names(request), prompt_logprobs=prompt_logprobs)
+
+
+def returned_prompt_logprobs(request: _SamplingRequest) -> int | None:
+    """The top-k of the ``prompt_logprobs`` the response carries: None when not asked, or when streamed (only
+    0 gets this far with stream, and no chunk carries them, so the engine is not asked to compute them)."""
+    return None if request.stream else request.prompt_logprobs
 
 
 def echo_only(request: CompletionRequest) -> bool:
@@ -315,7 +337,7 @@ def chat_sampling_params(request: ChatCompletionRequest,
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return sampling_params_for(request, max_tokens=max_tokens, logprobs=logprobs,
                                param_names=chat_param_names(request, tool_structured),
-                               tool_structured=tool_structured)
+                               prompt_logprobs=returned_prompt_logprobs(request), tool_structured=tool_structured)
 
 
 def completion_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:

@@ -65,7 +65,6 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"guided_regex": "[ab"}, "guided_regex", "guided_regex is not a valid regular expression"),
     # vLLM extensions not implemented: refused rather than ignored.
     ({"use_beam_search": True}, "use_beam_search", "beam search is not done"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs", "echo with logprobs"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
