@@ -11,6 +11,7 @@ With tools (tool_calls.py decides the mode), each choice's text goes through its
 
 vLLM's ``prompt_logprobs`` (the rendered prompt's, after any ``truncate_prompt_tokens``) go on the response,
 not on a choice, as vLLM puts them: every choice shares the prompt. ``null`` when not asked; never streamed.
+So does ``prompt_token_ids``, with ``return_token_ids`` (not streamed here).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class _Messages(UsageCounter):
         self.sent_role: set[int] = set()  # choice indices whose first chunk (with the role) has gone out
         self.num_prompt_logprobs = returned_prompt_logprobs(body)
         self.prompt_logprobs: list[Any] | None = None  # the response's, formatted from the first output with them
+        self.prompt_token_ids: list[int] | None = None
 
     def choices(self, output: RequestOutput) -> list[dict[str, Any]]:
         self.count(output)
+        self.prompt_token_ids = output.prompt_token_ids
         if (self.num_prompt_logprobs is not None and self.prompt_logprobs is None
                 and output.prompt_logprobs is not None):
             self.prompt_logprobs = prompt_logprobs_json(output.prompt_logprobs, output.prompt_token_ids,
@@ -130,8 +133,11 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
         return Response(status_code=499)
     except Exception as error:
         return engine_error(error).to_response()
-    return JSONResponse({**header, "object": "chat.completion", "choices": choices, "usage": messages.usage(),
-                         "prompt_logprobs": messages.prompt_logprobs})
+    response = {**header, "object": "chat.completion", "choices": choices, "usage": messages.usage(),
+                "prompt_logprobs": messages.prompt_logprobs}
+    if body.return_token_ids:  # vLLM's: the rendered (and truncated) prompt's ids, on the response
+        response["prompt_token_ids"] = messages.prompt_token_ids
+    return JSONResponse(response)
 
 
 async def _collect(outputs: AsyncIterator[RequestOutput], messages: _Messages) -> list[dict[str, Any]]:

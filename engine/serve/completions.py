@@ -1,13 +1,14 @@
 """``POST /v1/completions``: a prompt (text or token ids), or a batch of them -> ``n`` choices per prompt,
 streamed or not; with ``echo`` each choice starts with its prompt (and the prompt's logprobs, the first
 null, when ``logprobs`` is set: the log-likelihood requests of evaluation harnesses). vLLM's
-``prompt_logprobs`` field puts the prompt's logprobs on each choice in vLLM's own shape (not streamed;
-``null`` when not asked, as vLLM answers).
+``prompt_logprobs`` field puts the prompt's logprobs on each choice in vLLM's own shape, as do echo with
+logprobs (at its top-k) in vLLM; not streamed, and ``null`` when not asked, as vLLM answers.
 
 Streaming sends one chunk per choice per engine output that carries text or tokens (a chunk may hold
 several tokens when the client reads slower than the engine generates; ``return_token_ids`` tells how
-many), each choice's finish reason in its last chunk, then, with ``stream_options.include_usage``, a
-chunk with no choices and the usage (the completion tokens of all choices), then ``[DONE]``.
+many, and puts ``prompt_token_ids`` in each choice's first chunk, as vLLM does), each choice's finish
+reason in its last chunk, then, with ``stream_options.include_usage``, a chunk with no choices and the
+usage (the completion tokens of all choices), then ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ class _Choices:
         self.skip_special_tokens = params.skip_special_tokens
         self.text_offsets: dict[int, int] = {}  # choice index -> characters of text sent so far
         self.echoed: set[int] = set()  # choice indices whose prompt went out
+        # As vLLM: the prompt_logprobs field, or those echo with logprobs had computed (at its top-k).
         self.num_prompt_logprobs = returned_prompt_logprobs(body)
+        if self.num_prompt_logprobs is None and body.echo and not body.stream:
+            self.num_prompt_logprobs = body.logprobs
+        self.prompt_token_ids_sent: set[int] = set()  # choice indices whose prompt token ids went out
         self.prompt_logprobs: dict[int, list[Any]] = {}  # prompt index -> its prompt_logprobs, formatted once
         self.prompt_logprobs_sent: set[int] = set()  # choice indices that carried them
         self.usage_counters = [UsageCounter() for _ in prompts]
@@ -93,6 +98,9 @@ class _Choices:
             choice["prompt_logprobs"] = self._prompt_logprobs(index, item)
         if self.return_token_ids:
             choice["token_ids"] = list(completion.token_ids)
+            if index not in self.prompt_token_ids_sent:  # vLLM's: the prompt's ids, in a choice's first chunk
+                self.prompt_token_ids_sent.add(index)
+                choice["prompt_token_ids"] = list(item.output.prompt_token_ids)
         return choice
 
     def _prompt_logprobs(self, index: int, item: PromptOutput) -> list[Any] | None:

@@ -82,6 +82,27 @@ def test_echo_keeps_its_format_and_agrees_where_they_overlap(client):
         assert len(served[position]) in (4, 5)
 
 
+def test_echo_with_logprobs_carries_them_too_as_in_vllm(client):
+    # vLLM computes prompt logprobs at echo's top-k and returns what it computed on the choice.
+    choice = client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=1, echo=True, logprobs=2).choices[0]
+    assert len(choice.prompt_logprobs) == len(PROMPT_IDS) and choice.prompt_logprobs[0] is None
+    for position, token_id in enumerate(PROMPT_IDS[1:], 1):
+        assert choice.logprobs.token_logprobs[position] == pytest.approx(
+            choice.prompt_logprobs[position][str(token_id)]["logprob"])
+
+
+def test_prompt_token_ids_come_with_return_token_ids(client):
+    prompts = [PROMPT_IDS, PROMPT_IDS[:4]]
+    response = client.completions.create(model="tiny", prompt=prompts, max_tokens=3, n=2,
+                                         extra_body={"return_token_ids": True})
+    assert [choice.model_extra["prompt_token_ids"] for choice in response.choices] == [
+        PROMPT_IDS, PROMPT_IDS, PROMPT_IDS[:4], PROMPT_IDS[:4]]
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=3, stream=True,
+                                            extra_body={"return_token_ids": True, "ignore_eos": True}))
+    carrying = [chunk.choices[0].model_extra.get("prompt_token_ids") for chunk in chunks]
+    assert carrying[0] == PROMPT_IDS and not any(carrying[1:])
+
+
 def test_every_choice_carries_its_prompts(client, offline):
     prompts = [PROMPT_IDS, PROMPT_IDS[:5]]
     response = client.completions.create(model="tiny", prompt=prompts, max_tokens=2, n=2, seed=3,
@@ -128,7 +149,8 @@ def test_truncation_keeps_exactly_the_last_k_tokens(client, offline):
     token_ids, reference = offline_prompt_logprobs(offline, prompt[-7:], 1)
     assert token_ids == prompt[-7:]
     assert_matches_offline(choice.prompt_logprobs, token_ids, reference, 1)
-    # The echo is the prompt the model saw: the kept tokens, one logprob entry each (then the new ones).
+    # vLLM's prompt_token_ids (return_token_ids) are the kept tokens; so is the echo, one logprob entry each.
+    assert choice.model_extra["prompt_token_ids"] == prompt[-7:]
     assert len(choice.logprobs.tokens) == 7 + 2
     alone = client.completions.create(model="tiny", prompt=prompt[-7:], max_tokens=2, temperature=0.0,
                                       extra_body={"return_token_ids": True})
@@ -138,8 +160,9 @@ def test_truncation_keeps_exactly_the_last_k_tokens(client, offline):
 def test_chat_truncates_the_rendered_prompt(client, server):
     rendered = httpx.post(f"{server.url}/tokenize", json={"messages": MESSAGES}, timeout=10).json()["tokens"]
     response = client.chat.completions.create(model="tiny", messages=MESSAGES, max_completion_tokens=1,
-                                              extra_body={"truncate_prompt_tokens": 5, "prompt_logprobs": 0})
-    assert response.usage.prompt_tokens == 5
+                                              extra_body={"truncate_prompt_tokens": 5, "prompt_logprobs": 0,
+                                                          "return_token_ids": True})
+    assert response.usage.prompt_tokens == 5 and response.model_extra["prompt_token_ids"] == rendered[-5:]
     served = response.model_extra["prompt_logprobs"]
     assert [next(iter(entries)) if entries else None for entries in served] == [None] + [
         str(token_id) for token_id in rendered[-4:]]
