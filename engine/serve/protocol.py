@@ -5,7 +5,8 @@ for chat; ``temperature`` 1). A few vLLM extensions are accepted because load ge
 clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repetition_penalty``,
 ``stop_token_ids``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
 ``include_stop_str_in_output``, ``return_token_ids``
-(each choice then carries the ids of its new tokens, so a client can count tokens per chunk),
+(each choice then carries the ids of its new tokens, so a client can count tokens per chunk, and vLLM's
+``prompt_token_ids``: the prompt the model ran, after any truncation),
 ``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``), ``priority`` (lower is
 served first, with ``--scheduling-policy priority``), ``prompt_logprobs`` (k: each prompt token's logprob and
 the top k, per choice on completions and on the response on chat, as vLLM places them; not with ``stream``,
