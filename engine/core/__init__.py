@@ -13,6 +13,7 @@ from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockSto
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.lora import LoRARequest
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerStats
+from engine.core.pooling_params import PoolerConfig, PoolingParams
 from engine.core.prefix_cache_stats import PrefixCacheStats
 from engine.core.request import Request, RequestStatus
 from engine.core.sampling_params import SamplingParams, SamplingType
@@ -24,7 +25,7 @@ from engine.core.structured_outputs import StructuredOutputsParams
 __all__ = [
     "AllBlocksCleared", "BlockPool", "BlockRemoved", "BlockStored", "CacheConfig", "CachedRequestData",
     "EngineCore", "EngineCoreOutput", "EngineStepResult", "Executor", "FreeKVCacheBlockQueue", "KVCacheBlock",
-    "KVCacheManager", "LoRARequest", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats", "Request", "RequestStatus",
+    "KVCacheManager", "LoRARequest", "ModelRunnerOutput", "NewRequestData", "PoolerConfig", "PoolingParams", "PrefixCacheStats", "Request", "RequestStatus",
     "SamplingParams", "SamplingType", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats",
     "ScriptedExecutor", "StructuredOutputsParams", "hash_request_blocks", "make_block_hasher",
 ]

@@ -67,10 +67,10 @@ class KVCacheManager:
         """The longest block-aligned cached prefix of the request, and its length in tokens.
 
         Capped at ``num_tokens - 1`` so that at least the last token is computed: the model must
-        produce logits for it. Requests asking for prompt logprobs skip the cache (they need every
-        prompt position's logits).
+        produce logits for it. Requests asking for prompt logprobs, or pooling every position (MEAN, CLS),
+        skip the cache (they need outputs of positions a hit would not compute).
         """
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return _NO_BLOCKS, 0
         block_size = self.block_size
         max_hit_blocks = (request.num_tokens - 1) // block_size
@@ -87,7 +87,7 @@ class KVCacheManager:
         """Tokens past the GPU's hit of ``num_hit_tokens`` whose blocks the host tier holds, block-aligned and,
         like a GPU hit, leaving at least the last prompt token to compute. 0 without a host tier."""
         offload = self.offload
-        if offload is None or request.sampling_params.prompt_logprobs is not None:
+        if offload is None or request.skip_reading_prefix_cache:
             return 0
         block_size = self.block_size
         return block_size * offload.lookup(request.block_hashes, num_hit_tokens // block_size,

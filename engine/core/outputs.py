@@ -21,6 +21,8 @@ class ModelRunnerOutput:
     # Opaque per-request payloads the front end understands (the runner's logprob tensors).
     logprobs: dict[str, Any] | None = None
     prompt_logprobs: dict[str, Any] | None = None
+    # Pooling requests whose prompt completed this step: their pooled vectors (the front end's to read).
+    pooler_output: dict[str, Any] | None = None
     # Requests whose KV load (SchedulerOutput.offload_loads) this step completed (vLLM: finished_recving).
     finished_kv_loads: list[str] = field(default_factory=list)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

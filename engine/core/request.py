@@ -24,6 +24,7 @@ from array import array
 from typing import Callable
 
 from engine.core.lora import LoRARequest
+from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 
 _NEVER = 1 << 62
@@ -66,7 +67,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
         "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
         "stop_token_set", "do_remote_prefill", "do_remote_decode", "num_output_placeholders", "spec_token_ids",
-        "lora_request",
+        "lora_request", "pooling_params",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class Request:
         do_remote_prefill: bool = False,
         do_remote_decode: bool = False,
         lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         # Kept as given when already a list, tuple or array (a workload's prompts need no extra copy).
@@ -133,12 +135,22 @@ class Request:
         # The LoRA adapter it runs with (engine/core/lora.py), None for the base model. Set before hashing: the
         # adapter is part of the first block's hash.
         self.lora_request = lora_request
+        # An embedding request (engine/core/pooling_params.py): prompt-only, its front end asks for one token,
+        # which the runner does not sample (a placeholder) and the front end drops, as it drops echo's token.
+        self.pooling_params = pooling_params
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prefix-cache hits would skip positions whose outputs the request needs: prompt logprobs need every
+        position's logits, MEAN and CLS pooling every (or the first) position's hidden state."""
+        return self.sampling_params.prompt_logprobs is not None or (
+            self.pooling_params is not None and self.pooling_params.skip_reading_prefix_cache)
 
     @property
     def is_finished(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.lora import LoRARequest
+from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 
 
@@ -23,6 +24,8 @@ class NewRequestData:
     eos_token_id: int | None = None
     # The adapter its tokens run with (None: the base model); the runner keeps it for the request's life.
     lora_request: LoRARequest | None = None
+    # An embedding request's pooling (None: a generation request); engine/core/pooling_params.py.
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass(slots=True)
