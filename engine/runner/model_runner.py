@@ -38,6 +38,7 @@ from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
 from engine.runner.lora.manager import LoRAManager
 from engine.runner.prepare_inputs import prepare_inputs
+from engine.runner.pooler import PoolingCollector, any_pooling, placeholder_token
 from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_logprobs
 from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler, make_generator
@@ -88,6 +89,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.sampling_metadata_cache = SamplingMetadataCache(self.vocab_size, self.device)
         self.prompt_logprobs = PromptLogprobsCollector()
+        self.pooling = PoolingCollector()  # embedding requests' hidden states, across prefill chunks
         # Speculative decoding (engine/runner/spec_decode/): drafts proposed after each step, verified in the next.
         self.speculative = SpeculativeStep(config.speculative_config, self.vocab_size) \
             if config.speculative_config is not None else None
@@ -167,6 +169,7 @@ class ModelRunner:
             self.grammar_req_ids.discard(req_id)
             batch.remove_request(req_id)
             self.prompt_logprobs.forget(req_id)
+            self.pooling.forget(req_id)
         for req_id in scheduler_output.preempted_req_ids:
             batch.remove_request(req_id)
         if scheduler_output.new_block_ids_to_zero and self.kv_caches:
@@ -194,6 +197,7 @@ class ModelRunner:
                 bad_words_token_ids=self._tokenize_bad_words(params.bad_words) if params.bad_words else None,
                 grammar=self._new_grammar(new_request.req_id, params),
                 lora_request=self._check_lora(new_request.lora_request),
+                pooling_params=new_request.pooling_params,
             )
             requests[new_request.req_id] = state
             batch.add_request(state)
@@ -326,7 +330,19 @@ class ModelRunner:
 
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs = None
-        sampled_rows = prepared.sampled_rows
+        sampled_rows, logits_indices = prepared.sampled_rows, prepared.logits_indices
+        pooler_output = None
+        if any_pooling(states):
+            pooler_output = self.pooling.collect(states, prepared, hidden_states) or None
+            # Pooling rows get a placeholder, not a sample: the LM head never runs for them.
+            pooled = np.fromiter((states[row].pooling_params is not None for row in sampled_rows.tolist()),
+                                 dtype=bool, count=len(sampled_rows))
+            for row in sampled_rows[pooled].tolist():
+                token = placeholder_token(states[row])
+                batch.append_row_token_ids(row, [token])
+                states[row].output_token_ids.append(token)
+                sampled_token_ids[row] = [token]
+            sampled_rows, logits_indices = sampled_rows[~pooled], logits_indices[~pooled]
         if len(sampled_rows) and draft_rows:
             tokens_by_row, logprobs = self.speculative.sample_and_verify(
                 batch, prepared, hidden_states, self.model.compute_logits, draft_rows, self._sample_rows)
@@ -336,7 +352,7 @@ class ModelRunner:
                 states[row].output_token_ids.extend(tokens)
                 sampled_token_ids[row] = tokens
         elif len(sampled_rows):
-            logits_indices = torch.from_numpy(prepared.logits_indices).to(self.device, non_blocking=True)
+            logits_indices = torch.from_numpy(logits_indices).to(self.device, non_blocking=True)
             tokens, logprobs = self._sample_rows(sampled_rows, hidden_states[logits_indices])
             batch.append_token_ids(sampled_rows, np.asarray(tokens, dtype=np.int32))
             for row, token in zip(sampled_rows.tolist(), tokens):
@@ -348,7 +364,7 @@ class ModelRunner:
         self.num_steps += 1
         self.last_step_duration_s = time.perf_counter() - started
         return ModelRunnerOutput(req_ids, {req_id: row for row, req_id in enumerate(req_ids)}, sampled_token_ids,
-                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, pooler_output=pooler_output,
                                  finished_kv_loads=finished_kv_loads, spec_token_ids=spec_token_ids)
 
     def _sample_rows(self, rows: np.ndarray, hidden_states: torch.Tensor) -> tuple[list[int], dict | None]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.lora import LoRARequest
+from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 from engine.runner.structured_output.request_grammar import RequestGrammar
 
@@ -37,6 +38,8 @@ class CachedRequestState:
     grammar: RequestGrammar | None = None
     # The LoRA adapter it runs with (None: the base model); sent once, when the request is first scheduled.
     lora_request: LoRARequest | None = None
+    # An embedding request's pooling (engine/runner/pooler.py); None for generation. It gets no sampled token.
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
