@@ -5,10 +5,12 @@
 in installs that have no torch at all.
 """
 
+from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 from engine.core.structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "EngineArgs"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "PoolingParams", "StructuredOutputsParams", "RequestOutput",
+           "CompletionOutput", "EmbeddingRequestOutput", "EngineArgs"]
 
 _LAZY = {
     "LLM": ("engine.llm", "LLM"),
@@ -16,6 +18,7 @@ _LAZY = {
     "RequestOutput": ("engine.outputs", "RequestOutput"),
     "CompletionOutput": ("engine.outputs", "CompletionOutput"),
     "EngineArgs": ("engine.engine_args", "EngineArgs"),
+    "EmbeddingRequestOutput": ("engine.pooling_outputs", "EmbeddingRequestOutput"),
 }
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.pooling_params import PoolerConfig
 from engine.models import default_model_path
 from engine.runner.config import RunnerConfig
 from engine.runner.lora.config import LoRAConfig
@@ -20,6 +21,7 @@ from engine.runner.spec_decode.config import SpeculativeConfig
 # model=None means the generated "small" default; these names pick a generated default model.
 DEFAULT_MODEL_NAMES = ("tiny", "small")
 DEFAULT_MODEL = "small"
+RUNNERS = ("generate", "pooling")
 
 
 @dataclass
@@ -55,11 +57,37 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # vLLM's --runner: "generate" (text) or "pooling" (embeddings: LLM.embed, /v1/embeddings); an engine does
+    # one or the other, as vLLM's. pooler_config (vLLM's --pooler-config): {"pooling_type": "LAST" | "MEAN" |
+    # "CLS", "normalize": true}, a dict, its JSON text or a PoolerConfig; only with runner="pooling".
+    runner: str = "generate"
+    pooler_config: PoolerConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if not isinstance(self.enable_lora, bool):
             raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
+        self.check_runner()
+
+    def check_runner(self) -> None:
+        """The runner and its pooler config, or a ValueError naming the field; pooling_config is resolved."""
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {list(RUNNERS)}, got {self.runner!r}")
+        if self.runner != "pooling":
+            if self.pooler_config is not None:
+                raise ValueError("pooler_config needs runner='pooling' (an engine that embeds)")
+            return
+        self.pooler_config = PoolerConfig.parse(self.pooler_config)
+        # Refused rather than half-done: drafts and adapters would run for requests that never decode.
+        if self.speculative_config is not None:
+            raise ValueError("runner='pooling' does not take speculative_config: embedding requests decode nothing")
+        if self.enable_lora:
+            raise ValueError("runner='pooling' does not take enable_lora: embeddings with LoRA adapters are not "
+                             "supported")
+
+    @property
+    def is_pooling(self) -> bool:
+        return self.runner == "pooling"
 
     def create_lora_config(self) -> LoRAConfig | None:
         """The runner's LoRA settings (a ValueError naming a bad one), or None without enable_lora."""

@@ -175,7 +175,8 @@ class EngineLoop:
         engine_core, output_processor = self.engine_core, self.output_processor
         scheduler = engine_core.scheduler
         try:
-            result, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs)
+            result, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs,
+                                               self.executor.take_pooler_output)
         except Exception as error:
             logger.exception("an engine step failed; failing the requests in flight")
             step_error = EngineStepError(f"the engine step failed: {error!r}")

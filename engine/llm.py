@@ -22,13 +22,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.chat_template import check_messages, render_chat
-from engine.core import EngineCore, LoRARequest, SamplingParams, Scheduler
+from engine.core import EngineCore, LoRARequest, PoolingParams, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine
 from engine.front_end_step import step_front_end
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
+from engine.pooling_outputs import EmbeddingRequestOutput
+from engine.pooling_requests import (EMBED_ON_GENERATE, GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS,
+                                     resolve_pooling_params)
 from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,
                                    truncate_prompt, validate_request)
 
@@ -63,6 +66,8 @@ class LLM:
         max_loras: int = 1,
         max_lora_rank: int = 16,
         max_cpu_loras: int | None = None,
+        runner: str = "generate",
+        pooler_config: dict | str | None = None,
     ) -> None:
         args = EngineArgs(
             model=model, tokenizer=tokenizer, skip_tokenizer_init=skip_tokenizer_init, dtype=dtype, device=device,
@@ -73,7 +78,8 @@ class LLM:
             long_prefill_token_threshold=long_prefill_token_threshold, attention_backend=attention_backend,
             seed=seed, scheduling_policy=scheduling_policy, enforce_eager=enforce_eager,
             kv_offloading_size_gib=kv_offloading_size_gib, speculative_config=speculative_config,
-            enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+            enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
+            runner=runner, pooler_config=pooler_config)
         self.engine_args = args
         components = build_engine(args)
         self.tokenizer = components.tokenizer
@@ -113,6 +119,8 @@ class LLM:
         ``LoRARequest``) for every prompt, or a list of one per prompt (None: the base model); needs
         ``enable_lora=True``, and each adapter is read and checked before any request is added.
         """
+        if self.engine_args.is_pooling:
+            raise ValueError(GENERATE_ON_POOLING)
         parsed = self._parse_prompts(prompts)
         params = self._expand_sampling_params(sampling_params, len(parsed))
         priorities = self._check_priorities(priority, len(parsed))
@@ -140,6 +148,37 @@ class LLM:
             self._abort(added)
             raise
         return [finished[request_id] for request_id in request_ids]
+
+    def embed(self, prompts: Any, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """vLLM's ``LLM.embed``: one EmbeddingRequestOutput per prompt, in input order, on an engine created with
+        ``runner="pooling"``. ``prompts`` as ``generate`` takes them; ``pooling_params``: one for all prompts or
+        one per prompt (``dimensions``, ``normalize``; the pooling type is the engine's ``pooler_config``).
+        Every prompt and its parameters are checked before any request is added."""
+        if not self.engine_args.is_pooling:
+            raise ValueError(EMBED_ON_GENERATE)
+        parsed = self._parse_prompts(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            pooling_params = [pooling_params] * len(parsed)
+        elif isinstance(pooling_params, (str, bytes)) or not isinstance(pooling_params, Sequence) \
+                or len(pooling_params) != len(parsed):
+            raise ValueError(f"pooling_params must be a PoolingParams, or a list of one per prompt ({len(parsed)})")
+        hidden_size = self.model_runner.model_config.hidden_size
+        params = [resolve_pooling_params(f"prompt {index}", request_params, self.engine_args.pooler_config,
+                                         hidden_size) for index, request_params in enumerate(pooling_params)]
+        for index, prompt in enumerate(parsed):
+            self._validate(index, prompt, POOLING_SAMPLING_PARAMS)
+        request_ids = [f"{next(self._request_counter)}" for _ in parsed]
+        added: list[str] = []
+        try:
+            for request_id, prompt, request_params in zip(request_ids, parsed, params):
+                added.append(request_id)
+                self._add_request(request_id, prompt, POOLING_SAMPLING_PARAMS, pooling_params=request_params)
+            finished = self._run_engine(set(request_ids), {}, use_tqdm)
+        except BaseException:
+            self._abort(added)
+            raise
+        return [EmbeddingRequestOutput.from_request_output(finished[request_id]) for request_id in request_ids]
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
@@ -182,10 +221,10 @@ class LLM:
         return list(lora_request)
 
     def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
-                     lora_request: LoRARequest | None = None) -> None:
+                     lora_request: LoRARequest | None = None, pooling_params: PoolingParams | None = None) -> None:
         arrival_time = time.monotonic()
         request = make_core_request(request_id, prompt, params, self.eos_token_ids, arrival_time, priority,
-                                    lora_request)
+                                    lora_request, pooling_params)
         self.output_processor.add_request(request_id, prompt.text, prompt.token_ids, request.sampling_params,
                                           arrival_time)
         self.engine_core.add_request(request)
@@ -204,7 +243,8 @@ class LLM:
                 if not engine_core.has_work():
                     missing = sorted(request_ids - finished.keys())
                     raise RuntimeError(f"the engine has no work left but requests {missing[:5]} never finished")
-                _, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs)
+                _, processed = step_front_end(engine_core, output_processor, self.executor.take_prompt_logprobs,
+                                              self.executor.take_pooler_output)
                 for output in processed.request_outputs:
                     parent = child_parents.get(output.request_id)
                     if not output.finished or (parent is None and output.request_id not in request_ids):

@@ -66,3 +66,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # Why the engine ended the request early (finish_reason "ignored" / "error"), for the user.
     status_message: str | None = None
+    # An embedding request's pooled vector, on its finished output (engine/pooling_outputs.py wraps it).
+    pooler_output: list[float] | None = None

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from engine.core import LoRARequest, Request, SamplingParams, Scheduler
+from engine.core import LoRARequest, PoolingParams, Request, SamplingParams, Scheduler
 from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
 
 
@@ -158,7 +158,8 @@ def check_priority(priority: object, policy: str, label: str = "priority") -> in
 
 
 def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, eos_token_ids: list[int],
-                      arrival_time: float, priority: int = 0, lora_request: LoRARequest | None = None) -> Request:
+                      arrival_time: float, priority: int = 0, lora_request: LoRARequest | None = None,
+                      pooling_params: PoolingParams | None = None) -> Request:
     """The core's Request; its ``sampling_params`` carry the extra EOS ids (hand those to the output
     processor too, so both sides agree on what stops the request)."""
     eos_token_id = eos_token_ids[0] if eos_token_ids else None
@@ -169,4 +170,4 @@ def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, e
         params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
         params.seed = seed
     return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time,
-                   priority=priority, lora_request=lora_request)
+                   priority=priority, lora_request=lora_request, pooling_params=pooling_params)

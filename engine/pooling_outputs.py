@@ -1,0 +1,33 @@
+"""What ``LLM.embed`` returns, shaped like vLLM's ``EmbeddingRequestOutput`` / ``EmbeddingOutput``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.outputs import RequestOutput
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_request_output(cls, output: RequestOutput) -> "EmbeddingRequestOutput":
+        """The embedding of a finished pooling request; its one placeholder token is dropped, as echo's is."""
+        if output.pooler_output is None:
+            reason = output.outputs[0].finish_reason if output.outputs else None
+            raise RuntimeError(f"request {output.request_id!r} ended ({reason}) without its embedding"
+                               + (f": {output.status_message}" if output.status_message else ""))
+        return cls(output.request_id, EmbeddingOutput(list(output.pooler_output)), list(output.prompt_token_ids))
