@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from engine.core import LoRARequest, SamplingParams, Scheduler
+from engine.core import LoRARequest, PoolingParams, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine, load_tokenizer_for_engine
 from engine.engine_loop import EngineDeadError, EngineLoop, EngineStepError
@@ -43,6 +43,9 @@ from engine.output_processor import OutputProcessor
 from engine.output_processor.request_state import OutputKind
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
+from engine.pooling_outputs import EmbeddingRequestOutput
+from engine.pooling_requests import (EMBED_ON_GENERATE, GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS,
+                                     resolve_pooling_params)
 from engine.request_inputs import (Prompt, check_priority, make_core_request, parse_prompt, truncate_prompt,
                                    validate_request)
 
@@ -64,6 +67,9 @@ class AsyncLLM:
         self.model_config = components.model_runner.model_config
         self.vocab_size = components.model_runner.vocab_size
         self.eos_token_ids = components.eos_token_ids
+        # runner="pooling": this engine embeds (embed) and refuses generate; otherwise the reverse.
+        self.is_pooling = engine_args.is_pooling
+        self.hidden_size = self.model_config.hidden_size
         # Read-only after construction (configuration only): safe to consult from the event loop.
         self._scheduler: Scheduler = components.scheduler
         self.tokenizer = (load_tokenizer_for_engine(components.tokenizer_path)
@@ -147,6 +153,8 @@ class AsyncLLM:
         """Stream one request's outputs. ``prompt``: text, token ids, or a dict as ``LLM.generate`` takes.
         ``priority``: lower is served first (with ``scheduling_policy="priority"``, as in vLLM).
         ``lora_request``: the LoRA adapter to run with (needs enable_lora)."""
+        if self.is_pooling:
+            raise ValueError(GENERATE_ON_POOLING)
         if output_kind not in ("delta", "cumulative"):
             raise ValueError(f"output_kind must be 'delta' or 'cumulative', got {output_kind!r}")
         check_priority(priority, self._scheduler.scheduler_config.policy)
@@ -199,6 +207,56 @@ class AsyncLLM:
             if not finished:
                 # Cancelled, closed early, or failed: make sure the engine lets go of its blocks.
                 self._engine_loop.abort(engine_request_ids)
+
+    def resolve_pooling_params(self, pooling_params: PoolingParams | None, label: str = "prompt") -> PoolingParams:
+        """The request's pooling parameters with the engine's pooling type and defaults (ValueError naming a bad
+        field, such as dimensions beyond the hidden size)."""
+        if not self.is_pooling:
+            raise ValueError(EMBED_ON_GENERATE)
+        return resolve_pooling_params(label, pooling_params, self.engine_args.pooler_config, self.hidden_size)
+
+    def process_pooling_prompt(self, prompt: Any, truncate_prompt_tokens: int | None = None) -> Prompt:
+        """Parse and validate an embedding prompt (ValueError naming what is wrong). ``truncate_prompt_tokens``
+        (vLLM's): keep only the last k tokens (-1: max_model_len), so a long input fits instead of failing."""
+        parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
+        if truncate_prompt_tokens is not None:
+            limit = self.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= self.max_model_len:
+                raise ValueError(f"truncate_prompt_tokens must be -1 or an integer in [1, {self.max_model_len}] "
+                                 f"(max_model_len), got {truncate_prompt_tokens!r}")
+            if len(parsed.token_ids) > limit:
+                parsed = Prompt(None, parsed.token_ids[-limit:])
+        validate_request("prompt", parsed, POOLING_SAMPLING_PARAMS, self._scheduler, self.vocab_size,
+                         self.tokenizer is not None)
+        return parsed
+
+    async def embed(self, prompt: Any, pooling_params: PoolingParams | None = None,
+                    request_id: str | None = None) -> EmbeddingRequestOutput:
+        """One prompt's embedding (vLLM's ``encode``, awaited to its one final output), on an engine created with
+        ``runner="pooling"``. Cancelling the call aborts the request, which frees its blocks."""
+        params = self.resolve_pooling_params(pooling_params)
+        self.check_health()
+        request_id = f"embd-{uuid.uuid4().hex}" if request_id is None else request_id
+        if request_id in self._active_request_ids or request_id in self._engine_ids_in_use:
+            raise ValueError(f"request_id {request_id!r} is already being served")
+        parsed = self.process_pooling_prompt(prompt.token_ids if isinstance(prompt, Prompt) else prompt)
+        collector = RequestOutputCollector(asyncio.get_running_loop(), "cumulative")
+        self._active_request_ids.add(request_id)
+        self._engine_ids_in_use.add(request_id)
+        output = None
+        try:
+            request = make_core_request(request_id, parsed, POOLING_SAMPLING_PARAMS, self.eos_token_ids,
+                                        time.monotonic(), pooling_params=params)
+            self._engine_loop.add_request(request, parsed.text, collector)
+            output = await collector.get()
+            while not output.finished:
+                output = await collector.get()
+        finally:
+            self._active_request_ids.discard(request_id)
+            self._engine_ids_in_use.discard(request_id)
+            if output is None or not output.finished:
+                self._engine_loop.abort([request_id])
+        return EmbeddingRequestOutput.from_request_output(output)
 
     def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests (safe from any thread); their iterators end with finish_reason "abort"."""

@@ -4,6 +4,8 @@
                                LoRA adapter (root: its folder, parent: its base_model_name, else the model's)
     POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
+    POST /v1/embeddings        one vector per input, on an engine created with runner="pooling" (embeddings.py);
+                               the two generation routes then answer 400, as this one does on a generating engine
     POST /tokenize             prompt text or chat messages -> token ids (vLLM's utility route)
     POST /detokenize           token ids -> text
     GET  /version              the package version
@@ -31,6 +33,7 @@ from engine.async_llm import AsyncLLM
 from engine.core import LoRARequest
 from engine.serve.chat import create_chat_completion
 from engine.serve.completions import create_completion
+from engine.serve.embeddings import GENERATION_UNSUPPORTED, EmbeddingRequest, create_embedding
 from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
@@ -89,11 +92,19 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw_request: Request) -> Response:
+        if engine.is_pooling:
+            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Completions API"), code="model_not_supported")
         return await create_completion(body, raw_request, state)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw_request: Request) -> Response:
+        if engine.is_pooling:
+            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Chat Completions API"), code="model_not_supported")
         return await create_chat_completion(body, raw_request, state)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, raw_request: Request) -> Response:
+        return await create_embedding(body, raw_request, state)
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest) -> JSONResponse:

@@ -79,6 +79,12 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--speculative-config", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                              "(also prompt_lookup_min, prompt_lookup_max); default: off")
+    engine.add_argument("--runner", choices=["generate", "pooling"], default=defaults.runner,
+                        help="'generate' (text: the completions and chat routes) or 'pooling' (embeddings: "
+                             "/v1/embeddings), as vLLM's --runner")
+    engine.add_argument("--pooler-config", "--override-pooler-config", default=None, dest="pooler_config",
+                        help='with --runner pooling, how to pool, as JSON, e.g. \'{"pooling_type": "MEAN", '
+                             '"normalize": true}\' (pooling_type LAST, MEAN or CLS; default LAST, normalized)')
     engine.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded requests' sampling")
     lora = parser.add_argument_group("LoRA adapters")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT format)")
@@ -107,7 +113,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
         enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib,
         speculative_config=args.speculative_config, enable_lora=args.enable_lora, max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras)
+        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras, runner=args.runner,
+        pooler_config=args.pooler_config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     check_args(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
-    engine_args = engine_args_from(args)
     try:
+        engine_args = engine_args_from(args)  # a ValueError naming a bad --pooler-config, for one
         check_unchunked_budget(parser, args, engine_args)
         engine = AsyncLLM(engine_args)
     except TokenizerLoadError as error:
