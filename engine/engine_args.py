@@ -123,7 +123,8 @@ class EngineArgs:
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_gpu_blocks=self.num_gpu_blocks, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed, enforce_eager=self.enforce_eager,
-            speculative_config=self.speculative_config, lora_config=self.create_lora_config())
+            speculative_config=self.speculative_config, lora_config=self.create_lora_config(),
+            pooling=self.is_pooling)
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(

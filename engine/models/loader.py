@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.registry import get_model_class
+from engine.models.registry import get_model_class, is_base_model
 from engine.runner.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,10 @@ def load_model(
     device: torch.device | str = "cpu",
     *,
     attention_backend: str | AttentionBackend = "torch",
+    lm_head_optional: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """(model in eval mode, its config) from a local Hugging Face checkpoint folder."""
+    """(model in eval mode, its config) from a local Hugging Face checkpoint folder. ``lm_head_optional`` (an
+    engine that only embeds): a checkpoint without ``lm_head.weight`` loads, with a head that refuses to run."""
     config = ModelConfig.from_pretrained(path)
     model_class = get_model_class(config)
     torch_dtype = resolve_dtype(dtype, config)
@@ -96,8 +98,17 @@ def load_model(
         model = model_class(config, attention_backend=attention_backend)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
 
-    loaded = model.load_weights(iterate_weights(safetensors_files(path)))
+    weights = iterate_weights(safetensors_files(path))
+    if is_base_model(config.architecture):
+        weights = ((name if name.startswith("model.") else f"model.{name}", tensor) for name, tensor in weights)
+    loaded = model.load_weights(weights)
     missing = sorted(model.expected_weight_keys() - loaded)
+    if "lm_head.weight" in missing and (lm_head_optional or is_base_model(config.architecture)):
+        if not lm_head_optional:
+            raise ValueError(f"checkpoint {str(path)!r} ({config.architecture}) has no LM head (lm_head.weight): it "
+                             "can only embed; create the engine with runner='pooling'")
+        missing.remove("lm_head.weight")
+        model.lm_head = MissingLMHead(str(path))
     if missing:
         names = [model.checkpoint_name(key) for key in missing]
         raise ValueError(f"checkpoint {str(path)!r} is missing {len(missing)} weight(s), e.g. {names[:5]}")
@@ -110,6 +121,19 @@ def load_model(
                        config.sliding_window, config.sliding_window)
     model.eval().requires_grad_(False)
     return model, config
+
+
+class MissingLMHead(torch.nn.Module):
+    """Stands in for the LM head of a checkpoint saved without one: an embedding engine never runs it, and
+    anything that tries gets an error rather than logits from uninitialized memory."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    @property
+    def weight(self) -> torch.Tensor:
+        raise RuntimeError(f"checkpoint {self.path!r} has no LM head (lm_head.weight): it can only embed")
 
 
 def load_tokenizer(path: str | Path):

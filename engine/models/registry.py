@@ -17,7 +17,18 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
+    # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
+    "LlamaModel": LlamaForCausalLM,
+    "MistralModel": MistralForCausalLM,
+    "Qwen2Model": Qwen2ForCausalLM,
+    "Qwen3Model": Qwen3ForCausalLM,
 }
+
+
+def is_base_model(architecture: str) -> bool:
+    """A ``*Model`` architecture: a checkpoint of the decoder alone, without an LM head."""
+    return architecture.endswith("Model") and architecture in MODEL_REGISTRY
 
 
 def supported_architectures() -> list[str]:

@@ -49,6 +49,8 @@ class RunnerConfig:
     speculative_config: SpeculativeConfig | None = None
     # Multi-LoRA serving (engine/runner/lora/): adapter slots and the host cache; None: off.
     lora_config: LoRAConfig | None = None
+    # An engine that only embeds (runner="pooling"): a checkpoint without an LM head loads (engine/models/loader.py).
+    pooling: bool = False
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, requirement: str) -> None:

@@ -60,7 +60,8 @@ class ModelRunner:
         self.dtype = resolve_runtime_dtype(config.dtype, resolve_dtype(config.dtype, model_config),
                                            self.attention_backend)
         self.model, self.model_config = load_model(config.model, self.dtype, self.device,
-                                                   attention_backend=self.attention_backend)
+                                                   attention_backend=self.attention_backend,
+                                                   lm_head_optional=config.pooling)
         # Multi-LoRA serving: the model's projections get adapter slots (engine/runner/lora/); None: off.
         self.lora = LoRAManager(self.model, config.lora_config, self.device) \
             if config.lora_config is not None else None

@@ -121,3 +121,19 @@ def test_generation_and_pooling_share_a_batch(reference, tiny_llama_path):
     outputs = [EmbeddingRequestOutput.from_request_output(finished[f"embed-{index}"]) for index in range(3)]
     assert_close(outputs, prompts[1:4], hidden[1:4], "LAST")
     assert_no_leaked_blocks(llm)
+
+
+def test_a_checkpoint_without_an_lm_head_embeds(reference, tiny_llama_path, tmp_path):
+    """transformers' AutoModel saved as it is (architecture LlamaModel, names without "model.", no lm_head, as
+    e5-mistral-7b-instruct ships): an embedding engine loads it and pools the same vectors; a generating one
+    refuses it by name."""
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(str(tiny_llama_path), dtype=torch.float32).save_pretrained(tmp_path)
+    prompts, hidden = reference
+    llm = LLM(model=str(tmp_path), tokenizer=str(tiny_llama_path), runner="pooling")
+    assert llm.model_runner.model_config.architecture == "LlamaModel"
+    assert_close(llm.embed(prompts, use_tqdm=False), prompts, hidden, "LAST")
+    with pytest.raises(ValueError, match=r"has no LM head \(lm_head.weight\): it can only embed; create the "
+                                         r"engine with runner='pooling'"):
+        LLM(model=str(tmp_path), tokenizer=str(tiny_llama_path))
