@@ -5,7 +5,8 @@
     POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
     POST /v1/embeddings        one vector per input, on an engine created with runner="pooling" (embeddings.py);
-                               the two generation routes then answer 400, as this one does on a generating engine
+                               the two generation routes then answer 404, as this one does on a generating engine
+                               (current vLLM registers each route only for the engines that serve it)
     POST /tokenize             prompt text or chat messages -> token ids (vLLM's utility route)
     POST /detokenize           token ids -> text
     GET  /version              the package version
@@ -93,13 +94,15 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw_request: Request) -> Response:
         if engine.is_pooling:
-            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Completions API"), code="model_not_supported")
+            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Completions API"), status=404,
+                              code="model_not_supported")
         return await create_completion(body, raw_request, state)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw_request: Request) -> Response:
         if engine.is_pooling:
-            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Chat Completions API"), code="model_not_supported")
+            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Chat Completions API"), status=404,
+                              code="model_not_supported")
         return await create_chat_completion(body, raw_request, state)
 
     @app.post("/v1/embeddings")

@@ -6,8 +6,9 @@ numbers) or ``base64`` (the float32 values, little-endian, base64-encoded, as Op
 keeps the first k components (Matryoshka), renormalized. vLLM's extensions: ``truncate_prompt_tokens``
 (keep the last k tokens; -1: max_model_len) and ``normalize``. ``user`` is accepted and ignored.
 An input the engine cannot take (too long, empty, a token id outside the vocabulary) is a 400 naming
-``input`` (``input[2]`` in a batch) before any request starts. A generating server answers this route with
-vLLM's 400, "The model does not support Embeddings API".
+``input`` (``input[2]`` in a batch) before any request starts. A generating server answers this route with a
+404, as current vLLM does (it registers the embeddings route only for pooling models), with the message its
+older releases gave, "The model does not support Embeddings API", and what to do instead.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _prepare(state: ServerState, body: EmbeddingRequest) -> tuple[PoolingParams,
 async def create_embedding(body: EmbeddingRequest, raw_request: Request, state: ServerState) -> Response:
     engine = state.engine
     if not engine.is_pooling:
-        raise OpenAIError(EMBEDDINGS_UNSUPPORTED, code="model_not_supported")
+        raise OpenAIError(EMBEDDINGS_UNSUPPORTED, status=404, code="model_not_supported")
     state.check_model(body.model)
     params, prompts = _prepare(state, body)
     request_id = f"embd-{uuid.uuid4().hex}"
