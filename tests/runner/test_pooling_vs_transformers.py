@@ -137,3 +137,28 @@ def test_a_checkpoint_without_an_lm_head_embeds(reference, tiny_llama_path, tmp_
     with pytest.raises(ValueError, match=r"has no LM head \(lm_head.weight\): it can only embed; create the "
                                          r"engine with runner='pooling'"):
         LLM(model=str(tmp_path), tokenizer=str(tiny_llama_path))
+
+
+def test_refusals_leave_the_engine_clean(reference, tiny_llama_path):
+    prompts, hidden = reference
+    llm = LLM(model=str(tiny_llama_path), runner="pooling", max_model_len=64, num_gpu_blocks=32)
+    with pytest.raises(ValueError, match=r"prompt 1 has 70 tokens, more than the engine allows"):
+        llm.embed([prompts[0][:10], list(range(1, 71))], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"runner='pooling'.*generates no text"):
+        llm.generate(["hello"], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"pooling_params must be a PoolingParams, or a list of one per prompt"):
+        llm.embed(prompts[:2], [PoolingParams()], use_tqdm=False)
+    assert_no_leaked_blocks(llm)
+    assert not llm.scheduler.requests
+    assert_close(llm.embed(prompts[:2], use_tqdm=False), prompts[:2], hidden[:2], "LAST")  # still serves
+    generating = LLM(model=str(tiny_llama_path), max_model_len=64, num_gpu_blocks=32)
+    with pytest.raises(ValueError, match=r"embeddings need an engine created with runner='pooling'"):
+        generating.embed(["hello"], use_tqdm=False)
+    for bad, message in (({"runner": "embed"}, r"runner must be one of \['generate', 'pooling'\], got 'embed'"),
+                         ({"pooler_config": {"pooling_type": "MEAN"}}, r"pooler_config needs runner='pooling'"),
+                         ({"runner": "pooling", "pooler_config": '{"pooling": 1}'}, r"unknown key\(s\) \['pooling'\]"),
+                         ({"runner": "pooling", "enable_lora": True}, r"does not take enable_lora"),
+                         ({"runner": "pooling", "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+                          r"does not take speculative_config")):
+        with pytest.raises(ValueError, match=message):
+            LLM(model=str(tiny_llama_path), **bad)
