@@ -38,7 +38,7 @@ from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
 from engine.runner.lora.manager import LoRAManager
 from engine.runner.prepare_inputs import prepare_inputs
-from engine.runner.pooler import PoolingCollector, any_pooling, placeholder_token
+from engine.runner.pooler import PoolingCollector, any_pooling, give_placeholder_tokens
 from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_logprobs
 from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler, make_generator
@@ -335,14 +335,7 @@ class ModelRunner:
         pooler_output = None
         if any_pooling(states):
             pooler_output = self.pooling.collect(states, prepared, hidden_states) or None
-            # Pooling rows get a placeholder, not a sample: the LM head never runs for them.
-            pooled = np.fromiter((states[row].pooling_params is not None for row in sampled_rows.tolist()),
-                                 dtype=bool, count=len(sampled_rows))
-            for row in sampled_rows[pooled].tolist():
-                token = placeholder_token(states[row])
-                batch.append_row_token_ids(row, [token])
-                states[row].output_token_ids.append(token)
-                sampled_token_ids[row] = [token]
+            pooled = give_placeholder_tokens(batch, states, sampled_rows, sampled_token_ids)
             sampled_rows, logits_indices = sampled_rows[~pooled], logits_indices[~pooled]
         if len(sampled_rows) and draft_rows:
             tokens_by_row, logprobs = self.speculative.sample_and_verify(

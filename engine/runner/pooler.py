@@ -15,10 +15,12 @@ when asked, so a truncated vector is renormalized.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from engine.core.pooling_params import PoolingParams
+from engine.runner.input_batch import InputBatch
 from engine.runner.prepare_inputs import PreparedInputs
 from engine.runner.request_state import CachedRequestState
 
@@ -80,7 +82,17 @@ def any_pooling(states: list[CachedRequestState]) -> bool:
     return any(state.pooling_params is not None for state in states)
 
 
-def placeholder_token(state: CachedRequestState) -> int:
-    """The token a pooling request 'samples' when its prompt completes: never computed (no LM head runs for
-    it), it only lets the core end the request after its one allowed token; the front end drops it."""
-    return state.eos_token_id if state.eos_token_id is not None else 0
+def give_placeholder_tokens(batch: InputBatch, states: list[CachedRequestState], sampled_rows: np.ndarray,
+                            sampled_token_ids: list[list[int]]) -> np.ndarray:
+    """Pooling rows among ``sampled_rows`` (their prompt completes now) get a placeholder token, not a sample: the
+    LM head never runs for them; the token only lets the core end the request after its one allowed token, and
+    the front end drops it. Returns the mask of those rows over ``sampled_rows``."""
+    pooled = np.fromiter((states[row].pooling_params is not None for row in sampled_rows.tolist()), dtype=bool,
+                         count=len(sampled_rows))
+    for row in sampled_rows[pooled].tolist():
+        state = states[row]
+        token = state.eos_token_id if state.eos_token_id is not None else 0
+        batch.append_row_token_ids(row, [token])
+        state.output_token_ids.append(token)
+        sampled_token_ids[row] = [token]
+    return pooled
