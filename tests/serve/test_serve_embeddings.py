@@ -128,3 +128,33 @@ def test_pooling_flags(tiny_model_path, never_serve, capsys):
     status = main(["--model", str(tiny_model_path), "--runner", "pooling", "--pooler-config", '{"pooling_type": "MAX"}'])
     assert status == 2
     assert "pooler_config.pooling_type must be one of ['LAST', 'MEAN', 'CLS'], got 'MAX'" in capsys.readouterr().err
+
+
+def test_a_cancelled_embedding_is_aborted_and_frees_its_blocks(tiny_model_path):
+    import asyncio
+
+    from tests.serve.test_serve_async_llm import wait_idle
+
+    # A 4-token budget: a 120-token prompt takes 30 steps, so the cancel lands while it is in flight.
+    engine = AsyncLLM(model=str(tiny_model_path), **{**ENGINE, "max_num_batched_tokens": 4})
+
+    async def run():
+        long_prompt = list(range(5, 125))
+        before = engine.get_stats().finished_requests["abort"]
+        task = asyncio.ensure_future(engine.embed(long_prompt, request_id="to-cancel"))
+        while engine.get_stats().num_running_reqs == 0 and not task.done():  # until it is being prefilled
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stats = await wait_idle(engine)
+        assert stats.finished_requests["abort"] == before + 1
+        assert stats.kv_cache_free_blocks == stats.kv_cache_usable_blocks
+        # The id is free again, and the engine still embeds.
+        output = await engine.embed(long_prompt, request_id="to-cancel")
+        assert len(output.prompt_token_ids) == 120 and len(output.outputs.embedding) == engine.hidden_size
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.shutdown()
