@@ -162,3 +162,18 @@ def test_refusals_leave_the_engine_clean(reference, tiny_llama_path):
                           r"does not take speculative_config")):
         with pytest.raises(ValueError, match=message):
             LLM(model=str(tiny_llama_path), **bad)
+
+
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+def test_qwen2_embeddings_match_transformers(tiny_qwen2_path, pooling_type):
+    """Qwen2 (q/k/v biases; gte-Qwen2's architecture), with prompts cut into chunks."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(tiny_qwen2_path), dtype=torch.float32, attn_implementation="eager").eval()
+    prompts = mixed_prompts(model.config.vocab_size, seed=9, num_prompts=6)
+    with torch.no_grad():
+        hidden = [model(torch.tensor([prompt])).last_hidden_state[0] for prompt in prompts]
+    llm = LLM(model=str(tiny_qwen2_path), runner="pooling", pooler_config={"pooling_type": pooling_type},
+              max_num_batched_tokens=32, enable_prefix_caching=False)
+    assert_close(llm.embed(prompts, use_tqdm=False), prompts, hidden, pooling_type, label="qwen2")
+    assert_no_leaked_blocks(llm)
