@@ -11,8 +11,9 @@ Pure Python: the core stores these and the KV-cache manager reads ``skip_reading
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from engine.core.json_options import json_object_option
 
 # vLLM's sequence pooling types: the last prompt token (decoder embedding models' default), the mean over
 # every prompt position, or the first one (CLS).
@@ -45,16 +46,7 @@ class PoolerConfig:
             return cls()
         if isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"pooler_config must be a JSON object, got {value!r}: {error}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"pooler_config must be a dict or a JSON object, got {value!r}")
-        unknown = sorted(set(value) - {"pooling_type", "normalize"})
-        if unknown:
-            raise ValueError(f"pooler_config has unknown key(s) {unknown}; known: ['normalize', 'pooling_type']")
+        value = json_object_option(value, "pooler_config", ("pooling_type", "normalize"))
         return cls(**value)
 
 

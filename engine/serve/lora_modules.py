@@ -8,9 +8,9 @@ model as ``parent``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from engine.core.json_options import json_object_option
 from engine.core.lora import LoRARequest
 
 
@@ -24,15 +24,7 @@ class LoRAModulePath:
 def parse_lora_module(text: str) -> LoRAModulePath:
     """One ``--lora-modules`` entry, or a ValueError saying what is wrong with it."""
     if text.lstrip().startswith("{"):
-        try:
-            entry = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{text!r} is not valid JSON ({error})") from None
-        if not isinstance(entry, dict):
-            raise ValueError(f"{text!r} must be a JSON object")
-        unknown = sorted(set(entry) - {"name", "path", "base_model_name"})
-        if unknown:
-            raise ValueError(f"{text!r} has unknown key(s) {unknown}; the keys are name, path, base_model_name")
+        entry = json_object_option(text, "the entry", ("name", "path", "base_model_name"))
         name, path, base = entry.get("name"), entry.get("path"), entry.get("base_model_name")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
             raise ValueError(f"{text!r} needs a non-empty string 'name' and 'path'")

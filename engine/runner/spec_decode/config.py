@@ -7,9 +7,10 @@ those (``engine.speculative_decoding.method: draft_model``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from engine.core.json_options import json_object_option
 
 METHODS = ("ngram",)
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
@@ -43,17 +44,7 @@ class SpeculativeConfig:
         """From a config, a dict, or vLLM's CLI form (a JSON object); None stays None."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"speculative_config must be a JSON object, got {value!r} ({error})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a mapping, got {value!r}")
-        unknown = sorted(set(value) - set(_KEYS))
-        if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                             f"{', '.join(_KEYS)}")
+        value = json_object_option(value, "speculative_config", _KEYS)
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config needs num_speculative_tokens")
         return cls(**value)
