@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
 from engine.chat_template import check_messages, render_chat
 from engine.core import EngineCore, LoRARequest, PoolingParams, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
@@ -148,6 +149,22 @@ class LLM:
             self._abort(added)
             raise
         return [finished[request_id] for request_id in request_ids]
+
+    def beam_search(self, prompts: Any, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: one BeamSearchOutput per prompt (prompts as ``generate`` takes them), each
+        holding the best ``params.beam_width`` sequences, best first (engine/beam_search.py). Every round is one
+        ``generate`` call for all live beams, so a bad prompt raises before any request is added."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        parsed = self._parse_prompts(prompts)
+
+        def generate_round(sequences: list[list[int]], round_params: SamplingParams) -> list[RequestOutput]:
+            return self.generate([{"prompt_token_ids": ids} for ids in sequences], round_params, use_tqdm=False)
+
+        decode = None if self.tokenizer is None else (
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
+        return run_beam_search([prompt.token_ids for prompt in parsed], params, self.eos_token_ids, generate_round,
+                               decode)
 
     def embed(self, prompts: Any, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
