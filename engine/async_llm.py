@@ -33,6 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.core import LoRARequest, PoolingParams, SamplingParams, Scheduler
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine, load_tokenizer_for_engine
@@ -207,6 +208,39 @@ class AsyncLLM:
             if not finished:
                 # Cancelled, closed early, or failed: make sure the engine lets go of its blocks.
                 self._engine_loop.abort(engine_request_ids)
+
+    async def beam_search(self, prompt: Any, params: BeamSearchParams, request_id: str | None = None, *,
+                          priority: int = 0, lora_request: LoRARequest | None = None) -> BeamSearchOutput:
+        """vLLM's ``EngineClient.beam_search``, answered once at the end: the best ``params.beam_width`` sequences
+        for one prompt (engine/beam_search.py). Each round runs every live beam as its own one-token request
+        (``<request_id>-<round>-<beam>``), concurrently; cancelling the call aborts the round's requests."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        request_id = f"beam-{uuid.uuid4().hex}" if request_id is None else request_id
+        parsed = prompt if isinstance(prompt, Prompt) else parse_prompt("prompt", prompt, self.tokenizer,
+                                                                        self.vocab_size)
+        search = BeamSearch([parsed.token_ids], params, self.eos_token_ids)
+
+        async def final_output(sequence: list[int], beam_request_id: str) -> RequestOutput:
+            output = None
+            async for output in self.generate(Prompt(None, sequence), search.round_params, beam_request_id,
+                                              output_kind="cumulative", priority=priority,
+                                              lora_request=lora_request):
+                pass
+            return output
+
+        while sequences := search.next_round():
+            tasks = [asyncio.ensure_future(final_output(sequence, f"{request_id}-{search.num_rounds}-{index}"))
+                     for index, sequence in enumerate(sequences)]
+            try:
+                search.advance(await asyncio.gather(*tasks))
+            except BaseException:
+                for task in tasks:  # one failed beam request ends the round's others (cancelling aborts them)
+                    task.cancel()
+                raise
+        decode = None if self.tokenizer is None else (
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
+        return search.results(decode)[0]
 
     def resolve_pooling_params(self, pooling_params: PoolingParams | None, label: str = "prompt") -> PoolingParams:
         """The request's pooling parameters with the engine's pooling type and defaults (ValueError naming a bad

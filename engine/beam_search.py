@@ -135,21 +135,41 @@ class BeamSearchInstance:
         return BeamSearchOutput(best)
 
 
+class BeamSearch:
+    """The search over several prompts at once, as rounds: ``next_round`` gives every live beam's sequence (token
+    ids; empty once the search is over), ``advance`` takes the round's outputs in the same order. The driver,
+    sync (``LLM.beam_search``) or async (``AsyncLLM.beam_search``), only runs the requests."""
+
+    def __init__(self, prompt_token_ids: Sequence[list[int]], params: BeamSearchParams,
+                 eos_token_ids: Sequence[int]) -> None:
+        self.params = params
+        self.round_params = params.round_sampling_params()
+        self.instances = [BeamSearchInstance(ids, params, eos_token_ids) for ids in prompt_token_ids]
+        self.num_rounds = 0
+
+    def next_round(self) -> list[list[int]]:
+        if self.num_rounds >= self.params.max_tokens:
+            return []
+        return [beam.tokens for instance in self.instances for beam in instance.beams]
+
+    def advance(self, outputs: Sequence[RequestOutput]) -> None:
+        start = 0
+        for instance in self.instances:
+            end = start + len(instance.beams)
+            if end > start:
+                instance.advance(outputs[start:end])
+            start = end
+        self.num_rounds += 1
+
+    def results(self, decode: Callable[[list[int]], str] | None) -> list[BeamSearchOutput]:
+        return [instance.result(decode) for instance in self.instances]
+
+
 def run_beam_search(prompt_token_ids: Sequence[list[int]], params: BeamSearchParams, eos_token_ids: Sequence[int],
                     generate_round: Callable[[list[list[int]], SamplingParams], list[RequestOutput]],
                     decode: Callable[[list[int]], str] | None) -> list[BeamSearchOutput]:
-    """The search over every prompt at once: each round is one ``generate_round`` call for all live beams
-    (the sequences as token ids; the outputs in the same order)."""
-    instances = [BeamSearchInstance(ids, params, eos_token_ids) for ids in prompt_token_ids]
-    round_params = params.round_sampling_params()
-    for _ in range(params.max_tokens):
-        live = [instance for instance in instances if instance.beams]
-        if not live:
-            break
-        outputs = generate_round([beam.tokens for instance in live for beam in instance.beams], round_params)
-        start = 0
-        for instance in live:
-            end = start + len(instance.beams)
-            instance.advance(outputs[start:end])
-            start = end
-    return [instance.result(decode) for instance in instances]
+    """Each round is one ``generate_round`` call for all live beams of every prompt."""
+    search = BeamSearch(prompt_token_ids, params, eos_token_ids)
+    while sequences := search.next_round():
+        search.advance(generate_round(sequences, search.round_params))
+    return search.results(decode)

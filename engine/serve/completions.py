@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from engine.core import SamplingParams
 from engine.outputs import CompletionOutput
 from engine.request_inputs import Prompt
+from engine.serve.beam_search_completions import create_beam_search_completion
 from engine.serve.logprobs_format import completion_logprobs, prompt_completion_logprobs, prompt_logprobs_json
 from engine.serve.prompt_batch import PromptOutput, merge_prompt_streams
 from engine.serve.protocol import (CompletionRequest, completion_param_names, completion_prompts,
@@ -129,6 +130,8 @@ class _Choices:
 async def create_completion(body: CompletionRequest, raw_request: Request, state: ServerState) -> Response:
     lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
+    if body.use_beam_search:
+        return await create_beam_search_completion(body, raw_request, state, lora_request)
     params = completion_sampling_params(body)
     batch = completion_prompts(body.prompt)
     param_names = completion_param_names(body)

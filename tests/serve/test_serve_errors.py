@@ -63,8 +63,8 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"response_format": {"type": "xml"}}, "response_format", "type is one of text, json_object, json_schema"),
     ({"guided_json": {"type": "foo"}}, "guided_json", "guided_json is not a valid JSON schema"),
     ({"guided_regex": "[ab"}, "guided_regex", "guided_regex is not a valid regular expression"),
-    # vLLM extensions not implemented: refused rather than ignored.
-    ({"use_beam_search": True}, "use_beam_search", "beam search is not done"),
+    # What beam search would ignore is refused rather than ignored (more in test_serve_beam_search.py).
+    ({"use_beam_search": True, "stream": True}, "use_beam_search", "use_beam_search does not take stream"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.

@@ -1,0 +1,46 @@
+"""``use_beam_search`` on /v1/completions through the official openai client (``extra_body``), as vLLM serves
+it: ``n`` is the beam width, and prompt p's n best sequences are choices p * n .. p * n + n - 1, best first,
+equal to ``LLM.beam_search`` on the same model."""
+
+import httpx
+import openai
+import pytest
+
+from engine import LLM
+from engine.beam_search import BeamSearchParams
+from tests.serve.serve_helpers import wait_until_idle
+
+PROMPTS = ["The scheduler picks the next batch", "Blocks are freed when"]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60.0) as client:
+        yield client
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_beam_search_completion_equals_llm_beam_search(client, server, tiny_model_path, ignore_eos):
+    response = client.completions.create(model="tiny", prompt=PROMPTS, n=3, max_tokens=5, temperature=0.0,
+                                         extra_body={"use_beam_search": True, "ignore_eos": ignore_eos,
+                                                     "return_token_ids": True})
+    llm = LLM(model=str(tiny_model_path), max_model_len=512)
+    expected = llm.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=ignore_eos))
+    want = [sequence for output in expected for sequence in output.sequences]
+    assert [choice.index for choice in response.choices] == list(range(6))
+    assert [choice.model_extra["token_ids"] for choice in response.choices] == [s.output_token_ids for s in want]
+    assert [choice.text for choice in response.choices] == [s.text for s in want]
+    assert [choice.finish_reason for choice in response.choices] == [s.finish_reason for s in want]
+    assert response.usage.completion_tokens == sum(len(s.output_token_ids) for s in want)
+    wait_until_idle(server.url)
+
+
+@pytest.mark.parametrize("change", [{"stream": True}, {"logprobs": 2}, {"echo": True}, {"stop": ["x"]},
+                                    {"top_p": 0.5}])
+def test_beam_search_refuses_what_it_would_ignore(server, change):
+    name = next(iter(change))
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 3,
+                                                                 "use_beam_search": True, **change}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "use_beam_search" and f"does not take {name}" in error["message"], error
