@@ -311,3 +311,26 @@ def test_an_id_taken_by_another_requests_completion_is_refused_without_harming_i
             assert stats.kv_cache_free_blocks == stats.kv_cache_usable_blocks
 
     asyncio.run(run())
+
+
+def test_beam_search_equals_the_offline_one_and_cancelling_frees_blocks(async_llm, offline_llm):
+    from engine.beam_search import BeamSearchParams
+
+    params = BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True)
+    expected = offline_llm.beam_search(["beam me up"], params)[0]
+
+    async def run():
+        output = await async_llm.beam_search("beam me up", params, "beam-id")
+        assert [(s.tokens, s.text) for s in output.sequences] == [(s.tokens, s.text) for s in expected.sequences]
+        for got, want in zip(output.sequences, expected.sequences):
+            assert got.cum_logprob == pytest.approx(want.cum_logprob, abs=1e-5)
+        long_search = asyncio.create_task(
+            async_llm.beam_search("beam me up", BeamSearchParams(beam_width=4, max_tokens=300, ignore_eos=True)))
+        await asyncio.sleep(0.3)
+        assert not long_search.done()
+        long_search.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await long_search
+        assert_all_blocks_free(await wait_idle(async_llm))
+
+    asyncio.run(run())
