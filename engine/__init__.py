@@ -10,7 +10,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.structured_outputs import StructuredOutputsParams
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "PoolingParams", "StructuredOutputsParams", "RequestOutput",
-           "CompletionOutput", "EmbeddingRequestOutput", "EngineArgs"]
+           "CompletionOutput", "EmbeddingRequestOutput", "EngineArgs", "BeamSearchParams"]
 
 _LAZY = {
     "LLM": ("engine.llm", "LLM"),
@@ -18,6 +18,7 @@ _LAZY = {
     "RequestOutput": ("engine.outputs", "RequestOutput"),
     "CompletionOutput": ("engine.outputs", "CompletionOutput"),
     "EngineArgs": ("engine.engine_args", "EngineArgs"),
+    "BeamSearchParams": ("engine.beam_search", "BeamSearchParams"),
     "EmbeddingRequestOutput": ("engine.pooling_outputs", "EmbeddingRequestOutput"),
 }
 
