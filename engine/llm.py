@@ -157,6 +157,12 @@ class LLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         parsed = self._parse_prompts(prompts)
+        max_model_len = self.scheduler.max_model_len
+        for index, prompt in enumerate(parsed):
+            self._validate(index, prompt, params.round_sampling_params())
+            if len(prompt.token_ids) + params.max_tokens > max_model_len:  # the last round's prompt would not fit
+                raise ValueError(f"prompt {index} has {len(prompt.token_ids)} tokens; with max_tokens="
+                                 f"{params.max_tokens} the beams outgrow the engine's max_model_len {max_model_len}")
 
         def generate_round(sequences: list[list[int]], round_params: SamplingParams) -> list[RequestOutput]:
             return self.generate([{"prompt_token_ids": ids} for ids in sequences], round_params, use_tqdm=False)

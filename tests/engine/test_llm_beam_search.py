@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.beam_search import BeamSearchParams, beam_search_score
+from engine.beam_search import BeamSearchParams
 from tests.engine.model_fixtures import hf_greedy, hf_logits, load_hf_model
 
 PROMPTS = [[5, 17, 99, 230, 41, 7], [300, 12, 12, 64, 180, 9, 77, 3, 150]]
@@ -23,9 +23,10 @@ MAX_TOKENS = 6
 
 def reference_beam_search(hf_model, prompt, beam_width, max_tokens, eos_ids, length_penalty=1.0):
     """[(generated token ids, cum logprob)], best first."""
-    def score(entry):
+    def score(entry):  # vLLM's get_beam_search_score: the length counts the prompt, not a final EOS
         tokens, cum = entry
-        return beam_search_score(prompt + tokens, cum, eos_ids, length_penalty)
+        length = len(prompt) + len(tokens) - (1 if tokens and tokens[-1] in eos_ids else 0)
+        return cum / length ** length_penalty
 
     beams, completed = [([], 0.0)], []
     for _ in range(max_tokens):
@@ -106,10 +107,26 @@ def test_beam_search_matches_transformers_with_eos(eos_setup, hf_model, beam_wid
                                                      skip_special_tokens=False)
 
 
-def test_length_penalty_changes_ranking_as_the_reference(eos_setup, hf_model):
+@pytest.mark.parametrize("length_penalty", [0.0, 2.0])
+def test_length_penalty_ranks_as_the_reference(eos_setup, hf_model, length_penalty):
     llm, eos = eos_setup
-    params = BeamSearchParams(beam_width=4, max_tokens=MAX_TOKENS, length_penalty=0.0)
+    params = BeamSearchParams(beam_width=4, max_tokens=MAX_TOKENS, length_penalty=length_penalty)
     check_equal(llm.beam_search(PROMPTS, params), hf_model, params, eos_ids=[eos])
+
+
+def test_include_stop_str_in_output_keeps_the_eos_text(eos_setup):
+    llm, eos = eos_setup
+    params = BeamSearchParams(beam_width=2, max_tokens=MAX_TOKENS, include_stop_str_in_output=True)
+    stopped = [s for output in llm.beam_search(PROMPTS, params) for s in output.sequences if s.finish_reason == "stop"]
+    assert stopped
+    for sequence in stopped:
+        assert sequence.text == llm.tokenizer.decode(sequence.output_token_ids, skip_special_tokens=False)
+
+
+def test_too_long_for_the_context_is_refused_before_any_request(llm):  # max_model_len 2048
+    with pytest.raises(ValueError, match=r"prompt 0 has 6 tokens; with max_tokens=2043"):
+        llm.beam_search(PROMPTS, BeamSearchParams(beam_width=2, max_tokens=2043))
+    assert not llm.engine_core.has_work()
 
 
 @pytest.mark.parametrize("field, value", [("beam_width", 0), ("max_tokens", 0), ("ignore_eos", 1),
