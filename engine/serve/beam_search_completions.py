@@ -1,13 +1,15 @@
 """``POST /v1/completions`` with vLLM's ``use_beam_search``: for each prompt, the ``n`` best sequences of a
 beam search of width ``n`` (``AsyncLLM.beam_search``), best first, as choices ``p * n + i``, as vLLM answers.
-Not streamed: the sequences are only known once the search ends, so ``stream`` is a 400 (protocol.py
-refuses every field beam search would ignore)."""
+The sequences are only known once the search ends, so with ``stream``, as in vLLM, every choice comes whole
+in one chunk at the end (then the usage chunk when asked, then ``[DONE]``). protocol.py refuses the fields
+the search would ignore."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -18,7 +20,7 @@ from engine.core import LoRARequest
 from engine.serve.protocol import (CompletionRequest, completion_beam_search_params, completion_param_names,
                                    completion_prompts, completion_sampling_params)
 from engine.serve.state import ServerState, engine_error, usage
-from engine.serve.streaming import ClientDisconnected, run_unless_disconnected
+from engine.serve.streaming import DONE_EVENT, ClientDisconnected, run_unless_disconnected, sse_event, sse_response
 
 
 async def create_beam_search_completion(body: CompletionRequest, raw_request: Request, state: ServerState,
@@ -38,17 +40,43 @@ async def create_beam_search_completion(body: CompletionRequest, raw_request: Re
         state.engine.beam_search(prompt, prompt_params, f"{request_id}-{index}", priority=body.priority,
                                  lora_request=lora_request)
         for index, (prompt, prompt_params) in enumerate(zip(prompts, beam_params))))
+    num_prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
+    if body.stream:
+        return sse_response(_stream(searches, header, params.n, body, num_prompt_tokens))
     try:
         outputs: list[BeamSearchOutput] = await run_unless_disconnected(raw_request, searches)
     except ClientDisconnected:  # the searches were cancelled, which aborts their requests
         return Response(status_code=499)
     except Exception as error:
         return engine_error(error).to_response()
-    choices = [_choice(prompt_index * params.n + index, sequence, body.return_token_ids)
-               for prompt_index, output in enumerate(outputs) for index, sequence in enumerate(output.sequences)]
-    num_prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts) 
+    choices = _choices(outputs, params.n, body.return_token_ids)
+    return JSONResponse({**header, "choices": choices, "usage": _usage(outputs, num_prompt_tokens)})
+
+
+async def _stream(searches: asyncio.Future, header: dict[str, Any], n: int, body: CompletionRequest,
+                  num_prompt_tokens: int) -> AsyncIterator[bytes]:
+    try:
+        outputs = await searches
+        for choice in _choices(outputs, n, body.return_token_ids):
+            yield sse_event({**header, "choices": [choice], **({"usage": None} if body.include_usage else {})})
+        if body.include_usage:
+            yield sse_event({**header, "choices": [], "usage": _usage(outputs, num_prompt_tokens)})
+        yield DONE_EVENT
+    except Exception as error:
+        yield sse_event(engine_error(error).to_dict())
+        yield DONE_EVENT
+    finally:
+        searches.cancel()  # the client left mid-search: cancelling aborts the round's requests
+
+
+def _choices(outputs: list[BeamSearchOutput], n: int, return_token_ids: bool) -> list[dict[str, Any]]:
+    return [_choice(prompt_index * n + index, sequence, return_token_ids)
+            for prompt_index, output in enumerate(outputs) for index, sequence in enumerate(output.sequences)]
+
+
+def _usage(outputs: list[BeamSearchOutput], num_prompt_tokens: int) -> dict[str, Any]:
     num_completion_tokens = sum(len(sequence.logprobs) for output in outputs for sequence in output.sequences)
-    return JSONResponse({**header, "choices": choices, "usage": usage(num_prompt_tokens, num_completion_tokens, 0)})
+    return usage(num_prompt_tokens, num_completion_tokens, 0)
 
 
 def _choice(index: int, sequence: BeamSearchSequence, return_token_ids: bool) -> dict[str, Any]:

@@ -323,9 +323,9 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
                                param_names=completion_param_names(request), prompt_logprobs=prompt_logprobs)
 
 
-# What beam search does not honour: each round is a greedy one-token request ranked by the raw logprobs, and
-# the sequences are only known at the end. Set to anything but its default, each is a 400, not ignored.
-_NOT_WITH_BEAM_SEARCH = ("stream", "echo", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "min_tokens",
+# Fields beam search would not honour (completion_beam_search_params says why). vLLM ignores them; set to
+# anything but its default, each is a 400 here, as this server's other unhonoured fields are.
+_NOT_WITH_BEAM_SEARCH = ("echo", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "min_tokens",
                          "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                          "repetition_penalty", "logit_bias", "response_format", "guided_json", "guided_regex",
                          "guided_choice", "guided_grammar", "structured_outputs", "truncate_prompt_tokens")
@@ -333,13 +333,15 @@ _NOT_WITH_BEAM_SEARCH = ("stream", "echo", "logprobs", "prompt_logprobs", "stop"
 
 def completion_beam_search_params(request: CompletionRequest, params: SamplingParams,
                                   num_prompt_tokens: int, max_model_len: int) -> BeamSearchParams:
-    """vLLM's ``to_beam_search_params``: width ``n``; ``max_tokens`` null is the rest of the context.
+    """vLLM's ``to_beam_search_params``: width ``n``; ``max_tokens`` null is the rest of the context. The search
+    ranks whole sequences by the raw logprobs of greedy one-token rounds, so the sampling fields and those about
+    tokens as they are made (logprobs, stop strings, structured outputs) would be ignored: refused instead.
     ``params`` (completion_sampling_params') has checked the fields both share."""
     for name in _NOT_WITH_BEAM_SEARCH:
         value = getattr(request, name)
         if value is not None and value != CompletionRequest.model_fields[name].default:
             raise OpenAIError(f"use_beam_search does not take {name} (beam search ranks whole sequences by "
-                              f"their raw logprobs and returns them once it ends)", param="use_beam_search",
+                              f"their raw logprobs)", param="use_beam_search",
                               code="invalid_value")
     max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - num_prompt_tokens
     try:

@@ -35,7 +35,18 @@ def test_beam_search_completion_equals_llm_beam_search(client, server, tiny_mode
     wait_until_idle(server.url)
 
 
-@pytest.mark.parametrize("change", [{"stream": True}, {"logprobs": 2}, {"echo": True}, {"stop": ["x"]},
+def test_beam_search_streams_each_choice_whole_at_the_end(client):
+    """vLLM streams beam search too: each choice's whole text in one chunk, then the usage, then [DONE]."""
+    extra = {"use_beam_search": True, "ignore_eos": True, "return_token_ids": True}
+    full = client.completions.create(model="tiny", prompt=PROMPTS, n=2, max_tokens=4, extra_body=extra)
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPTS, n=2, max_tokens=4, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=extra))
+    assert [(c.choices[0].index, c.choices[0].text, c.choices[0].finish_reason) for c in chunks[:-1]] == \
+        [(c.index, c.text, c.finish_reason) for c in full.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 16
+
+
+@pytest.mark.parametrize("change", [{"logprobs": 2}, {"echo": True}, {"stop": ["x"]},
                                     {"top_p": 0.5}])
 def test_beam_search_refuses_what_it_would_ignore(server, change):
     name = next(iter(change))

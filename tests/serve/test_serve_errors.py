@@ -64,7 +64,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     ({"guided_json": {"type": "foo"}}, "guided_json", "guided_json is not a valid JSON schema"),
     ({"guided_regex": "[ab"}, "guided_regex", "guided_regex is not a valid regular expression"),
     # What beam search would ignore is refused rather than ignored (more in test_serve_beam_search.py).
-    ({"use_beam_search": True, "stream": True}, "use_beam_search", "use_beam_search does not take stream"),
+    ({"use_beam_search": True, "logprobs": 1}, "use_beam_search", "use_beam_search does not take logprobs"),
 ])
 def test_bad_completion_parameters(server, change, param, message):
     # json.dumps, not httpx's json=, so that NaN and Infinity go out as the literals JSON parsers accept.
