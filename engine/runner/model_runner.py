@@ -198,7 +198,7 @@ class ModelRunner:
                 bad_words_token_ids=self._tokenize_bad_words(params.bad_words) if params.bad_words else None,
                 grammar=self._new_grammar(new_request.req_id, params),
                 lora_request=self._check_lora(new_request.lora_request),
-                pooling_params=new_request.pooling_params,
+                pooling_params=self._check_pooling(new_request.pooling_params),
             )
             requests[new_request.req_id] = state
             batch.add_request(state)
@@ -237,6 +237,13 @@ class ModelRunner:
                 if new_block_ids:
                     batch.block_table.append_row(new_block_ids, row)
         batch.condense()
+
+    def _check_pooling(self, pooling_params):
+        # Only a pooling runner looks for pooling rows in its steps: a generating one never pays that scan.
+        if pooling_params is not None and not self.config.pooling:
+            raise ValueError("an embedding request reached a runner created for generation (RunnerConfig.pooling is "
+                             "false); create the engine with runner='pooling'")
+        return pooling_params
 
     def _check_lora(self, lora_request):
         if lora_request is not None and self.lora is None:
@@ -333,7 +340,7 @@ class ModelRunner:
         logprobs = None
         sampled_rows, logits_indices = prepared.sampled_rows, prepared.logits_indices
         pooler_output = None
-        if any_pooling(states):
+        if self.config.pooling and any_pooling(states):
             pooler_output = self.pooling.collect(states, prepared, hidden_states) or None
             pooled = give_placeholder_tokens(batch, states, sampled_rows, sampled_token_ids)
             sampled_rows, logits_indices = sampled_rows[~pooled], logits_indices[~pooled]
