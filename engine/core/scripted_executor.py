@@ -118,7 +118,9 @@ class ScriptedExecutor:
             for position in range(end - num_scheduled, end):
                 block_id = state.block_ids[position // block_size]
                 self.computed_slots.setdefault(block_id, set()).add(position % block_size)
-                self.block_lora[block_id] = state.lora_int_id
+            block_lora = self.block_lora
+            for block_id in state.block_ids[(end - num_scheduled) // block_size:-(-end // block_size)]:
+                block_lora[block_id] = state.lora_int_id  # once per block written, not per position
             if end < len(state.token_ids) + len(drafts):
                 state.num_computed_tokens = end
                 sampled.append([])
