@@ -12,6 +12,8 @@ With tools (tool_calls.py decides the mode), each choice's text goes through its
 vLLM's ``prompt_logprobs`` (the rendered prompt's, after any ``truncate_prompt_tokens``) go on the response,
 not on a choice, as vLLM puts them: every choice shares the prompt. ``null`` when not asked; never streamed.
 So does ``prompt_token_ids``, with ``return_token_ids`` (not streamed here).
+
+vLLM's ``use_beam_search`` goes to beam_search_chat.py: ``n`` whole messages, best first.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.core import SamplingParams
-from engine.chat_template import ChatTemplateError, NoChatTemplateError, render_chat
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.serve.errors import OpenAIError
+from engine.serve.beam_search_chat import create_beam_search_chat_completion
+from engine.serve.chat_prompt import render_chat_prompt
 from engine.serve.logprobs_format import chat_logprobs, prompt_logprobs_json
 from engine.serve.protocol import (ChatCompletionRequest, chat_param_names, chat_sampling_params,
                                    returned_prompt_logprobs)
@@ -35,24 +37,6 @@ from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured_request
 from engine.serve.tool_output import ChoiceToolOutput, choice_tool_output
-from engine.serve.tool_prompt import template_messages, template_tools, with_tools_described
-
-
-def render_chat_prompt(state: ServerState, body: Any, mode: ToolMode | None = None) -> dict[str, Any]:
-    """The prompt of ``body``'s messages (and tools); the tools are described in a system message for a
-    template that ignores them only when the model may call one (``mode`` other than none; tool_prompt.py)."""
-    tokenizer = state.engine.get_tokenizer()
-    messages = template_messages(body, tokenizer)
-    tools = template_tools(body)
-    if mode is not None and mode.kind != "none":
-        messages = with_tools_described(messages, tools, tokenizer)
-    try:
-        return render_chat(tokenizer, messages, body.add_generation_prompt, tools=tools)
-    except NoChatTemplateError:
-        raise OpenAIError("this model has no chat template; use /v1/completions", param="messages",
-                          code="no_chat_template") from None
-    except ChatTemplateError as error:
-        raise OpenAIError(str(error), param="messages") from None
 
 
 class _Messages(UsageCounter):
@@ -112,6 +96,8 @@ class _Messages(UsageCounter):
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
     lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
+    if body.use_beam_search:
+        return await create_beam_search_chat_completion(body, raw_request, state, lora_request)
     mode = resolve_tool_mode(body, state.tool_parser)
     tool_structured = tool_structured_request(body, mode)
     params = chat_sampling_params(body, tool_structured)

@@ -19,8 +19,8 @@ Tool calling on chat: OpenAI's ``tools``, ``tool_choice`` (none, auto, required 
 for the fields, tool_calls.py for what each choice does; auto needs the server's
 ``--enable-auto-tool-choice --tool-call-parser NAME``).
 Unknown fields are ignored, as OpenAI-compatible servers usually do; known ones that ask for what this
-server cannot do (the deprecated ``functions``, beam search on chat) are refused, not ignored. vLLM's
-``use_beam_search`` (with ``n`` the beam width and ``length_penalty``) is served on /v1/completions.
+server cannot do (the deprecated ``functions``) are refused, not ignored. vLLM's ``use_beam_search`` (with
+``n`` the beam width and ``length_penalty``) is served on both routes.
 Types are strict, as OpenAI's are: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400, not 1 or true.
 
 Validation happens in two places, both reported as 400s naming the parameter: types and ranges here
@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from engine.beam_search import BeamSearchParams
 from engine.core import SamplingParams
 from engine.core.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_N, MAX_SEED, MIN_SEED
 from engine.serve.errors import OpenAIError
@@ -52,9 +51,6 @@ _STRICT = ConfigDict(extra="ignore", strict=True)
 class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool = False
-
-
-_NO_CHAT_BEAM_SEARCH = "not supported on chat completions (beam search is done on /v1/completions)"
 
 
 class _SamplingRequest(BaseModel):
@@ -99,8 +95,10 @@ class _SamplingRequest(BaseModel):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
-    # vLLM's: beam search of width n (engine/beam_search.py) on /v1/completions; refused by name on chat.
+    # vLLM's: beam search of width n (engine/beam_search.py; beam_search_params.py checks the other fields),
+    # ranked at the end by cum_logprob / length ** length_penalty.
     use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -132,8 +130,6 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    # vLLM's, for use_beam_search: the final ranking divides by length ** length_penalty.
-    length_penalty: float = 1.0
 
 
 class ChatContentPart(BaseModel):
@@ -198,13 +194,6 @@ class ChatCompletionRequest(_SamplingRequest):
     # it had been honoured.
     functions: Any = None
     echo: bool = False  # vLLM's: prepend the last message to the answer; not done here
-
-    @field_validator("use_beam_search")
-    @classmethod
-    def _no_chat_beam_search(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(_NO_CHAT_BEAM_SEARCH)
-        return value
 
     @field_validator("echo")
     @classmethod
@@ -321,39 +310,6 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     max_tokens = 1 if echo_only(request) else request.max_tokens
     return sampling_params_for(request, max_tokens=max_tokens, logprobs=request.logprobs,
                                param_names=completion_param_names(request), prompt_logprobs=prompt_logprobs)
-
-
-# Fields beam search would not honour (completion_beam_search_params says why). vLLM ignores them; set to
-# anything but its default, each is a 400 here, as this server's other unhonoured fields are.
-_NOT_WITH_BEAM_SEARCH = ("echo", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "min_tokens",
-                         "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-                         "repetition_penalty", "logit_bias", "response_format", "guided_json", "guided_regex",
-                         "guided_choice", "guided_grammar", "structured_outputs", "truncate_prompt_tokens")
-
-
-def completion_beam_search_params(request: CompletionRequest, params: SamplingParams,
-                                  num_prompt_tokens: int, max_model_len: int) -> BeamSearchParams:
-    """vLLM's ``to_beam_search_params``: width ``n``; ``max_tokens`` null is the rest of the context. The search
-    ranks whole sequences by the raw logprobs of greedy one-token rounds, so the sampling fields and those about
-    tokens as they are made (logprobs, stop strings, structured outputs) would be ignored: refused instead.
-    ``params`` (completion_sampling_params') has checked the fields both share."""
-    for name in _NOT_WITH_BEAM_SEARCH:
-        value = getattr(request, name)
-        if value is not None and value != CompletionRequest.model_fields[name].default:
-            raise OpenAIError(f"use_beam_search does not take {name} (beam search ranks whole sequences by "
-                              f"their raw logprobs)", param="use_beam_search",
-                              code="invalid_value")
-    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - num_prompt_tokens
-    try:
-        return BeamSearchParams(beam_width=params.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
-                                temperature=0.0 if request.temperature is None else request.temperature,
-                                length_penalty=request.length_penalty,
-                                include_stop_str_in_output=request.include_stop_str_in_output)
-    except ValueError as error:
-        field = re.search(r"BeamSearchParams\.(\w+)", str(error)).group(1)
-        param = {"beam_width": "n"}.get(field, field)
-        raise OpenAIError(str(error).replace(f"BeamSearchParams.{field}", param), param=param,
-                          code="invalid_value") from None
 
 
 def returned_prompt_logprobs(request: _SamplingRequest) -> int | None:

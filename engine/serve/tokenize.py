@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.serve.chat import render_chat_prompt
+from engine.serve.chat_prompt import render_chat_prompt
 from engine.serve.errors import OpenAIError
 from engine.serve.protocol import ChatMessage
 from engine.serve.state import ServerState

@@ -99,7 +99,8 @@ def test_bad_completion_parameters(server, change, param, message):
     ({"guided_grammar": "root ::= "}, "guided_grammar"),
     ({"structured_outputs": {"choice": "yes"}}, "structured_outputs.choice"),
     ({"echo": True}, "echo"),
-    ({"use_beam_search": True}, "use_beam_search"),
+    ({"use_beam_search": True, "n": 0}, "n"),
+    ({"use_beam_search": True, "logprobs": True}, "use_beam_search"),
 ])
 def test_bad_chat_parameters(server, change, param):
     response = httpx.post(f"{server.url}/v1/chat/completions", json={**GOOD_CHAT, **change}, timeout=10)
