@@ -57,8 +57,9 @@ from collections.abc import Callable
 
 from sim.cost_models.linear_cost import LinearCost
 from sim.cost_models.lora_cost import LoRACost
-from sim.cost_models.routed_experts import RoutedExpertsCost, expected_distinct_experts
+from sim.cost_models.routed_experts import RoutedExpertsCost
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
+from sim.cost_models.step_physics import step_flops_and_bytes
 from sim.hardware import HardwareSpec
 from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
 
@@ -394,24 +395,7 @@ class AnalyticalCostModel:
             **({"lora": self.lora.describe()} if self.lora is not None else {}),
         }
 
-    # --- physics checks ---------------------------------------------------------------------------
     def step_flops_and_bytes(self, batch: StepBatch) -> tuple[float, float]:
-        """Total FLOPs and HBM bytes of one step, for checking predictions against datasheet peaks."""
-        f = step_features(batch)
-        m, b = self.model, self._element_bytes
-        layers = m.num_layers
-        # Projections every token goes through: attention, the dense MLP or the router and shared expert.
-        linear_params = m.attention_projection_parameters + m.dense_mlp_parameters + m.router_parameters \
-            + m.shared_expert_parameters + m.shared_expert_gate_parameters
-        attention_pairs = f.decode_context_tokens + f.spec_attention_work + f.prefill_attention_work
-        flops = layers * (2 * f.num_tokens * linear_params + 4 * m.q_size * attention_pairs) \
-            + 2 * (f.num_reqs + f.num_spec_tokens) * m.hidden_size * m.vocab_size
-        kv_tokens_read = f.decode_context_tokens + f.prefill_context_tokens
-        kv_read = layers * m.kv_bytes_per_token_per_layer(self.kv_cache_dtype) * kv_tokens_read
-        weights = (layers * linear_params + m.hidden_size * m.vocab_size) * b
-        if m.is_moe:
-            # Each token through k experts; the weights of the experts some token is routed to, on average.
-            flops += layers * 2 * f.num_tokens * m.num_experts_per_token * m.expert_parameters
-            distinct = expected_distinct_experts(f.num_tokens, m.num_experts, m.num_experts_per_token)
-            weights += layers * distinct * m.expert_parameters * b
-        return float(flops), float(weights + kv_read)
+        """Total FLOPs and HBM bytes of one step (sim/cost_models/step_physics.py), for checking predictions
+        against datasheet peaks."""
+        return step_flops_and_bytes(self.model, batch, self.dtype, self.kv_cache_dtype)

@@ -1,0 +1,33 @@
+"""A step's total FLOPs and HBM bytes, counted from the model's shape alone: the physics the analytical cost
+model (analytical.py) must never beat. Tests check that no predicted step runs faster than these counts at the
+datasheet's peak FLOP/s and bandwidth, and that a mixture of experts computes with k experts per token while
+reading the weights of every expert some token is routed to."""
+
+from __future__ import annotations
+
+from sim.cost_models.routed_experts import expected_distinct_experts
+from sim.cost_models.step_batch import StepBatch, step_features
+from sim.model_shapes import ModelShape, dtype_bytes
+
+
+def step_flops_and_bytes(model: ModelShape, batch: StepBatch, dtype: str, kv_cache_dtype: str) -> tuple[float, float]:
+    """Total FLOPs and HBM bytes of one step of ``model`` (whole, not a tensor-parallel shard) in ``dtype``, its
+    KV cache stored as ``kv_cache_dtype``."""
+    f = step_features(batch)
+    m, element_bytes = model, dtype_bytes(dtype)
+    layers = m.num_layers
+    # Projections every token goes through: attention, the dense MLP or the router and shared expert.
+    linear_params = m.attention_projection_parameters + m.dense_mlp_parameters + m.router_parameters \
+        + m.shared_expert_parameters + m.shared_expert_gate_parameters
+    attention_pairs = f.decode_context_tokens + f.spec_attention_work + f.prefill_attention_work
+    flops = layers * (2 * f.num_tokens * linear_params + 4 * m.q_size * attention_pairs) \
+        + 2 * (f.num_reqs + f.num_spec_tokens) * m.hidden_size * m.vocab_size
+    kv_tokens_read = f.decode_context_tokens + f.prefill_context_tokens
+    kv_read = layers * m.kv_bytes_per_token_per_layer(kv_cache_dtype) * kv_tokens_read
+    weights = (layers * linear_params + m.hidden_size * m.vocab_size) * element_bytes
+    if m.is_moe:
+        # Each token through k experts; the weights of the experts some token is routed to, on average.
+        flops += layers * 2 * f.num_tokens * m.num_experts_per_token * m.expert_parameters
+        distinct = expected_distinct_experts(f.num_tokens, m.num_experts, m.num_experts_per_token)
+        weights += layers * distinct * m.expert_parameters * element_bytes
+    return float(flops), float(weights + kv_read)
