@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.core import LoRARequest, PoolingParams, Request, SamplingParams, Scheduler
+from engine.core.scheduling_policy import reads_priority
 from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
 
 
@@ -149,10 +150,11 @@ def check_structured_outputs(label: str, params: SamplingParams, scheduler: Sche
 
 def check_priority(priority: object, policy: str, label: str = "priority") -> int:
     """A request's priority (lower is served first, as in vLLM): an integer, and only where the scheduler
-    uses it; under fcfs a priority would be silently ignored, so it is refused, as vLLM refuses it."""
+    may use it; under fcfs (or another named policy that ranks by something else) a priority would be silently
+    ignored, so it is refused, as vLLM refuses it under fcfs."""
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"{label} must be an integer (lower is served first), got {priority!r}")
-    if priority != 0 and policy != "priority":
+    if priority != 0 and not reads_priority(policy):
         raise ValueError(f"{label} {priority} needs scheduling_policy='priority'; the engine schedules {policy!r}")
     return priority
 

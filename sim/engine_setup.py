@@ -139,7 +139,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             async_scheduling=engine.async_scheduling, num_speculative_tokens=num_speculative_tokens,
             max_loras=engine.max_loras)
     except ValueError as error:
-        raise _named("engine", error) from None
+        # The one scheduler field the workload spells differently (vLLM's engine argument's name).
+        raise _named("engine", ValueError(str(error).replace("scheduler.policy", "engine.scheduling_policy"))) from None
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
                                      engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size)

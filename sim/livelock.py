@@ -34,5 +34,5 @@ def check_preemptions(scheduler: Scheduler, scheduler_output: SchedulerOutput, n
                 f"{scheduler.policy!r}, {scheduler.kv_cache_manager.num_usable_blocks} KV blocks of "
                 f"{scheduler.block_size} tokens). Give the requests more KV cache (engine.num_gpu_blocks or "
                 "engine.gpu_memory_utilization), a shorter engine.max_model_len, fewer engine.max_num_seqs, or, under "
-                "the priority policy, priorities that tell apart the requests that evict each other "
-                "(engine.scheduling_policy=fcfs evicts the newest instead)")
+                "a ranked policy (priority and the others but fcfs), ranks that tell apart the requests that evict "
+                "each other (engine.scheduling_policy=fcfs evicts the newest instead)")

@@ -34,6 +34,7 @@ import httpx
 from tqdm import tqdm
 
 from analysis import compute_summary, write_run
+from engine.core.scheduling_policy import reads_priority
 from analysis.trace_schema import FINISH_REASONS, REQUIRED_STEP_COLUMNS, requests_table, steps_table
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 from workloads.request_spec import DEFAULT_REQUEST_CLASS
@@ -104,9 +105,9 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,
                               model_max_len=card.get("max_model_len"))
     started = time.perf_counter()
-    # A priority workload sends each request's priority (the server must schedule by priority: a server
-    # that schedules fcfs refuses it, which the run reports); otherwise none is sent.
-    send_priority = workload.engine.scheduling_policy == "priority"
+    # A workload whose policy reads priorities sends each request's (the server must schedule by such a policy:
+    # a server that schedules fcfs refuses them, which the run reports); otherwise none is sent.
+    send_priority = reads_priority(workload.engine.scheduling_policy)
     records = asyncio.run(_send_all(specs, url, model, progress, workload.name, send_priority))
     wall_s = time.perf_counter() - started
     requests = requests_table(_columns(records))

@@ -6,6 +6,7 @@ Field names follow vLLM's engine arguments (``max_num_seqs``, ``max_num_batched_
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +27,11 @@ from workloads.schema_base import SchemaModel
 from workloads.speculative_decoding_section import SpeculativeDecodingSection
 from workloads.traces import TraceFormat, TraceFormatError, TraceRecords, infer_format, read_trace
 
+# The engine's named scheduling policies (engine/core/scheduling_policy.py; a test keeps the two lists equal),
+# and the form of a user's own rank function.
+SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt_first", "shortest_output_first")
+_RANK_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
 MAX_BLOCK_SIZE = 256
 
 
@@ -45,7 +51,9 @@ class EngineSection(SchemaModel):
     # the whole step budget from its peers.
     long_prefill_token_threshold: NonNegativeInt = 0
     enable_prefix_caching: bool = True
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's fcfs or priority; shortest_prompt_first, shortest_output_first, or your own rank function as
+    # "module:function" (engine/core/scheduling_policy.py says what each does; the engine imports the function).
+    scheduling_policy: str = "fcfs"
     # GPUs one engine shards the model over (simulated; the model must split evenly: sim/model_shapes.py).
     tensor_parallel_size: PositiveInt = 1
     # Pipeline stages one engine splits the model's layers over, each on tensor_parallel_size GPUs
@@ -74,6 +82,14 @@ class EngineSection(SchemaModel):
     max_loras: NonNegativeInt = 0
     max_lora_rank: int = 16
     max_cpu_loras: PositiveInt | None = None
+
+    @field_validator("scheduling_policy")
+    @classmethod
+    def _policy_is_named_or_a_function(cls, value: str) -> str:
+        if value not in SCHEDULING_POLICIES and not _RANK_FUNCTION.fullmatch(value):
+            raise ValueError(f"must be one of {', '.join(SCHEDULING_POLICIES)}, or 'module:function' naming a rank "
+                             "function (lower is served first)")
+        return value
 
     @field_validator("max_lora_rank")
     @classmethod

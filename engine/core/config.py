@@ -7,9 +7,8 @@ scheduler never has to guess them. Invalid values raise ``ValueError`` naming th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-SchedulingPolicy = Literal["fcfs", "priority"]
+from engine.core.scheduling_policy import policy_rank
 
 
 def _require(ok: bool, owner: str, name: str, value: object, requirement: str) -> None:
@@ -59,7 +58,8 @@ class SchedulerConfig:
     # chunking, and without it a prompt is prefilled in one step (vLLM applies the cut anyway, which
     # chunks the prompt that enable_chunked_prefill=False promised to keep whole).
     long_prefill_token_threshold: int = 0
-    policy: SchedulingPolicy = "fcfs"
+    # fcfs, priority, shortest_prompt_first, shortest_output_first or "module:function" (scheduling_policy.py).
+    policy: str = "fcfs"
     # vLLM's async scheduling: the next batch is scheduled while the last one runs, its decodes taking the
     # positions of tokens still being sampled (engine/core/batches_in_flight.py).
     async_scheduling: bool = False
@@ -77,7 +77,10 @@ class SchedulerConfig:
                      value, "an integer >= 1")
         _require(isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
                  "scheduler", "long_prefill_token_threshold", self.long_prefill_token_threshold, "an integer >= 0")
-        _require(self.policy in ("fcfs", "priority"), "scheduler", "policy", self.policy, "'fcfs' or 'priority'")
+        try:
+            policy_rank(self.policy)
+        except ValueError as error:
+            _require(False, "scheduler", "policy", self.policy, str(error))
         _require(isinstance(self.async_scheduling, bool), "scheduler", "async_scheduling", self.async_scheduling,
                  "true or false")
         _require(isinstance(self.num_speculative_tokens, int) and not isinstance(self.num_speculative_tokens, bool)

@@ -1,9 +1,9 @@
-"""The waiting queue, one class per scheduling policy.
+"""The waiting queue: arrival order for fcfs, or a heap on a ranked policy's rank (scheduling_policy.py).
 
 FCFS: arrival order; a preempted request goes back to the head, so it resumes first.
-Priority: the smallest ``priority`` value first, ties broken by arrival time, then by request id (the
-order vLLM's ``Request.__lt__`` gives; ids are unique, so the order is total and deterministic); a
-preempted request simply re-enters with its own key.
+Ranked (``priority`` and the others): the smallest rank first, ties broken by arrival time, then by request id
+(for ``priority`` the order vLLM's ``Request.__lt__`` gives; ids are unique, so the order is total and
+deterministic); a preempted request simply re-enters with its rank as of then.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections import deque
 from typing import Iterator
 
 from engine.core.request import Request
+from engine.core.scheduling_policy import Rank
 
 
 class FCFSRequestQueue:
@@ -46,20 +47,20 @@ class FCFSRequestQueue:
         return iter(self._queue)
 
 
-class PriorityRequestQueue:
-    __slots__ = ("_heap",)
+class RankedRequestQueue:
+    __slots__ = ("_heap", "_rank")
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, str, Request]] = []
+    def __init__(self, rank: Rank) -> None:
+        self._rank = rank
+        self._heap: list[tuple[object, float, str, Request]] = []
 
-    @staticmethod
-    def _key(request: Request) -> tuple[int, float, str, Request]:
-        return (request.priority, request.arrival_time, request.request_id, request)
+    def _key(self, request: Request) -> tuple[object, float, str, Request]:
+        return (self._rank(request), request.arrival_time, request.request_id, request)
 
     def add_request(self, request: Request) -> None:
         heapq.heappush(self._heap, self._key(request))
 
-    # A preempted request keeps its place by priority: there is no "head" to return to.
+    # A preempted request takes its place by rank: there is no "head" to return to.
     prepend_request = add_request
 
     def peek_request(self) -> Request:
@@ -83,9 +84,6 @@ class PriorityRequestQueue:
         return iter([entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3])])
 
 
-def create_request_queue(policy: str) -> FCFSRequestQueue | PriorityRequestQueue:
-    if policy == "fcfs":
-        return FCFSRequestQueue()
-    if policy == "priority":
-        return PriorityRequestQueue()
-    raise ValueError(f"scheduler.policy must be 'fcfs' or 'priority', got {policy!r}")
+def create_request_queue(rank: Rank | None) -> FCFSRequestQueue | RankedRequestQueue:
+    """The queue of a policy whose rank function is ``rank`` (None: fcfs)."""
+    return FCFSRequestQueue() if rank is None else RankedRequestQueue(rank)

@@ -32,6 +32,7 @@ from engine.core.request_queue import create_request_queue
 from engine.core.scheduler_output import SchedulerOutput
 from engine.core.scheduler_output_builder import build_scheduler_output
 from engine.core.scheduler_update import apply_model_output
+from engine.core.scheduling_policy import policy_rank, victim_rank
 from engine.core.spec_decode import SpecDecodingStats
 from engine.core.waiting_admission import Admissions, admit_waiting
 
@@ -52,6 +53,10 @@ class Scheduler:
         self.long_prefill_token_threshold = (scheduler_config.long_prefill_token_threshold
                                              if scheduler_config.enable_chunked_prefill else 0)
         self.policy = scheduler_config.policy
+        # None under fcfs (the newest running request is the victim); else the ranked policy's victim key
+        # (engine/core/scheduling_policy.py).
+        rank = policy_rank(self.policy)
+        self.victim_rank = None if rank is None else victim_rank(rank)
         self.async_scheduling = scheduler_config.async_scheduling
         self.num_speculative_tokens = scheduler_config.num_speculative_tokens
         self.max_loras = scheduler_config.max_loras
@@ -68,7 +73,7 @@ class Scheduler:
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)
         self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(self.policy)
+        self.waiting = create_request_queue(rank)
         self.running: list[Request] = []
         # Ids finished since the last schedule(): the next SchedulerOutput tells the runner to drop them.
         self.finished_req_ids: set[str] = set()
@@ -226,8 +231,8 @@ class Scheduler:
                 new_blocks = allocate_slots(request, num_new_tokens)
                 if new_blocks is not None:
                     break
-                if self.policy == "priority":
-                    victim = max(running, key=_preemption_rank)
+                if self.victim_rank is not None:
+                    victim = max(running, key=self.victim_rank)
                     victim_index = running.index(victim)
                     del running[victim_index]
                     if victim_index < req_index:
@@ -365,12 +370,3 @@ class Scheduler:
             prefix_cache_hits=prefix_stats.hits,
             spec_decoding=self.spec_decoding_stats.to_dict() if self.spec_decoding_stats is not None else None,
         )
-
-
-def _preemption_rank(request: Request) -> tuple[int, float]:
-    """Under the priority policy the victim is the largest rank: lowest priority, then latest arrival.
-
-    Requests that tie on both (a burst arriving at one instant) are not ranked further: ``max`` keeps
-    the first of them in running order, as vLLM's does, so the earliest admitted of them is the victim.
-    """
-    return (request.priority, request.arrival_time)

@@ -65,8 +65,9 @@ def make_parser() -> argparse.ArgumentParser:
                         default=defaults.enable_prefix_caching, help="reuse the KV blocks of shared prefixes")
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=defaults.enable_chunked_prefill, help="split long prompts over several steps")
-    engine.add_argument("--scheduling-policy", default=defaults.scheduling_policy, choices=["fcfs", "priority"],
-                        help="order of admission")
+    engine.add_argument("--scheduling-policy", default=defaults.scheduling_policy,
+                        help="order of admission: fcfs, priority, shortest_prompt_first, shortest_output_first, "
+                             "or module:function (a rank function; lower is served first)")
     engine.add_argument("--device", default=defaults.device, help="'cpu' or 'cuda'")
     engine.add_argument("--dtype", default=defaults.dtype, help="'auto', 'float32', 'float16' or 'bfloat16'")
     engine.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.core.sampling_params import MAX_SEED, MIN_SEED
+from engine.core.scheduling_policy import policy_rank
 from engine.engine_args import DEFAULT_MODEL_NAMES, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.models.config import ModelConfig
@@ -70,6 +71,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--kv-offloading-size must be a number of GiB >= 0, got {args.kv_offloading_size_gib}")
     if args.kv_offloading_size_gib and not args.enable_prefix_caching:
         parser.error("--kv-offloading-size needs prefix caching (leave out --no-enable-prefix-caching)")
+    try:
+        policy_rank(args.scheduling_policy)
+    except ValueError as error:
+        parser.error(f"--scheduling-policy must be {error}, got {args.scheduling_policy!r}")
     if args.speculative_config is not None:
         from engine.runner.spec_decode.config import SpeculativeConfig
         try:

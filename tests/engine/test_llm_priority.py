@@ -21,6 +21,7 @@ def test_lower_priority_values_are_served_first(tiny_llama_path):
 
 @pytest.mark.parametrize("policy, priority, message", [
     ("fcfs", [0, 1], r"priority\[1\] 1 needs scheduling_policy='priority'"),
+    ("shortest_prompt_first", [0, 1], r"priority\[1\] 1 needs scheduling_policy='priority'"),
     ("priority", [0], r"priority must be a list of one integer per prompt \(2\)"),
     ("priority", [0, 1.5], r"priority\[1\] must be an integer"),
 ])
@@ -44,3 +45,21 @@ def test_async_generate_takes_a_priority(tiny_llama_path):
             engine.shutdown()
 
     asyncio.run(run())
+
+
+def test_shortest_prompt_first_serves_the_shortest_prompt_first_on_the_real_engine(tiny_llama_path):
+    # One sequence at a time: the first-scheduled order is the prompts' length order, not the submission order.
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=1, scheduling_policy="shortest_prompt_first")
+    prompts = [{"prompt_token_ids": list(range(5, 5 + length))} for length in (30, 10, 20)]
+    outputs = llm.generate(prompts, PARAMS, use_tqdm=False)
+    order = sorted(range(3), key=lambda index: outputs[index].metrics.first_scheduled_time)
+    assert order == [1, 2, 0]
+
+
+def test_a_users_rank_function_and_a_bad_policy(tiny_llama_path):
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=1, scheduling_policy="tests.core.rank_functions:longest_prompt_first")
+    prompts = [{"prompt_token_ids": list(range(5, 5 + length))} for length in (10, 30, 20)]
+    outputs = llm.generate(prompts, PARAMS, use_tqdm=False, priority=[0, 0, 0])  # a rank function may read it
+    assert sorted(range(3), key=lambda index: outputs[index].metrics.first_scheduled_time) == [1, 2, 0]
+    with pytest.raises(ValueError, match=r"scheduler\.policy must be one of 'fcfs'.*got 'lifo'"):
+        LLM(model=str(tiny_llama_path), scheduling_policy="lifo")

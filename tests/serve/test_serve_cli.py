@@ -28,6 +28,10 @@ pytestmark = pytest.mark.usefixtures("never_serve")
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice needs --tool-call-parser NAME"),
     (["--tool-call-parser", "nope"], "error: --tool-call-parser 'nope' is not a known parser; known: hermes"),
     (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value: 'many'"),
+    (["--scheduling-policy", "lifo"], "error: --scheduling-policy must be one of 'fcfs', 'priority', "
+                                      "'shortest_prompt_first', 'shortest_output_first', or 'module:function'"),
+    (["--scheduling-policy", "tests.core.rank_functions:nope"], "error: --scheduling-policy must be "
+                                                                "'module:function' naming a callable"),
 ])
 def test_bad_flags_are_one_line_errors(tiny_model_path, capsys, argv, message):
     status, err = run_cli(["--model", str(tiny_model_path), *argv], capsys)
