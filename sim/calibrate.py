@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed-per-recording", action="store_true",
                         help="fit one speed per recording beside the model, so that a machine's drift between "
                              "recordings is not learned as the cost of whatever those recordings ran more of")
-    parser.add_argument("--speed-level", action="append", type=Path, default=[], metavar="RUN_DIR",
+    parser.add_argument("--speed-level", action="extend", nargs="+", type=Path, default=[], metavar="RUN_DIR",
                         help="with --speed-per-recording: the recordings whose machine speed the profile takes "
-                             "(repeatable; default all)")
+                             "(one or more, or the flag repeated; default all)")
     args = parser.parse_args(argv)
     check_output_file(parser, "-o/--output", args.output, "profile.json")
     try:

@@ -79,6 +79,11 @@ def test_cli_records_the_speeds_and_names_bad_flags(tmp_path, capsys):
     assert provenance["speed_level_runs"] == [runs[0]]
     assert "run1 1.1" in captured.out and "the profile's level is the mean of 1 of them" in captured.out
     assert "different speeds" not in captured.err  # the drift was fitted: no warning to record more
+    # Several level recordings after one flag (as a shell glob gives them), the same as the flag repeated.
+    both = tmp_path / "both.json"
+    assert calibrate_main(runs + ["--speed-per-recording", "--speed-level", *runs, "-o", str(both)]) == 0
+    assert json.loads(both.read_text())["provenance"]["speed_level_runs"] == runs
+    capsys.readouterr()
     for flags, named in ((["--speed-level", runs[0]], "--speed-level sets the level of a fit with --speed-per-recording"),
                          (["--speed-per-recording", "--speed-level", str(tmp_path / "elsewhere")],
                           f"--speed-level {tmp_path / 'elsewhere'}: not among the run directories")):
