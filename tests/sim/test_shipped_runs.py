@@ -105,6 +105,7 @@ def test_the_fidelity_table_covers_every_recording(capsys):
 @pytest.mark.parametrize("campaign, recordings, expected", [
     ("2026-12-01", 5, {"cpu-chat": 30.4, "cpu-overload": 23.6, "cpu-long-prompts": 39.4, "cpu-shared-prefix": 36.9}),
     ("2026-12-01-07h", 4, {"cpu-chat": 17.2, "cpu-overload": 17.8, "cpu-long-prompts": 41.0, "cpu-shared-prefix": 22.9}),
+    ("2026-12-01-11h", 4, {"cpu-chat": 24.2, "cpu-overload": 30.3, "cpu-long-prompts": 66.3, "cpu-shared-prefix": 61.4}),
 ])
 def test_the_later_campaigns_reproduce_their_tables(capsys, campaign, recordings, expected):
     """The 2026-12-01 recordings (a slower, drifting machine) through --runs: the shipped profile's worst latency
