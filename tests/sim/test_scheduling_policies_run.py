@@ -74,3 +74,15 @@ def test_a_rank_function_that_does_not_import_is_an_error_naming_the_field():
     with pytest.raises(SetupError, match=r"^engine\.scheduling_policy must be 'module:function' whose module "
                                          r"imports \(No module named 'no_such_policies'\), got 'no_such_policies:rank'"):
         build_setup(workload)
+
+
+@pytest.mark.parametrize("policy", ["shortest_output_first", "tests.core.rank_functions:longest_prompt_first"])
+def test_decode_fast_forward_changes_nothing_under_a_ranked_policy(tmp_path, policy):
+    overrides = [f"engine.scheduling_policy={policy}", "workload.duration_s=8", "engine.num_gpu_blocks=300"]
+    workload = load_workload(example_path("scheduling_policies"), overrides=overrides)
+    run_simulation(workload, tmp_path / "on")
+    run_simulation(workload, tmp_path / "off", fast_forward=False)
+    on, off = (read_run(tmp_path / name) for name in ("on", "off"))
+    assert on.summary["num_preemptions"] > 0  # a pool this short preempts by the policy's rank
+    pd.testing.assert_frame_equal(on.requests, off.requests)
+    pd.testing.assert_frame_equal(on.steps, off.steps)
