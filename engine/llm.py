@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
 from engine.chat_template import check_messages, render_chat
 from engine.core import EngineCore, LoRARequest, PoolingParams, SamplingParams, Scheduler
+from engine.embedding_scores import (ScoringOutput, ScoringRequestOutput, cosine_similarity, distinct_inputs,
+                                     score_pairs, score_texts)
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine
 from engine.front_end_step import step_front_end
@@ -202,6 +204,23 @@ class LLM:
             self._abort(added)
             raise
         return [EmbeddingRequestOutput.from_request_output(finished[request_id]) for request_id in request_ids]
+
+    def score(self, data_1: Any, data_2: Any, use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+        """vLLM's ``LLM.score`` on an embedding model (``runner="pooling"``): the cosine similarity of the two
+        texts' embeddings, for one text against each of ``data_2`` (1:N) or pairwise (N:N); a text is a string or
+        a token-id list (engine/embedding_scores.py). One output per pair, in order; each distinct text is
+        embedded once."""
+        texts_1, texts_2 = score_texts(data_1, "data_1"), score_texts(data_2, "data_2")
+        pairs = score_pairs(len(texts_1), len(texts_2))
+        distinct, positions = distinct_inputs(texts_1 + texts_2)
+        embeddings = self.embed([text if isinstance(text, str) else {"prompt_token_ids": text} for text in distinct],
+                                use_tqdm=use_tqdm)
+        outputs = []
+        for index, (first, second) in enumerate(pairs):
+            a, b = embeddings[positions[first]], embeddings[positions[len(texts_1) + second]]
+            outputs.append(ScoringRequestOutput(str(index), ScoringOutput(cosine_similarity(
+                a.outputs.embedding, b.outputs.embedding)), a.prompt_token_ids + b.prompt_token_ids))
+        return outputs
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,

@@ -7,6 +7,9 @@
     POST /v1/embeddings        one vector per input, on an engine created with runner="pooling" (embeddings.py);
                                the two generation routes then answer 404, as this one does on a generating engine
                                (current vLLM registers each route only for the engines that serve it)
+    POST /score, /v1/score     vLLM's: the cosine similarity of two texts' embeddings, 1:N or N:N (scores.py)
+    POST /rerank, /v1/rerank, /v2/rerank
+                               vLLM's (Jina's and Cohere's shape): documents ranked by their score against a query
     POST /tokenize             prompt text or chat messages -> token ids (vLLM's utility route)
     POST /detokenize           token ids -> text
     GET  /version              the package version
@@ -35,6 +38,7 @@ from engine.core import LoRARequest
 from engine.serve.chat import create_chat_completion
 from engine.serve.completions import create_completion
 from engine.serve.embeddings import GENERATION_UNSUPPORTED, EmbeddingRequest, create_embedding
+from engine.serve.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
@@ -108,6 +112,17 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, raw_request: Request) -> Response:
         return await create_embedding(body, raw_request, state)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(body: ScoreRequest, raw_request: Request) -> Response:
+        return await create_score(body, raw_request, state)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(body: RerankRequest, raw_request: Request) -> Response:
+        return await create_rerank(body, raw_request, state)
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest) -> JSONResponse:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.core import PoolingParams
+from engine.pooling_outputs import EmbeddingRequestOutput
 from engine.request_inputs import Prompt
 from engine.serve.errors import OpenAIError
 from engine.serve.state import ServerState, engine_error
@@ -72,11 +73,17 @@ def _prepare(state: ServerState, body: EmbeddingRequest) -> tuple[PoolingParams,
     except ValueError as error:
         raise OpenAIError(str(error).removeprefix("prompt: "), param="dimensions", code="invalid_value") from None
     inputs = embedding_inputs(body.input)
+    labels = ["input"] if len(inputs) == 1 else [f"input[{index}]" for index in range(len(inputs))]
+    return params, pooling_prompts(state, inputs, labels, body.truncate_prompt_tokens)
+
+
+def pooling_prompts(state: ServerState, inputs: list[str | list[int]], labels: list[str],
+                    truncate_prompt_tokens: int | None) -> list[Prompt]:
+    """Each input as the engine's prompt, checked: a bad one is a 400 naming its label (the client's field)."""
     prompts = []
-    for index, value in enumerate(inputs):
-        label = "input" if len(inputs) == 1 else f"input[{index}]"
+    for value, label in zip(inputs, labels):
         try:
-            prompts.append(engine.process_pooling_prompt(value, body.truncate_prompt_tokens))
+            prompts.append(state.engine.process_pooling_prompt(value, truncate_prompt_tokens))
         except ValueError as error:
             message = str(error)
             if message.startswith("truncate_prompt_tokens"):
@@ -84,7 +91,23 @@ def _prepare(state: ServerState, body: EmbeddingRequest) -> tuple[PoolingParams,
             code = "context_length_exceeded" if "more than the engine allows" in message else "invalid_value"
             # The engine's checks call it "prompt"; the client's field is input (input[i] in a batch).
             raise OpenAIError(label + message.removeprefix("prompt"), param=label, code=code) from None
-    return params, prompts
+    return prompts
+
+
+async def embed_prompts(state: ServerState, prompts: list[Prompt], params: PoolingParams | None, request_id: str,
+                        raw_request: Request) -> list[EmbeddingRequestOutput]:
+    """Every prompt's embedding, concurrently; raises ClientDisconnected if the client leaves. After a failure or
+    a disconnect the others are cancelled, which aborts their requests."""
+    async def embed_all():
+        tasks = [asyncio.ensure_future(state.engine.embed(prompt, params, f"{request_id}-{index}"))
+                 for index, prompt in enumerate(prompts)]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    return await run_unless_disconnected(raw_request, embed_all())
 
 
 async def create_embedding(body: EmbeddingRequest, raw_request: Request, state: ServerState) -> Response:
@@ -94,18 +117,8 @@ async def create_embedding(body: EmbeddingRequest, raw_request: Request, state: 
     state.check_model(body.model)
     params, prompts = _prepare(state, body)
     request_id = f"embd-{uuid.uuid4().hex}"
-
-    async def embed_all():
-        tasks = [asyncio.ensure_future(engine.embed(prompt, params, f"{request_id}-{index}"))
-                 for index, prompt in enumerate(prompts)]
-        try:
-            return await asyncio.gather(*tasks)
-        finally:  # after a failure or a disconnect, the others are cancelled, which aborts their requests
-            for task in tasks:
-                task.cancel()
-
     try:
-        outputs = await run_unless_disconnected(raw_request, embed_all())
+        outputs = await embed_prompts(state, prompts, params, request_id, raw_request)
     except ClientDisconnected:
         return Response(status_code=499)
     except Exception as error:

@@ -1,0 +1,134 @@
+"""vLLM's score and rerank routes on an embedding server (``--runner pooling``): the cosine similarity of two
+texts' embeddings (engine/embedding_scores.py).
+
+``POST /score`` and ``/v1/score``: ``text_1`` and ``text_2``, each a string or a list of strings (or token-id
+lists); one text against each of N, or N against N in order. ``data[i].score`` is pair i's.
+``POST /rerank``, ``/v1/rerank`` and ``/v2/rerank`` (Jina's and Cohere's shape): ``query`` and ``documents``;
+``results`` best first, each with its document's ``index``, the ``document`` and its ``relevance_score``,
+the first ``top_n`` (all when 0 or absent). Each distinct text is embedded once. A generating server answers
+404, as vLLM registers these routes only for models that serve them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.embedding_scores import cosine_similarity, distinct_inputs, score_pairs
+from engine.pooling_outputs import EmbeddingRequestOutput
+from engine.serve.embeddings import embed_prompts, pooling_prompts
+from engine.serve.errors import OpenAIError
+from engine.serve.state import ServerState, engine_error
+from engine.serve.streaming import ClientDisconnected
+
+SCORE_UNSUPPORTED = ("The model does not support {route}: this server generates (start it with --runner pooling "
+                     "to score with an embedding model)")
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    text_1: str | list[str] | list[int] | list[list[int]]
+    text_2: str | list[str] | list[int] | list[list[int]]
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int = Field(default=0, ge=0)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+
+
+def _side(value: str | list, name: str) -> list[str | list[int]]:
+    if isinstance(value, str):
+        return [value]
+    if value and all(isinstance(item, int) for item in value):
+        return [list(value)]
+    if not value:
+        raise OpenAIError(f"{name} must not be empty", param=name, code="invalid_value")
+    return list(value)
+
+
+def _labels(texts: list, name: str) -> list[str]:
+    return [name] if len(texts) == 1 else [f"{name}[{index}]" for index in range(len(texts))]
+
+
+async def _scores(state: ServerState, raw_request: Request, request_id: str, texts_1: list, texts_2: list,
+                  labels: list[str], truncate_prompt_tokens: int | None
+                  ) -> tuple[list[float], list[EmbeddingRequestOutput]]:
+    """Each pair's score (score_pairs' order) and the distinct texts' embeddings."""
+    try:
+        pairs = score_pairs(len(texts_1), len(texts_2))
+    except ValueError as error:
+        raise OpenAIError(str(error), param="text_2", code="invalid_value") from None
+    distinct, positions = distinct_inputs(texts_1 + texts_2)
+    first_labels = {}
+    for position, label in zip(positions, labels):
+        first_labels.setdefault(position, label)
+    prompts = pooling_prompts(state, distinct, [first_labels[index] for index in range(len(distinct))],
+                              truncate_prompt_tokens)
+    outputs = await embed_prompts(state, prompts, None, request_id, raw_request)
+    scores = [cosine_similarity(outputs[positions[first]].outputs.embedding,
+                                outputs[positions[len(texts_1) + second]].outputs.embedding)
+              for first, second in pairs]
+    return scores, outputs
+
+
+def _check(state: ServerState, model: str | None, route: str) -> None:
+    if not state.engine.is_pooling:
+        raise OpenAIError(SCORE_UNSUPPORTED.format(route=route), status=404, code="model_not_supported")
+    state.check_model(model)
+
+
+async def create_score(body: ScoreRequest, raw_request: Request, state: ServerState) -> Response:
+    _check(state, body.model, "Score API")
+    texts_1, texts_2 = _side(body.text_1, "text_1"), _side(body.text_2, "text_2")
+    request_id = f"score-{uuid.uuid4().hex}"
+    try:
+        scores, outputs = await _scores(state, raw_request, request_id, texts_1, texts_2,
+                                        _labels(texts_1, "text_1") + _labels(texts_2, "text_2"),
+                                        body.truncate_prompt_tokens)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except OpenAIError:
+        raise
+    except Exception as error:
+        return engine_error(error).to_response()
+    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    data: list[dict[str, Any]] = [{"index": index, "object": "score", "score": score}
+                                  for index, score in enumerate(scores)]
+    return JSONResponse({"id": request_id, "object": "list", "created": int(time.time()),
+                         "model": body.model or state.model_name, "data": data,
+                         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+
+
+async def create_rerank(body: RerankRequest, raw_request: Request, state: ServerState) -> Response:
+    _check(state, body.model, "Rerank API")
+    request_id = f"rerank-{uuid.uuid4().hex}"
+    try:
+        scores, outputs = await _scores(state, raw_request, request_id, [body.query], list(body.documents),
+                                        ["query"] + _labels(body.documents, "documents"),
+                                        body.truncate_prompt_tokens)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except OpenAIError:
+        raise
+    except Exception as error:
+        return engine_error(error).to_response()
+    ranked = sorted(range(len(scores)), key=lambda index: -scores[index])
+    if body.top_n:
+        ranked = ranked[:body.top_n]
+    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    results = [{"index": index, "document": {"text": body.documents[index]}, "relevance_score": scores[index]}
+               for index in ranked]
+    return JSONResponse({"id": request_id, "model": body.model or state.model_name,
+                         "usage": {"total_tokens": num_tokens}, "results": results})
