@@ -73,7 +73,7 @@ class Scheduler:
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)
         self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(rank)
+        self.waiting = create_request_queue(rank, count_adapters=self.max_loras > 0)
         self.running: list[Request] = []
         # Ids finished since the last schedule(): the next SchedulerOutput tells the runner to drop them.
         self.finished_req_ids: set[str] = set()

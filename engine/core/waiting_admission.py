@@ -109,6 +109,12 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
 
     # Requests whose KV is still loading, and those whose load starts now: passed over, back at the head after.
     skipped: list[Request] = []
+    # With every adapter slot taken, only a request on the base model or on a running adapter can be admitted;
+    # when the queue holds none (it counts them: request_queue.py), scanning it would pass over every request
+    # and put each back where it was.
+    if active_loras is not None and len(active_loras) >= max_loras \
+            and not waiting.holds_base_or_adapter_of(active_loras):
+        return admissions
     while waiting and token_budget > 0 and len(running) < max_num_seqs:
         request = waiting.peek_request()
         if request.status == _LOADING or active_loras is not None and not lora_fits(request):

@@ -79,6 +79,11 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
     assert len(running_loras) <= scheduler.max_loras, f"running requests use adapters {sorted(running_loras)}"
     assert not set(running_ids) & set(waiting_ids)
     assert sorted(running_ids + waiting_ids) == sorted(scheduler.requests)
+    # With LoRA on, the queue's count of its requests per adapter (admission skips its scan by it) is exact.
+    if scheduler.max_loras:
+        adapters = Counter(request.lora_request.lora_int_id if request.lora_request else None
+                           for request in scheduler.waiting)
+        assert scheduler.waiting._adapter_counts == dict(adapters), (scheduler.waiting._adapter_counts, adapters)
     for request in scheduler.running:
         assert request.status == RequestStatus.RUNNING
         held = len(manager.get_blocks(request.request_id)) * manager.block_size
