@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.embedding_scores import cosine_similarity, distinct_inputs, score_pairs
+from engine.embedding_scores import cosine_similarity, distinct_inputs, score_pairs, score_texts
 from engine.pooling_outputs import EmbeddingRequestOutput
 from engine.serve.embeddings import embed_prompts, pooling_prompts
 from engine.serve.errors import OpenAIError
@@ -49,13 +49,10 @@ class RerankRequest(BaseModel):
 
 
 def _side(value: str | list, name: str) -> list[str | list[int]]:
-    if isinstance(value, str):
-        return [value]
-    if value and all(isinstance(item, int) for item in value):
-        return [list(value)]
-    if not value:
+    texts = score_texts(value, name)  # the body's types are checked already: it cannot refuse them
+    if not texts:
         raise OpenAIError(f"{name} must not be empty", param=name, code="invalid_value")
-    return list(value)
+    return texts
 
 
 def _labels(texts: list, name: str) -> list[str]:
