@@ -9,23 +9,8 @@ once) needs such a checkpoint and is not done here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
-
-
-@dataclass(slots=True)
-class ScoringOutput:
-    score: float
-
-
-@dataclass(slots=True)
-class ScoringRequestOutput:
-    """vLLM's: one score, and the token ids of both texts (the first's, then the second's)."""
-    request_id: str
-    outputs: ScoringOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
 
 
 def score_texts(data: object, label: str) -> list[str | list[int]]:

@@ -24,15 +24,14 @@ from tqdm.auto import tqdm
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
 from engine.chat_template import check_messages, render_chat
 from engine.core import EngineCore, LoRARequest, PoolingParams, SamplingParams, Scheduler
-from engine.embedding_scores import (ScoringOutput, ScoringRequestOutput, cosine_similarity, distinct_inputs,
-                                     score_pairs, score_texts)
+from engine.embedding_scores import cosine_similarity, distinct_inputs, score_pairs, score_texts
 from engine.engine_args import EngineArgs
 from engine.engine_components import build_engine
 from engine.front_end_step import step_front_end
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
-from engine.pooling_outputs import EmbeddingRequestOutput
+from engine.pooling_outputs import EmbeddingRequestOutput, ScoringOutput, ScoringRequestOutput
 from engine.pooling_requests import (EMBED_ON_GENERATE, GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS,
                                      resolve_pooling_params)
 from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,

@@ -1,4 +1,5 @@
-"""What ``LLM.embed`` returns, shaped like vLLM's ``EmbeddingRequestOutput`` / ``EmbeddingOutput``."""
+"""What ``LLM.embed`` and ``LLM.score`` return, shaped like vLLM's ``EmbeddingRequestOutput`` / ``EmbeddingOutput``
+and ``ScoringRequestOutput`` / ``ScoringOutput``."""
 
 from __future__ import annotations
 
@@ -31,3 +32,17 @@ class EmbeddingRequestOutput:
             raise RuntimeError(f"request {output.request_id!r} ended ({reason}) without its embedding"
                                + (f": {output.status_message}" if output.status_message else ""))
         return cls(output.request_id, EmbeddingOutput(list(output.pooler_output)), list(output.prompt_token_ids))
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    score: float
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """vLLM's: one score, and the token ids of both texts (the first's, then the second's)."""
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -61,8 +61,9 @@ def _labels(texts: list, name: str) -> list[str]:
 
 async def _scores(state: ServerState, raw_request: Request, request_id: str, texts_1: list, texts_2: list,
                   labels: list[str], truncate_prompt_tokens: int | None
-                  ) -> tuple[list[float], list[EmbeddingRequestOutput]]:
-    """Each pair's score (score_pairs' order) and the distinct texts' embeddings."""
+                  ) -> tuple[list[float], list[EmbeddingRequestOutput]] | Response:
+    """Each pair's score (score_pairs' order) and the distinct texts' embeddings; or the response to give
+    instead when the client left (499) or the engine failed. A bad input raises its 400 before any request."""
     try:
         pairs = score_pairs(len(texts_1), len(texts_2))
     except ValueError as error:
@@ -73,7 +74,12 @@ async def _scores(state: ServerState, raw_request: Request, request_id: str, tex
         first_labels.setdefault(position, label)
     prompts = pooling_prompts(state, distinct, [first_labels[index] for index in range(len(distinct))],
                               truncate_prompt_tokens)
-    outputs = await embed_prompts(state, prompts, None, request_id, raw_request)
+    try:
+        outputs = await embed_prompts(state, prompts, None, request_id, raw_request)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except Exception as error:
+        return engine_error(error).to_response()
     scores = [cosine_similarity(outputs[positions[first]].outputs.embedding,
                                 outputs[positions[len(texts_1) + second]].outputs.embedding)
               for first, second in pairs]
@@ -90,16 +96,11 @@ async def create_score(body: ScoreRequest, raw_request: Request, state: ServerSt
     _check(state, body.model, "Score API")
     texts_1, texts_2 = _side(body.text_1, "text_1"), _side(body.text_2, "text_2")
     request_id = f"score-{uuid.uuid4().hex}"
-    try:
-        scores, outputs = await _scores(state, raw_request, request_id, texts_1, texts_2,
-                                        _labels(texts_1, "text_1") + _labels(texts_2, "text_2"),
-                                        body.truncate_prompt_tokens)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except OpenAIError:
-        raise
-    except Exception as error:
-        return engine_error(error).to_response()
+    scored = await _scores(state, raw_request, request_id, texts_1, texts_2,
+                           _labels(texts_1, "text_1") + _labels(texts_2, "text_2"), body.truncate_prompt_tokens)
+    if isinstance(scored, Response):
+        return scored
+    scores, outputs = scored
     num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     data: list[dict[str, Any]] = [{"index": index, "object": "score", "score": score}
                                   for index, score in enumerate(scores)]
@@ -111,16 +112,11 @@ async def create_score(body: ScoreRequest, raw_request: Request, state: ServerSt
 async def create_rerank(body: RerankRequest, raw_request: Request, state: ServerState) -> Response:
     _check(state, body.model, "Rerank API")
     request_id = f"rerank-{uuid.uuid4().hex}"
-    try:
-        scores, outputs = await _scores(state, raw_request, request_id, [body.query], list(body.documents),
-                                        ["query"] + _labels(body.documents, "documents"),
-                                        body.truncate_prompt_tokens)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except OpenAIError:
-        raise
-    except Exception as error:
-        return engine_error(error).to_response()
+    scored = await _scores(state, raw_request, request_id, [body.query], list(body.documents),
+                           ["query"] + _labels(body.documents, "documents"), body.truncate_prompt_tokens)
+    if isinstance(scored, Response):
+        return scored
+    scores, outputs = scored
     ranked = sorted(range(len(scores)), key=lambda index: -scores[index])
     if body.top_n:
         ranked = ranked[:body.top_n]
