@@ -273,6 +273,11 @@ def compute_summary(
     lora = lora_stats(requests, steps)
     if lora is not None:
         summary["lora"] = lora
+    from analysis.session_stats import session_stats
+
+    sessions = session_stats(requests)
+    if sessions is not None:
+        summary["sessions"] = sessions
     pipeline = pipeline_stats(steps, duration_s, config)
     if pipeline is not None:
         summary["pipeline"] = pipeline

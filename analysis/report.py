@@ -87,6 +87,9 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
     # Multi-LoRA serving: adapter loads and the share of step time they took ("-" without it).
     ("LoRA adapter loads", lambda s: format_number((s.get("lora") or {}).get("adapter_loads"))),
     ("LoRA load share", lambda s: format_percent((s.get("lora") or {}).get("load_share_of_step_time"))),
+    # Multi-turn sessions: the share of later turns' prompts the prefix cache still held ("-" without sessions).
+    ("later turns cached", lambda s: format_percent(((s.get("sessions") or {}).get("later_turns") or {})
+                                                    .get("cached_fraction"))),
     # Speculative decoding: tokens per verification, accepted drafts plus one ("-" without it).
     ("acceptance length", lambda s: format_number((s.get("spec_decoding") or {}).get("mean_acceptance_length"), 2)),
     # A cluster's busiest replica over its mean one ("-" for one engine): what a sweep over routers compares.
@@ -147,6 +150,13 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             # run's measured list closes the loop from the real proposer to the simulator.
             headline.add_row("acceptance by position (acceptance_rate)",
                              "[" + ", ".join(f"{rate:.2f}" for rate in by_position) + "]")
+    sessions = summary.get("sessions")
+    if sessions:
+        later = sessions.get("later_turns") or {}
+        headline.add_row(f"sessions ({format_number(sessions.get('num_sessions'))})",
+                         f"{format_number(sessions.get('mean_turns'), 2)} turns each, later turns' prompts "
+                         f"{format_percent(later.get('cached_fraction'))} cached, session p50 "
+                         f"{format_number(sessions.get('session_duration_s_p50'))} s")
     pipeline = summary.get("pipeline")
     if pipeline:
         headline.add_row(f"pipeline ({pipeline['stages']} stages)",
@@ -187,7 +197,21 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     disaggregation = summary.get("disaggregation")
     if disaggregation:
         parts += [Text(""), ttft_parts_table(disaggregation)]
+    if sessions and sessions.get("by_turn"):
+        parts += [Text(""), turn_table(sessions["by_turn"])]
     return Group(*parts)
+
+
+def turn_table(by_turn: list[Mapping[str, Any]]) -> Table:
+    """A sessions run turn by turn (analysis.session_stats): how much of each turn's history the cache held."""
+    table = Table(title="sessions by turn", padding=(0, 1))
+    for column in ("turn", "requests", "mean prompt", "cached", "TTFT p50 (ms)", "TTFT p90 (ms)"):
+        table.add_column(column, justify="right", style="bold" if column == "turn" else None)
+    for row in by_turn:
+        table.add_row(str(row["turn"]), format_number(row.get("num_requests")),
+                      format_number(row.get("mean_prompt_tokens"), 0), format_percent(row.get("cached_fraction")),
+                      format_number(row.get("ttft_ms_p50")), format_number(row.get("ttft_ms_p90")))
+    return table
 
 
 def ttft_parts_table(disaggregation: Mapping[str, Any]) -> Table:

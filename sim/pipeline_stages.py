@@ -62,7 +62,7 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
 
     def record(outputs, time: float) -> None:
         recorder.on_outputs(outputs, time)
-        simulation.count_finished(outputs)
+        simulation.count_finished(outputs, time)
 
     while True:
         if not in_flight and not engine.has_work():

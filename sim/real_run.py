@@ -23,6 +23,7 @@ from sim.run_pipeline import RunResult, summarize_traces
 from sim.speed_probe import probe_summary, run_speed_probe, write_probe
 from sim.wall_clock_driver import run_wall_clock
 from workloads import WorkloadConfig, generate_requests
+from workloads.request_spec import count_requests
 
 
 def real_run_config(workload: WorkloadConfig, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
@@ -77,7 +78,7 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
         if probes:
             write_probe(out_dir, probe_steps)
     return RunResult(summary, Path(out_dir) if out_dir else None, finished - started, finished - started,
-                     len(requests))
+                     count_requests(requests))
 
 
 __all__ = ["real_run_config", "run_real"]

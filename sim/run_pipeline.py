@@ -26,6 +26,7 @@ from sim.simulator import Simulation
 from sim.trace_recorder import TraceRecorder
 from workloads import WorkloadConfig
 from workloads.random_streams import Stream
+from workloads.request_spec import count_requests
 
 
 @dataclass
@@ -123,4 +124,4 @@ def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost
         out_dir = Path(out_dir)
         write_run(out_dir, requests, steps, summary)
     finished = time.perf_counter()
-    return RunResult(summary, out_dir, finished - started, simulated - started, len(setup.requests))
+    return RunResult(summary, out_dir, finished - started, simulated - started, count_requests(setup.requests))

@@ -100,6 +100,10 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
                        progress: bool = False) -> dict[str, Any]:
     """Send the workload to the server at ``url``; write the run directory (if ``out_dir``); return the
     summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``)."""
+    if workload.has_sessions():
+        # A later turn resends the generated tokens, which the completions API does not return as ids.
+        raise ValueError("workload sessions (multi-turn conversations) run in simulation or with --executor real; "
+                         "--executor server sends each request on its own")
     url = url.rstrip("/")
     model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path)
     specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,

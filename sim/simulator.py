@@ -25,6 +25,9 @@ fast-forward carries each step's adapter counts and its first step's loads.
 
 An engine with KV offloading (a host tier of its prefix cache) loads from host memory over its replica's host
 link (sim/kv_offload_loads.py): a loading request waits in the queue, so no fast-forward runs meanwhile.
+
+A workload with multi-turn sessions sends each later turn when the turn before it finishes (sim/later_turns.py):
+a fast-forward then stops at the step that finishes a request with a next turn, and at the next turn on its way.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from sim.cluster_trace import ClusterTrace
 from sim.cost_models import StepFeatures
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
+from sim.later_turns import LaterTurns
 from sim.livelock import check_preemptions
 from sim.lora_steps import FastForwardLoRA
 from sim.pipeline_stages import pipelined_engine_loop
@@ -50,6 +54,7 @@ from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
+from workloads.request_spec import count_requests
 
 
 # A fast-forward stops at the next arrival anyway; the cap bounds the work planned ahead of it.
@@ -99,9 +104,12 @@ class Simulation:
         if len(engines) > 1 and router is None and disaggregation is None:
             raise ValueError(f"a cluster of {len(engines)} engines needs a router")
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
+        with_sessions = any(spec.session_id is not None for spec in requests)
         for replica in self.replicas:
             replica.recorder.track_spec_decoding(replica.engine.scheduler.spec_decoding_stats)
             replica.recorder.track_lora(replica.executor.lora)
+            if with_sessions:
+                replica.recorder.track_sessions()
         self.router = router
         # The counts the router weighs (live by default); the router's built-in policies read the same object.
         self.loads = loads if loads is not None else ReplicaLoads(engines)
@@ -112,6 +120,12 @@ class Simulation:
             on_decode_arrival=self._on_decode_arrival)
         self._arrivals_done = False
         self._num_arrived = 0
+        # Multi-turn sessions: their later turns, sent as the turns before them finish; None without sessions.
+        self.later_turns = LaterTurns(self.requests) if any(spec.next_turns for spec in self.requests) else None
+        if self.later_turns is not None and disaggregation is not None:
+            raise ValueError("multi-turn sessions are simulated on replicas that prefill and decode, not on a "
+                             "disaggregated cluster")
+        self._params_by_output_len: dict[int, SamplingParams] = {}
         # When the replicas next publish their counts to the router (published loads only).
         self._next_publish_time = float("inf")
         # The replica each request went to, in arrival order (a cluster's traces say it per request).
@@ -130,7 +144,7 @@ class Simulation:
             raise ValueError("a disaggregated cluster's engines are simulated one batch at a time (without "
                              "engine.pipeline_parallel_size or engine.async_scheduling)")
         self.num_fast_forwarded_steps = 0
-        self._progress = tqdm(total=len(self.requests), desc=description, unit="req", disable=not progress,
+        self._progress = tqdm(total=count_requests(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
         # Finished requests not yet on the progress bar (it is updated every 64: each update costs).
         self._unreported_finished = 0
@@ -178,11 +192,14 @@ class Simulation:
     def arrivals_done(self) -> bool:
         return self._arrivals_done
 
-    def count_finished(self, outputs) -> None:
-        """Count the requests these outputs finish, for the progress bar (every engine loop reports here)."""
+    def count_finished(self, outputs, time: float) -> None:
+        """Count the requests these outputs finish at ``time``, for the progress bar, and send the next turns of
+        their sessions (every engine loop reports here)."""
         for output in outputs:
             if output.finish_reason is not None:
                 self._unreported_finished += 1
+                if self.later_turns is not None:
+                    self._send_next_turn(output.request_id, time)
         if self._unreported_finished >= 64:
             self._progress.update(self._unreported_finished)
             self._unreported_finished = 0
@@ -190,10 +207,7 @@ class Simulation:
     def _arrivals(self):
         """Add each request at its arrival time. Requests arriving at the same instant are added
         together before the engine can wake, as a real driver injects them (see wall_clock_driver.py)."""
-        env, requests, replicas, router = self.env, self.requests, self.replicas, self.router
-        engines = [replica.engine for replica in replicas]
-        disaggregation = self.disaggregation
-        params_by_output_len: dict[int, SamplingParams] = {}
+        env, requests, replicas = self.env, self.requests, self.replicas
         index = 0
         while index < len(requests):
             arrival_time = requests[index].arrival_time
@@ -201,28 +215,60 @@ class Simulation:
                 yield env.timeout(arrival_time - env.now)
             woken: set[int] = set()
             while index < len(requests) and requests[index].arrival_time <= arrival_time:
-                spec = requests[index]
-                if disaggregation is not None:
-                    request = disaggregation.make_prefill_request(spec)
-                    chosen = disaggregation.route_arrival(request)
-                else:
-                    request = make_request(spec, params_by_output_len)
-                    chosen = checked_choice(router, request, engines, self.loads) if router is not None else 0
-                replica = replicas[chosen]
-                self.replica_of_request[spec.request_id] = chosen
-                woken.add(chosen)
-                # The workload's own time, not env.now (which may differ from it in the last bit).
-                replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
-                                            spec.priority, spec.request_class, spec.lora_name)
-                replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
-                replica.engine.add_request(request)
+                woken.add(self._admit(requests[index]))
                 index += 1
                 self._num_arrived = index
             for chosen in woken:
                 replicas[chosen].wake()
+        self._num_arrived = len(requests)
+        if self.later_turns is None or self.later_turns.outstanding == 0:
+            self._end_arrivals()
+
+    def _end_arrivals(self) -> None:
         self._arrivals_done = True
-        for replica in replicas:
+        for replica in self.replicas:
             replica.wake()
+
+    def _admit(self, spec: RequestSpec) -> int:
+        """Route ``spec``'s request to a replica and add it there; the replica's index (the caller wakes it)."""
+        if self.disaggregation is not None:
+            request = self.disaggregation.make_prefill_request(spec)
+            chosen = self.disaggregation.route_arrival(request)
+        else:
+            request = make_request(spec, self._params_by_output_len)
+            chosen = checked_choice(self.router, request, [replica.engine for replica in self.replicas],
+                                    self.loads) if self.router is not None else 0
+        replica = self.replicas[chosen]
+        self.replica_of_request[spec.request_id] = chosen
+        # The workload's own time, not env.now (which may differ from it in the last bit).
+        replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
+                                    spec.priority, spec.request_class, spec.lora_name, spec.session_id, spec.turn)
+        replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
+        replica.engine.add_request(request)
+        if self.later_turns is not None:
+            self.later_turns.track(spec, request)
+        return chosen
+
+    def _send_next_turn(self, request_id: str, finish_time: float) -> None:
+        """The request finished: its session's next turn, if any, arrives after its think time. A turn due now
+        (no think time) joins before the engine's next step, as the wall-clock driver adds it."""
+        turn = self.later_turns.on_finished(request_id, finish_time)
+        if turn is None:
+            return
+        if turn.arrival_time <= self.env.now:
+            self._arrive_later_turn(turn)
+        else:
+            self.env.process(self._later_turn_arrival(turn))
+
+    def _later_turn_arrival(self, turn: RequestSpec):
+        yield self.env.timeout(turn.arrival_time - self.env.now)
+        self._arrive_later_turn(turn)
+
+    def _arrive_later_turn(self, turn: RequestSpec) -> None:
+        self.replicas[self._admit(turn)].wake()
+        self.later_turns.on_arrived()
+        if self.later_turns.outstanding == 0 and self._num_arrived == len(self.requests):
+            self._end_arrivals()
 
     def _routing_done(self) -> bool:
         """No request will be routed any more: every one has arrived and, in a disaggregated cluster, has been
@@ -263,7 +309,7 @@ class Simulation:
                     if planned[0]:
                         result = plan.apply(len(planned[0]))
                         if result.num_steps:
-                            self._unreported_finished += yield from self._fast_forward(replica, result, *planned)
+                            yield from self._fast_forward(replica, result, *planned)
                             continue
             start = env.now
             result = engine.step()
@@ -280,7 +326,7 @@ class Simulation:
                 if hands_off:
                     disaggregation.on_prefill_outputs(result.outputs, start)
                 else:
-                    count_finished(result.outputs)
+                    count_finished(result.outputs, start)
                 if scheduler_output is not None and scheduler_output.preempted_req_ids:
                     # Progress without a token: the running request that needed a block was its own
                     # victim (the lowest priority), and its blocks are free for the next step.
@@ -304,15 +350,18 @@ class Simulation:
             if hands_off:
                 disaggregation.on_prefill_outputs(outputs, now)
                 continue
-            count_finished(outputs)
+            count_finished(outputs, now)
 
     def _next_event_time(self) -> float:
         """Where every replica's fast-forward stops: the next arrival (any replica may get it) and the
         next publication of the loads (it reads every replica's state, which a fast-forward has already
         advanced to the end of its planned steps)."""
+        next_time = self._next_publish_time
+        if self.later_turns is not None:
+            next_time = min(next_time, self.later_turns.next_arrival())
         if self._num_arrived < len(self.requests):
-            return min(self.requests[self._num_arrived].arrival_time, self._next_publish_time)
-        return self._next_publish_time
+            return min(self.requests[self._num_arrived].arrival_time, next_time)
+        return next_time
 
     def _plan_durations(self, plan: DecodeFastForward, executor: SimulatedExecutor
                         ) -> tuple[list[float], list[StepFeatures], FastForwardLoRA | None]:
@@ -324,7 +373,14 @@ class Simulation:
         durations: list[float] = []
         planned_steps: list[StepFeatures] = []
         lora = None if executor.lora is None else executor.lora.plan_fast_forward(plan.requests, plan.last_steps)
-        while len(durations) < MAX_FAST_FORWARD_STEPS and now < next_event:
+        max_steps = MAX_FAST_FORWARD_STEPS
+        if self.later_turns is not None:
+            # Up to the first step that finishes a request whose session sends a next turn: that turn may
+            # arrive right at its end, and the steps after would not see it.
+            sends = self.later_turns.sends_next_turn
+            max_steps = min([max_steps, *(last + 1 for request, last in zip(plan.requests, plan.last_steps)
+                                          if sends(request.request_id))])
+        while len(durations) < max_steps and now < next_event:
             step = plan.step(len(durations))
             if step.num_decode_reqs == 0:
                 break
@@ -363,7 +419,12 @@ class Simulation:
         self.num_fast_forwarded_steps += result.num_steps
         for duration in durations[:result.num_steps]:
             yield env.timeout(duration)
-        return sum(step >= 0 for step in result.finish_step)
+        self._unreported_finished += sum(step >= 0 for step in result.finish_step)
+        if self.later_turns is not None:
+            # Only the last step can finish a request that sends a turn (see _plan_durations): now is its end.
+            for request, step in zip(result.requests, result.finish_step):
+                if step >= 0:
+                    self._send_next_turn(request.request_id, ends[step])
 
 
 def _batch_queue_depth(replica: Replica) -> int:

@@ -65,6 +65,7 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
     disaggregated = any(result.summary.get("disaggregation") for result in results)
     speculating = any(result.summary.get("spec_decoding") for result in results)
     serving_lora = any(result.summary.get("lora") for result in results)
+    with_sessions = any(result.summary.get("sessions") for result in results)
     for result in results:
         row = {"point": result.label, "run_dir": str(result.out_dir)}
         row.update({name: result.summary.get(name) for name in SWEEP_TABLE_COLUMNS})
@@ -73,6 +74,10 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
                 row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
         # KV offloading: the share of prompt tokens loaded from host memory (empty without it).
         row["offload_loaded_token_fraction"] = (result.summary.get("kv_offload") or {}).get("loaded_token_fraction")
+        if with_sessions:  # multi-turn sessions: how much of the later turns' history the cache held
+            later = (result.summary.get("sessions") or {}).get("later_turns") or {}
+            row["later_turns_cached_fraction"] = later.get("cached_fraction")
+            row["later_turns_ttft_ms_p90"] = later.get("ttft_ms_p90")
         if serving_lora:  # multi-LoRA serving: adapter loads and their share of step time (empty where it is off)
             lora = result.summary.get("lora") or {}
             row["lora_adapter_loads"] = lora.get("adapter_loads")

@@ -49,6 +49,9 @@ class TraceRecorder:
         # (track_lora), and each request's adapter.
         self.lora = None
         self.lora_names: list[str | None] | None = None
+        # Multi-turn sessions (track_sessions): each request's session (its first turn's id) and turn; None without.
+        self.session_ids: list[str | None] | None = None
+        self.turns: list[int] | None = None
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
@@ -60,7 +63,8 @@ class TraceRecorder:
             self.steps["scheduled_token_counts"] = []
 
     def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0,
-                   request_class: str = DEFAULT_REQUEST_CLASS, lora_name: str | None = None) -> None:
+                   request_class: str = DEFAULT_REQUEST_CLASS, lora_name: str | None = None,
+                   session_id: str | None = None, turn: int = 1) -> None:
         self._index[request_id] = len(self.request_ids)
         self.request_ids.append(request_id)
         self.arrival_time.append(now)
@@ -75,6 +79,9 @@ class TraceRecorder:
         self.request_class.append(request_class)
         if self.lora_names is not None:
             self.lora_names.append(lora_name)
+        if self.session_ids is not None:
+            self.session_ids.append(session_id)
+            self.turns.append(turn)
         self.token_times[request_id] = []
 
     def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
@@ -158,6 +165,13 @@ class TraceRecorder:
         steps["spec_accepted_tokens"].append(accepted - self._accepted_before)
         steps["spec_attention_work"].append(features.spec_attention_work)
         self._accepted_before = accepted
+
+    def track_sessions(self) -> None:
+        """Record a workload of multi-turn sessions: the requests table gains ``session_id`` and ``turn``. Before
+        any event."""
+        if self.steps["step"] or self.request_ids:
+            raise RuntimeError("track_sessions must be called before the first arrival or step is recorded")
+        self.session_ids, self.turns = [], []
 
     def track_lora(self, lora_steps) -> None:
         """Record an engine that serves LoRA adapters (``lora_steps``: its executor's sim/lora_steps.LoRASteps; None
@@ -298,6 +312,9 @@ class TraceRecorder:
             columns.update(self.offload_loads.request_columns(self.request_ids))
         if self.lora_names is not None:
             columns["lora_name"] = self.lora_names
+        if self.session_ids is not None:
+            columns["session_id"] = self.session_ids
+            columns["turn"] = self.turns
         return columns
 
     def step_columns(self) -> dict[str, list]:

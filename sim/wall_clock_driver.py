@@ -11,6 +11,9 @@ With a ``RecordedTimeline`` (``sim.retime``) the same loop re-executes a recorde
 clock advances by the recorded step durations instead of the wall clock, so every arrival joins at the
 step it joined before and the scheduler makes the same decisions (checked step by step), while each
 step's wall time is measured over the same span as in a real run.
+
+A multi-turn session's later turn is added once the clock reaches its arrival time, which the turn before it
+set when it finished (sim/later_turns.py), as the simulator does.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from engine.core import EngineCore, SamplingParams
 from sim.cost_models.replay import ReplayDivergedError
 from sim.scheduled_batch import scheduler_output_features
 from sim.engine_requests import make_request
+from sim.later_turns import LaterTurns
 from sim.real_lora_steps import RealLoRASteps
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
+from workloads.request_spec import count_requests
 
 
 @dataclass
@@ -70,7 +75,10 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     specs = sorted(requests, key=lambda spec: spec.arrival_time)
     scheduler = engine.scheduler
     params_by_output_len: dict[int, SamplingParams] = {}
-    bar = tqdm(total=len(specs), desc=description, unit="req", disable=not progress, mininterval=0.5, leave=False)
+    later_turns = LaterTurns(specs) if any(spec.next_turns for spec in specs) else None
+    if any(spec.session_id is not None for spec in specs):
+        recorder.track_sessions()
+    bar = tqdm(total=count_requests(specs), desc=description, unit="req", disable=not progress, mininterval=0.5, leave=False)
     next_index = 0
     # As serving engines do after start-up: move every object alive now out of the collector's view,
     # so that a full collection over the whole process does not land in the middle of a step.
@@ -79,16 +87,34 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     origin = clock()
     now = 0.0  # the logical time: where the next step starts
     span_start = 0.0  # the wall time (since origin) the next step's measured span starts at
-    while next_index < len(specs) or engine.has_work():
+
+    def finished(outputs, time: float) -> None:
+        """Count the finished requests and send their sessions' next turns."""
+        done = [output.request_id for output in outputs if output.finish_reason is not None]
+        bar.update(len(done))
+        if later_turns is not None:
+            for request_id in done:
+                later_turns.on_finished(request_id, time)
+
+    while next_index < len(specs) or engine.has_work() or (later_turns is not None and later_turns.outstanding):
+        arrived = []
         while next_index < len(specs) and specs[next_index].arrival_time <= now:
-            spec = specs[next_index]
-            recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
-                                spec.request_class, spec.lora_name)
-            engine.add_request(make_request(spec, params_by_output_len, lora_paths=lora_paths))
+            arrived.append(specs[next_index])
             next_index += 1
+        if later_turns is not None:
+            # In arrival order with the stream's (a stable sort: the stream's own order is kept on ties).
+            arrived = sorted(arrived + later_turns.take_due(now), key=lambda spec: spec.arrival_time)
+        for spec in arrived:
+            recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
+                                spec.request_class, spec.lora_name, spec.session_id, spec.turn)
+            request = make_request(spec, params_by_output_len, lora_paths=lora_paths)
+            engine.add_request(request)
+            if later_turns is not None:
+                later_turns.track(spec, request)
         if not engine.has_work():
             # Idle until the next arrival; the step it triggers starts at that arrival.
-            now = specs[next_index].arrival_time
+            now = min(specs[next_index].arrival_time if next_index < len(specs) else float("inf"),
+                      later_turns.next_arrival() if later_turns is not None else float("inf"))
             if timeline is None:
                 remaining = now - (clock() - origin)
                 if remaining > 0:
@@ -104,7 +130,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
             if scheduler_output is not None and scheduler_output.preempted_req_ids:
                 recorder.on_empty_step(scheduler_output)
             recorder.on_outputs(result.outputs, start)
-            bar.update(sum(output.finish_reason is not None for output in result.outputs))
+            finished(result.outputs, start)
             continue
         wall_end = clock() - origin
         if timeline is None:
@@ -121,7 +147,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
         if record_drafts:
             recorder.on_drafts(scheduler_output, result.model_runner_output)
         recorder.on_outputs(result.outputs, end)
-        bar.update(sum(output.finish_reason is not None for output in result.outputs))
+        finished(result.outputs, end)
         now = end
         span_start = wall_end
     bar.close()

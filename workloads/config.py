@@ -68,7 +68,7 @@ class WorkloadConfig(SchemaModel):
 
     @model_validator(mode="after")
     def _consistent_across_sections(self) -> WorkloadConfig:
-        problems = self._length_problems() + self._lora_problems()
+        problems = self._length_problems() + self._lora_problems() + self._session_problems()
         if not problems and self.sweep:
             problems = self._sweep_problems()
         if problems:
@@ -138,6 +138,18 @@ class WorkloadConfig(SchemaModel):
                 )
             )
         return problems
+
+    def has_sessions(self) -> bool:
+        """Some stretch or class of the stream holds multi-turn sessions (``sessions:``)."""
+        return any(stretch.sessions is not None
+                   for stretch in [*self.workload.stretches(), *(self.workload.classes or [])])
+
+    def _session_problems(self) -> list[tuple[str, str, Any]]:
+        if self.has_sessions() and self.cluster.prefill_replicas:
+            # A later turn is made from the finished request's tokens, which a decode replica holds: not wired.
+            return [("cluster.prefill_replicas", "must be 0 with workload sessions (multi-turn conversations are "
+                     "simulated on replicas that prefill and decode)", self.cluster.prefill_replicas)]
+        return []
 
     def lora_sections(self) -> list[tuple[str, LoRASection]]:
         """Every ``lora:`` section of the workload with its path: the stream's stretches', then the classes'."""

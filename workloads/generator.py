@@ -22,7 +22,8 @@ from workloads.distributions import LengthDistribution, TraceLength
 from workloads.errors import Problem, WorkloadError
 from workloads.lora_section import adapter_name
 from workloads.random_streams import Stream, class_seed, phase_seed, random_stream, stream_seed
-from workloads.request_spec import RequestSpec
+from workloads.request_spec import FollowUpTurn, RequestSpec
+from workloads.session_turns import DrawnTurn, draw_later_turns
 from workloads.sections import SharedPrefixSection
 from workloads.tokens import TokenVocabulary, assemble_prompts
 from workloads.trace_sampling import select_rows, synthetic_arrivals, trace_arrivals
@@ -64,24 +65,29 @@ def generate_requests(
     generated.sort(key=lambda row: row[0])
     width = max(6, len(str(len(generated) - 1)))
     specs = []
-    for index, (arrival_time, prompt, output_lens, priority, group, adapter, request_class) in enumerate(generated):
+    for index, (arrival_time, prompt, output_lens, priority, group, adapter, later_turns, request_class) in enumerate(
+            generated):
         prompt_id = f"req-{index:0{width}d}"
         # n > 1: vLLM's ids for a prompt's completions, f"{i}_{request_id}", all arriving with the prompt.
         request_ids = [prompt_id] if len(output_lens) == 1 else [f"{i}_{prompt_id}" for i in range(len(output_lens))]
         # A prompt's completions run with its adapter, as vLLM fans out n with the request's LoRA.
         lora_name, lora_int_id = (None, 0) if adapter == NO_ADAPTER else (adapter_name(adapter), adapter + 1)
+        # A session's later turns are named after its first: req-000012, req-000012-turn2, ... (n is 1 then).
+        next_turns = tuple(FollowUpTurn(f"{prompt_id}-turn{turn}", tokens, output_len, think_time)
+                           for turn, (tokens, output_len, think_time) in enumerate(later_turns or (), start=2))
         specs += [RequestSpec(request_id=request_id, arrival_time=arrival_time, prompt_token_ids=prompt,
                               output_len=output_len, priority=priority, prefix_group=group,
-                              request_class=request_class, lora_name=lora_name, lora_int_id=lora_int_id)
+                              request_class=request_class, lora_name=lora_name, lora_int_id=lora_int_id,
+                              next_turns=next_turns, session_id=None if later_turns is None else prompt_id)
                   for request_id, output_len in zip(request_ids, output_lens)]
     return specs
 
 
 def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_len: int | None
-                 ) -> list[tuple[float, list[int], list[int], int, int | None, int, str]]:
+                 ) -> list[tuple[float, list[int], list[int], int, int | None, int, list[DrawnTurn] | None, str]]:
     """The top-level stream, its phases one after the other, as rows of ``_generate_stretch`` plus the
     class name."""
-    generated: list[tuple[float, list[int], list[int], int, int | None, int, str]] = []
+    generated: list[tuple[float, list[int], list[int], int, int | None, int, list[DrawnTurn] | None, str]] = []
     name = config.workload.class_name
     offset = 0.0
     for index, stretch in enumerate(config.workload.stretches()):
@@ -95,9 +101,10 @@ def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_
 
 
 def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocabulary: TokenVocabulary,
-                      where: str) -> list[tuple[float, list[int], list[int], int, int | None, int]]:
+                      where: str) -> list[tuple[float, list[int], list[int], int, int | None, int, list[DrawnTurn] | None]]:
     """One stretch's prompts as (arrival time, prompt, output length of each of its ``n`` completions,
-    priority, prefix group, LoRA adapter index or NO_ADAPTER), in order."""
+    priority, prefix group, LoRA adapter index or NO_ADAPTER, its session's later turns or None without
+    sessions), in order."""
     arrival_times, trace_rows = _arrivals_and_rows(workload, seed)
     count = len(arrival_times)
     if count == 0:
@@ -131,11 +138,14 @@ def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocab
         adapters = records.lora_adapters[trace_rows].tolist()  # BASE_MODEL == NO_ADAPTER
     else:
         adapters = workload.lora.pick(random_stream(seed, Stream.LORA_ADAPTERS), count).tolist()
+    # Its own streams too: adding workload.sessions leaves every first turn as it was.
+    later_turns = [None] * count if workload.sessions is None else draw_later_turns(
+        workload.sessions, workload.output_len, seed, prompt_lens, output_lens, cap, vocabulary)
     return [
-        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group, adapter)
-        for arrival_time, prompt, completions, priority, group, adapter in zip(
+        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group, adapter, turns)
+        for arrival_time, prompt, completions, priority, group, adapter, turns in zip(
             arrival_times.tolist(), prompts, completion_lens, priorities.tolist(), groups.tolist(), adapters,
-            strict=True
+            later_turns, strict=True
         )
     ]
 

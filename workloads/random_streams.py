@@ -36,6 +36,13 @@ class Stream(enum.IntEnum):
     CLASSES = 13
     # Which LoRA adapter each request runs with (workload.lora; workloads/lora_section.py).
     LORA_ADAPTERS = 14
+    # Multi-turn sessions (workload.sessions; workloads/session_turns.py): turns per session, and each later
+    # turn's user length, output length, think time and user tokens.
+    SESSION_TURNS = 15
+    SESSION_USER_LENGTHS = 16
+    SESSION_OUTPUT_LENGTHS = 17
+    THINK_TIMES = 18
+    SESSION_TOKENS = 19
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

@@ -21,6 +21,7 @@ from workloads.lora_section import LoRASection
 from workloads.schema_base import SchemaModel
 from workloads.request_spec import DEFAULT_REQUEST_CLASS
 from workloads.sections import PrioritySection, SharedPrefixSection, SLOSection, TraceSection
+from workloads.session_section import SessionSection
 
 # A request class's name: it labels trace rows, summary keys and sweep.csv columns ("interactive.slo_attainment"),
 # so it holds no dot, space or punctuation that would blur those.
@@ -57,6 +58,9 @@ class StreamSection(SchemaModel):
     # Multi-LoRA serving: the adapters this stretch's requests run with (workloads/lora_section.py). null: the
     # base model. Needs engine.max_loras > 0.
     lora: LoRASection | None = None
+    # Multi-turn conversations (workloads/session_section.py): each request starts a session whose later turns
+    # are sent as the earlier ones finish. null: every request stands alone.
+    sessions: SessionSection | None = None
 
     def uses_trace_times(self) -> bool:
         return isinstance(self.arrival, TraceArrival)
@@ -74,7 +78,7 @@ class StreamSection(SchemaModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamSection:
-        problems = self._count_problems() + self._trace_problems() + self._size_problems()
+        problems = self._count_problems() + self._trace_problems() + self._size_problems() + self._session_problems()
         if problems:
             raise problems_error(problems)
         return self
@@ -104,6 +108,17 @@ class StreamSection(SchemaModel):
                 )
             ]
         return []
+
+    def _session_problems(self) -> list[tuple[str, str, Any]]:
+        if self.sessions is None:
+            return []
+        problems: list[tuple[str, str, Any]] = []
+        if self.n > 1:
+            problems.append(("n", "must be 1 with sessions: a conversation continues from one answer", self.n))
+        if isinstance(self.output_len, TraceLength):
+            problems.append(("output_len.type", "cannot be trace with sessions: later turns draw their output lengths "
+                             "from output_len", "trace"))
+        return problems
 
     def _trace_problems(self) -> list[tuple[str, str, Any]]:
         problems: list[tuple[str, str, Any]] = []
