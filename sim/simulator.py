@@ -41,12 +41,11 @@ from tqdm import tqdm
 from engine.core import EngineCore, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
 from sim.cluster_trace import ClusterTrace
-from sim.cost_models import StepFeatures
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
+from sim.fast_forward_steps import fast_forward, plan_durations
 from sim.later_turns import LaterTurns
 from sim.livelock import check_preemptions
-from sim.lora_steps import FastForwardLoRA
 from sim.pipeline_stages import pipelined_engine_loop
 from sim.kv_offload_loads import HostLinkSetup, HostLoads
 from sim.replica_loads import ReplicaLoads
@@ -55,10 +54,6 @@ from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
 from workloads.request_spec import count_requests
-
-
-# A fast-forward stops at the next arrival anyway; the cap bounds the work planned ahead of it.
-MAX_FAST_FORWARD_STEPS = 1024
 
 
 class SchedulerStalledError(RuntimeError):
@@ -147,7 +142,7 @@ class Simulation:
         self._progress = tqdm(total=count_requests(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
         # Finished requests not yet on the progress bar (it is updated every 64: each update costs).
-        self._unreported_finished = 0
+        self.unreported_finished = 0
 
     def run(self) -> TraceRecorder | ClusterTrace:
         """The traces: one engine's recorder, or a cluster's traces with each row's replica."""
@@ -159,7 +154,7 @@ class Simulation:
                                                              _batch_queue_depth(replica)))
                  for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
-        self._progress.update(self._unreported_finished)
+        self._progress.update(self.unreported_finished)
         self._progress.close()
         if len(self.replicas) == 1:
             return self.replicas[0].recorder
@@ -197,12 +192,12 @@ class Simulation:
         their sessions (every engine loop reports here)."""
         for output in outputs:
             if output.finish_reason is not None:
-                self._unreported_finished += 1
+                self.unreported_finished += 1
                 if self.later_turns is not None:
-                    self._send_next_turn(output.request_id, time)
-        if self._unreported_finished >= 64:
-            self._progress.update(self._unreported_finished)
-            self._unreported_finished = 0
+                    self.send_next_turn(output.request_id, time)
+        if self.unreported_finished >= 64:
+            self._progress.update(self.unreported_finished)
+            self.unreported_finished = 0
 
     def _arrivals(self):
         """Add each request at its arrival time. Requests arriving at the same instant are added
@@ -249,7 +244,7 @@ class Simulation:
             self.later_turns.track(spec, request)
         return chosen
 
-    def _send_next_turn(self, request_id: str, finish_time: float) -> None:
+    def send_next_turn(self, request_id: str, finish_time: float) -> None:
         """The request finished: its session's next turn, if any, arrives after its think time. A turn due now
         (no think time) joins before the engine's next step, as the wall-clock driver adds it."""
         turn = self.later_turns.on_finished(request_id, finish_time)
@@ -305,11 +300,11 @@ class Simulation:
             if self.fast_forward:
                 plan = DecodeFastForward.try_plan(scheduler, executor.token_id, executor.token_ids_by_request)
                 if plan is not None:
-                    planned = self._plan_durations(plan, executor)
+                    planned = plan_durations(self, plan, executor)
                     if planned[0]:
                         result = plan.apply(len(planned[0]))
                         if result.num_steps:
-                            yield from self._fast_forward(replica, result, *planned)
+                            yield from fast_forward(self, replica, result, *planned)
                             continue
             start = env.now
             result = engine.step()
@@ -352,7 +347,7 @@ class Simulation:
                 continue
             count_finished(outputs, now)
 
-    def _next_event_time(self) -> float:
+    def next_event_time(self) -> float:
         """Where every replica's fast-forward stops: the next arrival (any replica may get it) and the
         next publication of the loads (it reads every replica's state, which a fast-forward has already
         advanced to the end of its planned steps)."""
@@ -362,70 +357,6 @@ class Simulation:
         if self._num_arrived < len(self.requests):
             return min(self.requests[self._num_arrived].arrival_time, next_time)
         return next_time
-
-    def _plan_durations(self, plan: DecodeFastForward, executor: SimulatedExecutor
-                        ) -> tuple[list[float], list[StepFeatures], FastForwardLoRA | None]:
-        """Durations and features of the decode-only steps that start before the next arrival (or the next
-        publication of the loads), and their adapters when the engine serves LoRA (sim/lora_steps.py)."""
-        time_features = executor.cost_model_time
-        next_event = self._next_event_time()
-        now = self.env.now
-        durations: list[float] = []
-        planned_steps: list[StepFeatures] = []
-        lora = None if executor.lora is None else executor.lora.plan_fast_forward(plan.requests, plan.last_steps)
-        max_steps = MAX_FAST_FORWARD_STEPS
-        if self.later_turns is not None:
-            # Up to the first step that finishes a request whose session sends a next turn: that turn may
-            # arrive right at its end, and the steps after would not see it.
-            sends = self.later_turns.sends_next_turn
-            max_steps = min([max_steps, *(last + 1 for request, last in zip(plan.requests, plan.last_steps)
-                                          if sends(request.request_id))])
-        while len(durations) < max_steps and now < next_event:
-            step = plan.step(len(durations))
-            if step.num_decode_reqs == 0:
-                break
-            features = StepFeatures(
-                num_reqs=step.num_decode_reqs, num_tokens=step.num_decode_reqs, num_prefill_reqs=0,
-                num_prefill_tokens=0, num_decode_reqs=step.num_decode_reqs,
-                decode_context_tokens=step.decode_context_tokens, prefill_context_tokens=0,
-                prefill_attention_work=0, max_seq_len=step.max_seq_len,
-                shared_context_tokens=step.shared_kv_tokens, kv_block_runs=step.kv_block_runs)
-            if lora is None:
-                duration = time_features(features)
-            else:
-                features.num_lora_tokens, features.num_active_loras = lora.counts(len(durations))
-                # Only the first step can load: the later ones' adapters are among its, all active.
-                duration = time_features(features) + (lora.first_load_s if not durations else 0.0)
-            planned_steps.append(features)
-            durations.append(duration)
-            # The same float addition SimPy performs for each timeout, so times match ordinary steps.
-            now = now + duration
-        return durations, planned_steps, lora
-
-    def _fast_forward(self, replica: Replica, result, durations: list[float], planned_steps: list[StepFeatures],
-                      lora: FastForwardLoRA | None):
-        """Advance virtual time through the fast-forwarded steps and record them as ordinary ones."""
-        env = self.env
-        if lora is not None:
-            replica.executor.lora.commit_fast_forward(lora, result.num_steps)
-        starts, ends = [], []
-        now = env.now
-        for duration in durations[:result.num_steps]:
-            starts.append(now)
-            now = now + duration
-            ends.append(now)
-        replica.recorder.on_fast_forward(starts, durations[:result.num_steps], planned_steps, result, ends,
-                                         replica.engine.scheduler)
-        self.num_fast_forwarded_steps += result.num_steps
-        for duration in durations[:result.num_steps]:
-            yield env.timeout(duration)
-        self._unreported_finished += sum(step >= 0 for step in result.finish_step)
-        if self.later_turns is not None:
-            # Only the last step can finish a request that sends a turn (see _plan_durations): now is its end.
-            for request, step in zip(result.requests, result.finish_step):
-                if step >= 0:
-                    self._send_next_turn(request.request_id, ends[step])
-
 
 def _batch_queue_depth(replica: Replica) -> int:
     """Batches the replica's engine keeps in flight, as vLLM's batch queue: one per pipeline stage, two with
