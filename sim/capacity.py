@@ -51,7 +51,7 @@ from sim.engine_setup import SetupError
 from sim.replica_count import ReplicaCount, count_replicas
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, load_workload
-from workloads.arrivals import BurstArrival, TraceArrival
+from workloads.arrivals import AtOnceArrival, BurstArrival, TraceArrival
 from workloads.config import WorkloadConfig
 from workloads.random_streams import Stream, stream_seed
 from workloads.trace_sampling import synthetic_arrivals, trace_arrivals
@@ -151,6 +151,9 @@ def check_searchable(workload: WorkloadConfig) -> None:
         raise ValueError("workload.classes: a capacity search varies one arrival rate; a workload of several "
                          "request classes has one per class (search one class at a time, or sweep a class's rate "
                          "with sim.run)")
+    if isinstance(workload.workload.arrival, AtOnceArrival):
+        raise ValueError("workload.arrival: at_once has no rate to search (every request arrives at t = 0); sweep "
+                         "workload.max_concurrency with sim.run instead")
     if isinstance(workload.workload.arrival, BurstArrival):
         raise ValueError("workload.arrival: bursts have no single rate to search (their rate is the background's)")
 

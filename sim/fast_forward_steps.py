@@ -29,7 +29,11 @@ def plan_durations(simulation, plan: DecodeFastForward, executor: SimulatedExecu
     planned_steps: list[StepFeatures] = []
     lora = None if executor.lora is None else executor.lora.plan_fast_forward(plan.requests, plan.last_steps)
     max_steps = MAX_FAST_FORWARD_STEPS
-    if simulation.later_turns is not None:
+    if simulation.client is not None:
+        # Up to the first finish: it frees a client slot, and a request sent into it (or an arrival that now finds
+        # one free) joins the step after it.
+        max_steps = min(max_steps, min(plan.last_steps) + 1)
+    elif simulation.later_turns is not None:
         # Up to the first step that finishes a request whose session sends a next turn: that turn may
         # arrive right at its end, and the steps after would not see it.
         sends = simulation.later_turns.sends_next_turn
@@ -76,8 +80,8 @@ def fast_forward(simulation, replica, result: FastForwardResult, durations: list
     for duration in durations[:result.num_steps]:
         yield env.timeout(duration)
     simulation.unreported_finished += sum(step >= 0 for step in result.finish_step)
-    if simulation.later_turns is not None:
-        # Only the last step can finish a request that sends a turn (see plan_durations): now is its end.
+    if simulation.client is not None or simulation.later_turns is not None:
+        # Only the last step can finish a request the client reacts to (see plan_durations): now is its end.
         for request, step in zip(result.requests, result.finish_step):
             if step >= 0:
-                simulation.send_next_turn(request.request_id, ends[step])
+                simulation.on_request_finished(request.request_id, ends[step])

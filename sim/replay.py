@@ -72,6 +72,11 @@ def replay_inputs(run: Run) -> tuple[SchedulerConfig, CacheConfig, list[RequestS
     return SchedulerConfig(**config["scheduler"]), CacheConfig(**config["cache"]), requests
 
 
+def recorded_max_concurrency(run: Run) -> int | None:
+    """The recorded run's client limit on requests in flight (workload.max_concurrency), None for none."""
+    return load_workload(run.summary["config"]["workload"]).workload.max_concurrency
+
+
 def replay(run_dir: str | Path) -> tuple[TraceRecorder, Run, ReplayCostModel]:
     run = read_run(run_dir)
     scheduler_config, cache_config, requests = replay_inputs(run)
@@ -89,7 +94,8 @@ def replay(run_dir: str | Path) -> tuple[TraceRecorder, Run, ReplayCostModel]:
         executor.lora = RecordedLoRASteps(run.steps)
     engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     # Fast-forward plans durations ahead of time; a replay consumes them strictly in order.
-    recorder = Simulation(engine, requests, fast_forward=False, record_schedule=True).run()
+    recorder = Simulation(engine, requests, fast_forward=False, record_schedule=True,
+                          max_concurrency=recorded_max_concurrency(run)).run()
     return recorder, run, cost_model
 
 

@@ -36,12 +36,14 @@ from sim.wall_clock_driver import RecordedTimeline, run_wall_clock
 
 
 def retime_schedule(engine: EngineCore, requests, recorded_durations: list[float],
-                    recorded_tokens: list[int], lora_paths: dict[str, str] | None = None) -> list[float]:
+                    recorded_tokens: list[int], lora_paths: dict[str, str] | None = None,
+                    max_concurrency: int | None = None) -> list[float]:
     """Run the engine on ``requests`` with a clock that advances by the recorded step durations; return
     each step's measured wall time (the same span a real run measures: the whole engine step). ``lora_paths``:
     a LoRA run's adapter folders (sim/real_lora_adapters.py)."""
     timeline = RecordedTimeline(recorded_durations, recorded_tokens)
-    run_wall_clock(engine, requests, record_schedule=False, timeline=timeline, lora_paths=lora_paths)
+    run_wall_clock(engine, requests, record_schedule=False, timeline=timeline, lora_paths=lora_paths,
+                   max_concurrency=max_concurrency)
     return timeline.measured
 
 
@@ -70,7 +72,7 @@ def retime_run(run_dir: str | Path, out_dir: str | Path | None, *, model: str | 
     recorded = steps["duration"].tolist()
     load = MachineLoad.start()
     measured = retime_schedule(real.engine, requests, recorded, steps["num_scheduled_tokens"].tolist(),
-                               real.lora_paths)
+                               real.lora_paths, workload.workload.max_concurrency)
     machine_load = load.summary(sum(measured) if real.info.get("device") == "cpu" else None)
     if out_dir is not None:
         retimed = steps.copy()

@@ -62,7 +62,8 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
         else:
             router = make_router(setup.workload, loads)
     return Simulation(engines, setup.requests, router=router, loads=loads, progress=progress, description=description,
-                      fast_forward=fast_forward, disaggregation=disaggregation, host_link=setup.host_link).run()
+                      fast_forward=fast_forward, disaggregation=disaggregation, host_link=setup.host_link,
+                      max_concurrency=setup.workload.workload.max_concurrency).run()
 
 
 def disaggregation_setup(setup: RunSetup, engines: list[EngineCore]) -> DisaggregationSetup:

@@ -112,7 +112,8 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     # A workload whose policy reads priorities sends each request's (the server must schedule by such a policy:
     # a server that schedules fcfs refuses them, which the run reports); otherwise none is sent.
     send_priority = reads_priority(workload.engine.scheduling_policy)
-    records = asyncio.run(_send_all(specs, url, model, progress, workload.name, send_priority))
+    records = asyncio.run(_send_all(specs, url, model, progress, workload.name, send_priority,
+                                    workload.workload.max_concurrency))
     wall_s = time.perf_counter() - started
     requests = requests_table(_columns(records))
     steps = steps_table({name: [] for name in REQUIRED_STEP_COLUMNS})
@@ -138,26 +139,33 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
 
 
 async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bool, name: str,
-                    send_priority: bool = False) -> list[_Record]:
+                    send_priority: bool = False, max_concurrency: int | None = None) -> list[_Record]:
     # No pool limit: a request queued inside the client would be charged the wait as server latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     bar = tqdm(total=len(specs), desc=f"{name} (server)", unit="req", disable=not progress, mininterval=0.5,
                leave=False)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
         origin = time.perf_counter()
+        # The client's limit (workload.max_concurrency): a request waits for a slot, and its latencies count from
+        # when it is sent, as in vLLM's bench serve --max-concurrency (asyncio's semaphore wakes waiters in order).
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         tasks = []
         for spec in sorted(specs, key=lambda s: s.arrival_time):
             delay = origin + spec.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_send(client, model, spec, origin, bar, send_priority)))
+            tasks.append(asyncio.create_task(_send(client, model, spec, origin, bar, send_priority, slots)))
         records = await asyncio.gather(*tasks)
     bar.close()
     return list(records)
 
 
 async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
-                send_priority: bool = False) -> _Record:
+                send_priority: bool = False, slots: asyncio.Semaphore | None = None) -> _Record:
+    if slots is not None:
+        async with slots:
+            return await _send(client, model, spec, origin, bar, send_priority)
+
     def now() -> float:
         return time.perf_counter() - origin
 

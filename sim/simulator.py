@@ -28,6 +28,8 @@ link (sim/kv_offload_loads.py): a loading request waits in the queue, so no fast
 
 A workload with multi-turn sessions sends each later turn when the turn before it finishes (sim/later_turns.py):
 a fast-forward then stops at the step that finishes a request with a next turn, and at the next turn on its way.
+A client with a concurrency limit (``workload.max_concurrency``, sim/client_concurrency.py) holds arrivals while
+its slots are taken and sends one at each finish: a fast-forward then stops at the first finish.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tqdm import tqdm
 
 from engine.core import EngineCore, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
+from sim.client_concurrency import ConcurrencyLimit
 from sim.cluster_trace import ClusterTrace
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
@@ -92,7 +95,8 @@ class Simulation:
     def __init__(self, engine: EngineCore | Sequence[EngineCore], requests: Sequence[RequestSpec], *,
                  router: Router | None = None, loads: ReplicaLoads | None = None, progress: bool = False,
                  description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False,
-                 disaggregation: DisaggregationSetup | None = None, host_link: HostLinkSetup | None = None) -> None:
+                 disaggregation: DisaggregationSetup | None = None, host_link: HostLinkSetup | None = None,
+                 max_concurrency: int | None = None) -> None:
         engines = [engine] if isinstance(engine, EngineCore) else list(engine)
         if not engines:
             raise ValueError("Simulation needs at least one engine")
@@ -120,6 +124,8 @@ class Simulation:
         if self.later_turns is not None and disaggregation is not None:
             raise ValueError("multi-turn sessions are simulated on replicas that prefill and decode, not on a "
                              "disaggregated cluster")
+        # The client's limit on requests in flight (workload.max_concurrency); None: an open loop.
+        self.client = None if max_concurrency is None else ConcurrencyLimit(max_concurrency)
         self._params_by_output_len: dict[int, SamplingParams] = {}
         # When the replicas next publish their counts to the router (published loads only).
         self._next_publish_time = float("inf")
@@ -188,13 +194,14 @@ class Simulation:
         return self._arrivals_done
 
     def count_finished(self, outputs, time: float) -> None:
-        """Count the requests these outputs finish at ``time``, for the progress bar, and send the next turns of
-        their sessions (every engine loop reports here)."""
+        """Count the requests these outputs finish at ``time``, for the progress bar, and let the client react to
+        each (every engine loop reports here)."""
+        reacts = self.client is not None or self.later_turns is not None
         for output in outputs:
             if output.finish_reason is not None:
                 self.unreported_finished += 1
-                if self.later_turns is not None:
-                    self.send_next_turn(output.request_id, time)
+                if reacts:
+                    self.on_request_finished(output.request_id, time)
         if self.unreported_finished >= 64:
             self._progress.update(self.unreported_finished)
             self.unreported_finished = 0
@@ -210,19 +217,29 @@ class Simulation:
                 yield env.timeout(arrival_time - env.now)
             woken: set[int] = set()
             while index < len(requests) and requests[index].arrival_time <= arrival_time:
-                woken.add(self._admit(requests[index]))
+                woken.add(self._arrive(requests[index]))
                 index += 1
                 self._num_arrived = index
-            for chosen in woken:
+            for chosen in woken - {None}:
                 replicas[chosen].wake()
         self._num_arrived = len(requests)
-        if self.later_turns is None or self.later_turns.outstanding == 0:
-            self._end_arrivals()
+        self._end_arrivals_if_done()
 
-    def _end_arrivals(self) -> None:
-        self._arrivals_done = True
-        for replica in self.replicas:
-            replica.wake()
+    def _end_arrivals_if_done(self) -> None:
+        """Once no request will arrive any more (the stream's, the sessions' later turns, those the client holds),
+        every replica loop may end when its engine is idle."""
+        if (self._num_arrived == len(self.requests) and not self._arrivals_done
+                and (self.later_turns is None or self.later_turns.outstanding == 0)
+                and (self.client is None or not self.client.waiting)):
+            self._arrivals_done = True
+            for replica in self.replicas:
+                replica.wake()
+
+    def _arrive(self, spec: RequestSpec) -> int | None:
+        """``spec`` arrived: send it, unless the client holds it for a free slot. The replica to wake, or None."""
+        if self.client is not None and self.client.offer(spec) is None:
+            return None
+        return self._admit(spec)
 
     def _admit(self, spec: RequestSpec) -> int:
         """Route ``spec``'s request to a replica and add it there; the replica's index (the caller wakes it)."""
@@ -244,26 +261,32 @@ class Simulation:
             self.later_turns.track(spec, request)
         return chosen
 
-    def send_next_turn(self, request_id: str, finish_time: float) -> None:
-        """The request finished: its session's next turn, if any, arrives after its think time. A turn due now
-        (no think time) joins before the engine's next step, as the wall-clock driver adds it."""
-        turn = self.later_turns.on_finished(request_id, finish_time)
-        if turn is None:
-            return
-        if turn.arrival_time <= self.env.now:
-            self._arrive_later_turn(turn)
-        else:
-            self.env.process(self._later_turn_arrival(turn))
+    def on_request_finished(self, request_id: str, finish_time: float) -> None:
+        """A request finished: the client sends a request it held in the freed slot, then the session's next turn,
+        if any, arrives after its think time. What is due now joins before the engine's next step, as the
+        wall-clock driver adds it (the same order: the held request first)."""
+        if self.client is not None:
+            sent = self.client.on_finished(finish_time)
+            if sent is not None:
+                self.replicas[self._admit(sent)].wake()
+        if self.later_turns is not None:
+            turn = self.later_turns.on_finished(request_id, finish_time)
+            if turn is not None and turn.arrival_time <= self.env.now:
+                self._arrive_later_turn(turn)
+            elif turn is not None:
+                self.env.process(self._later_turn_arrival(turn))
+        self._end_arrivals_if_done()
 
     def _later_turn_arrival(self, turn: RequestSpec):
         yield self.env.timeout(turn.arrival_time - self.env.now)
         self._arrive_later_turn(turn)
 
     def _arrive_later_turn(self, turn: RequestSpec) -> None:
-        self.replicas[self._admit(turn)].wake()
         self.later_turns.on_arrived()
-        if self.later_turns.outstanding == 0 and self._num_arrived == len(self.requests):
-            self._end_arrivals()
+        chosen = self._arrive(turn)
+        if chosen is not None:
+            self.replicas[chosen].wake()
+        self._end_arrivals_if_done()
 
     def _routing_done(self) -> bool:
         """No request will be routed any more: every one has arrived and, in a disaggregated cluster, has been

@@ -88,7 +88,7 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
     executor.lora = simulated_lora(workload, loaded.profile, loaded.path or "(inline)")
     engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     started = time.perf_counter()
-    recorder = Simulation(engine, requests).run()
+    recorder = Simulation(engine, requests, max_concurrency=workload.workload.max_concurrency).run()
     config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(run.path))
     requests_table, steps_table, summary = summarize_traces(recorder, workload, config, mode="sim")
     summary["simulation_wall_s"] = time.perf_counter() - started

@@ -13,7 +13,8 @@ step it joined before and the scheduler makes the same decisions (checked step b
 step's wall time is measured over the same span as in a real run.
 
 A multi-turn session's later turn is added once the clock reaches its arrival time, which the turn before it
-set when it finished (sim/later_turns.py), as the simulator does.
+set when it finished, and a client with a concurrency limit sends a held request at each finish, as the
+simulator does (sim/wall_clock_arrivals.py).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from engine.core import EngineCore, SamplingParams
 from sim.cost_models.replay import ReplayDivergedError
 from sim.scheduled_batch import scheduler_output_features
 from sim.engine_requests import make_request
-from sim.later_turns import LaterTurns
 from sim.real_lora_steps import RealLoRASteps
 from sim.trace_recorder import TraceRecorder
+from sim.wall_clock_arrivals import WallClockArrivals
 from workloads import RequestSpec
 from workloads.request_spec import count_requests
 
@@ -64,22 +65,22 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
                    clock: Callable[[], float] = time.perf_counter,
                    sleep: Callable[[float], None] = time.sleep,
                    timeline: RecordedTimeline | None = None, lora_paths: Mapping[str, str] | None = None,
-                   lora_steps: RealLoRASteps | None = None) -> TraceRecorder:
+                   lora_steps: RealLoRASteps | None = None, max_concurrency: int | None = None) -> TraceRecorder:
     """``lora_paths``: each adapter's folder (a real runner reads it); ``lora_steps``: the runner's LoRA counters,
-    recorded per step (sim/real_lora_steps.py), for an engine that serves adapters."""
+    recorded per step (sim/real_lora_steps.py), for an engine that serves adapters; ``max_concurrency``: the
+    client's limit on requests in flight (workload.max_concurrency)."""
     recorder = TraceRecorder(record_schedule=record_schedule)
     recorder.track_lora(lora_steps)
     recorder.track_spec_decoding(engine.scheduler.spec_decoding_stats)  # (None: an engine that does not speculate)
     # A speculating engine's tokens kept and drafts proposed per step, which its replay must reproduce.
     record_drafts = record_schedule and engine.scheduler.num_speculative_tokens > 0
-    specs = sorted(requests, key=lambda spec: spec.arrival_time)
+    arrivals = WallClockArrivals(requests, max_concurrency)
     scheduler = engine.scheduler
     params_by_output_len: dict[int, SamplingParams] = {}
-    later_turns = LaterTurns(specs) if any(spec.next_turns for spec in specs) else None
-    if any(spec.session_id is not None for spec in specs):
+    if any(spec.session_id is not None for spec in requests):
         recorder.track_sessions()
-    bar = tqdm(total=count_requests(specs), desc=description, unit="req", disable=not progress, mininterval=0.5, leave=False)
-    next_index = 0
+    bar = tqdm(total=count_requests(requests), desc=description, unit="req", disable=not progress, mininterval=0.5,
+               leave=False)
     # As serving engines do after start-up: move every object alive now out of the collector's view,
     # so that a full collection over the whole process does not land in the middle of a step.
     gc.collect()
@@ -89,32 +90,24 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     span_start = 0.0  # the wall time (since origin) the next step's measured span starts at
 
     def finished(outputs, time: float) -> None:
-        """Count the finished requests and send their sessions' next turns."""
-        done = [output.request_id for output in outputs if output.finish_reason is not None]
-        bar.update(len(done))
-        if later_turns is not None:
-            for request_id in done:
-                later_turns.on_finished(request_id, time)
+        """Count the finished requests and let the client react to each (a held request, a session's next turn)."""
+        for output in outputs:
+            if output.finish_reason is not None:
+                bar.update()
+                arrivals.on_finished(output.request_id, time)
 
-    while next_index < len(specs) or engine.has_work() or (later_turns is not None and later_turns.outstanding):
-        arrived = []
-        while next_index < len(specs) and specs[next_index].arrival_time <= now:
-            arrived.append(specs[next_index])
-            next_index += 1
-        if later_turns is not None:
-            # In arrival order with the stream's (a stable sort: the stream's own order is kept on ties).
-            arrived = sorted(arrived + later_turns.take_due(now), key=lambda spec: spec.arrival_time)
-        for spec in arrived:
+    while arrivals.pending() or engine.has_work():
+        for spec in arrivals.take(now):
             recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
                                 spec.request_class, spec.lora_name, spec.session_id, spec.turn)
             request = make_request(spec, params_by_output_len, lora_paths=lora_paths)
             engine.add_request(request)
-            if later_turns is not None:
-                later_turns.track(spec, request)
+            arrivals.track(spec, request)
         if not engine.has_work():
             # Idle until the next arrival; the step it triggers starts at that arrival.
-            now = min(specs[next_index].arrival_time if next_index < len(specs) else float("inf"),
-                      later_turns.next_arrival() if later_turns is not None else float("inf"))
+            now = arrivals.next_arrival()
+            if now == float("inf"):  # a bug, never a workload's property: the client waits on nothing
+                raise RuntimeError("requests are pending, none is in flight and none is on its way")
             if timeline is None:
                 remaining = now - (clock() - origin)
                 if remaining > 0:

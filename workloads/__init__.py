@@ -12,6 +12,7 @@ Imports only the standard library, numpy, pydantic and yaml.
 
 from workloads.arrivals import (
     ArrivalProcess,
+    AtOnceArrival,
     BurstArrival,
     ConstantArrival,
     GammaArrival,
@@ -42,6 +43,7 @@ from workloads.workload_section import RequestClass, WorkloadSection
 
 __all__ = [
     "ArrivalProcess",
+    "AtOnceArrival",
     "BurstArrival",
     "ChoiceLength",
     "ConstantArrival",

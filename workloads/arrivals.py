@@ -115,6 +115,19 @@ class BurstArrival(ArrivalProcess):
         return np.sort(times, kind="stable")[:count]
 
 
+class AtOnceArrival(ArrivalProcess):
+    """Every request arrives when the run starts: vLLM's ``--request-rate inf``. With ``workload.max_concurrency``
+    it is a closed loop: that many clients, each sending its next request when its last one finished."""
+
+    type: Literal["at_once"]
+
+    def mean_rate(self) -> float:
+        return float("inf")
+
+    def arrival_times(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        return np.zeros(count)
+
+
 class TraceArrival(ArrivalProcess):
     """The trace's own arrival times, shifted to start at 0.
 
@@ -130,6 +143,6 @@ class TraceArrival(ArrivalProcess):
 
 
 ArrivalSpec = Annotated[
-    PoissonArrival | GammaArrival | ConstantArrival | BurstArrival | TraceArrival,
+    PoissonArrival | GammaArrival | ConstantArrival | BurstArrival | AtOnceArrival | TraceArrival,
     Field(discriminator="type"),
 ]

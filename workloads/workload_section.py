@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, TraceArrival
+from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, AtOnceArrival, TraceArrival
 
 # vLLM sets no ceiling on n; this one only keeps a typo (n: 10000) from multiplying a workload unawares.
 MAX_COMPLETIONS_PER_PROMPT = 1024
@@ -88,6 +88,9 @@ class StreamSection(SchemaModel):
             return [("duration_s", "set either num_requests or duration_s, not both", self.duration_s)]
         if self.num_requests is None and self.duration_s is None:
             return [("num_requests", "set one of num_requests or duration_s", NO_VALUE)]
+        if self.duration_s is not None and isinstance(self.arrival, AtOnceArrival):
+            return [("duration_s", "set num_requests with arrival.type at_once: every request arrives at t = 0",
+                     self.duration_s)]
         return []
 
     def _size_problems(self) -> list[tuple[str, str, Any]]:
@@ -237,6 +240,10 @@ class WorkloadSection(StreamSection):
     """
 
     phases: list[WorkloadPhase] | None = Field(default=None, min_length=1)
+    # The client's limit on requests in flight over the whole stream, phases and classes included (vLLM's bench
+    # serve --max-concurrency): a request arriving while that many are in flight waits for one to finish, and
+    # its latencies count from when it is sent. null: no limit (an open loop).
+    max_concurrency: PositiveInt | None = None
     class_name: str = DEFAULT_REQUEST_CLASS
     classes: list[RequestClass] | None = Field(default=None, min_length=1)
 
