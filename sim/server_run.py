@@ -8,6 +8,11 @@ other modes). Each token's time is the arrival of the SSE chunk that carried it 
 says how many a chunk carries; a server without that extension is assumed to send one per chunk),
 and the token count is the final ``usage`` when the server sends one.
 
+A workload of multi-turn sessions sends each later turn ``think_time_s`` after the turn before it finished,
+its prompt that turn's prompt and the token ids the server returned for it (``return_token_ids``), then the
+user's new tokens; a server that returns no ids cannot continue a conversation, and the session's remaining
+turns are recorded as errors saying so. With ``workload.max_concurrency`` each request waits for a free slot.
+
 The run directory has the usual files. ``steps.parquet`` is empty: a client cannot see engine steps,
 so step metrics (KV usage, step counts) are absent from the summary; preemptions are unknown (0). The
 prefix-cache hit rate is the server's own count of cached prompt tokens per request
@@ -30,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from array import array
+
 import httpx
 from tqdm import tqdm
 
@@ -37,7 +44,7 @@ from analysis import compute_summary, write_run
 from engine.core.scheduling_policy import reads_priority
 from analysis.trace_schema import FINISH_REASONS, REQUIRED_STEP_COLUMNS, requests_table, steps_table
 from workloads import RequestSpec, WorkloadConfig, generate_requests
-from workloads.request_spec import DEFAULT_REQUEST_CLASS
+from workloads.request_spec import DEFAULT_REQUEST_CLASS, count_requests
 
 # Long enough for any request of a sane workload; a stuck server still ends the run eventually.
 REQUEST_TIMEOUT_S = 600.0
@@ -58,6 +65,10 @@ class _Record:
     token_times: list[float] = field(default_factory=list)
     error: str | None = None
     cached_tokens_reported: bool = False  # whether the server's usage said how many prompt tokens were cached
+    session_id: str | None = None  # a multi-turn session's first request's id (RequestSpec.session_id), and the turn
+    turn: int = 1
+    # The generated token ids the server returned (return_token_ids); None when a chunk came without them.
+    output_token_ids: list[int] | None = field(default_factory=list)
 
 
 def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: str | Path | None = None
@@ -100,10 +111,6 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
                        progress: bool = False) -> dict[str, Any]:
     """Send the workload to the server at ``url``; write the run directory (if ``out_dir``); return the
     summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``)."""
-    if workload.has_sessions():
-        # A later turn resends the generated tokens, which the completions API does not return as ids.
-        raise ValueError("workload sessions (multi-turn conversations) run in simulation or with --executor real; "
-                         "--executor server sends each request on its own")
     url = url.rstrip("/")
     model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path)
     specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,
@@ -142,8 +149,8 @@ async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bo
                     send_priority: bool = False, max_concurrency: int | None = None) -> list[_Record]:
     # No pool limit: a request queued inside the client would be charged the wait as server latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    bar = tqdm(total=len(specs), desc=f"{name} (server)", unit="req", disable=not progress, mininterval=0.5,
-               leave=False)
+    bar = tqdm(total=count_requests(specs), desc=f"{name} (server)", unit="req", disable=not progress,
+               mininterval=0.5, leave=False)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
         origin = time.perf_counter()
         # The client's limit (workload.max_concurrency): a request waits for a slot, and its latencies count from
@@ -154,10 +161,36 @@ async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bo
             delay = origin + spec.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_send(client, model, spec, origin, bar, send_priority, slots)))
-        records = await asyncio.gather(*tasks)
+            tasks.append(asyncio.create_task(_send_session(client, model, spec, origin, bar, send_priority, slots)))
+        sessions = await asyncio.gather(*tasks)
     bar.close()
-    return list(records)
+    return [record for session in sessions for record in session]
+
+
+async def _send_session(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
+                        send_priority: bool, slots: asyncio.Semaphore | None) -> list[_Record]:
+    """``spec``'s request, then its session's later turns, each when its think time after the one before is up."""
+    records = [await _send(client, model, spec, origin, bar, send_priority, slots)]
+    while spec.next_turns:
+        record = records[-1]
+        if record.error is None and record.output_token_ids is None:
+            record.error = "the server returned no token ids (return_token_ids): a session cannot resend its history"
+        if record.error is not None:
+            # The conversation cannot go on: its remaining turns are errors, so that every request is accounted for.
+            records += [_Record(turn.request_id, record.finish_time, 0, spec.request_class, finish_time=record.finish_time,
+                                finish_reason="error", error=f"an earlier turn of its session failed ({record.request_id})",
+                                session_id=spec.session_id, turn=spec.turn + offset)
+                        for offset, turn in enumerate(spec.next_turns, start=1)]
+            bar.update(len(spec.next_turns))
+            break
+        conversation = array("q", spec.prompt_token_ids)
+        conversation.extend(record.output_token_ids)
+        spec = spec.next_turn(conversation, record.finish_time)
+        delay = origin + spec.arrival_time - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        records.append(await _send(client, model, spec, origin, bar, send_priority, slots))
+    return records
 
 
 async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
@@ -169,7 +202,8 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
     def now() -> float:
         return time.perf_counter() - origin
 
-    record = _Record(spec.request_id, now(), len(spec.prompt_token_ids), spec.request_class)
+    record = _Record(spec.request_id, now(), len(spec.prompt_token_ids), spec.request_class,
+                     session_id=spec.session_id, turn=spec.turn)
     body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
@@ -195,6 +229,10 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
                 for choice in chunk.get("choices") or []:
                     token_ids = choice.get("token_ids")
                     count = len(token_ids) if token_ids is not None else (1 if choice.get("text") else 0)
+                    if token_ids is None and count:
+                        record.output_token_ids = None
+                    elif record.output_token_ids is not None and token_ids:
+                        record.output_token_ids.extend(int(token) for token in token_ids)
                     if count and math.isnan(record.first_token_time):
                         record.first_token_time = arrived
                     record.token_times.extend([arrived] * count)
@@ -242,7 +280,7 @@ def server_error_message(text: str) -> str:
 
 
 def _columns(records: list[_Record]) -> dict[str, list]:
-    return {
+    columns = {
         "request_id": [r.request_id for r in records],
         "arrival_time": [r.arrival_time for r in records],
         "first_token_time": [r.first_token_time for r in records],
@@ -257,6 +295,10 @@ def _columns(records: list[_Record]) -> dict[str, list]:
         "request_class": [r.request_class for r in records],
         "token_times": [r.token_times for r in records],
     }
+    if any(r.session_id is not None for r in records):
+        columns["session_id"] = [r.session_id for r in records]
+        columns["turn"] = [r.turn for r in records]
+    return columns
 
 
 __all__ = ["run_against_server", "server_vocabulary"]

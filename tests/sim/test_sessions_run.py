@@ -185,9 +185,69 @@ def test_a_wall_clock_run_sends_each_turn_with_its_generated_tokens_and_replays_
                                real_requests["arrival_time"], rtol=0, atol=1e-9)
 
 
-def test_a_server_run_refuses_sessions_before_sending_anything():
-    from sim.server_run import run_against_server
+def test_a_server_run_resends_each_conversation_with_the_token_ids_the_server_returned(tmp_path):
+    pytest.importorskip("fastapi")
+    from engine.async_llm import AsyncLLM
+    from engine.serve import ServerThread, build_app
 
-    # Nothing listens on port 9: the refusal comes before any request.
-    with pytest.raises(ValueError, match="--executor server sends each request on its own"):
-        run_against_server(load_workload(SMALL), "http://127.0.0.1:9", None)
+    raw = {"name": "sessions-served", "seed": 2, "engine": {"max_model_len": 256},
+           "workload": {"num_requests": 4, "arrival": {"type": "poisson", "rate": 20}, "max_concurrency": 3,
+                        "prompt_len": {"type": "uniform", "min": 10, "max": 40},
+                        "output_len": {"type": "uniform", "min": 3, "max": 12},
+                        "sessions": {"turns": {"type": "constant", "value": 3},
+                                     "user_len": {"type": "uniform", "min": 3, "max": 15},
+                                     "think_time_s": {"type": "constant", "value": 0.01}}}}
+    engine = AsyncLLM(model="tiny", max_num_seqs=8, num_gpu_blocks=128, max_model_len=256)
+    with ServerThread(build_app(engine, "tiny", shutdown_engine=True)) as server:
+        from sim.server_run import run_against_server
+
+        summary = run_against_server(load_workload(raw), server.url, tmp_path / "served")
+    engine.shutdown()
+    requests = read_run(tmp_path / "served").requests.set_index("request_id")
+    assert summary["num_finished"] == len(requests) == 12 and summary["sessions"]["num_sessions"] == 4
+    specs = generate_requests(load_workload(raw), vocab_size=summary["config"]["vocab_size"],
+                              reserved_token_ids=summary["config"]["reserved_token_ids"], model_max_len=256)
+    for first in specs:
+        previous, length = first.request_id, first.total_len
+        for turn in first.next_turns:
+            row, before = requests.loc[turn.request_id], requests.loc[previous]
+            # The whole conversation (prompt and the answer's ids as the server returned them), then the user's.
+            assert row["num_prompt_tokens"] == length + len(turn.user_token_ids)
+            assert row["arrival_time"] >= before["finish_time"] + 0.01
+            assert (row["session_id"], row["turn"]) == (first.request_id, before["turn"] + 1)
+            # The server found the previous turn's computed blocks (16 tokens each; its last sampled token was never
+            # computed) in its prefix cache: the resent answer is the very ids it generated.
+            computed = before["num_prompt_tokens"] + before["num_output_tokens"] - 1
+            assert row["num_cached_tokens"] == 16 * (computed // 16)
+            length, previous = row["num_prompt_tokens"] + turn.output_len, turn.request_id
+
+
+def test_a_server_without_token_ids_ends_each_conversation_with_errors_that_say_why(monkeypatch):
+    import asyncio
+    import json
+
+    import httpx
+
+    from sim.server_run import _send_all
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        chunks = [{"choices": [{"text": "a", "finish_reason": None}]},
+                  {"choices": [{"text": "b", "finish_reason": "length"}]}]
+        body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    raw = config_with(workload__num_requests=2, workload__sessions__turns={"type": "constant", "value": 3},
+                      workload__arrival={"type": "poisson", "rate": 100})
+    specs = generate_requests(load_workload(raw), vocab_size=1000)
+    transport = httpx.MockTransport(respond)
+    original = httpx.AsyncClient.__init__
+    monkeypatch.setattr(httpx.AsyncClient, "__init__",
+                        lambda self, *args, **kwargs: original(self, *args, **dict(kwargs, transport=transport)))
+    records = asyncio.run(_send_all(specs, "http://mock", "m", False, "mock"))
+    assert len(records) == 6
+    firsts = [record for record in records if record.turn == 1]
+    assert all("returned no token ids" in record.error for record in firsts)
+    later = [record for record in records if record.turn > 1]
+    assert [record.turn for record in later] == [2, 3, 2, 3]
+    assert all(record.finish_reason == "error" and "an earlier turn of its session failed" in record.error
+               for record in later)
