@@ -223,3 +223,26 @@ def test_priority_runs_get_a_class_figure_side_by_side(tmp_path: Path, one_run: 
     layout = figure.figure.layout
     assert all(layout[name].title.text for name in layout if re.fullmatch(r"[xy]axis\d*", name))
     assert "priority-classes" not in figure_ids(build(tmp_path, [one_run]))
+
+
+def test_sessions_runs_get_a_figure_turn_by_turn(tmp_path: Path, one_run: Path) -> None:
+    from sim.run_pipeline import run_simulation
+    from workloads import example_path, load_workload
+
+    for blocks in (27819, 3000):
+        workload = load_workload(example_path("multi_turn"), overrides=[
+            "sweep=null", "workload.num_requests=80", f"engine.num_gpu_blocks={blocks}", f"name=turns-{blocks}"])
+        run_simulation(workload, tmp_path / str(blocks))
+    dashboard = assemble_dashboard(prepare_runs([tmp_path / "27819", tmp_path / "3000", one_run]))
+    (figure,) = [figure for figure in dashboard.figures if figure.figure_id == "session-turns"]
+    # Per sessions run (the chat run has none): its cached share, then its TTFT p50 and p90, over the turns.
+    traces = figure.figure.data
+    assert [trace.name for trace in traces] == ["turns-27819", "turns-27819 p50", "turns-27819 p90",
+                                                "turns-3000", "turns-3000 p50", "turns-3000 p90"]
+    by_turn = read_run(tmp_path / "3000").summary["sessions"]["by_turn"]
+    assert list(traces[3].x) == [str(row["turn"]) for row in by_turn]
+    assert list(traces[3].y) == [100 * row["cached_fraction"] for row in by_turn]
+    assert traces[0].y[1] > traces[3].y[1]  # the larger pool holds more of the history
+    layout = figure.figure.layout
+    assert all(layout[name].title.text for name in layout if re.fullmatch(r"[xy]axis\d*", name))
+    assert "session-turns" not in figure_ids(build(tmp_path, [one_run]))
