@@ -154,3 +154,20 @@ def test_step_medians_describes_a_recorded_run_and_names_a_missing_one(capsys):
     with pytest.raises(SystemExit):
         step_medians_main(["/nonexistent-run"])
     assert "no steps.parquet in /nonexistent-run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recording", ["cpu-sessions", "cpu-sessions-2"])
+def test_a_shipped_real_run_of_sessions_replays_exactly(recording):
+    from analysis import requests_table, steps_table
+    from sim.replay import compare_replay, replay
+
+    recorder, run, _ = replay(DATA / "runs" / "cpu-small-float32" / "sessions" / recording)
+    replayed = requests_table(recorder.request_columns()).to_pandas()
+    report = compare_replay(run, replayed, steps_table(recorder.step_columns()).to_pandas())
+    assert report.identical, report.describe()
+    # Every later turn resent its conversation; the replay's turns find in the cache what the real ones found.
+    real = run.requests.set_index("request_id").sort_index()
+    replayed = replayed.set_index("request_id").sort_index()
+    assert (real["turn"] > 1).sum() == 125
+    assert real["num_cached_tokens"].tolist() == replayed["num_cached_tokens"].tolist()
+    assert real["num_prompt_tokens"].tolist() == replayed["num_prompt_tokens"].tolist()
