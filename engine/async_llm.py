@@ -44,8 +44,9 @@ from engine.output_processor import OutputProcessor
 from engine.output_processor.request_state import OutputKind
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
-from engine.pooling_outputs import EmbeddingRequestOutput
-from engine.pooling_requests import (EMBED_ON_GENERATE, GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS,
+from engine.pooling_outputs import ClassificationRequestOutput, EmbeddingRequestOutput
+from engine.pooling_requests import (CLASSIFY_ON_EMBEDDING, EMBED_ON_CLASSIFIER, EMBED_ON_GENERATE,
+                                     GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS, pooling_labels,
                                      resolve_pooling_params)
 from engine.request_inputs import (Prompt, check_priority, make_core_request, parse_prompt, truncate_prompt,
                                    validate_request)
@@ -71,6 +72,8 @@ class AsyncLLM:
         # runner="pooling": this engine embeds (embed) and refuses generate; otherwise the reverse.
         self.is_pooling = engine_args.is_pooling
         self.hidden_size = self.model_config.hidden_size
+        # A sequence classifier's labels (it classifies and scores pairs instead of embedding); None otherwise.
+        self.labels = pooling_labels(components.model_runner.model)
         # Read-only after construction (configuration only): safe to consult from the event loop.
         self._scheduler: Scheduler = components.scheduler
         self.tokenizer = (load_tokenizer_for_engine(components.tokenizer_path)
@@ -269,8 +272,22 @@ class AsyncLLM:
         """One prompt's embedding (vLLM's ``encode``, awaited to its one final output), on an engine created with
         ``runner="pooling"``. Cancelling the call aborts the request, which frees its blocks."""
         params = self.resolve_pooling_params(pooling_params)
-        self.check_health()
+        if self.labels is not None:
+            raise ValueError(EMBED_ON_CLASSIFIER)
         request_id = f"embd-{uuid.uuid4().hex}" if request_id is None else request_id
+        return EmbeddingRequestOutput.from_request_output(await self._pool(prompt, params, request_id))
+
+    async def classify(self, prompt: Any, request_id: str | None = None) -> ClassificationRequestOutput:
+        """One prompt's label probabilities, on a sequence classifier run with ``runner="pooling"``."""
+        params = self.resolve_pooling_params(None)
+        if self.labels is None:
+            raise ValueError(CLASSIFY_ON_EMBEDDING)
+        request_id = f"classify-{uuid.uuid4().hex}" if request_id is None else request_id
+        return ClassificationRequestOutput.from_request_output(await self._pool(prompt, params, request_id))
+
+    async def _pool(self, prompt: Any, params: PoolingParams, request_id: str) -> RequestOutput:
+        """A pooling request for ``prompt``, awaited to its one final output; cancelling aborts it."""
+        self.check_health()
         if request_id in self._active_request_ids or request_id in self._engine_ids_in_use:
             raise ValueError(f"request_id {request_id!r} is already being served")
         parsed = self.process_pooling_prompt(prompt.token_ids if isinstance(prompt, Prompt) else prompt)
@@ -290,7 +307,7 @@ class AsyncLLM:
             self._engine_ids_in_use.discard(request_id)
             if output is None or not output.finished:
                 self._engine_loop.abort([request_id])
-        return EmbeddingRequestOutput.from_request_output(output)
+        return output
 
     def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests (safe from any thread); their iterators end with finish_reason "abort"."""

@@ -3,8 +3,8 @@
 ``score(text_1, text_2)`` pairs its inputs as vLLM does: one text against each of N (1:N), or N against N in
 order (N:N); any other pair of lengths is refused, naming ``text_2``. Each distinct input is embedded once
 (a query against many documents costs one embedding of the query). A rerank (``/rerank``) is the 1:N case,
-its results sorted best first. Cross-encoder scoring (a sequence-classification head reading both texts at
-once) needs such a checkpoint and is not done here."""
+its results sorted best first. A cross-encoder (a sequence classifier reading both texts at once) scores pairs
+its own way: engine/cross_encoder.py."""
 
 from __future__ import annotations
 

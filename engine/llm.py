@@ -31,8 +31,11 @@ from engine.front_end_step import step_front_end
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
-from engine.pooling_outputs import EmbeddingRequestOutput, ScoringOutput, ScoringRequestOutput
-from engine.pooling_requests import (EMBED_ON_GENERATE, GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS,
+from engine.cross_encoder import check_cross_encoder, pair_prompt
+from engine.pooling_outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, ScoringOutput,
+                                    ScoringRequestOutput)
+from engine.pooling_requests import (CLASSIFY_ON_EMBEDDING, EMBED_ON_CLASSIFIER, EMBED_ON_GENERATE,
+                                     GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS, pooling_labels,
                                      resolve_pooling_params)
 from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,
                                    truncate_prompt, validate_request)
@@ -181,6 +184,8 @@ class LLM:
         Every prompt and its parameters are checked before any request is added."""
         if not self.engine_args.is_pooling:
             raise ValueError(EMBED_ON_GENERATE)
+        if self.labels is not None:
+            raise ValueError(EMBED_ON_CLASSIFIER)
         parsed = self._parse_prompts(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             pooling_params = [pooling_params] * len(parsed)
@@ -190,6 +195,28 @@ class LLM:
         hidden_size = self.model_runner.model_config.hidden_size
         params = [resolve_pooling_params(f"prompt {index}", request_params, self.engine_args.pooler_config,
                                          hidden_size) for index, request_params in enumerate(pooling_params)]
+        return [EmbeddingRequestOutput.from_request_output(output) for output in self._pool(parsed, params, use_tqdm)]
+
+    @property
+    def labels(self) -> list[str] | None:
+        """The model's classification labels when it is a sequence classifier (``classify``), else None."""
+        return pooling_labels(self.model_runner.model)
+
+    def classify(self, prompts: Any, use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+        """vLLM's ``LLM.classify``: each prompt's label probabilities, on a sequence-classification checkpoint run
+        with ``runner="pooling"`` (engine/models/sequence_classification.py). Prompts as ``generate`` takes them."""
+        if not self.engine_args.is_pooling:
+            raise ValueError(EMBED_ON_GENERATE)
+        if self.labels is None:
+            raise ValueError(CLASSIFY_ON_EMBEDDING)
+        parsed = self._parse_prompts(prompts)
+        params = resolve_pooling_params("prompt", None, self.engine_args.pooler_config,
+                                        self.model_runner.model_config.hidden_size)
+        return [ClassificationRequestOutput.from_request_output(output)
+                for output in self._pool(parsed, [params] * len(parsed), use_tqdm)]
+
+    def _pool(self, parsed: list, params: list[PoolingParams], use_tqdm: bool) -> list[RequestOutput]:
+        """Pooling requests for ``parsed`` prompts, each checked before any is added; their outputs, in order."""
         for index, prompt in enumerate(parsed):
             self._validate(index, prompt, POOLING_SAMPLING_PARAMS)
         request_ids = [f"{next(self._request_counter)}" for _ in parsed]
@@ -202,15 +229,22 @@ class LLM:
         except BaseException:
             self._abort(added)
             raise
-        return [EmbeddingRequestOutput.from_request_output(finished[request_id]) for request_id in request_ids]
+        return [finished[request_id] for request_id in request_ids]
 
     def score(self, data_1: Any, data_2: Any, use_tqdm: bool = True) -> list[ScoringRequestOutput]:
-        """vLLM's ``LLM.score`` on an embedding model (``runner="pooling"``): the cosine similarity of the two
-        texts' embeddings, for one text against each of ``data_2`` (1:N) or pairwise (N:N); a text is a string or
-        a token-id list (engine/embedding_scores.py). One output per pair, in order; each distinct text is
-        embedded once."""
+        """vLLM's ``LLM.score`` (``runner="pooling"``), for one text against each of ``data_2`` (1:N) or pairwise
+        (N:N); a text is a string or a token-id list. On an embedding model: the cosine similarity of the two
+        texts' embeddings, each distinct text embedded once (engine/embedding_scores.py). On a cross-encoder (a
+        sequence classifier of one label): the sigmoid of its logit for the pair read as one prompt
+        (engine/cross_encoder.py). One output per pair, in order."""
         texts_1, texts_2 = score_texts(data_1, "data_1"), score_texts(data_2, "data_2")
         pairs = score_pairs(len(texts_1), len(texts_2))
+        if self.labels is not None:
+            check_cross_encoder(self.labels)
+            prompts = [{"prompt_token_ids": pair_prompt(self.tokenizer, texts_1[first], texts_2[second])}
+                       for first, second in pairs]
+            return [ScoringRequestOutput(str(index), ScoringOutput(output.outputs.probs[0]), output.prompt_token_ids)
+                    for index, output in enumerate(self.classify(prompts, use_tqdm=use_tqdm))]
         distinct, positions = distinct_inputs(texts_1 + texts_2)
         embeddings = self.embed([text if isinstance(text, str) else {"prompt_token_ids": text} for text in distinct],
                                 use_tqdm=use_tqdm)

@@ -19,6 +19,15 @@ GENERATE_ON_POOLING = ("this engine embeds (runner='pooling', vLLM's --runner po
                        "create one with runner='generate' (the default) to generate")
 EMBED_ON_GENERATE = ("this engine generates (runner='generate'): embeddings need an engine created with "
                      "runner='pooling' (vLLM's --runner pooling)")
+EMBED_ON_CLASSIFIER = ("this engine's model is a sequence classifier: it classifies (LLM.classify, /classify) and "
+                       "scores pairs, it does not embed")
+CLASSIFY_ON_EMBEDDING = ("this engine's model has no classification head (a *ForSequenceClassification checkpoint "
+                         "has one): it embeds; classify needs a classifier run with runner='pooling'")
+
+
+def pooling_labels(model) -> list[str] | None:
+    """A pooling engine's model's classification labels (a sequence classifier's), else None (it embeds)."""
+    return getattr(model, "labels", None)
 
 
 def resolve_pooling_params(label: str, params: PoolingParams | None, pooler_config: PoolerConfig,

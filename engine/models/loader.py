@@ -19,6 +19,7 @@ from safetensors import safe_open
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import get_model_class, is_base_model
+from engine.models.sequence_classification import is_sequence_classifier
 from engine.runner.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ def load_model(
     engine that only embeds): a checkpoint without ``lm_head.weight`` loads, with a head that refuses to run."""
     config = ModelConfig.from_pretrained(path)
     model_class = get_model_class(config)
+    if is_sequence_classifier(config.architecture) and not lm_head_optional:
+        raise ValueError(f"checkpoint {str(path)!r} is a {config.architecture}: it classifies and generates no text; "
+                         "create the engine with runner='pooling' (vLLM's --runner pooling)")
     torch_dtype = resolve_dtype(dtype, config)
     device = torch.device(device)
 

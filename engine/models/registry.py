@@ -8,6 +8,7 @@ from engine.models.mistral import MistralForCausalLM
 from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.sequence_classification import sequence_classifier
 
 MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -23,6 +24,11 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "MistralModel": MistralForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,
     "Qwen3Model": Qwen3ForCausalLM,
+    # Classifiers and rerankers: the decoder with a score head in place of the LM head; they only classify.
+    "LlamaForSequenceClassification": sequence_classifier(LlamaForCausalLM),
+    "MistralForSequenceClassification": sequence_classifier(MistralForCausalLM),
+    "Qwen2ForSequenceClassification": sequence_classifier(Qwen2ForCausalLM),
+    "Qwen3ForSequenceClassification": sequence_classifier(Qwen3ForCausalLM),
 }
 
 

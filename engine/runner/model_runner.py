@@ -90,7 +90,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.sampling_metadata_cache = SamplingMetadataCache(self.vocab_size, self.device)
         self.prompt_logprobs = PromptLogprobsCollector()
-        self.pooling = PoolingCollector()  # embedding requests' hidden states, across prefill chunks
+        # Embedding requests' hidden states, across prefill chunks; a classifier's score head turns each into its
+        # labels' probabilities (engine/models/sequence_classification.py).
+        self.pooling = PoolingCollector(getattr(self.model, "classify", None))
         # Speculative decoding (engine/runner/spec_decode/): drafts proposed after each step, verified in the next.
         self.speculative = SpeculativeStep(config.speculative_config, self.vocab_size) \
             if config.speculative_config is not None else None

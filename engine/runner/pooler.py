@@ -10,10 +10,13 @@ reading the cache (``PoolingParams.skip_reading_prefix_cache``), LAST needs only
 every request computes.
 
 Post-processing, in vLLM's order: keep the first ``dimensions`` components (Matryoshka), then L2-normalize
-when asked, so a truncated vector is renormalized.
+when asked, so a truncated vector is renormalized. A sequence classifier's pooled state goes through its score
+head instead (``head``: the hidden state -> the labels' probabilities); what the request gets is those.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -26,9 +29,10 @@ from engine.runner.request_state import CachedRequestState
 
 
 class PoolingCollector:
-    def __init__(self) -> None:
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         # req_id -> the partial pooled state (MEAN: [sum of rows, count]; CLS: [first row]).
         self._in_progress: dict[str, list] = {}
+        self.head = head
 
     def forget(self, req_id: str) -> None:
         self._in_progress.pop(req_id, None)
@@ -65,7 +69,8 @@ class PoolingCollector:
                 pooled = total / count
             else:
                 pooled = self._in_progress.pop(state.req_id)[0]
-            finished[state.req_id] = postprocess(pooled, params).tolist()
+            result = postprocess(pooled, params) if self.head is None else self.head(pooled).cpu()
+            finished[state.req_id] = result.tolist()
         return finished
 
 

@@ -7,7 +7,10 @@
     POST /v1/embeddings        one vector per input, on an engine created with runner="pooling" (embeddings.py);
                                the two generation routes then answer 404, as this one does on a generating engine
                                (current vLLM registers each route only for the engines that serve it)
-    POST /score, /v1/score     vLLM's: the cosine similarity of two texts' embeddings, 1:N or N:N (scores.py)
+    POST /classify, /v1/classify
+                               vLLM's: label probabilities, on a sequence classifier with --runner pooling (classify.py)
+    POST /score, /v1/score     vLLM's: two texts' score, 1:N or N:N: the cosine of their embeddings, or a
+                               cross-encoder's sigmoid for the pair read as one prompt (scores.py)
     POST /rerank, /v1/rerank, /v2/rerank
                                vLLM's (Jina's and Cohere's shape): documents ranked by their score against a query
     POST /tokenize             prompt text or chat messages -> token ids (vLLM's utility route)
@@ -38,6 +41,7 @@ from engine.core import LoRARequest
 from engine.serve.chat import create_chat_completion
 from engine.serve.completions import create_completion
 from engine.serve.embeddings import GENERATION_UNSUPPORTED, EmbeddingRequest, create_embedding
+from engine.serve.classify import ClassificationRequest, create_classify
 from engine.serve.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
@@ -112,6 +116,11 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, raw_request: Request) -> Response:
         return await create_embedding(body, raw_request, state)
+
+    @app.post("/classify")
+    @app.post("/v1/classify")
+    async def classify(body: ClassificationRequest, raw_request: Request) -> Response:
+        return await create_classify(body, raw_request, state)
 
     @app.post("/score")
     @app.post("/v1/score")

@@ -14,9 +14,11 @@ older releases gave, "The model does not support Embeddings API", and what to do
 from __future__ import annotations
 
 import asyncio
+import functools
 import base64
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -94,26 +96,36 @@ def pooling_prompts(state: ServerState, inputs: list[str | list[int]], labels: l
     return prompts
 
 
-async def embed_prompts(state: ServerState, prompts: list[Prompt], params: PoolingParams | None, request_id: str,
-                        raw_request: Request) -> list[EmbeddingRequestOutput]:
-    """Every prompt's embedding, concurrently; raises ClientDisconnected if the client leaves. After a failure or
-    a disconnect the others are cancelled, which aborts their requests."""
-    async def embed_all():
-        tasks = [asyncio.ensure_future(state.engine.embed(prompt, params, f"{request_id}-{index}"))
-                 for index, prompt in enumerate(prompts)]
+async def pool_concurrently(raw_request: Request, calls: list[Callable[[], Awaitable]]) -> list:
+    """Every call's result (each a pooling request: an embedding, a classification), concurrently; raises
+    ClientDisconnected if the client leaves. After a failure or a disconnect the others are cancelled, which
+    aborts their requests."""
+    async def run_all():
+        tasks = [asyncio.ensure_future(call()) for call in calls]
         try:
             return await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
 
-    return await run_unless_disconnected(raw_request, embed_all())
+    return await run_unless_disconnected(raw_request, run_all())
+
+
+async def embed_prompts(state: ServerState, prompts: list[Prompt], params: PoolingParams | None, request_id: str,
+                        raw_request: Request) -> list[EmbeddingRequestOutput]:
+    """Every prompt's embedding, concurrently (``pool_concurrently``)."""
+    return await pool_concurrently(raw_request, [functools.partial(state.engine.embed, prompt, params,
+                                                                   f"{request_id}-{index}")
+                                                 for index, prompt in enumerate(prompts)])
 
 
 async def create_embedding(body: EmbeddingRequest, raw_request: Request, state: ServerState) -> Response:
     engine = state.engine
     if not engine.is_pooling:
         raise OpenAIError(EMBEDDINGS_UNSUPPORTED, status=404, code="model_not_supported")
+    if engine.labels is not None:
+        raise OpenAIError("The model does not support Embeddings API: it is a sequence classifier (use /classify, "
+                          "/score or /rerank)", status=404, code="model_not_supported")
     state.check_model(body.model)
     params, prompts = _prepare(state, body)
     request_id = f"embd-{uuid.uuid4().hex}"

@@ -1,15 +1,17 @@
-"""vLLM's score and rerank routes on an embedding server (``--runner pooling``): the cosine similarity of two
-texts' embeddings (engine/embedding_scores.py).
+"""vLLM's score and rerank routes on a pooling server (``--runner pooling``): the cosine similarity of two texts'
+embeddings (engine/embedding_scores.py), or, when the model is a cross-encoder (a sequence classifier of one
+label), the sigmoid of its logit for the pair read as one prompt (engine/cross_encoder.py).
 
 ``POST /score`` and ``/v1/score``: ``text_1`` and ``text_2``, each a string or a list of strings (or token-id
 lists); one text against each of N, or N against N in order. ``data[i].score`` is pair i's.
 ``POST /rerank``, ``/v1/rerank`` and ``/v2/rerank`` (Jina's and Cohere's shape): ``query`` and ``documents``;
 ``results`` best first, each with its document's ``index``, the ``document`` and its ``relevance_score``,
 the first ``top_n`` (all when 0 or absent). Each distinct text is embedded once. A generating server answers
-404, as vLLM registers these routes only for models that serve them."""
+404, as vLLM registers these routes only for models that serve them; a classifier of several labels 400."""
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -18,9 +20,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.cross_encoder import check_cross_encoder, pair_prompt
 from engine.embedding_scores import cosine_similarity, distinct_inputs, score_pairs, score_texts
-from engine.pooling_outputs import EmbeddingRequestOutput
-from engine.serve.embeddings import embed_prompts, pooling_prompts
+from engine.serve.embeddings import pool_concurrently, pooling_prompts
 from engine.serve.errors import OpenAIError
 from engine.serve.state import ServerState, engine_error
 from engine.serve.streaming import ClientDisconnected
@@ -60,30 +62,46 @@ def _labels(texts: list, name: str) -> list[str]:
 
 
 async def _scores(state: ServerState, raw_request: Request, request_id: str, texts_1: list, texts_2: list,
-                  labels: list[str], truncate_prompt_tokens: int | None
-                  ) -> tuple[list[float], list[EmbeddingRequestOutput]] | Response:
-    """Each pair's score (score_pairs' order) and the distinct texts' embeddings; or the response to give
-    instead when the client left (499) or the engine failed. A bad input raises its 400 before any request."""
+                  labels: list[str], truncate_prompt_tokens: int | None) -> tuple[list[float], list] | Response:
+    """Each pair's score (score_pairs' order) and the pooling outputs it came from (the distinct texts'
+    embeddings, or each pair's classification on a cross-encoder); or the response to give instead when the
+    client left (499) or the engine failed. A bad input raises its 400 before any request."""
+    engine = state.engine
     try:
         pairs = score_pairs(len(texts_1), len(texts_2))
     except ValueError as error:
         raise OpenAIError(str(error), param="text_2", code="invalid_value") from None
-    distinct, positions = distinct_inputs(texts_1 + texts_2)
-    first_labels = {}
-    for position, label in zip(positions, labels):
-        first_labels.setdefault(position, label)
-    prompts = pooling_prompts(state, distinct, [first_labels[index] for index in range(len(distinct))],
-                              truncate_prompt_tokens)
+    if engine.labels is not None:
+        # A cross-encoder reads each pair as one prompt; a pair too long is named by its second text.
+        try:
+            check_cross_encoder(engine.labels)
+            inputs = [pair_prompt(engine.tokenizer, texts_1[first], texts_2[second]) for first, second in pairs]
+        except ValueError as error:
+            raise OpenAIError(str(error), code="invalid_value") from None
+        prompts = pooling_prompts(state, inputs, [labels[len(texts_1) + second] for _, second in pairs],
+                                  truncate_prompt_tokens)
+        calls = [functools.partial(engine.classify, prompt, f"{request_id}-{index}")
+                 for index, prompt in enumerate(prompts)]
+    else:
+        distinct, positions = distinct_inputs(texts_1 + texts_2)
+        first_labels = {}
+        for position, label in zip(positions, labels):
+            first_labels.setdefault(position, label)
+        prompts = pooling_prompts(state, distinct, [first_labels[index] for index in range(len(distinct))],
+                                  truncate_prompt_tokens)
+        calls = [functools.partial(engine.embed, prompt, None, f"{request_id}-{index}")
+                 for index, prompt in enumerate(prompts)]
     try:
-        outputs = await embed_prompts(state, prompts, None, request_id, raw_request)
+        outputs = await pool_concurrently(raw_request, calls)
     except ClientDisconnected:
         return Response(status_code=499)
     except Exception as error:
         return engine_error(error).to_response()
-    scores = [cosine_similarity(outputs[positions[first]].outputs.embedding,
-                                outputs[positions[len(texts_1) + second]].outputs.embedding)
-              for first, second in pairs]
-    return scores, outputs
+    if engine.labels is not None:
+        return [output.outputs.probs[0] for output in outputs], outputs
+    return [cosine_similarity(outputs[positions[first]].outputs.embedding,
+                              outputs[positions[len(texts_1) + second]].outputs.embedding)
+            for first, second in pairs], outputs
 
 
 def _check(state: ServerState, model: str | None, route: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -57,3 +58,23 @@ def mixed_prompts(vocab_size: int, seed: int = 0, num_prompts: int = 16) -> list
         tail = [rng.randrange(4, vocab_size) for _ in range(rng.randint(3, 38))]
         prompts.append(prefixes[index % 4 // 2] + tail if index % 2 == 0 else tail + tail[:rng.randint(0, 30)])
     return prompts
+
+
+CLASSIFIER_LABELS = ["negative", "neutral", "positive"]
+
+
+def save_classifier(source, target, num_labels: int, seed: int):
+    """``source``'s decoder with a fresh score head of ``num_labels``, saved by transformers, with the tokenizer."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(str(source), num_labels=num_labels)
+    if num_labels == len(CLASSIFIER_LABELS):
+        config.id2label = dict(enumerate(CLASSIFIER_LABELS))
+        config.label2id = {label: index for index, label in enumerate(CLASSIFIER_LABELS)}
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(str(source), config=config, dtype=torch.float32)
+    model.save_pretrained(str(target))
+    for name in source.iterdir():
+        if name.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(name, target / name.name)
+    return target
