@@ -10,7 +10,8 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.structured_outputs import StructuredOutputsParams
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "PoolingParams", "StructuredOutputsParams", "RequestOutput",
-           "CompletionOutput", "EmbeddingRequestOutput", "EngineArgs", "BeamSearchParams"]
+           "CompletionOutput", "EmbeddingRequestOutput", "ClassificationRequestOutput", "ScoringRequestOutput",
+           "EngineArgs", "BeamSearchParams"]
 
 _LAZY = {
     "LLM": ("engine.llm", "LLM"),
@@ -20,6 +21,8 @@ _LAZY = {
     "EngineArgs": ("engine.engine_args", "EngineArgs"),
     "BeamSearchParams": ("engine.beam_search", "BeamSearchParams"),
     "EmbeddingRequestOutput": ("engine.pooling_outputs", "EmbeddingRequestOutput"),
+    "ClassificationRequestOutput": ("engine.pooling_outputs", "ClassificationRequestOutput"),
+    "ScoringRequestOutput": ("engine.pooling_outputs", "ScoringRequestOutput"),
 }
 
 
