@@ -1,0 +1,69 @@
+"""Properties of the client side of a simulation (multi-turn sessions, a concurrency limit) over random workloads:
+every request is served and its blocks freed, no more than the limit are ever in flight, each later turn is sent
+no earlier than its think time after the turn before finished (exactly then when a slot is free), its prompt is
+the whole conversation, and the fast-forward changes nothing."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.core import EngineCore, Scheduler
+from sim.engine_setup import build_setup
+from sim.sim_executor import SimulatedExecutor
+from sim.simulator import Simulation
+from workloads import load_workload
+from workloads.request_spec import count_requests
+
+
+def simulate(workload, fast_forward: bool):
+    setup = build_setup(workload)
+    engine = EngineCore(Scheduler(setup.scheduler_config, setup.cache_config), SimulatedExecutor(setup.cost_model))
+    recorder = Simulation(engine, setup.requests, fast_forward=fast_forward,
+                          max_concurrency=workload.workload.max_concurrency).run()
+    manager = engine.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks  # every request's blocks came back
+    return setup.requests, recorder.request_columns()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**20), limit=st.one_of(st.none(), st.integers(1, 6)), max_turns=st.integers(1, 4),
+       think=st.sampled_from([0.0, 0.002, 0.5]), blocks=st.integers(24, 200), rate=st.sampled_from([20.0, 400.0]),
+       max_num_seqs=st.integers(1, 8))
+def test_sessions_and_limits_keep_their_promises(seed, limit, max_turns, think, blocks, rate, max_num_seqs):
+    workload = load_workload({
+        "name": "client-properties", "seed": seed, "model": "llama-3-8b", "hardware": "h100-sxm",
+        "engine": {"block_size": 16, "num_gpu_blocks": blocks, "max_num_seqs": max_num_seqs,
+                   "max_num_batched_tokens": 128, "max_model_len": 384, "enable_prefix_caching": True},
+        "workload": {"num_requests": 8, "arrival": {"type": "poisson", "rate": rate}, "max_concurrency": limit,
+                     "prompt_len": {"type": "uniform", "min": 8, "max": 120},
+                     "output_len": {"type": "uniform", "min": 1, "max": 40},
+                     "sessions": {"turns": {"type": "uniform", "min": 1, "max": max_turns},
+                                  "user_len": {"type": "uniform", "min": 1, "max": 30},
+                                  "think_time_s": {"type": "constant", "value": think}}}})
+    specs, columns = simulate(workload, fast_forward=True)
+    _, slow_columns = simulate(workload, fast_forward=False)
+    assert {key: value for key, value in columns.items()} == slow_columns
+
+    rows = {request_id: index for index, request_id in enumerate(columns["request_id"])}
+    assert len(rows) == count_requests(specs)
+    assert all(reason in ("length", "ignored") for reason in columns["finish_reason"])
+    arrivals, finishes = columns["arrival_time"], columns["finish_time"]
+    if limit is not None:
+        events = sorted([(time, 1) for time in arrivals] + [(time, -1) for time in finishes])
+        in_flight = peak = 0
+        for _, change in events:
+            in_flight += change
+            peak = max(peak, in_flight)
+        assert peak <= limit
+    for first in specs:
+        previous, length = first.request_id, first.total_len
+        for turn in first.next_turns:
+            row, before = rows[turn.request_id], rows[previous]
+            assert arrivals[row] >= finishes[before] + think
+            if limit is None:
+                assert arrivals[row] == finishes[before] + think
+            if columns["finish_reason"][before] == "length":
+                assert columns["num_prompt_tokens"][row] == length + len(turn.user_token_ids)
+            length = columns["num_prompt_tokens"][row] + turn.output_len
+            previous = turn.request_id
