@@ -22,6 +22,7 @@ from pathlib import Path
 from analysis.dashboard import fidelity_figures, sweep_figures
 from analysis.dashboard.class_figures import class_bar_figure, class_distribution_figure
 from analysis.dashboard.figure_style import DashboardFigure
+from analysis.dashboard.interactivity_figure import interactivity_figure
 from analysis.dashboard.html_tables import config_html, fidelity_table_html, run_list_html, summary_table_html
 from analysis.dashboard.latency_figures import latency_cdf_figure
 from analysis.dashboard.priority_figures import priority_class_figure
@@ -77,7 +78,9 @@ def assemble_dashboard(runs: list[DashboardRun], title: str | None = None) -> Da
             ]
         sections.append(fidelity)
     if sweep is not None:
-        sections.append(Section("sweep", "Sweep", [sweep_figures.latency_throughput_figure(sweep)]))
+        interactivity = interactivity_figure(sweep)
+        sections.append(Section("sweep", "Sweep", [sweep_figures.latency_throughput_figure(sweep),
+                                                   *([interactivity] if interactivity is not None else [])]))
     sections.append(Section("latency", "Latency", [latency_cdf_figure(runs)]))
     request_class_figures = [figure for figure in (class_distribution_figure(runs), class_bar_figure(runs))
                              if figure is not None]

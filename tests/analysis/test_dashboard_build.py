@@ -246,3 +246,20 @@ def test_sessions_runs_get_a_figure_turn_by_turn(tmp_path: Path, one_run: Path) 
     layout = figure.figure.layout
     assert all(layout[name].title.text for name in layout if re.fullmatch(r"[xy]axis\d*", name))
     assert "session-turns" not in figure_ids(build(tmp_path, [one_run]))
+
+
+def test_a_concurrency_sweep_draws_throughput_per_gpu_against_interactivity(tmp_path: Path) -> None:
+    from sim.run import main as sim_run_main
+
+    assert sim_run_main(["concurrency_sweep", "--set", "workload.num_requests=24", "--set",
+                         "sweep={workload.max_concurrency: [1, 8]}", "--set", "engine.tensor_parallel_size=2",
+                         "--out", str(tmp_path / "sweep"), "--no-progress", "--no-dashboard", "--quiet"]) == 0
+    dashboard = assemble_dashboard(prepare_runs([tmp_path / "sweep"]))
+    (figure,) = [figure for figure in dashboard.figures if figure.figure_id == "throughput-interactivity"]
+    (trace,) = figure.figure.data
+    summaries = [read_run(tmp_path / "sweep" / f"max_concurrency={limit}").summary for limit in (1, 8)]
+    assert list(trace.x) == pytest.approx([1000 / summary["tpot_ms"]["p50"] for summary in summaries])
+    # Two GPUs per engine (tensor parallel): the throughput each produces is half the engine's.
+    assert list(trace.y) == pytest.approx([summary["output_token_throughput"] / 2 for summary in summaries])
+    assert trace.x[0] > trace.x[1] and trace.y[0] < trace.y[1]  # more clients: each slower, the GPU busier
+    assert "throughput-interactivity" not in figure_ids(build(tmp_path, [synthetic_run(tmp_path / "one")]))
