@@ -89,11 +89,13 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
         load_model(tmp_path)
-    # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads.
-    assert supported_architectures() == ["LlamaForCausalLM", "LlamaModel", "MistralForCausalLM", "MistralModel",
-                                         "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2Model",
-                                         "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3Model",
-                                         "Qwen3MoeForCausalLM"]
+    # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
+    # *ForSequenceClassification ones classify, in a pooling engine too.
+    assert supported_architectures() == ["LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
+                                         "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
+                                         "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification",
+                                         "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
+                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "bf16"])
