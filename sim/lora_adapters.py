@@ -109,11 +109,3 @@ def lora_setup(adapters: list[AdapterSpec], model: ModelShape, hardware: Hardwar
     disk_read_s = {adapter.int_id: adapter_bytes(model, adapter, dtype) / disk for adapter in adapters}
     return LoRASetup(max_loras, max_cpu_loras, max_lora_rank, copy_s, disk_read_s, names)
 
-
-def refuse_lora_outside_simulator(workload, what: str) -> None:
-    """A ValueError when ``workload`` runs requests with adapters where ``what`` (a driver) cannot run them,
-    naming the field."""
-    sections = workload.lora_sections()
-    if sections:
-        raise ValueError(f"{sections[0][0]}: LoRA adapters run in the simulator and in real runs "
-                         f"(--executor real); {what} does not run them: drop the lora section, or use one of those")

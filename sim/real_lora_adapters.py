@@ -10,13 +10,19 @@ what a trained adapter would.
 
 The adapter's folder is written next to its final name and renamed into place, so a run interrupted while
 writing never leaves a half-written adapter that a later run would take as complete.
+
+For a server run (``sim.run --executor server``), ``python -m sim.real_lora_adapters WORKLOAD [--model M]``
+writes the same adapters and prints the ``engine.serve`` flags that serve them under the names the workload's
+requests ask for (``adapter-i``), with the workload's adapter slots.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from workloads import WorkloadConfig
@@ -57,3 +63,42 @@ def write_workload_adapters(workload: WorkloadConfig, model_path: str | Path, ca
                 shutil.rmtree(partial, ignore_errors=True)
         paths[spec.name] = str(folder)
     return paths
+
+
+def server_flags(workload: WorkloadConfig, paths: dict[str, str]) -> list[str]:
+    """The engine.serve flags that serve ``paths`` (adapter name -> folder) with the workload's adapter slots."""
+    section = workload.engine
+    return ["--enable-lora", "--max-loras", str(max(section.max_loras, 1)), "--max-lora-rank",
+            str(section.max_lora_rank), "--max-cpu-loras", str(max(section.cpu_lora_capacity(), 1)),
+            "--lora-modules", *(f"{name}={path}" for name, path in sorted(paths.items(),
+                                                                        key=lambda item: int(item[0].split("-")[-1])))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.engine_args import EngineArgs
+    from engine.models.default_model import cache_root
+    from workloads import WorkloadError, load_workload
+
+    parser = argparse.ArgumentParser(prog="python -m sim.real_lora_adapters",
+                                     description="Write a LoRA workload's adapters for a model and print the "
+                                                 "engine.serve flags that serve them.")
+    parser.add_argument("workload", help="a workload YAML (or an example's name) with a lora section")
+    parser.add_argument("--model", default=None, help="tiny, small (the default) or a checkpoint folder")
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="a workload override")
+    args = parser.parse_args(argv)
+    try:
+        from sim.run import resolve_workload_path
+
+        workload = load_workload(resolve_workload_path(args.workload), overrides=args.set)
+        if not workload.lora_adapters():
+            raise ValueError(f"{args.workload}: the workload names no LoRA adapter (no workload.lora section)")
+        paths = write_workload_adapters(workload, EngineArgs(model=args.model).resolve_model_path(), cache_root())
+    except (WorkloadError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(" ".join(server_flags(workload, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,7 +24,6 @@ from engine.optional_dependencies import exit_for_missing_extra
 from sim.cli_support import check_output_directory, flags_given, positive_int, warnings_as_lines
 from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.engine_setup import SetupError
-from sim.lora_adapters import refuse_lora_outside_simulator
 from sim.sweep import run_sweep
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, example_path, load_workload
@@ -157,7 +156,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> int:
     if args.executor == "server":
-        refuse_lora_outside_simulator(workload, "--executor server")
         from sim.server_run import run_against_server
 
         summary = run_against_server(workload, args.url, out_dir, progress=progress)

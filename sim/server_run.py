@@ -12,6 +12,8 @@ A workload of multi-turn sessions sends each later turn ``think_time_s`` after t
 its prompt that turn's prompt and the token ids the server returned for it (``return_token_ids``), then the
 user's new tokens; a server that returns no ids cannot continue a conversation, and the session's remaining
 turns are recorded as errors saying so. With ``workload.max_concurrency`` each request waits for a free slot.
+A request of a LoRA workload names its adapter as its model (vLLM's way), so the server must serve the
+workload's adapters under their names (``python -m sim.real_lora_adapters WORKLOAD`` prints the flags).
 
 The run directory has the usual files. ``steps.parquet`` is empty: a client cannot see engine steps,
 so step metrics (KV usage, step counts) are absent from the summary; preemptions are unknown (0). The
@@ -67,6 +69,7 @@ class _Record:
     cached_tokens_reported: bool = False  # whether the server's usage said how many prompt tokens were cached
     session_id: str | None = None  # a multi-turn session's first request's id (RequestSpec.session_id), and the turn
     turn: int = 1
+    lora_name: str | None = None  # the adapter it asked for (its model), None for the base model
     # The generated token ids the server returned (return_token_ids); None when a chunk came without them.
     output_token_ids: list[int] | None = field(default_factory=list)
 
@@ -203,8 +206,8 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
         return time.perf_counter() - origin
 
     record = _Record(spec.request_id, now(), len(spec.prompt_token_ids), spec.request_class,
-                     session_id=spec.session_id, turn=spec.turn)
-    body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
+                     session_id=spec.session_id, turn=spec.turn, lora_name=spec.lora_name)
+    body = {"model": spec.lora_name or model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
     if send_priority:
@@ -295,6 +298,8 @@ def _columns(records: list[_Record]) -> dict[str, list]:
         "request_class": [r.request_class for r in records],
         "token_times": [r.token_times for r in records],
     }
+    if any(r.lora_name is not None for r in records):
+        columns["lora_name"] = [r.lora_name for r in records]
     if any(r.session_id is not None for r in records):
         columns["session_id"] = [r.session_id for r in records]
         columns["turn"] = [r.turn for r in records]

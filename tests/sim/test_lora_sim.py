@@ -226,12 +226,7 @@ def test_a_calibrated_profile_refuses_lora():
         build_setup(workload, str(SHIPPED_PROFILES_DIR / "cpu-small-float32.json"))
 
 
-def test_the_server_executor_and_validate_refuse_lora(capsys):
-    from sim.run import main
-
-    assert main(["multi_lora", "--executor", "server", "--out", "/nonexistent/never"]) == 2
-    assert "LoRA adapters run in the simulator and in real runs (--executor real); --executor server does not" \
-        in capsys.readouterr().err
+def test_validate_refuses_lora_without_a_profile(capsys):
     from sim.validate import main as validate_main
 
     assert validate_main(["multi_lora", "--out", "/nonexistent/never"]) == 2
