@@ -2,9 +2,10 @@
 
 A later turn is not in the request stream before the run: it is sent ``think_time_s`` after the turn before
 it finishes, and its prompt is that turn's whole sequence (prompt and generated tokens, read from the engine's
-request) followed by its own user tokens. Every driver (the simulator, the wall-clock driver of a real run and
-of its re-timing) asks this object at each finished request, so all of them make the same requests at the
-same logical times, and a replay of a real run reproduces them.
+request) followed by its own user tokens. The simulator and the wall-clock driver (of a real run and of its
+re-timing) ask this object at each finished request, so both make the same requests at the same logical times,
+and a replay of a real run reproduces them; a server run (sim/server_run.py) builds each turn with the same
+``RequestSpec.next_turn`` from the token ids the server returned.
 
 Invariants: a turn is sent once, after the request before it finished; ``outstanding`` counts the turns not
 yet arrived, so a driver knows when no request will come any more.
