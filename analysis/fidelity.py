@@ -27,6 +27,15 @@ FIDELITY_METRICS: tuple[str, ...] = (
     "kv_usage_mean",
 )
 
+# Compared too when both runs hold multi-turn sessions (analysis.session_stats): how much of the later turns'
+# history the cache held, what that did to their time to first token, and how long a conversation took.
+SESSION_METRICS: tuple[str, ...] = (
+    "sessions.later_turns.cached_fraction",
+    "sessions.later_turns.ttft_ms_p50",
+    "sessions.later_turns.ttft_ms_p90",
+    "sessions.session_duration_s_p50",
+)
+
 # A metric within this relative error of the real value is marked as matching in the printed report.
 DEFAULT_TOLERANCE = 0.10
 
@@ -45,13 +54,16 @@ def compare_runs(
     real_summary: Mapping[str, Any],
     metrics: Sequence[str] = FIDELITY_METRICS,
 ) -> dict[str, Any]:
-    """Metric-by-metric comparison of a simulated and a real summary (JSON-safe).
+    """Metric-by-metric comparison of a simulated and a real summary (JSON-safe); runs of multi-turn sessions
+    add SESSION_METRICS to the default metrics.
 
     Returns {"sim_name", "real_name", "metrics": {key: {"sim", "real", "relative_error"}},
     "mean_abs_relative_error", "max_abs_relative_error", "worst_metric"}; the aggregates cover the
     metrics whose error is defined.
     """
     rows: dict[str, dict[str, Any]] = {}
+    if sim_summary.get("sessions") and real_summary.get("sessions") and metrics is FIDELITY_METRICS:
+        metrics = (*metrics, *SESSION_METRICS)
     for key in metrics:
         simulated = summary_value(sim_summary, key)
         real = summary_value(real_summary, key)

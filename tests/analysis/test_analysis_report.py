@@ -108,3 +108,16 @@ def test_fidelity_marks_judge_the_printed_figure_and_the_caption_is_a_legend(sum
     assert "+5.0%" in rows["ttft_ms.p90"] and rows["ttft_ms.p90"].rstrip("│ ").endswith("ok")
     caption = " ".join(text.split())
     assert "rows marked ok are within 5% of the real value" in caption and "(ok:" not in caption
+
+
+def test_runs_of_sessions_also_compare_their_later_turns(summary):
+    sessions = {"later_turns": {"cached_fraction": 0.8, "ttft_ms_p50": 100.0, "ttft_ms_p90": 200.0},
+                "session_duration_s_p50": 10.0}
+    real = dict(summary, sessions=sessions)
+    simulated = dict(summary, sessions=dict(sessions, later_turns=dict(sessions["later_turns"], ttft_ms_p90=230.0)))
+    metrics = compare_runs(simulated, real)["metrics"]
+    assert metrics["sessions.later_turns.ttft_ms_p90"]["relative_error"] == pytest.approx(0.15)
+    assert metrics["sessions.later_turns.cached_fraction"]["relative_error"] == 0.0
+    assert "sessions.session_duration_s_p50" in metrics
+    assert not any(key.startswith("sessions.") for key in compare_runs(summary, summary)["metrics"])
+    assert not any(key.startswith("sessions.") for key in compare_runs(simulated, summary)["metrics"])
