@@ -29,7 +29,8 @@ link (sim/kv_offload_loads.py): a loading request waits in the queue, so no fast
 A workload with multi-turn sessions sends each later turn when the turn before it finishes (sim/later_turns.py):
 a fast-forward then stops at the step that finishes a request with a next turn, and at the next turn on its way.
 A client with a concurrency limit (``workload.max_concurrency``, sim/client_concurrency.py) holds arrivals while
-its slots are taken and sends one at each finish: a fast-forward then stops at the first finish.
+its slots are taken and sends one at each finish: a fast-forward then stops at the first finish. In a cluster,
+where such a request may go to a replica in the middle of a stretch it planned, the fast-forward is off.
 """
 
 from __future__ import annotations
@@ -133,7 +134,10 @@ class Simulation:
         self.replica_of_request: dict[str, int] = {}
         # Decode-only stretches between arrivals are advanced in one call to the core, which leaves
         # exactly the state (and the traces) the ordinary steps would: see engine/core/decode_fast_forward.py.
-        self.fast_forward = fast_forward and disaggregation is None
+        # Not across replicas whose requests arrive at finishes (a session's next turn, a request the client held):
+        # one replica's finish may send a request to another in the middle of its stretch, which it cannot foresee.
+        finishes_send = self.later_turns is not None or self.client is not None
+        self.fast_forward = fast_forward and disaggregation is None and not (finishes_send and len(engines) > 1)
         for replica in self.replicas:
             if replica.engine.scheduler.kv_cache_manager.offload is not None:
                 if host_link is None or disaggregation is not None:
