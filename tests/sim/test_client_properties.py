@@ -1,7 +1,8 @@
 """Properties of the client side of a simulation (multi-turn sessions, a concurrency limit) over random workloads:
 every request is served and its blocks freed, no more than the limit are ever in flight, each later turn is sent
 no earlier than its think time after the turn before finished (exactly then when a slot is free), its prompt is
-the whole conversation, and the fast-forward changes nothing."""
+the whole conversation, and the fast-forward changes nothing; with and without async scheduling (a loop of two
+batches in flight, sim/pipeline_stages.py)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ def simulate(workload, fast_forward: bool):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**20), limit=st.one_of(st.none(), st.integers(1, 6)), max_turns=st.integers(1, 4),
        think=st.sampled_from([0.0, 0.002, 0.5]), blocks=st.integers(24, 200), rate=st.sampled_from([20.0, 400.0]),
-       max_num_seqs=st.integers(1, 8))
-def test_sessions_and_limits_keep_their_promises(seed, limit, max_turns, think, blocks, rate, max_num_seqs):
+       max_num_seqs=st.integers(1, 8), async_scheduling=st.booleans())
+def test_sessions_and_limits_keep_their_promises(seed, limit, max_turns, think, blocks, rate, max_num_seqs,
+                                                 async_scheduling):
     workload = load_workload({
         "name": "client-properties", "seed": seed, "model": "llama-3-8b", "hardware": "h100-sxm",
         "engine": {"block_size": 16, "num_gpu_blocks": blocks, "max_num_seqs": max_num_seqs,
-                   "max_num_batched_tokens": 128, "max_model_len": 384, "enable_prefix_caching": True},
+                   "max_num_batched_tokens": 128, "max_model_len": 384, "enable_prefix_caching": True,
+                   "async_scheduling": async_scheduling},
         "workload": {"num_requests": 8, "arrival": {"type": "poisson", "rate": rate}, "max_concurrency": limit,
                      "prompt_len": {"type": "uniform", "min": 8, "max": 120},
                      "output_len": {"type": "uniform", "min": 1, "max": 40},
