@@ -49,6 +49,8 @@ LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 # The SLOs goodput can be judged against (as in vLLM's --goodput option), in milliseconds.
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 PERCENTILES = (50, 90, 99)
+# A run under a client concurrency limit (workload.max_concurrency) records each request's wait to be sent.
+CLIENT_WAIT_COLUMN = "client_wait_s"
 
 
 def latency_stats(values_seconds: np.ndarray | pd.Series | list[float]) -> dict[str, Any]:
@@ -278,6 +280,11 @@ def compute_summary(
     sessions = session_stats(requests)
     if sessions is not None:
         summary["sessions"] = sessions
+    if CLIENT_WAIT_COLUMN in requests.columns:
+        # A client with a concurrency limit: how long requests waited to be sent (their latencies count from then).
+        waits = requests[CLIENT_WAIT_COLUMN].to_numpy(dtype=np.float64)
+        summary["client_wait_ms"] = latency_stats(waits)
+        summary["num_client_waited"] = int((waits > 0).sum())
     pipeline = pipeline_stats(steps, duration_s, config)
     if pipeline is not None:
         summary["pipeline"] = pipeline

@@ -150,6 +150,11 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             # run's measured list closes the loop from the real proposer to the simulator.
             headline.add_row("acceptance by position (acceptance_rate)",
                              "[" + ", ".join(f"{rate:.2f}" for rate in by_position) + "]")
+    client_wait = summary.get("client_wait_ms")
+    if client_wait:
+        headline.add_row("waited at the client (max_concurrency)",
+                         f"{format_number(summary.get('num_client_waited'))} requests, p50 "
+                         f"{format_number(client_wait.get('p50'))} ms, p90 {format_number(client_wait.get('p90'))} ms")
     sessions = summary.get("sessions")
     if sessions:
         later = sessions.get("later_turns") or {}

@@ -45,4 +45,4 @@ class ConcurrencyLimit:
         self.in_flight += 1
         self.total_wait_s += time - spec.arrival_time
         self.num_waited += 1
-        return replace(spec, arrival_time=time)
+        return replace(spec, arrival_time=time, client_wait_s=spec.client_wait_s + time - spec.arrival_time)

@@ -70,6 +70,7 @@ class _Record:
     session_id: str | None = None  # a multi-turn session's first request's id (RequestSpec.session_id), and the turn
     turn: int = 1
     lora_name: str | None = None  # the adapter it asked for (its model), None for the base model
+    client_wait_s: float | None = None  # seconds it waited for a free slot (workload.max_concurrency), None without
     # The generated token ids the server returned (return_token_ids); None when a chunk came without them.
     output_token_ids: list[int] | None = field(default_factory=list)
 
@@ -199,8 +200,11 @@ async def _send_session(client: httpx.AsyncClient, model: str, spec: RequestSpec
 async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
                 send_priority: bool = False, slots: asyncio.Semaphore | None = None) -> _Record:
     if slots is not None:
+        waiting_since = time.perf_counter() - origin
         async with slots:
-            return await _send(client, model, spec, origin, bar, send_priority)
+            record = await _send(client, model, spec, origin, bar, send_priority)
+        record.client_wait_s = record.arrival_time - waiting_since
+        return record
 
     def now() -> float:
         return time.perf_counter() - origin
@@ -298,6 +302,8 @@ def _columns(records: list[_Record]) -> dict[str, list]:
         "request_class": [r.request_class for r in records],
         "token_times": [r.token_times for r in records],
     }
+    if any(r.client_wait_s is not None for r in records):
+        columns["client_wait_s"] = [r.client_wait_s or 0.0 for r in records]
     if any(r.lora_name is not None for r in records):
         columns["lora_name"] = [r.lora_name for r in records]
     if any(r.session_id is not None for r in records):

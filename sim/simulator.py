@@ -110,6 +110,8 @@ class Simulation:
             replica.recorder.track_lora(replica.executor.lora)
             if with_sessions:
                 replica.recorder.track_sessions()
+            if max_concurrency is not None:
+                replica.recorder.track_client_waits()
         self.router = router
         # The counts the router weighs (live by default); the router's built-in policies read the same object.
         self.loads = loads if loads is not None else ReplicaLoads(engines)
@@ -258,7 +260,8 @@ class Simulation:
         self.replica_of_request[spec.request_id] = chosen
         # The workload's own time, not env.now (which may differ from it in the last bit).
         replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
-                                    spec.priority, spec.request_class, spec.lora_name, spec.session_id, spec.turn)
+                                    spec.priority, spec.request_class, spec.lora_name, spec.session_id, spec.turn,
+                                    spec.client_wait_s)
         replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
         replica.engine.add_request(request)
         if self.later_turns is not None:

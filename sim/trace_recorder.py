@@ -52,6 +52,8 @@ class TraceRecorder:
         # Multi-turn sessions (track_sessions): each request's session (its first turn's id) and turn; None without.
         self.session_ids: list[str | None] | None = None
         self.turns: list[int] | None = None
+        # A client with a concurrency limit (track_client_waits): the seconds each request waited to be sent.
+        self.client_waits: list[float] | None = None
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
@@ -64,7 +66,7 @@ class TraceRecorder:
 
     def on_arrival(self, request_id: str, now: float, num_prompt_tokens: int, priority: int = 0,
                    request_class: str = DEFAULT_REQUEST_CLASS, lora_name: str | None = None,
-                   session_id: str | None = None, turn: int = 1) -> None:
+                   session_id: str | None = None, turn: int = 1, client_wait_s: float = 0.0) -> None:
         self._index[request_id] = len(self.request_ids)
         self.request_ids.append(request_id)
         self.arrival_time.append(now)
@@ -82,6 +84,8 @@ class TraceRecorder:
         if self.session_ids is not None:
             self.session_ids.append(session_id)
             self.turns.append(turn)
+        if self.client_waits is not None:
+            self.client_waits.append(client_wait_s)
         self.token_times[request_id] = []
 
     def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
@@ -172,6 +176,12 @@ class TraceRecorder:
         if self.steps["step"] or self.request_ids:
             raise RuntimeError("track_sessions must be called before the first arrival or step is recorded")
         self.session_ids, self.turns = [], []
+
+    def track_client_waits(self) -> None:
+        """Record a client with a concurrency limit: the requests table gains ``client_wait_s``. Before any event."""
+        if self.steps["step"] or self.request_ids:
+            raise RuntimeError("track_client_waits must be called before the first arrival or step is recorded")
+        self.client_waits = []
 
     def track_lora(self, lora_steps) -> None:
         """Record an engine that serves LoRA adapters (``lora_steps``: its executor's sim/lora_steps.LoRASteps; None
@@ -315,6 +325,8 @@ class TraceRecorder:
         if self.session_ids is not None:
             columns["session_id"] = self.session_ids
             columns["turn"] = self.turns
+        if self.client_waits is not None:
+            columns["client_wait_s"] = self.client_waits
         return columns
 
     def step_columns(self) -> dict[str, list]:

@@ -79,6 +79,8 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     params_by_output_len: dict[int, SamplingParams] = {}
     if any(spec.session_id is not None for spec in requests):
         recorder.track_sessions()
+    if max_concurrency is not None:
+        recorder.track_client_waits()
     bar = tqdm(total=count_requests(requests), desc=description, unit="req", disable=not progress, mininterval=0.5,
                leave=False)
     # As serving engines do after start-up: move every object alive now out of the collector's view,
@@ -99,7 +101,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
     while arrivals.pending() or engine.has_work():
         for spec in arrivals.take(now):
             recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
-                                spec.request_class, spec.lora_name, spec.session_id, spec.turn)
+                                spec.request_class, spec.lora_name, spec.session_id, spec.turn, spec.client_wait_s)
             request = make_request(spec, params_by_output_len, lora_paths=lora_paths)
             engine.add_request(request)
             arrivals.track(spec, request)

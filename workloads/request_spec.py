@@ -39,6 +39,9 @@ class RequestSpec:
     # The session's first request's id and this request's turn in it (1 for the first); None / 1 without one.
     session_id: str | None = None
     turn: int = 1
+    # Seconds the request waited at the client for a free slot (workload.max_concurrency) before it was sent at
+    # ``arrival_time``; 0 for a request sent when it arrived.
+    client_wait_s: float = 0.0
 
     def next_turn(self, conversation_token_ids: array, finish_time: float) -> RequestSpec:
         """The session's next turn, sent ``think_time_s`` after this request finished at ``finish_time``:
@@ -49,7 +52,7 @@ class RequestSpec:
         prompt.extend(follow_up.user_token_ids)
         return replace(self, request_id=follow_up.request_id, arrival_time=finish_time + follow_up.think_time_s,
                        prompt_token_ids=prompt, output_len=follow_up.output_len, next_turns=tuple(later),
-                       session_id=self.session_id or self.request_id, turn=self.turn + 1)
+                       session_id=self.session_id or self.request_id, turn=self.turn + 1, client_wait_s=0.0)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -16,7 +16,7 @@ from sim.client_concurrency import ConcurrencyLimit
 from sim.real_run import run_real
 from sim.replay import compare_replay, replay
 from sim.run_pipeline import run_simulation
-from workloads import RequestSpec, WorkloadError, load_workload
+from workloads import RequestSpec, WorkloadError, generate_requests, load_workload
 
 CLOSED_LOOP = {
     "name": "closed-loop", "seed": 3, "model": "llama-3-8b", "hardware": "h100-sxm",
@@ -100,8 +100,15 @@ def test_an_open_loop_beyond_the_limit_waits_at_the_client(tmp_path):
     raw = with_changes(CLOSED_LOOP, arrival={"type": "poisson", "rate": 40}, max_concurrency=8)
     requests, _, summary = simulate(raw, tmp_path, "open")
     assert max_in_flight(requests) == 8 and summary["num_finished"] == 300
+    # Each request's wait at the client is recorded: sent time less its own arrival time.
+    intended = {spec.request_id: spec.arrival_time for spec in generate_requests(load_workload(raw), 128256)}
+    waited = requests["arrival_time"] - requests["request_id"].map(intended)
+    assert requests["client_wait_s"].to_numpy() == pytest.approx(waited.to_numpy(), abs=1e-9)
+    assert summary["num_client_waited"] == int((waited > 0).sum()) > 200
+    assert summary["client_wait_ms"]["p50"] == pytest.approx(1000 * waited.median(), rel=1e-6)
     unlimited, _, unlimited_summary = simulate(with_changes(raw, max_concurrency=None), tmp_path, "unlimited")
     assert max_in_flight(unlimited) > 8
+    assert "client_wait_s" not in unlimited.columns and "client_wait_ms" not in unlimited_summary
     # The engine sees fewer requests at once: each is served faster, and the run takes longer.
     assert summary["tpot_ms"]["p50"] < unlimited_summary["tpot_ms"]["p50"]
     assert summary["duration_s"] > unlimited_summary["duration_s"]
@@ -170,6 +177,11 @@ def test_a_wall_clock_run_under_a_limit_replays_exactly(tmp_path, sessions):
     real = read_run(tmp_path / "real").requests
     assert len(real) == (48 if sessions else 24) and max_in_flight(real) == 5
     assert (real["arrival_time"] > 0.06).any()  # some waited: 24 requests arrive within about 60 ms
+    intended = {spec.request_id: spec.arrival_time for spec in generate_requests(workload, 1000, [0, 1])}
+    first_turns = real[real["request_id"].isin(intended)]
+    assert (first_turns["arrival_time"] - first_turns["client_wait_s"]).to_numpy() == pytest.approx(
+        first_turns["request_id"].map(intended).to_numpy(), abs=1e-9)
+    assert (real["client_wait_s"] > 0).sum() >= 5
     recorder, run, _ = replay(tmp_path / "real")
     report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
                             steps_table(recorder.step_columns()).to_pandas())
@@ -193,6 +205,7 @@ def test_a_server_run_keeps_its_limit_too(tmp_path):
     engine.shutdown()
     requests = read_run(tmp_path / "served").requests
     assert len(requests) == 8 and (requests["finish_reason"] == "length").all()
-    # Sent three at a time: the fourth leaves only when one of the first three is done.
+    # Sent three at a time: the fourth leaves only when one of the first three is done, and says how long it waited.
     assert max_in_flight(requests) == 3
+    assert (requests["client_wait_s"] > 0).sum() >= 5
     assert sorted(requests["arrival_time"])[3] >= sorted(requests["finish_time"])[0] - 1e-3
