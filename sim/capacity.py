@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"--tolerance {args.tolerance:g}")
         written = "capacity.json, capacity.html" + (
             "; at-capacity/: the run at that rate" if result.max_rate is not None else "")
+        if workload.has_sessions():
+            console.print("note: with workload.sessions the rate counts sessions (their first turns); each brings its "
+                          "later turns on top (the run's summary.json sessions.mean_turns)")
         console.print(f"written to {out_dir}/ ({written})")
         return 0
     table = point_table(results)

@@ -202,3 +202,10 @@ def test_a_cluster_too_large_to_simulate_keeps_the_search_and_says_why(monkeypat
     result = find_capacity(chat(), tolerance=0.2, target_rate=300.0)
     assert result.max_rate is not None and result.replicas >= 2 and result.replica_count is None
     assert result.verification_note.startswith("not simulated as one cluster: cluster.num_replicas:")
+
+
+def test_a_search_over_sessions_says_the_rate_counts_sessions(tmp_path, capsys):
+    assert capacity_main(["multi_turn", "--set", "sweep=null", "--set", "workload.num_requests=40", "--tolerance",
+                          "0.2", "--out", str(tmp_path / "cap")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "capacity:" in printed and "the rate counts sessions (their first turns)" in printed
