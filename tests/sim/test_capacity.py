@@ -208,4 +208,4 @@ def test_a_search_over_sessions_says_the_rate_counts_sessions(tmp_path, capsys):
     assert capacity_main(["multi_turn", "--set", "sweep=null", "--set", "workload.num_requests=40", "--tolerance",
                           "0.2", "--out", str(tmp_path / "cap")]) == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "capacity:" in printed and "the rate counts sessions (their first turns)" in printed
+    assert "the rate counts sessions (their first turns)" in printed
