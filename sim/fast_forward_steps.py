@@ -33,12 +33,15 @@ def plan_durations(simulation, plan: DecodeFastForward, executor: SimulatedExecu
         # Up to the first finish: it frees a client slot, and a request sent into it (or an arrival that now finds
         # one free) joins the step after it.
         max_steps = min(max_steps, min(plan.last_steps) + 1)
-    elif simulation.later_turns is not None:
-        # Up to the first step that finishes a request whose session sends a next turn: that turn may
-        # arrive right at its end, and the steps after would not see it.
-        sends = simulation.later_turns.sends_next_turn
-        max_steps = min([max_steps, *(last + 1 for request, last in zip(plan.requests, plan.last_steps)
-                                      if sends(request.request_id))])
+    # A request whose session sends a next turn may finish in the stretch: its turn arrives think_time_s after that
+    # step's end, and no step starts at or after it, as after any arrival (the turn joins the step after it).
+    think_after_step: dict[int, float] = {}
+    if simulation.client is None and simulation.later_turns is not None:
+        think_time = simulation.later_turns.next_think_time
+        for request, last in zip(plan.requests, plan.last_steps):
+            think = think_time(request.request_id)
+            if think is not None and think < think_after_step.get(last, float("inf")):
+                think_after_step[last] = think
     while len(durations) < max_steps and now < next_event:
         step = plan.step(len(durations))
         if step.num_decode_reqs == 0:
@@ -59,6 +62,9 @@ def plan_durations(simulation, plan: DecodeFastForward, executor: SimulatedExecu
         durations.append(duration)
         # The same float addition SimPy performs for each timeout, so times match ordinary steps.
         now = now + duration
+        think = think_after_step.get(len(durations) - 1)
+        if think is not None:
+            next_event = min(next_event, now + think)  # the float sum RequestSpec.next_turn computes
     return durations, planned_steps, lora
 
 
@@ -80,8 +86,17 @@ def fast_forward(simulation, replica, result: FastForwardResult, durations: list
     for duration in durations[:result.num_steps]:
         yield env.timeout(duration)
     simulation.unreported_finished += sum(step >= 0 for step in result.finish_step)
-    if simulation.client is not None or simulation.later_turns is not None:
-        # Only the last step can finish a request the client reacts to (see plan_durations): now is its end.
+    if simulation.client is not None:
+        # Only the last step can finish a request (see plan_durations): now is its end.
         for request, step in zip(result.requests, result.finish_step):
             if step >= 0:
                 simulation.on_request_finished(request.request_id, ends[step])
+    elif simulation.later_turns is not None:
+        # Turns of requests that finished in the stretch, in the order they arrive: those due by now (during the
+        # last step, never earlier: see plan_durations) join before the next step, as they would have mid-step.
+        think_time = simulation.later_turns.next_think_time
+        finished = [(ends[step] + think_time(request.request_id), step, index, request.request_id)
+                    for index, (request, step) in enumerate(zip(result.requests, result.finish_step))
+                    if step >= 0 and simulation.later_turns.sends_next_turn(request.request_id)]
+        for _, step, _, request_id in sorted(finished):
+            simulation.on_request_finished(request_id, ends[step])

@@ -39,6 +39,11 @@ class LaterTurns:
     def sends_next_turn(self, request_id: str) -> bool:
         return request_id in self._senders
 
+    def next_think_time(self, request_id: str) -> float | None:
+        """Seconds from the request's finish to its session's next turn, or None when it sends none."""
+        entry = self._senders.get(request_id)
+        return None if entry is None else entry[0].next_turns[0].think_time_s
+
     def on_finished(self, request_id: str, finish_time: float) -> RequestSpec | None:
         """The next turn of the session of the request that finished at ``finish_time``, if there is one."""
         entry = self._senders.pop(request_id, None)
