@@ -5,29 +5,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
 
 from engine.outputs import RequestOutput
 
-
-@dataclass(slots=True)
-class EmbeddingOutput:
-    embedding: list[float]
-
-    @property
-    def hidden_size(self) -> int:
-        return len(self.embedding)
-
-
-@dataclass(slots=True)
-class EmbeddingRequestOutput:
-    request_id: str
-    outputs: EmbeddingOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
-
-    @classmethod
-    def from_request_output(cls, output: RequestOutput) -> "EmbeddingRequestOutput":
-        return cls(output.request_id, EmbeddingOutput(pooled_values(output, "embedding")), list(output.prompt_token_ids))
+PooledT = TypeVar("PooledT")
 
 
 def pooled_values(output: RequestOutput, what: str) -> list[float]:
@@ -41,6 +23,44 @@ def pooled_values(output: RequestOutput, what: str) -> list[float]:
 
 
 @dataclass(slots=True)
+class PoolingRequestOutput(Generic[PooledT]):
+    """vLLM's shape for every pooling task: the request, what was pooled for it, its prompt's token ids."""
+    request_id: str
+    outputs: PooledT
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    # What a task's pooled vector is called in errors, and the output type it becomes (set by each task).
+    what: ClassVar[str] = "pooled output"
+
+    @classmethod
+    def wrap(cls, values: list[float]) -> PooledT:
+        raise NotImplementedError
+
+    @classmethod
+    def from_request_output(cls, output: RequestOutput):
+        return cls(output.request_id, cls.wrap(pooled_values(output, cls.what)), list(output.prompt_token_ids))
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    what: ClassVar[str] = "embedding"
+
+    @classmethod
+    def wrap(cls, values: list[float]) -> EmbeddingOutput:
+        return EmbeddingOutput(values)
+
+
+@dataclass(slots=True)
 class ClassificationOutput:
     """The labels' probabilities (softmax over the labels; a single label's sigmoid)."""
     probs: list[float]
@@ -51,16 +71,12 @@ class ClassificationOutput:
 
 
 @dataclass(slots=True)
-class ClassificationRequestOutput:
-    request_id: str
-    outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    what: ClassVar[str] = "classification"
 
     @classmethod
-    def from_request_output(cls, output: RequestOutput) -> "ClassificationRequestOutput":
-        return cls(output.request_id, ClassificationOutput(pooled_values(output, "classification")),
-                   list(output.prompt_token_ids))
+    def wrap(cls, values: list[float]) -> ClassificationOutput:
+        return ClassificationOutput(values)
 
 
 @dataclass(slots=True)
@@ -69,9 +85,5 @@ class ScoringOutput:
 
 
 @dataclass(slots=True)
-class ScoringRequestOutput:
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
     """vLLM's: one score, and the token ids of both texts (the first's, then the second's)."""
-    request_id: str
-    outputs: ScoringOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
