@@ -24,9 +24,6 @@ class ConcurrencyLimit:
         self.limit = limit
         self.in_flight = 0
         self.waiting: deque[RequestSpec] = deque()
-        # How long the requests sent so far waited at the client, in total, and how many waited at all.
-        self.total_wait_s = 0.0
-        self.num_waited = 0
 
     def offer(self, spec: RequestSpec) -> RequestSpec | None:
         """``spec`` arrived: the request to send now (``spec`` itself), or None when it must wait for a slot."""
@@ -43,6 +40,4 @@ class ConcurrencyLimit:
             return None
         spec = self.waiting.popleft()
         self.in_flight += 1
-        self.total_wait_s += time - spec.arrival_time
-        self.num_waited += 1
         return replace(spec, arrival_time=time, client_wait_s=spec.client_wait_s + time - spec.arrival_time)

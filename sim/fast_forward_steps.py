@@ -95,8 +95,10 @@ def fast_forward(simulation, replica, result: FastForwardResult, durations: list
         # Turns of requests that finished in the stretch, in the order they arrive: those due by now (during the
         # last step, never earlier: see plan_durations) join before the next step, as they would have mid-step.
         think_time = simulation.later_turns.next_think_time
-        finished = [(ends[step] + think_time(request.request_id), step, index, request.request_id)
-                    for index, (request, step) in enumerate(zip(result.requests, result.finish_step))
-                    if step >= 0 and simulation.later_turns.sends_next_turn(request.request_id)]
+        thinks = [None if step < 0 else think_time(request.request_id)
+                  for request, step in zip(result.requests, result.finish_step)]
+        finished = [(ends[step] + think, step, index, request.request_id)
+                    for index, (request, step, think) in enumerate(zip(result.requests, result.finish_step, thinks))
+                    if think is not None]
         for _, step, _, request_id in sorted(finished):
             simulation.on_request_finished(request_id, ends[step])

@@ -36,9 +36,6 @@ class LaterTurns:
         if spec.next_turns:
             self._senders[spec.request_id] = (spec, request)
 
-    def sends_next_turn(self, request_id: str) -> bool:
-        return request_id in self._senders
-
     def next_think_time(self, request_id: str) -> float | None:
         """Seconds from the request's finish to its session's next turn, or None when it sends none."""
         entry = self._senders.get(request_id)

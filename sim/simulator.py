@@ -104,6 +104,7 @@ class Simulation:
         if len(engines) > 1 and router is None and disaggregation is None:
             raise ValueError(f"a cluster of {len(engines)} engines needs a router")
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
+        self._engines = engines  # what the router chooses among, in replica order
         with_sessions = any(spec.session_id is not None for spec in requests)
         for replica in self.replicas:
             replica.recorder.track_spec_decoding(replica.engine.scheduler.spec_decoding_stats)
@@ -254,8 +255,7 @@ class Simulation:
             chosen = self.disaggregation.route_arrival(request)
         else:
             request = make_request(spec, self._params_by_output_len)
-            chosen = checked_choice(self.router, request, [replica.engine for replica in self.replicas],
-                                    self.loads) if self.router is not None else 0
+            chosen = checked_choice(self.router, request, self._engines, self.loads) if self.router is not None else 0
         replica = self.replicas[chosen]
         self.replica_of_request[spec.request_id] = chosen
         # The workload's own time, not env.now (which may differ from it in the last bit).

@@ -61,7 +61,9 @@ def test_the_limit_holds_requests_in_arrival_order_and_sends_one_per_finish():
     sent = limit.on_finished(3.0)
     assert (sent.request_id, sent.arrival_time) == ("c", 3.0)  # it arrives when it is sent
     assert limit.in_flight == 2 and [s.request_id for s in limit.waiting] == ["d"]
-    assert limit.on_finished(4.0).request_id == "d" and limit.total_wait_s == pytest.approx(2.0 + 2.5)
+    assert sent.client_wait_s == pytest.approx(2.0)  # it waited from its arrival at 1.0 until 3.0
+    later = limit.on_finished(4.0)
+    assert later.request_id == "d" and later.client_wait_s == pytest.approx(2.5)
     assert limit.on_finished(5.0) is None and limit.in_flight == 1
     with pytest.raises(ValueError, match="max_concurrency must be >= 1"):
         ConcurrencyLimit(0)
