@@ -8,6 +8,12 @@ step's write; its ``query_len`` new tokens are the last ones, so query ``j`` sit
 ``block_table``: token ``p`` of request ``i`` lives in block ``block_table[i, p // block_size]`` at offset
 ``p % block_size``. GQA: query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``.
 
+Sliding window (``sliding_window=W``, a sliding-window layer's): a query at position ``p`` attends keys
+``max(0, p - W + 1) .. p`` only, ``W`` keys counting itself (transformers' ``kv_idx > q_idx - W``).
+Keys before the window of a request's *first* query are never read, not even through the block table:
+the KV-block manager may have freed their blocks, whose table entries then point at a null block
+holding anything, NaN included. ``None`` is full causal attention.
+
 Requests with ``query_len == 0`` (padding up to a captured batch size) produce nothing, and rows of
 ``output`` that belong to no request are left untouched.
 
@@ -32,12 +38,15 @@ def paged_attention_reference(
     scale: float,
     k_scale: Scale = 1.0,
     v_scale: Scale = 1.0,
+    sliding_window: int | None = None,
 ) -> None:
     """query/output [num_tokens, num_heads, head_size]; caches [num_blocks, block_size, num_kv_heads, head_size].
 
     An fp8 cache is read as ``stored * k_scale`` / ``stored * v_scale``; other caches ignore the scales.
+    ``sliding_window``: see the module docstring (None: full causal attention).
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
+    check_sliding_window(sliding_window)
     block_size = key_cache.shape[1]
     group = query.shape[1] // key_cache.shape[2]
     fp8 = is_fp8(key_cache.dtype)
@@ -48,18 +57,29 @@ def paged_attention_reference(
         if query_len == 0:
             continue
         context_len = seq_len - query_len
-        positions = torch.arange(seq_len, device=query.device)
+        # The first query's window starts earliest: nothing before it is gathered (it may be freed).
+        first_key = 0 if sliding_window is None else max(0, context_len - sliding_window + 1)
+        positions = torch.arange(first_key, seq_len, device=query.device)
         blocks = block_table[req].to(torch.long)[positions // block_size]
-        keys = key_cache[blocks, positions % block_size].float()  # [seq_len, Hkv, D]
+        keys = key_cache[blocks, positions % block_size].float()  # [seq_len - first_key, Hkv, D]
         values = value_cache[blocks, positions % block_size].float()
         if fp8:
             keys, values = keys * k_scale, values * v_scale
         keys = keys.repeat_interleave(group, dim=1)
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", query[start:end].float(), keys) * scale
-        visible = positions[None, :] <= (context_len + torch.arange(query_len, device=query.device))[:, None]
+        query_positions = (context_len + torch.arange(query_len, device=query.device))[:, None]
+        visible = positions[None, :] <= query_positions
+        if sliding_window is not None:
+            visible &= positions[None, :] > query_positions - sliding_window
         scores = scores.masked_fill(~visible, float("-inf"))
         output[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).to(output.dtype)
+
+
+def check_sliding_window(sliding_window: int | None) -> None:
+    """A window holds at least the query's own key; None means no window."""
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
 
 
 def check_paged_attention_args(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

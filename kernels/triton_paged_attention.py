@@ -1,7 +1,7 @@
 """Paged attention for mixed prefill + decode batches as one Triton kernel (plus a split-KV combine).
 
 Same contract as ``kernels/paged_attention.py`` (the reference): flat batch, causal with each chunk's
-context offset, GQA, keys and values read only through the block table.
+context offset, GQA, keys and values read only through the block table, an optional sliding window.
 
 Work decomposition. The query rows of one request are cut into *query blocks* of ``BLOCK_Q`` tokens; a
 program handles one query block for one kv head, i.e. ``BLOCK_Q * group`` query rows (the group's query
@@ -13,6 +13,13 @@ Finding a program's request without a host sync: request ``i`` is given the quer
 at ``query_start_loc[i] // BLOCK_Q + i``. That over-counts by at most one block per request, so
 ``num_tokens // BLOCK_Q + num_reqs`` programs always suffice (a bound known from shapes alone, which CUDA
 graph capture needs); a program finds its request by binary search and exits if its block is empty.
+
+Sliding window. ``HAS_WINDOW`` is a compile-time flag (full-attention layers run the very kernel they
+ran before windows existed); the window itself is a runtime int, so every window size shares one
+compiled variant. A program starts at the key tile holding the window start of its *first* query row
+(the earliest of its rows): whole tiles before it are neither loaded nor looked up in the block table,
+which is the saving a window buys and also keeps freed (null, garbage) blocks out. Inside the first
+tile, loads of positions before that start are masked; each row then masks keys before its own window.
 
 Split-KV (flash-decoding). A decode-only step with few requests launches too few programs to fill a
 GPU, so the keys of each request may be split into ``num_kv_splits`` segments handled by separate
@@ -32,7 +39,7 @@ import triton
 import triton.language as tl
 
 from kernels.fp8 import Scale, check_scale, is_fp8
-from kernels.paged_attention import check_paged_attention_args
+from kernels.paged_attention import check_paged_attention_args, check_sliding_window
 from kernels.triton_support import check_launchable, interpreter_enabled, next_power_of_2
 
 INTERPRETED = interpreter_enabled()  # fixed when the kernels below are decorated, i.e. now
@@ -59,17 +66,17 @@ def _find_request(query_start_loc_ptr, query_block, num_reqs, BLOCK_Q: tl.conste
 
 # Integers that vary from step to step are not specialized on (Triton otherwise compiles a variant for
 # values equal to 1 or divisible by 16): a new variant mid-run costs a compilation of ~0.5 s inside a step.
-@triton.jit(do_not_specialize=["num_reqs", "block_table_stride"])
+@triton.jit(do_not_specialize=["num_reqs", "block_table_stride", "sliding_window"])
 def _paged_attention_kernel(
     output_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     partial_out_ptr, partial_max_ptr, partial_sum_ptr,
-    softmax_scale_log2, v_scale, num_reqs, head_size,
+    softmax_scale_log2, v_scale, num_reqs, head_size, sliding_window,
     query_stride_token, query_stride_head, output_stride_token, output_stride_head,
     cache_stride_block, cache_stride_offset, cache_stride_head, block_table_stride,
     GROUP: tl.constexpr, GROUP_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_PADDED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     query_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -102,8 +109,16 @@ def _paged_attention_kernel(
     # Causality bounds the keys this block needs by its last row's position, not by seq_len.
     last_token = tl.minimum(query_len, (local_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(context_len + last_token, TILE)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    first_tile = split * tiles_per_split
+    if HAS_WINDOW:
+        # The window bounds them from below by the first row's window start (rows only move it later);
+        # the splits divide the tiles from there on.
+        window_start = tl.maximum(context_len + local_block * BLOCK_Q - sliding_window + 1, 0)
+        window_tile = window_start // TILE
+        tiles_per_split = tl.cdiv(num_tiles - window_tile, NUM_SPLITS)
+        first_tile = window_tile + split * tiles_per_split
+    else:
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        first_tile = split * tiles_per_split
     end_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
 
     running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -113,6 +128,8 @@ def _paged_attention_kernel(
     for tile in range(first_tile, end_tile):
         key_position = tile * TILE + offsets
         key_valid = key_position < seq_len
+        if HAS_WINDOW:
+            key_valid = key_valid & (key_position >= window_start)  # before it: possibly a freed block
         physical_block = tl.load(block_table_ptr + req.to(tl.int64) * block_table_stride + key_position // BLOCK_SIZE,
                                  mask=key_valid, other=0).to(tl.int64)
         slot_offsets = (physical_block * cache_stride_block + (key_position % BLOCK_SIZE) * cache_stride_offset
@@ -131,9 +148,12 @@ def _paged_attention_kernel(
 
         scores = tl.dot(query, keys, input_precision=DOT_PRECISION) * softmax_scale_log2
         visible = (key_position[None, :] <= query_position[:, None]) & key_valid[None, :]
+        if HAS_WINDOW:
+            visible = visible & (key_position[None, :] > query_position[:, None] - sliding_window)
         scores = tl.where(visible, scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
         # A row that has seen no visible key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
+        # (With a window a row may see none in a whole split, or none in a tile after its last key.)
         reference = tl.where(new_max == float("-inf"), 0.0, new_max)
         probabilities = tl.exp2(scores - reference[:, None])
         correction = tl.exp2(running_max - reference)
@@ -143,6 +163,10 @@ def _paged_attention_kernel(
         running_max = new_max
 
     accumulator = accumulator * v_scale
+    if HAS_WINDOW:
+        # A masked row past the chunk may have no key in its window (its position is past seq_len); a
+        # sum of 1 keeps its never-stored result finite instead of 0 / 0.
+        running_sum = tl.where(row_valid, running_sum, 1.0)
     if NUM_SPLITS == 1:
         result = accumulator / running_sum[:, None]
         tl.store(output_ptr + token[:, None] * output_stride_token + query_head[:, None] * output_stride_head
@@ -172,7 +196,8 @@ def _combine_splits_kernel(
     row = (token * tl.num_programs(1) + head) * NUM_SPLITS + splits
     split_max = tl.load(partial_max_ptr + row, mask=split_valid, other=float("-inf"))
     split_sum = tl.load(partial_sum_ptr + row, mask=split_valid, other=0.0)
-    # Split 0 starts at key 0, which every query sees, so the overall max is finite.
+    # Every query sees its own key, which lies in some split, so the overall max is finite; splits
+    # that saw no key of this row (empty, or wholly outside its window) kept max -inf and get weight 0.
     overall_max = tl.max(split_max, 0)
     weight = tl.where(split_max == float("-inf"), 0.0, tl.exp2(split_max - overall_max))
     dims = tl.arange(0, HEAD_PADDED)
@@ -196,14 +221,18 @@ def triton_paged_attention(
     k_scale: Scale = 1.0,
     v_scale: Scale = 1.0,
     num_kv_splits: int | None = None,
+    sliding_window: int | None = None,
 ) -> None:
     """Fill the rows of ``output`` owned by requests, as ``paged_attention_reference`` does.
 
     ``max_query_len`` (a host int, an upper bound is fine) picks the query-block size; ``num_kv_splits``
     overrides the split-KV choice (None: one split unless a decode-only step leaves the GPU idle).
+    ``sliding_window``: as in the reference (None: full causal attention); tiles before a query block's
+    window are skipped, not just masked.
     Nothing here reads device memory on the host, so the call can be captured in a CUDA graph.
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
+    check_sliding_window(sliding_window)
     check_launchable("triton_paged_attention", INTERPRETED, query, key_cache, value_cache, output,
                      query_start_loc, seq_lens, block_table)
     if query.stride(-1) != 1 or output.stride(-1) != 1 or key_cache.stride(-1) != 1:
@@ -239,7 +268,7 @@ def triton_paged_attention(
     _paged_attention_kernel[(num_query_blocks, num_kv_heads, splits)](
         output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
         partial_out, partial_max, partial_sum,
-        scale * float(k_scale) * LOG2_E, float(v_scale), num_reqs, head_size,
+        scale * float(k_scale) * LOG2_E, float(v_scale), num_reqs, head_size, sliding_window or 0,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=group, GROUP_PADDED=group_padded, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_PADDED=head_padded,
@@ -249,6 +278,7 @@ def triton_paged_attention(
         # Triton's interpreter (3.7 to 3.9) multiplies bfloat16 dot operands as raw 16-bit integers; it
         # gets float32 operands instead. Compiled kernels keep the query's dtype.
         DOT_IN_FP32=INTERPRETED and query.dtype == torch.bfloat16,
+        HAS_WINDOW=sliding_window is not None,
         num_warps=4,
     )
     if splits > 1:

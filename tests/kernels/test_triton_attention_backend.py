@@ -13,6 +13,7 @@ import torch
 
 from engine.runner.attention import (allocate_kv_caches, available_attention_backends, build_attention_metadata,
                                      get_attention_backend)
+from kernels.paged_attention import paged_attention_reference
 from kernels.triton_support import interpreter_enabled
 
 
@@ -86,3 +87,42 @@ def test_padded_tokens_produce_zeros():
 @requires_triton
 def test_bfloat16_decodes():
     _compare_with_torch_backend([(20, 1), (45, 1)], 16, 8, 2, seed=5, dtype=torch.bfloat16, atol=3e-2)
+
+
+@requires_triton
+@pytest.mark.parametrize("window", [5, 16, 40])
+def test_sliding_window_reads_no_freed_block(window):
+    # Blocks wholly before each request's window were handed back: their table entries name the null
+    # block 0, full of NaN here. The backend must match the reference and stay finite.
+    block_size, num_kv_heads, head_size = 16, 2, 16
+    shapes = [(70, 1), (0, 23), (45, 9), (block_size, 1)]
+    gen = torch.Generator().manual_seed(window)
+    next_block = iter(range(1, 100))
+    block_ids = []
+    for context_len, query_len in shapes:
+        first_key = max(0, context_len - window + 1)
+        block_ids.append([0 if (index + 1) * block_size <= first_key else next(next_block)
+                          for index in range(-(-(context_len + query_len) // block_size))])
+    num_tokens = sum(q for _, q in shapes) + 2  # two padding rows, which must come out as zeros
+    metadata = build_attention_metadata([c for c, _ in shapes], [q for _, q in shapes], block_ids, block_size,
+                                        device=DEVICE, num_padded_tokens=num_tokens)
+    num_blocks = next(next_block)
+    ((key_cache, value_cache),) = allocate_kv_caches(1, num_blocks, block_size, num_kv_heads, head_size,
+                                                     torch.float32, DEVICE)
+    key_cache.copy_(torch.randn(key_cache.shape, generator=gen))
+    value_cache.copy_(torch.randn(value_cache.shape, generator=gen))
+    key_cache[0] = float("nan")
+    value_cache[0] = float("nan")
+    query, key, value = (torch.randn(num_tokens, heads, head_size, generator=gen).to(DEVICE)
+                         for heads in (4, num_kv_heads, num_kv_heads))
+
+    # What forward does (write, then attend into zeros), called in steps to hand attend the window.
+    backend = get_attention_backend("triton")
+    backend.write_kv_cache(key, value, key_cache, value_cache, metadata)
+    output = torch.zeros_like(query)
+    backend.attend(query, key_cache, value_cache, metadata, 0.25, output, sliding_window=window)
+    expected = torch.zeros_like(query)
+    paged_attention_reference(query, key_cache, value_cache, expected, metadata.query_start_loc, metadata.seq_lens,
+                              metadata.block_table, 0.25, sliding_window=window)
+    assert output.isfinite().all() and output[metadata.num_actual_tokens:].eq(0).all()
+    torch.testing.assert_close(output.cpu(), expected.cpu(), atol=1e-5, rtol=1e-5)

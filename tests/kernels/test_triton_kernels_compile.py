@@ -40,7 +40,9 @@ SCRIPT = textwrap.dedent("""
                           "v_scale": "fp32"},
                          dict(BLOCK_SIZE=16, ELEMENTS=1024, FP8=fp8, FP8_MAX_VALUE=448.0, CONTIGUOUS_ROWS=contiguous))
 
-    for dtype, cache_type, splits, block_m in (("bf16", "*bf16", 1, 64), ("fp16", "*fp8e4nv", 4, 16)):
+    # Full attention (what every model ran before windows) and a sliding window, with and without splits.
+    for dtype, cache_type, splits, block_m, window in (("bf16", "*bf16", 1, 64, False), ("fp16", "*fp8e4nv", 4, 16, True),
+                                                       ("bf16", "*bf16", 1, 64, True)):
         compile_for_sm90(attention._paged_attention_kernel,
                          {"output_ptr": "*" + dtype, "query_ptr": "*" + dtype, "key_cache_ptr": cache_type,
                           "value_cache_ptr": cache_type, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
@@ -48,7 +50,7 @@ SCRIPT = textwrap.dedent("""
                           "partial_sum_ptr": "*fp32", "softmax_scale_log2": "fp32", "v_scale": "fp32"},
                          dict(GROUP=4, GROUP_PADDED=4, BLOCK_Q=block_m // 4, BLOCK_M=block_m, HEAD_PADDED=128,
                               BLOCK_SIZE=16, TILE=attention.TILE_N, NUM_SPLITS=splits, DOT_PRECISION="tf32",
-                              DOT_IN_FP32=False))
+                              DOT_IN_FP32=False, HAS_WINDOW=window))
     compile_for_sm90(attention._combine_splits_kernel,
                      {"output_ptr": "*fp16", "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32",
                       "partial_sum_ptr": "*fp32", "query_start_loc_ptr": "*i32"},

@@ -5,6 +5,7 @@ every slot no request may read, NaN in the output before the call (rows the kern
 if they were skipped; rows it must not touch keep it).
 """
 
+import copy
 import math
 
 import pytest
@@ -33,7 +34,7 @@ def _run(batch, scale, **kwargs):
     tables = (batch.query_start_loc, batch.seq_lens, batch.block_table)
     triton_module.triton_paged_attention(*args, output, *tables, scale, batch.max_query_len, **kwargs)
     paged_attention_reference(*args, expected, *tables, scale,
-                              **{k: v for k, v in kwargs.items() if k in ("k_scale", "v_scale")})
+                              **{k: v for k, v in kwargs.items() if k in ("k_scale", "v_scale", "sliding_window")})
     return output.float().cpu(), expected.float().cpu()
 
 
@@ -124,3 +125,108 @@ def test_block_table_with_spare_rows():
     batch.block_table = torch.cat([batch.block_table, spare])
     output, expected = _run(batch, 0.25)
     _assert_close(output, expected, batch.num_actual_tokens, atol=1e-5)
+
+
+# Sliding windows. Decodes (one at a block boundary), a fresh prompt, chunks with context (the long one
+# spans two query blocks, so its second block starts at a later tile than its first).
+WINDOWED = [(70, 1), (0, 23), (45, 9), (50, 40), (32, 1), (0, 1)]
+# Smaller than a block, one block, several blocks, and larger than every sequence (no window at all).
+WINDOWS = [1, 5, 16, 35, 1000]
+
+
+def _dense_windowed_attention(batch, scale, window):
+    """Independent of both implementations: every request's whole sequence gathered densely (all of it
+    still valid here), then transformers' mask ``q - window < k <= q`` in float64."""
+    block_size = batch.key_cache.shape[1]
+    group = batch.query.shape[1] // batch.key_cache.shape[2]
+    output = torch.full(batch.query.shape, float("nan"), dtype=torch.float64)
+    starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+    for req, seq_len in enumerate(seq_lens):
+        start, end = starts[req], starts[req + 1]
+        key_positions = torch.arange(seq_len)
+        blocks = batch.block_table[req].cpu().long()[key_positions // block_size]
+        keys = batch.key_cache.cpu()[blocks, key_positions % block_size].double().repeat_interleave(group, 1)
+        values = batch.value_cache.cpu()[blocks, key_positions % block_size].double().repeat_interleave(group, 1)
+        query_positions = torch.arange(seq_len - (end - start), seq_len)[:, None]
+        mask = (key_positions[None, :] <= query_positions) & (key_positions[None, :] > query_positions - window)
+        scores = torch.einsum("qhd,khd->hqk", batch.query[start:end].cpu().double(), keys) * scale
+        output[start:end] = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), values)
+    return output
+
+
+def _free_keys_before_windows(batch, window):
+    """What the KV-block manager may do to keys that no query of this step can see: hand whole blocks
+    back (their table entries now name a block full of NaN) and leave stale data in the partly kept
+    first block (NaN here too). Call after the step's keys were written."""
+    block_size = batch.key_cache.shape[1]
+    nan_block = int(batch.block_table[0, -1])  # the poisoned spare that ends every row of the table
+    starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+    for req, seq_len in enumerate(seq_lens):
+        first_key = max(0, seq_len - (starts[req + 1] - starts[req]) - window + 1)
+        positions = torch.arange(first_key, device=batch.key_cache.device)
+        blocks = batch.block_table[req].long()[positions // block_size]
+        batch.key_cache[blocks, positions % block_size] = float("nan")
+        batch.value_cache[blocks, positions % block_size] = float("nan")
+        batch.block_table[req, :first_key // block_size] = nan_block
+
+
+def _windowed_outputs(batch, scale, window, num_kv_splits=None):
+    """(kernel, reference) outputs, reading a cache whose out-of-window keys are NaN."""
+    _free_keys_before_windows(batch, window)
+    args = (batch.query, batch.key_cache, batch.value_cache)
+    tables = (batch.query_start_loc, batch.seq_lens, batch.block_table)
+    output = torch.full_like(batch.query, float("nan"))
+    expected = torch.full_like(batch.query, float("nan"))
+    triton_module.triton_paged_attention(*args, output, *tables, scale, batch.max_query_len,
+                                         num_kv_splits=num_kv_splits, sliding_window=window)
+    paged_attention_reference(*args, expected, *tables, scale, sliding_window=window)
+    return output.cpu(), expected.cpu()
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_sliding_window_reference_and_kernel_match_dense_attention(block_size):
+    # One batch per block size with the step's keys written once; each window frees keys in a fresh copy.
+    gen = torch.Generator().manual_seed(20 + block_size)
+    pristine = make_paged_batch(WINDOWED, block_size, 4, 2, 16, device=DEVICE, generator=gen)
+    reshape_and_cache(pristine.key, pristine.value, pristine.key_cache, pristine.value_cache,
+                      pristine.slot_mapping)
+    num_tokens = pristine.num_actual_tokens
+    for window in WINDOWS:
+        dense = _dense_windowed_attention(pristine, 0.25, window)
+        batch = copy.deepcopy(pristine)
+        output, expected = _windowed_outputs(batch, 0.25, window)
+        # Out-of-window keys are NaN now: neither implementation may have read them.
+        _assert_close(expected, dense.float(), num_tokens, atol=1e-5)
+        _assert_close(output, expected, num_tokens, atol=1e-5)
+
+
+def test_window_larger_than_every_sequence_equals_no_window():
+    gen = torch.Generator().manual_seed(30)
+    batch = make_paged_batch(WINDOWED, 16, 4, 2, 16, device=DEVICE, generator=gen)
+    with_window, reference_with_window = _run(batch, 0.25, sliding_window=1000)
+    without, reference_without = _run(batch, 0.25)
+    assert torch.equal(reference_with_window, reference_without)
+    assert torch.equal(with_window, without)
+
+
+def test_sliding_window_with_split_kv():
+    # Three splits over decodes, and over a chunk whose first rows see no key in the later splits (with
+    # window 8 its query block has two tiles left, so one split is empty): such partials carry max -inf
+    # and must weigh nothing when combined.
+    gen = torch.Generator().manual_seed(43)
+    batch = make_paged_batch([(70, 1), (2, 1), (40, 30), (33, 1)], 16, 4, 2, 16, device=DEVICE, generator=gen,
+                             num_padded_tokens=1, num_padded_reqs=1)
+    reshape_and_cache(batch.key, batch.value, batch.key_cache, batch.value_cache, batch.slot_mapping)
+    for window in (8, 40):
+        output, expected = _windowed_outputs(copy.deepcopy(batch), 0.25, window, num_kv_splits=3)
+        _assert_close(output, expected, batch.num_actual_tokens, atol=1e-5)
+
+
+def test_sliding_window_must_be_positive():
+    batch = make_paged_batch([(3, 2)], 16, 4, 2, 16, device=DEVICE, generator=torch.Generator().manual_seed(0))
+    args = (batch.query, batch.key_cache, batch.value_cache, batch.query.clone(), batch.query_start_loc,
+            batch.seq_lens, batch.block_table, 1.0)
+    with pytest.raises(ValueError, match="sliding_window"):
+        paged_attention_reference(*args, sliding_window=0)
+    with pytest.raises(ValueError, match="sliding_window"):
+        triton_module.triton_paged_attention(*args, 2, sliding_window=0)

@@ -43,8 +43,10 @@ class TritonAttentionBackend(AttentionBackend):
         write(key, value, key_cache, value_cache, metadata.slot_mapping, self.k_scale, self.v_scale)
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+               metadata: AttentionMetadata, scale: float, output: torch.Tensor,
+               sliding_window: int | None = None) -> None:
         # Rows past the requests' tokens are left as the caller's zeros: the kernel only writes rows that
         # a request owns, and reads the device tensors only (no host sync, graph-capturable).
         self._paged_attention(query, key_cache, value_cache, output, metadata.query_start_loc, metadata.seq_lens,
-                              metadata.block_table, scale, metadata.max_query_len, self.k_scale, self.v_scale)
+                              metadata.block_table, scale, metadata.max_query_len, self.k_scale, self.v_scale,
+                              sliding_window=sliding_window)
