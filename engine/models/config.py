@@ -84,20 +84,31 @@ class ModelConfig:
     attention_bias: bool  # bias on q/k/v projections (Qwen2: True)
     mlp_bias: bool
     hidden_act: str
-    sliding_window: int | None
+    sliding_window: int | None  # the window of the sliding-window layers; None when no layer slides
     bos_token_id: int | None
     eos_token_id: int | list[int] | None
     torch_dtype: str | None
     moe: MoEConfig | None = None  # the routed experts of a mixture-of-experts model; None for a dense one
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    # Each layer's attention window (None: the full context), as transformers' model of this type reads the
+    # config: every layer of a Mistral or Mixtral with a sliding_window; Qwen2's and Qwen3's layer_types.
+    layer_sliding_windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.layer_sliding_windows:
+            self.layer_sliding_windows = (self.sliding_window,) * self.num_hidden_layers
 
     @property
     def max_model_len_limit(self) -> int:
-        """The longest sequence this engine computes exactly for the checkpoint: attention always spans the
-        full context, so a declared sliding window caps the length."""
-        if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """The longest sequence the checkpoint's positions allow (sliding windows are attended as windows)."""
         return self.max_position_embeddings
+
+    @property
+    def every_layer_slides(self) -> bool:
+        """Whether every layer attends one window: then no layer ever reads the keys before it, and the KV
+        blocks that fall out of the window can be handed back (vLLM's sliding-window KV manager)."""
+        return self.sliding_window is not None and all(window == self.sliding_window
+                                                       for window in self.layer_sliding_windows)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -146,11 +157,20 @@ class ModelConfig:
                              f"num_key_value_heads={num_kv_heads}")
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
         rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
+        num_layers = int(raw["num_hidden_layers"])
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
-        if model_type in ("qwen2", "qwen3") and not _qwen2_slides(raw):
-            sliding_window = None  # Qwen2 and Qwen3 store a window they do not use unless some layer slides
-        if model_type in ("qwen2_moe", "qwen3_moe"):
-            sliding_window = None  # likewise; _parse_moe refuses a Qwen-MoE whose layers slide
+        if sliding_window is not None and (not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
+                                           or sliding_window < 1):
+            raise ValueError(f"config.json: sliding_window must be a positive integer or null, got {sliding_window!r}")
+        if model_type in ("mistral", "mixtral"):
+            layer_windows = (sliding_window,) * num_layers  # transformers applies the window to every layer
+        elif model_type in ("qwen2", "qwen3"):
+            layer_windows = _qwen2_layer_windows(raw, sliding_window, num_layers)
+        else:
+            # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
+            # whose layers slide).
+            layer_windows = (None,) * num_layers
+        sliding_window = next((window for window in layer_windows if window is not None), None)
         dtype = raw.get("torch_dtype", raw.get("dtype"))
         moe = _parse_moe(raw, model_type, int(raw["num_hidden_layers"]))
         return cls(
@@ -174,7 +194,8 @@ class ModelConfig:
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
             mlp_bias=bool(get("mlp_bias")) and model_type in ("llama",),  # only Llama's MLP reads the key
             hidden_act=str(raw.get("hidden_act", "silu")),
-            sliding_window=int(sliding_window) if sliding_window is not None else None,
+            sliding_window=sliding_window,
+            layer_sliding_windows=layer_windows,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             torch_dtype=dtype if dtype in _DTYPE_NAMES else None,
@@ -235,16 +256,26 @@ def _top_k(raw: dict[str, Any], num_experts: int, default: int) -> int:
     return top_k
 
 
-def _qwen2_slides(raw: dict[str, Any]) -> bool:
-    """Whether any Qwen2 layer uses its sliding window, as transformers decides: from ``layer_types`` when
-    the config lists them, else ``use_sliding_window`` for the layers from ``max_window_layers`` (default
-    28) on, so a model with no more layers than that attends over the full context in every layer."""
+def _qwen2_layer_windows(raw: dict[str, Any], sliding_window: int | None, num_layers: int) -> tuple[int | None, ...]:
+    """Each Qwen2 or Qwen3 layer's window, as transformers decides: the window is used only with
+    ``use_sliding_window``; which layers slide comes from ``layer_types`` when the config lists them, else
+    the layers from ``max_window_layers`` (default 28) on, so a model with no more layers than that attends
+    over the full context in every layer."""
+    window = sliding_window if raw.get("use_sliding_window", False) else None
     layer_types = raw.get("layer_types")
     if layer_types:
-        return "sliding_attention" in layer_types
+        if len(layer_types) != num_layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
+            raise ValueError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each "
+                             f"of the {num_layers} layers, got {layer_types!r}")
+        if "sliding_attention" in layer_types and window is None:
+            # transformers drops the window without use_sliding_window, and its sliding layers then have none
+            # to apply: refuse rather than guess which model was meant.
+            raise ValueError("config.json: layer_types has sliding_attention layers but use_sliding_window is not "
+                             f"true (sliding_window={sliding_window!r}); set use_sliding_window and sliding_window")
+        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
     max_window_layers = raw.get("max_window_layers")
     max_window_layers = 28 if max_window_layers is None else int(max_window_layers)
-    return bool(raw.get("use_sliding_window", False)) and max_window_layers < int(raw["num_hidden_layers"])
+    return tuple(window if index >= max_window_layers else None for index in range(num_layers))
 
 
 def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:

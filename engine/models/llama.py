@@ -1,5 +1,8 @@
 """The Llama architecture written for paged attention (Llama 2/3; Qwen2, Qwen3 and Mistral reuse it).
 
+A layer may attend a sliding window instead of the whole context (Mistral's ``sliding_window``, Qwen2's and
+Qwen3's sliding layers: ``ModelConfig.layer_sliding_windows``); the attention backend applies it.
+
 The forward pass works on a flat batch of tokens, not on [batch, seq] tensors: ``input_ids`` and
 ``positions`` are [num_tokens], and which request a token belongs to, and which cached keys it may see,
 is described entirely by the attention metadata. q/k/v and gate/up are fused into single matmuls; the
@@ -22,8 +25,9 @@ from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
-                 qk_norm: bool = False) -> None:
+                 qk_norm: bool = False, sliding_window: int | None = None) -> None:
         super().__init__()
+        self.sliding_window = sliding_window  # this layer's window (AttentionBackend.forward); None: full context
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -48,16 +52,16 @@ class LlamaAttention(nn.Module):
         q = RotaryEmbedding.apply(q, cos, sin)
         k = RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
+        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
-                 mlp: nn.Module, qk_norm: bool = False) -> None:
+                 mlp: nn.Module, qk_norm: bool = False, sliding_window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, backend, qkv_bias, o_proj_bias, qk_norm)
+        self.self_attn = LlamaAttention(config, backend, qkv_bias, o_proj_bias, qk_norm, sliding_window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp  # [T, hidden] -> [T, hidden]: SwiGLU, or a mixture of experts (moe.py)
 
@@ -73,7 +77,8 @@ class LlamaModel(nn.Module):
                  make_mlp: Callable[[int], nn.Module], qk_norm: bool = False) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index), qk_norm)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index), qk_norm,
+                                                      config.layer_sliding_windows[index])
                                     for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)

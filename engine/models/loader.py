@@ -119,10 +119,6 @@ def load_model(
     if model.unexpected_weights:
         logger.warning("checkpoint %s has %d weight(s) the model does not use, e.g. %s", path,
                        len(model.unexpected_weights), model.unexpected_weights[:5])
-    if config.sliding_window is not None and config.sliding_window < config.max_position_embeddings:
-        logger.warning("%s declares sliding_window=%d; attention spans the full context, so results are exact "
-                       "only up to %d tokens per sequence, and max_model_len is capped there", config.architecture,
-                       config.sliding_window, config.sliding_window)
     model.eval().requires_grad_(False)
     return model, config
 

@@ -138,24 +138,25 @@ def test_config_accepts_both_rope_spellings():
         ModelConfig.from_dict({k: v for k, v in base.items() if k != "vocab_size"})
 
 
-def test_mistral_sliding_window_caps_max_model_len(tmp_path, caplog):
+def test_a_mistral_sliding_window_is_attended_not_a_length_cap(tmp_path):
     path = make_test_model(tmp_path, "mistral")
     config = json.loads((path / "config.json").read_text())
     config["sliding_window"] = 256
     (path / "config.json").write_text(json.dumps(config))
-    model, _ = load_model(path)
-    assert model.max_model_len_limit == 256
-    assert "sliding_window=256" in caplog.text
+    model, loaded = load_model(path)
+    assert model.max_model_len_limit == loaded.max_position_embeddings
+    assert all(layer.self_attn.sliding_window == 256 for layer in model.model.layers)
 
 
-def test_qwen2_with_sliding_window_enabled_is_refused(qwen_path, tmp_path):
+def test_qwen2_sliding_layers_from_max_window_layers(qwen_path, tmp_path):
     config = json.loads((qwen_path / "config.json").read_text())
-    config.update(use_sliding_window=True, sliding_window=128, max_window_layers=0)
+    config.update(use_sliding_window=True, sliding_window=128, max_window_layers=1)
     config.pop("layer_types", None)  # written by transformers 5 from the original flags: all full attention
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").write_bytes((qwen_path / "model.safetensors").read_bytes())
-    with pytest.raises(ValueError, match="use_sliding_window"):
-        load_model(tmp_path)
+    model, loaded = load_model(tmp_path)
+    windows = [layer.self_attn.sliding_window for layer in model.model.layers]
+    assert windows == [None] + [128] * (loaded.num_hidden_layers - 1) and not loaded.every_layer_slides
 
 
 BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 10, "hidden_size": 64,
@@ -183,18 +184,25 @@ def test_keys_a_config_omits_take_transformers_defaults_per_architecture():
     assert config_of("qwen2", num_attention_heads=32).num_key_value_heads == 32
     assert config_of("mistral", num_key_value_heads=None).num_key_value_heads == 16
     assert config_of("llama").num_key_value_heads == 16
-    # Qwen2 with use_sliding_window and no window key: transformers' 4096 window, refused like an explicit one.
-    with pytest.raises(ValueError, match="use_sliding_window=true"):
-        Qwen2ForCausalLM.check_config(config_of("qwen2", use_sliding_window=True, max_window_layers=0,
-                                                num_key_value_heads=4))
+    assert config_of("mistral").layer_sliding_windows == (4096,) and config_of("mistral").every_layer_slides
+    # Llama ignores a window key, as transformers' Llama does.
+    assert config_of("llama", sliding_window=64).layer_sliding_windows == (None,)
+    # Qwen2 with use_sliding_window and no window key: transformers' 4096 window.
+    qwen2 = config_of("qwen2", use_sliding_window=True, max_window_layers=0, num_key_value_heads=4)
+    assert (qwen2.sliding_window, qwen2.layer_sliding_windows) == (4096, (4096,))
     # Which layers slide is transformers' rule: from max_window_layers (28) on, or as layer_types list them.
     assert config_of("qwen2", use_sliding_window=True, num_key_value_heads=4).sliding_window is None
     assert config_of("qwen2", use_sliding_window=True, num_key_value_heads=4, max_window_layers=0,
                      layer_types=["full_attention"]).sliding_window is None
-    assert config_of("qwen2", num_key_value_heads=4, layer_types=["sliding_attention"]).sliding_window == 4096
-    # Listed layer types slide without use_sliding_window; the refusal names both ways a config asks for it.
-    with pytest.raises(ValueError, match="sliding_attention in layer_types"):
-        Qwen2ForCausalLM.check_config(config_of("qwen2", num_key_value_heads=4, layer_types=["sliding_attention"]))
+    assert config_of("qwen2", use_sliding_window=True, num_key_value_heads=4,
+                     layer_types=["sliding_attention"]).layer_sliding_windows == (4096,)
+    # Listed sliding layers without use_sliding_window: transformers drops the window they would need.
+    with pytest.raises(ValueError, match="sliding_attention layers but use_sliding_window is not true"):
+        config_of("qwen2", num_key_value_heads=4, layer_types=["sliding_attention"])
+    with pytest.raises(ValueError, match="layer_types must list"):
+        config_of("qwen2", num_key_value_heads=4, use_sliding_window=True, layer_types=["sliding", "full"])
+    with pytest.raises(ValueError, match="sliding_window must be a positive integer or null, got 0"):
+        config_of("mistral", sliding_window=0)
     # Mistral has no biases in transformers, whatever the config says; swish is SiLU.
     mistral = config_of("mistral", attention_bias=True, mlp_bias=True)
     assert (mistral.attention_bias, mistral.mlp_bias) == (False, False)

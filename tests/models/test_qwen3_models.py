@@ -37,13 +37,12 @@ def test_configs_take_transformers_defaults_for_absent_keys():
     assert not ModelConfig.from_dict({**QWEN3, "mlp_bias": True}).mlp_bias
 
 
-def test_sliding_window_layers_are_refused_and_an_unused_window_is_not():
+def test_sliding_window_layers_and_an_unused_window():
     unused = ModelConfig.from_dict({**QWEN3, "use_sliding_window": True, "max_window_layers": 4, "sliding_window": 64})
     assert unused.sliding_window is None  # layers 0-3 all below max_window_layers: full attention everywhere
     sliding = ModelConfig.from_dict({**QWEN3, "use_sliding_window": True, "max_window_layers": 2, "sliding_window": 64})
-    with pytest.raises(ValueError, match="Qwen3 config has sliding-window layers .sliding_window=64, from "
-                                         "use_sliding_window=true past max_window_layers"):
-        Qwen3ForCausalLM(sliding)
+    assert sliding.layer_sliding_windows == (None, None, 64, 64)
+    assert [layer.self_attn.sliding_window for layer in Qwen3ForCausalLM(sliding).model.layers] == [None, None, 64, 64]
     with pytest.raises(ValueError, match="Qwen3-MoE with use_sliding_window=true"):
         ModelConfig.from_dict({**BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
                                "use_sliding_window": True})

@@ -29,11 +29,16 @@ class AttentionBackend(ABC):
         kv_cache: KVCache | torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D] -> output [T, Hq, D].
 
         ``kv_cache`` is a (key_cache, value_cache) pair or a tensor whose first dimension of size 2
         unbinds into one. Rows at or past ``metadata.num_actual_tokens`` are padding: their output is 0.
+        ``sliding_window`` (a layer's window, None for full attention): a query at position ``p`` attends
+        keys ``max(0, p - sliding_window + 1) .. p`` only, ``sliding_window`` keys with itself, as
+        transformers' and vLLM's sliding-window layers do. Keys before that are never read, so the core
+        may have handed their blocks back (their block-table entries then point at the null block).
         """
         key_cache, value_cache = kv_cache
         num_heads, num_kv_heads = query.shape[1], key.shape[1]
@@ -42,7 +47,7 @@ class AttentionBackend(ABC):
         self.write_kv_cache(key, value, key_cache, value_cache, metadata)
         output = torch.zeros_like(query)
         if metadata.num_actual_tokens > 0:
-            self.attend(query, key_cache, value_cache, metadata, scale, output)
+            self.attend(query, key_cache, value_cache, metadata, scale, output, sliding_window)
         return output
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -51,5 +56,7 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
-        """Fill ``output[:num_actual_tokens]`` reading keys and values only from the caches."""
+               metadata: AttentionMetadata, scale: float, output: torch.Tensor,
+               sliding_window: int | None = None) -> None:
+        """Fill ``output[:num_actual_tokens]`` reading keys and values only from the caches (and, with a
+        ``sliding_window``, only the keys inside each query's window: see ``forward``)."""

@@ -82,13 +82,16 @@ class AttentionMetadata:
             max_decode_seq_len=max((self.seq_lens_cpu[i] for i in decodes), default=0),
         )
 
-    def decode_groups(self, block_size: int, max_group_tokens: int | None = None) -> list[DecodeGroup]:
-        """The decodes grouped by context length (see decode_groups.py), computed once per step."""
+    def decode_groups(self, block_size: int, max_group_tokens: int | None = None,
+                      sliding_window: int | None = None) -> list[DecodeGroup]:
+        """The decodes grouped by the span of keys they read (see decode_groups.py), computed once per step
+        and window (a model may mix full and sliding-window layers)."""
         cache = self.__dict__.setdefault("_decode_groups", {})
-        key = (block_size, max_group_tokens)
+        key = (block_size, max_group_tokens, sliding_window)
         if key not in cache:
             cache[key] = make_decode_groups(self.split.decode_req_indices, self.seq_lens_cpu,
-                                            self.query_start_loc_cpu, self.block_table, block_size, max_group_tokens)
+                                            self.query_start_loc_cpu, self.block_table, block_size, max_group_tokens,
+                                            sliding_window)
         return cache[key]
 
     def get_seq_start_loc(self) -> torch.Tensor:

@@ -52,12 +52,13 @@ class TorchAttentionBackend(AttentionBackend):
         self._workspace: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+               metadata: AttentionMetadata, scale: float, output: torch.Tensor,
+               sliding_window: int | None = None) -> None:
         split = metadata.split
         if split.decode_req_indices:
-            self._attend_decodes(query, key_cache, value_cache, metadata, scale, output)
+            self._attend_decodes(query, key_cache, value_cache, metadata, scale, output, sliding_window)
         for req in split.prefill_req_indices:
-            self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output)
+            self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output, sliding_window)
 
     def _scratch(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         numel = math.prod(shape)
@@ -68,12 +69,13 @@ class TorchAttentionBackend(AttentionBackend):
         return buffer[:numel].view(shape)
 
     def _attend_decodes(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                        metadata: AttentionMetadata, scale: float, output: torch.Tensor) -> None:
+                        metadata: AttentionMetadata, scale: float, output: torch.Tensor,
+                        sliding_window: int | None) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         group_size = query.shape[1] // num_kv_heads
         # Gathered keys and values of one group: at most GROUP_GATHER_BYTES (see decode_groups.py).
         max_group_tokens = GROUP_GATHER_BYTES // (2 * num_kv_heads * head_size * key_cache.element_size())
-        for group in metadata.decode_groups(block_size, max(max_group_tokens, block_size)):
+        for group in metadata.decode_groups(block_size, max(max_group_tokens, block_size), sliding_window):
             num_decodes, max_len = group.num_reqs, group.num_blocks * block_size
             # [n * blocks] physical ids -> [n, max_len, Hkv, D] gathered keys/values.
             block_shape = (group.block_ids.shape[0], block_size, num_kv_heads, head_size)
@@ -96,29 +98,37 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _attend_prefill(self, req: int, query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
-                        output: torch.Tensor) -> None:
+                        output: torch.Tensor, sliding_window: int | None) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         start, end = metadata.query_start_loc_cpu[req], metadata.query_start_loc_cpu[req + 1]
         query_len, seq_len = end - start, metadata.seq_lens_cpu[req]
         context_len = seq_len - query_len
         num_heads = query.shape[1]
         group_size = num_heads // num_kv_heads
+        window = seq_len if sliding_window is None else sliding_window
 
-        # Only the first seq_len slots are gathered, and all of them were written by now (the context
-        # by earlier steps or a prefix-cache hit, the chunk itself just before attending).
-        block_ids = metadata.block_table[req, :-(-seq_len // block_size)].to(torch.long)
-        keys = key_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len].to(query.dtype)  # [seq, Hkv, D]
-        values = value_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len].to(query.dtype)
-        keys_by_head = values_by_head = None  # [Hkv, seq, D], made on the first masked slice
-        key_positions = torch.arange(seq_len, device=query.device)
+        # Only the slots from the block of the chunk's first visible key up to seq_len are gathered, and
+        # all of them were written by now (the context by earlier steps or a prefix-cache hit, the chunk
+        # itself just before attending). Keys before a sliding window's start are never read: their blocks
+        # may be freed. ``offset`` is the absolute position of gathered key 0.
+        first_block = max(0, context_len - window + 1) // block_size
+        offset = first_block * block_size
+        block_ids = metadata.block_table[req, first_block:-(-seq_len // block_size)].to(torch.long)
+        keys = key_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len - offset].to(query.dtype)  # [seq - offset, Hkv, D]
+        values = value_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len - offset].to(query.dtype)
+        keys_by_head = values_by_head = None  # [Hkv, seq - offset, D], made on the first masked slice
+        key_positions = torch.arange(offset, seq_len, device=query.device)
         for slice_start in range(0, query_len, PREFILL_QUERY_SLICE):
             slice_end = min(query_len, slice_start + PREFILL_QUERY_SLICE)
             rows = slice_end - slice_start
-            # The slice's last query sits at position context_len + slice_end - 1: later keys are all masked.
-            num_keys = context_len + slice_end
-            if num_keys == rows:
-                # A fresh prompt's first slice: plain causal attention, no mask to build (measured: small
-                # fresh prompts, the common case, ran ~12% slower through the masked path below).
+            # The slice's last query sits at position context_len + slice_end - 1: later keys are all masked;
+            # its first sits at context_len + slice_start, and with a window earlier keys than that one's
+            # first are masked too. Gathered keys [first_key, last_key) cover exactly the slice's visible ones.
+            last_key = context_len + slice_end - offset
+            first_key = max(0, context_len + slice_start - window + 1 - offset)
+            if last_key == rows and rows <= window:
+                # A fresh prompt's first slice within the window: plain causal attention, no mask to build
+                # (measured: small fresh prompts, the common case, ran ~12% slower through the masked path below).
                 q = query[start:start + rows].transpose(0, 1)  # [Hq, rows, D]
                 out = F.scaled_dot_product_attention(q, keys[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
                                                      values[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
@@ -128,11 +138,14 @@ class TorchAttentionBackend(AttentionBackend):
             if keys_by_head is None:
                 keys_by_head, values_by_head = keys.transpose(0, 1).contiguous(), values.transpose(0, 1).contiguous()
             query_positions = context_len + torch.arange(slice_start, slice_end, device=query.device)
-            mask = key_positions[None, :num_keys] <= query_positions[:, None]  # [rows, num_keys]
+            visible_positions = key_positions[None, first_key:last_key]
+            mask = visible_positions <= query_positions[:, None]  # [rows, last_key - first_key]
+            if sliding_window is not None:
+                mask &= visible_positions > query_positions[:, None] - sliding_window
             # [rows, Hq, D] -> [Hkv, group * rows, D]: query head h reads KV head h // group_size.
             q = (query[start + slice_start:start + slice_end].view(rows, num_kv_heads, group_size, head_size)
                  .permute(1, 2, 0, 3).reshape(num_kv_heads, group_size * rows, head_size))
-            out = F.scaled_dot_product_attention(q, keys_by_head[:, :num_keys], values_by_head[:, :num_keys],
+            out = F.scaled_dot_product_attention(q, keys_by_head[:, first_key:last_key], values_by_head[:, first_key:last_key],
                                                  attn_mask=mask.repeat(group_size, 1), scale=scale)
             output[start + slice_start:start + slice_end] = (
                 out.view(num_kv_heads, group_size, rows, head_size).permute(2, 0, 1, 3).reshape(rows, num_heads, head_size))
