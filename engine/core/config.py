@@ -25,6 +25,9 @@ class CacheConfig:
     # Blocks of the host-memory tier of the prefix cache (vLLM's KV offloading; engine/core/kv_offload.py),
     # 0: none. It is keyed by the prefix cache's block hashes, so it needs prefix caching.
     num_offload_blocks: int = 0
+    # The model's attention window when every layer has the same one (Mistral-7B-v0.1's 4096), None otherwise:
+    # the KV-cache manager then hands back the blocks that fall out of every request's window.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and self.block_size > 0, "cache", "block_size",
@@ -36,6 +39,12 @@ class CacheConfig:
                  "an integer >= 0")
         _require(self.num_offload_blocks == 0 or self.enable_prefix_caching, "cache", "num_offload_blocks",
                  self.num_offload_blocks, "0 without prefix caching (the host tier is keyed by its block hashes)")
+        _require(self.sliding_window is None or (isinstance(self.sliding_window, int)
+                                                 and not isinstance(self.sliding_window, bool) and self.sliding_window > 0),
+                 "cache", "sliding_window", self.sliding_window, "a positive integer or None")
+        _require(self.sliding_window is None or self.num_offload_blocks == 0, "cache", "num_offload_blocks",
+                 self.num_offload_blocks, "0 with a sliding window (KV offloading of sliding-window models is not "
+                 "supported)")
 
     @property
     def num_usable_blocks(self) -> int:

@@ -100,6 +100,8 @@ class DecodeFastForward:
             return None
         if scheduler.num_speculative_tokens:
             return None  # how many tokens each step brings depends on what the executor accepts
+        if scheduler.kv_cache_manager.sliding_window is not None:
+            return None  # ordinary steps hand back blocks that leave the window; the plan does not model that
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager

@@ -4,13 +4,21 @@ Contract (each method states what it may change):
 - ``get_computed_blocks`` changes nothing: it only looks up the longest cached prefix.
 - ``allocate_slots`` is all or nothing: it either gives the request blocks for every token it needs
   and returns the newly allocated blocks, or returns None and changes no reference count, no free
-  queue position and no block table.
+  queue position and no block table (beyond ``free_blocks_out_of_window``, which it runs first).
 - ``free`` drops the request's references, tail block first, so its tail is evicted first.
 
 Invariant: ``ref_cnt`` of every block equals the number of live requests whose block table holds it.
 Invariant: every hash in the host tier (``offload``, engine/core/kv_offload.py) names KV a batch computed.
 Invariant: ``num_block_runs`` equals the number of maximal runs of consecutive block ids summed over
-every live request's block table (``block_runs``).
+every live request's block table (``block_runs``; the null block is no run).
+
+Sliding window (``sliding_window``: every layer of the model attends only its last ``sliding_window`` keys,
+Mistral-7B-v0.1's 4096): a block whose every token lies before the window of the request's next query is
+never read again, so ``allocate_slots`` hands it back and the table holds the null block in its place, as
+vLLM's sliding-window manager does. Invariant: a request's null entries are a leading run of its table, of
+length ``num_skipped_block``, and lie wholly before ``num_computed_tokens - sliding_window + 1``; every
+block from there on is real. A block is skipped only once the prefix cache (and the host tier) has it, so
+that what it held stays findable until evicted.
 """
 
 from __future__ import annotations
@@ -27,10 +35,19 @@ _NO_BLOCKS: list[KVCacheBlock] = []
 
 class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool = True,
-                 enable_kv_cache_events: bool = False, num_offload_blocks: int = 0) -> None:
+                 enable_kv_cache_events: bool = False, num_offload_blocks: int = 0,
+                 sliding_window: int | None = None, num_rollback_tokens: int = 0) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive or None, got {sliding_window!r}")
         self.block_size = block_size
+        self.sliding_window = sliding_window
+        # Computed tokens that may still be taken back (rejected speculative drafts): the window is kept that
+        # much wider, so that a rollback never needs a block already handed back.
+        self.num_rollback_tokens = num_rollback_tokens
+        # Leading entries of each request's table that hold the null block (see the module docstring).
+        self.num_skipped_block: dict[str, int] = {}
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching, enable_kv_cache_events)
@@ -75,6 +92,8 @@ class KVCacheManager:
         block_size = self.block_size
         max_hit_blocks = (request.num_tokens - 1) // block_size
         get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
+        if self.sliding_window is not None:
+            return self._sliding_window_hit(request.block_hashes[:max_hit_blocks], get_one_block)
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
             block = get_one_block(block_hash)
@@ -82,6 +101,32 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits, len(hits) * block_size
+
+    def _sliding_window_hit(self, block_hashes: list[bytes], get_one_block) -> tuple[list[KVCacheBlock], int]:
+        """The longest hit of ``n`` blocks whose last blocks, those the window of token ``n * block_size``
+        reaches, are all cached; the blocks before them need not be (they would be skipped at once), and
+        the hit holds the null block there. With a window, the blocks of a finished request leave the cache
+        oldest first, so a prefix is often still usable when its first blocks are gone."""
+        blocks = [get_one_block(block_hash) for block_hash in block_hashes]
+        num_hit = 0
+        run = 0  # cached blocks ending at the current one
+        for index, block in enumerate(blocks):
+            run = run + 1 if block is not None else 0
+            num_hit_candidate = index + 1
+            needed = num_hit_candidate - self._first_needed_block(num_hit_candidate * self.block_size)
+            if run >= needed:
+                num_hit = num_hit_candidate
+        if num_hit == 0:
+            return _NO_BLOCKS, 0
+        first_needed = self._first_needed_block(num_hit * self.block_size)
+        null_block = self.block_pool.null_block
+        return [null_block] * first_needed + blocks[first_needed:num_hit], num_hit * self.block_size
+
+    def _first_needed_block(self, num_computed_tokens: int) -> int:
+        """The first block the window of the query at position ``num_computed_tokens`` reaches, less any
+        computed tokens that may yet be taken back."""
+        first_key = num_computed_tokens - self.num_rollback_tokens - self.sliding_window + 1
+        return max(0, first_key) // self.block_size
 
     def offloaded_hit_tokens(self, request: Request, num_hit_tokens: int) -> int:
         """Tokens past the GPU's hit of ``num_hit_tokens`` whose blocks the host tier holds, block-aligned and,
@@ -138,6 +183,8 @@ class KVCacheManager:
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
         block_size = self.block_size
+        if self.sliding_window is not None and req_blocks is not None:
+            self.free_blocks_out_of_window(request)
         if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
             # Fast path, the common decode step: the last block still has room and no block fills up.
             num_tokens_after = request.num_computed_tokens + num_new_tokens
@@ -158,12 +205,17 @@ class KVCacheManager:
         num_free = block_pool.free_block_queue.num_free_blocks
         if new_computed_blocks:
             num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
+            # A sliding-window hit starts with null blocks (_sliding_window_hit): no reference to take.
+            num_null_hits = 0
+            while num_null_hits < len(new_computed_blocks) and new_computed_blocks[num_null_hits].is_null:
+                num_null_hits += 1
+            real_hits = new_computed_blocks[num_null_hits:] if num_null_hits else new_computed_blocks
             # Hits that sit in the free queue are taken out of it, so they count against it too.
-            num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+            num_evictable_hits = sum(1 for block in real_hits if block.ref_cnt == 0)
             if num_new_blocks + num_evictable_hits > num_free:
                 return None
-            block_pool.touch(new_computed_blocks)
-            new_runs = block_runs(new_computed_blocks, req_blocks[-1].block_id if req_blocks else None)
+            block_pool.touch(real_hits)
+            new_runs = block_runs(real_hits, _last_block_id(req_blocks))
             req_blocks.extend(new_computed_blocks)
         else:
             num_new_blocks = num_required_blocks - len(req_blocks)
@@ -172,14 +224,17 @@ class KVCacheManager:
             new_runs = 0
         if num_new_blocks > 0:
             new_blocks = block_pool.get_new_blocks(num_new_blocks)
-            new_runs += block_runs(new_blocks, req_blocks[-1].block_id if req_blocks else None)
+            new_runs += block_runs(new_blocks, _last_block_id(req_blocks))
             req_blocks.extend(new_blocks)
         else:
             new_blocks = _NO_BLOCKS
         if is_new_request:
             self.req_to_blocks[request_id] = req_blocks
-            self.num_cached_block[request_id] = 0
+            # A hit's blocks are cached already (and a sliding-window hit's null blocks must never be).
+            self.num_cached_block[request_id] = len(new_computed_blocks) if new_computed_blocks else 0
             self.num_block_runs_of[request_id] = 0
+            if self.sliding_window is not None:
+                self.num_skipped_block[request_id] = num_null_hits if new_computed_blocks else 0
         self.num_block_runs_of[request_id] += new_runs
         self.num_block_runs += new_runs
         if self.enable_caching:
@@ -195,6 +250,28 @@ class KVCacheManager:
                                              request.all_token_ids, block_size)
                 self.num_cached_block[request_id] = num_full_blocks
         return new_blocks
+
+    def free_blocks_out_of_window(self, request: Request) -> None:
+        """Hand back the leading blocks no query of the live request will read again (module docstring).
+        ``allocate_slots`` does it first, whether or not its allocation then succeeds."""
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks[request_id]
+        num_skipped = self.num_skipped_block[request_id]
+        first_needed = self._first_needed_block(request.num_computed_tokens)
+        if self.enable_caching:
+            first_needed = min(first_needed, self.num_cached_block[request_id])
+            if self.offload is not None:
+                first_needed = min(first_needed, self.num_offloaded_block.get(request_id, 0))
+        if first_needed <= num_skipped:
+            return
+        skipped = req_blocks[num_skipped:first_needed]
+        req_blocks[num_skipped:first_needed] = [self.block_pool.null_block] * len(skipped)
+        self.num_skipped_block[request_id] = first_needed
+        # Oldest first: the free queue then evicts the start of the sequence first.
+        self.block_pool.free_blocks(skipped)
+        runs = block_runs(req_blocks)
+        self.num_block_runs += runs - self.num_block_runs_of[request_id]
+        self.num_block_runs_of[request_id] = runs
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to ``num_computed_tokens`` in the prefix cache (its KV,
@@ -222,6 +299,7 @@ class KVCacheManager:
         num_cached = self.num_cached_block.pop(request_id, 0)
         self.num_block_runs -= self.num_block_runs_of.pop(request_id, 0)
         self.num_offloaded_block.pop(request_id, None)
+        num_skipped = self.num_skipped_block.pop(request_id, 0)
         if not blocks:
             return
         first_uncomputed = request.num_computed_tokens // self.block_size
@@ -229,7 +307,8 @@ class KVCacheManager:
             for block in blocks[first_uncomputed:num_cached]:
                 if block.block_hash is not None and block.ref_cnt == 1:
                     self.block_pool.uncache_block(block)
-        self.block_pool.free_blocks(reversed(blocks))
+        # The null entries of a sliding window hold no reference.
+        self.block_pool.free_blocks(reversed(blocks[num_skipped:] if num_skipped else blocks))
 
     def append_block(self, request_id: str, block: KVCacheBlock) -> None:
         """Add a freshly allocated block to a live request's table (the decode fast-forward's path)."""
@@ -271,10 +350,20 @@ class KVCacheManager:
 
 def block_runs(blocks: list[KVCacheBlock], previous_id: int | None = None) -> int:
     """Maximal runs of consecutive block ids in ``blocks``, appended after a block ``previous_id``
-    (None: the start of a table). [7, 8, 9, 3, 4] holds two runs; after block 6, still two."""
+    (None: the start of a table). [7, 8, 9, 3, 4] holds two runs; after block 6, still two. The null
+    block (a sliding window's skipped entries, always leading) is no run: nothing reads it."""
     runs = 0
     for block in blocks:
+        if block.is_null:
+            continue
         if block.block_id != (previous_id if previous_id is not None else -2) + 1:
             runs += 1
         previous_id = block.block_id
     return runs
+
+
+def _last_block_id(req_blocks: list[KVCacheBlock]) -> int | None:
+    """The id new blocks follow for ``block_runs``: None for an empty table or one of null blocks only."""
+    if not req_blocks or req_blocks[-1].is_null:
+        return None
+    return req_blocks[-1].block_id

@@ -68,7 +68,8 @@ class Scheduler:
             cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
             enable_caching=cache_config.enable_prefix_caching,
             enable_kv_cache_events=cache_config.enable_kv_cache_events,
-            num_offload_blocks=cache_config.num_offload_blocks)
+            num_offload_blocks=cache_config.num_offload_blocks,
+            sliding_window=cache_config.sliding_window, num_rollback_tokens=scheduler_config.num_speculative_tokens)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)

@@ -43,6 +43,11 @@ class ScriptedExecutor:
     eos_probability: float = 0.0
     block_size: int = 16
     validate: bool = True
+    # The model's attention window, when every layer has one: then each step checks that every key its
+    # queries read (the window before the first scheduled position) is KV this executor computed and that no
+    # other request has overwritten since, which is what the KV-cache manager's handing back of
+    # out-of-window blocks must preserve. None: no such check (a remote load's KV is not computed here).
+    sliding_window: int | None = None
     states: dict[str, _RequestState] = field(default_factory=dict)
     num_steps: int = 0
     # The slots whose KV this executor has computed since their block was last (re)allocated, so that
@@ -115,6 +120,8 @@ class ScriptedExecutor:
                     raise ExecutorStateError(f"{request_id}: drafts scheduled without the tokens before them")
                 if len(state.block_ids) * block_size < end:
                     raise ExecutorStateError(f"{request_id}: {len(state.block_ids)} blocks cannot hold {end} tokens")
+                if self.sliding_window is not None:
+                    self._check_window_reads(request_id, state, end - num_scheduled)
             for position in range(end - num_scheduled, end):
                 block_id = state.block_ids[position // block_size]
                 self.computed_slots.setdefault(block_id, set()).add(position % block_size)
@@ -136,6 +143,16 @@ class ScriptedExecutor:
                 proposals[request_id] = self._propose(state)
         return ModelRunnerOutput(req_ids, {request_id: index for index, request_id in enumerate(req_ids)}, sampled,
                                  spec_token_ids=proposals)
+
+    def _check_window_reads(self, request_id: str, state: _RequestState, first_position: int) -> None:
+        """Every key the window of the query at ``first_position`` reads before it holds computed KV (later
+        queries' windows start later and add only the step's own keys)."""
+        block_size = self.block_size
+        for position in range(max(0, first_position - self.sliding_window + 1), first_position):
+            block_id = state.block_ids[position // block_size]
+            if position % block_size not in self.computed_slots.get(block_id, ()):
+                raise ExecutorStateError(f"{request_id}: its query at position {first_position} reads position "
+                                         f"{position} in block {block_id}, whose KV is not computed there")
 
     def _check_prefix_hit(self, request_id: str, state: _RequestState) -> None:
         """The blocks a request starts with computed (its prefix-cache hit) hold KV of its own adapter."""

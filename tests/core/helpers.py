@@ -13,7 +13,7 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
               async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
-              draft_acceptance=0.7, max_loras=0) -> EngineCore:
+              draft_acceptance=0.7, max_loras=0, sliding_window=None) -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
@@ -21,9 +21,11 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
                         async_scheduling=async_scheduling, num_speculative_tokens=num_speculative_tokens,
                         max_loras=max_loras),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
-                    enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks))
+                    enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks,
+                    sliding_window=sliding_window))
     executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed,
-                                num_speculative_tokens=num_speculative_tokens, draft_acceptance=draft_acceptance)
+                                num_speculative_tokens=num_speculative_tokens, draft_acceptance=draft_acceptance,
+                                sliding_window=sliding_window)
     return EngineCore(scheduler, executor)
 
 
@@ -38,7 +40,11 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
     pool = manager.block_pool
     holders = Counter()
     for request_id, blocks in manager.req_to_blocks.items():
-        ids = [block.block_id for block in blocks]
+        # A sliding window's skipped entries: the null block, a leading run of the table, no reference.
+        num_skipped = manager.num_skipped_block.get(request_id, 0)
+        assert all(block.is_null for block in blocks[:num_skipped]), f"{request_id}: skipped entries are not null"
+        ids = [block.block_id for block in blocks[num_skipped:]]
+        assert pool.null_block.block_id not in ids, f"{request_id} holds the null block past its skipped entries"
         assert len(ids) == len(set(ids)), f"{request_id} holds a block twice: {ids}"
         holders.update(ids)
     free_ids = [block.block_id for block in pool.free_block_queue]
@@ -54,9 +60,11 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
     shared_refs = sum(count - 1 for count in holders.values() if count > 1)
     assert pool.num_shared_refs == shared_refs, f"num_shared_refs {pool.num_shared_refs}, block tables say {shared_refs}"
     # Runs of consecutive block ids, per request and in total, as the block tables say.
+    real_blocks = {request_id: [block for block in blocks if not block.is_null]
+                   for request_id, blocks in manager.req_to_blocks.items()}
     runs_of = {request_id: sum(1 for position, block in enumerate(blocks)
                                if position == 0 or block.block_id != blocks[position - 1].block_id + 1)
-               for request_id, blocks in manager.req_to_blocks.items()}
+               for request_id, blocks in real_blocks.items()}
     assert manager.num_block_runs_of == runs_of, f"num_block_runs_of {manager.num_block_runs_of}, tables say {runs_of}"
     assert manager.num_block_runs == sum(runs_of.values())
     # The index holds exactly the blocks with a hash, each under its own hash, none twice.

@@ -4,7 +4,9 @@ Random admissions (with shared prefixes, so prefix-cache hits happen), prefill c
 frees and prefix-cache resets on a pool small enough to run out. The test "computes" every slot it
 is given by writing the token there, so it can check that a prefix-cache hit returns blocks whose
 contents are exactly the request's leading tokens. Every DESIGN.md block invariant is checked after
-every rule, and a failed allocation must change nothing at all.
+every rule, and a failed allocation must change nothing at all. Some machines run a sliding window: then
+blocks wholly before every request's window are handed back (and may be reused), what lies inside the
+window must still hold the request's tokens, and a hit may start with null blocks.
 """
 
 from __future__ import annotations
@@ -32,19 +34,28 @@ def snapshot(manager: KVCacheManager):
 class KVCacheMachine(RuleBasedStateMachine):
     requests = Bundle("requests")
 
-    @initialize(num_blocks=st.integers(4, 24), block_size=st.sampled_from([2, 4, 8]))
-    def setup(self, num_blocks, block_size):
+    @initialize(num_blocks=st.integers(4, 24), block_size=st.sampled_from([2, 4, 8]),
+                sliding_window=st.sampled_from([None, None, 1, 3, 5, 9]))
+    def setup(self, num_blocks, block_size, sliding_window):
         self.block_size = block_size
-        self.manager = KVCacheManager(num_blocks, block_size, max_model_len=10_000)
+        self.sliding_window = sliding_window
+        self.manager = KVCacheManager(num_blocks, block_size, max_model_len=10_000, sliding_window=sliding_window)
         self.hasher = make_block_hasher(block_size)
         self.contents: dict[int, dict[int, int]] = {}  # block id -> slot offset -> token
         self.live: dict[str, Request] = {}
         self.counter = 0
 
+    def first_visible(self, request: Request) -> int:
+        """The first position the request's next query reads (0 without a window)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, request.num_computed_tokens - self.sliding_window + 1)
+
     def write(self, request: Request, start: int, end: int) -> None:
         blocks = self.manager.get_blocks(request.request_id)
         for position in range(start, end):
             block = blocks[position // self.block_size]
+            assert not block.is_null, f"position {position} of {request.request_id} has no block to be written in"
             slots = self.contents.setdefault(block.block_id, {})
             token = request.all_token_ids[position]
             if block.ref_cnt > 1:
@@ -53,6 +64,9 @@ class KVCacheMachine(RuleBasedStateMachine):
             slots[position % self.block_size] = token
 
     def allocate(self, request: Request, num_new_tokens: int, hits=None, num_hit_tokens=0) -> bool:
+        if self.sliding_window is not None and hits is None:
+            # allocate_slots hands back the blocks out of the window first, whatever comes next.
+            self.manager.free_blocks_out_of_window(request)
         before = snapshot(self.manager)
         start = num_hit_tokens if hits is not None else request.num_computed_tokens
         if self.manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits) is None:
@@ -73,6 +87,11 @@ class KVCacheMachine(RuleBasedStateMachine):
         hits, num_hit_tokens = self.manager.get_computed_blocks(request)
         assert num_hit_tokens % self.block_size == 0 and num_hit_tokens < request.num_tokens
         for index, block in enumerate(hits):
+            if block.is_null:
+                # A sliding-window hit needs no block before the window of its first computed token.
+                assert self.sliding_window is not None and all(earlier.is_null for earlier in hits[:index])
+                assert (index + 1) * self.block_size <= num_hit_tokens - self.sliding_window + 1
+                continue
             # The cached content of each hit block is exactly the request's tokens for that block.
             expected = list(request.all_token_ids[index * self.block_size:(index + 1) * self.block_size])
             assert [self.contents[block.block_id][offset] for offset in range(self.block_size)] == expected
@@ -121,7 +140,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         for request in self.live.values():
             blocks = self.manager.get_blocks(request.request_id)
             assert len(blocks) * self.block_size >= request.num_computed_tokens
-            for position in range(request.num_computed_tokens):
+            # Every computed position the next query may read is in a real block holding its token.
+            for position in range(self.first_visible(request), request.num_computed_tokens):
                 block = blocks[position // self.block_size]
                 assert self.contents[block.block_id][position % self.block_size] == request.all_token_ids[position]
 

@@ -61,15 +61,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
         eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]),
         speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]),
-        max_loras=st.sampled_from([0, 0, 1, 2]))
+        max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
-              speculative_tokens, draft_acceptance, max_loras):
+              speculative_tokens, draft_acceptance, max_loras, sliding_window):
+        # A window hands back blocks and has the executor check every key read; offloading is refused with
+        # one, and a remote load's KV is not the executor's to check, so neither is drawn with it.
+        self.sliding_window = sliding_window
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
                               enable_prefix_caching=caching, async_scheduling=async_scheduling,
-                              eos_probability=eos_probability, num_offload_blocks=offload_blocks if caching else 0,
+                              eos_probability=eos_probability,
+                              num_offload_blocks=offload_blocks if caching and sliding_window is None else 0,
+                              sliding_window=sliding_window,
                               num_speculative_tokens=0 if async_scheduling else speculative_tokens,
                               draft_acceptance=draft_acceptance, max_loras=max_loras)
         self.scheduler = self.core.scheduler
@@ -99,7 +104,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tokens[request_id] = []
         self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
                                            arrival_time=self.time, eos_token_id=EOS_TOKEN_ID,
-                                           do_remote_prefill=transfer == "remote_prefill",
+                                           do_remote_prefill=transfer == "remote_prefill" and self.sliding_window is None,
                                            do_remote_decode=transfer == "remote_decode",
                                            lora_request=LoRARequest(f"adapter-{lora_id}", lora_id)
                                            if lora_id and self.scheduler.max_loras else None))
