@@ -86,8 +86,39 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         gated_mlp=True,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
+        sliding_window=_sliding_window(config, architecture, path),
         **experts,
     )
+
+
+def _sliding_window(config: dict, architecture: str, path: Path) -> int | None:
+    """The window every layer attends, as transformers reads the config (engine/models/config.py is the engine's
+    reading, which also runs models whose layers mix windows and full attention); None: full attention."""
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+        default = 4096 if architecture == "MistralForCausalLM" else None
+        window = config["sliding_window"] if "sliding_window" in config else default
+        return _positive_window(window, path)
+    if architecture not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") or not config.get("use_sliding_window"):
+        return None  # Llama ignores the key; Qwen uses its window only with use_sliding_window
+    window = _positive_window(config.get("sliding_window", 4096), path)
+    first_sliding = config.get("max_window_layers")
+    first_sliding = 28 if first_sliding is None else first_sliding  # transformers' default
+    layer_types = config.get("layer_types") or [
+        "sliding_attention" if index >= first_sliding else "full_attention"
+        for index in range(config["num_hidden_layers"])]
+    if window is None or "sliding_attention" not in layer_types:
+        return None
+    if set(layer_types) != {"sliding_attention"}:
+        raise ValueError(f"model: {path}: {layer_types.count('sliding_attention')} of {len(layer_types)} layers attend a "
+                         f"sliding window of {window} and the others the full context (use_sliding_window with "
+                         "max_window_layers or layer_types); the simulator models one window for every layer or none")
+    return window
+
+
+def _positive_window(window: object, path: Path) -> int | None:
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"model: {path}: key 'sliding_window' must be a positive integer or null, got {window!r}")
+    return window
 
 
 def _experts(config: dict, architecture: str, path: Path, key: Callable[..., int]) -> dict[str, int]:

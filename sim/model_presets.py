@@ -17,13 +17,13 @@ from sim.model_shapes import ModelShape
 def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
            max_positions: int, *, head_dim: int | None = None, tied: bool = False,
            qkv_bias: bool = False, experts: int = 0, experts_per_token: int = 0, expert_width: int = 0,
-           shared_expert_width: int = 0) -> ModelShape:
+           shared_expert_width: int = 0, sliding_window: int | None = None) -> ModelShape:
     return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                       num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
                       vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
                       tied_embeddings=tied, qkv_bias=qkv_bias, num_experts=experts,
                       num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
-                      shared_expert_intermediate_size=shared_expert_width)
+                      shared_expert_intermediate_size=shared_expert_width, sliding_window=sliding_window)
 
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
@@ -39,7 +39,7 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
     _shape("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied=True),
-    _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),  # v0.1
+    _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, sliding_window=4096),  # v0.1: a 4096-token window
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
     _shape("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128),

@@ -63,6 +63,10 @@ class ModelShape:
     # Qwen2-MoE's shared expert: one more gated MLP every token runs, scaled by sigmoid(x @ gate) with a
     # [hidden, 1] gate. 0: none.
     shared_expert_intermediate_size: int = 0
+    # Every layer attends only its last ``sliding_window`` keys (Mistral-7B-v0.1's 4096): attention reads at
+    # most that many, and the engine hands back the KV blocks that leave a request's window. None: full
+    # attention. Models that mix windowed and full layers are not modelled (sim/hf_model_config.py refuses).
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -70,6 +74,9 @@ class ModelShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                                or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
+            raise ValueError(f"model.sliding_window must be a positive integer or null, got {self.sliding_window!r}")
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
                              f"got {self.num_kv_heads}")

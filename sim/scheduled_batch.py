@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.core.scheduler_output import SchedulerOutput
 from sim.cost_models import StepBatch, StepFeatures
-from sim.cost_models.step_batch import sliced_prefill_pairs
+from sim.cost_models.step_batch import sliced_prefill_pairs, step_features
 
 
 def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
@@ -25,15 +25,18 @@ def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
         drafts = [0] * len(scheduler_output.scheduled_new_reqs)
         drafts += [len(spec.get(request_id, ())) for request_id in cached.req_ids]
     return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs,
-                     drafts)
+                     drafts, scheduler_output.sliding_window)
 
 
 def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures:
     """``step_features(step_batch(scheduler_output))`` in one pass, without building the batch.
 
     This runs once per simulated step, so it reads the scheduler's output directly; a test checks it
-    against the two-step definition.
+    against the two-step definition. A sliding-window model's steps take the two-step path (each term
+    windowed in ``step_features``).
     """
+    if scheduler_output.sliding_window is not None:
+        return step_features(step_batch(scheduler_output))
     num_scheduled_tokens = scheduler_output.num_scheduled_tokens
     cached = scheduler_output.scheduled_cached_reqs
     num_decode_reqs = decode_context_tokens = 0

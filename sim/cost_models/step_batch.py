@@ -24,6 +24,9 @@ class StepBatch:
     # Speculative decoding: per request, the draft tokens among its scheduled ones (its scheduled tokens are
     # then its last token and these drafts, verified in one pass). None: no request verifies drafts.
     num_spec_tokens: list[int] | None = None
+    # Every layer's attention window (SchedulerOutput.sliding_window): a query reads at most this many keys,
+    # so each attention term counts only the keys in its query's window. None: the whole context.
+    sliding_window: int | None = None
 
 
 @dataclass(slots=True)
@@ -111,13 +114,38 @@ def sliced_prefill_pairs(query: int, context: int) -> int:
     return pairs + rest * (context + query)
 
 
+def windowed_keys(first_length: int, count: int, window: int) -> int:
+    """Keys read by ``count`` consecutive queries that would see ``first_length``, ``first_length + 1``, ...
+    keys without a window, each capped at ``window``: sum of min(k, window) for k in that range."""
+    last_length = first_length + count - 1
+    if last_length <= window:
+        return (first_length + last_length) * count // 2
+    if first_length >= window:
+        return count * window
+    return (first_length + window) * (window - first_length + 1) // 2 + (last_length - window) * window
+
+
+def windowed_sliced_pairs(query: int, context: int, window: int) -> int:
+    """``sliced_prefill_pairs`` under a window: a slice of rows [s, e) scores the keys from its first row's
+    window start up to its last row (the torch backend's windowed prefill)."""
+    pairs = 0
+    for start in range(0, query, PREFILL_QUERY_SLICE):
+        end = min(query, start + PREFILL_QUERY_SLICE)
+        pairs += (end - start) * (context + end - max(0, context + start - window + 1))
+    return pairs
+
+
 def step_features(batch: StepBatch) -> StepFeatures:
     """One pass over the batch.
 
     A prefill chunk of q new tokens after ctx cached ones attends, for its i-th token (i = 1..q), to
     ctx + i keys, so it computes q * ctx + q * (q + 1) / 2 query-key pairs: q * (ctx + (q + 1) / 2).
     A decode is the q = 1 case; it is kept apart because its cost is reading KV, not computing.
+    With a sliding window W each query reads at most W keys: a decode min(ctx + 1, W), a chunk's pairs
+    ``windowed_keys(ctx + 1, q, W)``, its earlier KV min(ctx, W - 1) (what its first query reads).
     """
+    if batch.sliding_window is not None:
+        return _windowed_step_features(batch)
     scheduled = batch.num_scheduled_tokens
     computed = batch.num_computed_tokens
     if len(scheduled) != len(computed):
@@ -179,3 +207,38 @@ def step_features(batch: StepBatch) -> StepFeatures:
         num_spec_tokens=num_spec_tokens,
         spec_attention_work=spec_attention_work,
     )
+
+
+def _windowed_step_features(batch: StepBatch) -> StepFeatures:
+    """``step_features`` of a sliding-window model: every attention term counts the keys in each query's
+    window; the token and request counts are the plain ones."""
+    window = batch.sliding_window
+    plain = step_features(StepBatch(batch.num_scheduled_tokens, batch.num_computed_tokens, batch.shared_context_tokens,
+                                    batch.kv_block_runs, batch.num_spec_tokens))
+    drafts = batch.num_spec_tokens
+    decode_context_tokens = prefill_context_tokens = prefill_attention_work = 0
+    prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
+    spec_attention_work = 0
+    for index, (q, ctx) in enumerate(zip(batch.num_scheduled_tokens, batch.num_computed_tokens)):
+        num_drafts = drafts[index] if drafts is not None else 0
+        if num_drafts or q == 1:
+            # A decode, or a verification whose rows read like decodes: its last row's keys, as plain counts it.
+            decode_context_tokens += min(ctx + q, window)
+            if num_drafts:
+                spec_attention_work += windowed_keys(ctx + 1, num_drafts, window)
+            continue
+        earlier = min(ctx, window - 1)  # cached keys the chunk's first query reads
+        prefill_context_tokens += earlier
+        prefill_attention_work += windowed_keys(ctx + 1, q, window)
+        prefill_attention_dense_work += q * (earlier + q)
+        if ctx:
+            context_prefill_dense_work += q * (earlier + q)
+        prefill_attention_sliced_work += windowed_sliced_pairs(q, ctx, window)
+    plain.decode_context_tokens = decode_context_tokens
+    plain.prefill_context_tokens = prefill_context_tokens
+    plain.prefill_attention_work = prefill_attention_work
+    plain.prefill_attention_dense_work = prefill_attention_dense_work
+    plain.context_prefill_dense_work = context_prefill_dense_work
+    plain.prefill_attention_sliced_work = prefill_attention_sliced_work
+    plain.spec_attention_work = spec_attention_work
+    return plain
