@@ -28,7 +28,7 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
 # llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
-# mistral-7b 7.24B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, qwen3-8b 8.19B, qwen3-32b 32.8B, llama-3.2-1b 1.24B
+# mistral-7b 7.24B, mistral-7b-v0.3 7.25B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, qwen3-8b 8.19B, qwen3-32b 32.8B, llama-3.2-1b 1.24B
 # (Llama-3's tokenizer: a draft model for speculative decoding with the Llama-3 models). Qwen3's per-head q and
 # k norms (2 x 128 weights a layer) are not counted: 0.0001% of the model.
 MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
@@ -40,6 +40,7 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
     _shape("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied=True),
     _shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, sliding_window=4096),  # v0.1: a 4096-token window
+    _shape("mistral-7b-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768),  # v0.2 on: full attention, a larger vocabulary
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
     _shape("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128),
