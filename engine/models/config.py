@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.models.gemma3_config import check_gemma3, gemma3_layer_windows, gemma3_rope
+
 # transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
 # "num_key_value_heads" apply only when the key is absent: an explicit null means "none" (full
 # attention) and "as many as the attention heads", as in transformers' config classes.
@@ -39,6 +41,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
                   "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
                   "sliding_window": None, "num_key_value_heads": 4},
+    # Gemma 3's text model (gemma3_config.py reads what is its own: RoPE per layer kind, the window pattern).
+    "gemma3_text": {"rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True,
+                    "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
+                    "sliding_window": 4096, "num_key_value_heads": 4, "head_dim": 256},
 }
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
@@ -68,7 +74,7 @@ class MoEConfig:
 @dataclass
 class ModelConfig:
     architecture: str  # the checkpoint's architectures[0], e.g. "LlamaForCausalLM"
-    model_type: str  # "llama", "qwen2", "qwen3", "mistral", or a mixture of experts' ("mixtral", ...)
+    model_type: str  # "llama", "qwen2", "qwen3", "mistral", "gemma3_text", or a mixture of experts' ("mixtral", ...)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -156,7 +162,12 @@ class ModelConfig:
             raise ValueError(f"config.json: num_attention_heads={num_heads} is not a multiple of "
                              f"num_key_value_heads={num_kv_heads}")
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
-        rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
+        if model_type == "gemma3_text":
+            check_gemma3(raw)
+            # The global layers' RoPE here; the local layers' base is Gemma's own (gemma3_config.py).
+            rope_theta, rope_scaling, _ = gemma3_rope(raw, _parse_rope)
+        else:
+            rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
         num_layers = int(raw["num_hidden_layers"])
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
         if sliding_window is not None and (not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
@@ -166,6 +177,8 @@ class ModelConfig:
             layer_windows = (sliding_window,) * num_layers  # transformers applies the window to every layer
         elif model_type in ("qwen2", "qwen3"):
             layer_windows = _qwen2_layer_windows(raw, sliding_window, num_layers)
+        elif model_type == "gemma3_text":
+            layer_windows = gemma3_layer_windows(raw, sliding_window, num_layers)
         else:
             # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
             # whose layers slide).
@@ -193,7 +206,9 @@ class ModelConfig:
             attention_bias=(bool(raw.get("qkv_bias", True)) if model_type == "qwen2_moe"
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
             mlp_bias=bool(get("mlp_bias")) and model_type in ("llama",),  # only Llama's MLP reads the key
-            hidden_act=str(raw.get("hidden_act", "silu")),
+            # Gemma names its activation hidden_activation (gelu_pytorch_tanh).
+            hidden_act=str(raw.get("hidden_activation", "gelu_pytorch_tanh") if model_type == "gemma3_text"
+                           else raw.get("hidden_act", "silu")),
             sliding_window=sliding_window,
             layer_sliding_windows=layer_windows,
             bos_token_id=raw.get("bos_token_id"),

@@ -1,0 +1,132 @@
+"""Gemma 3's text model (``Gemma3ForCausalLM``: gemma-3-1b, and the text towers of the larger ones saved alone).
+
+Where it differs from the Llama layers it reuses (fused q/k/v and gate/up projections, the paged attention
+backends, weight loading):
+
+* embeddings scaled by sqrt(hidden_size), the factor rounded to the weights' dtype first, as transformers does;
+* every RMSNorm multiplies by ``1 + weight`` in float32 before casting back (Llama casts, then multiplies):
+  around each attention and MLP block (input, post-attention, pre- and post-feedforward norms), on each head's
+  q and k before RoPE, and at the end;
+* a gated MLP with tanh-approximated GELU (``gelu_pytorch_tanh``);
+* attention scaled by ``query_pre_attn_scalar ** -0.5`` instead of ``head_dim ** -0.5``;
+* local layers attend a sliding window with their own RoPE base (``rope_local_base_freq``), global layers the
+  full context with ``rope_theta`` and its scaling (gemma3_config.py reads which layer is which);
+* an optional tanh cap on the final logits (``final_logit_softcapping``; null in Gemma 3's checkpoints).
+
+Attention-score capping (Gemma 2's ``attn_logit_softcapping``) and bidirectional attention are refused at load.
+Only some layers slide, so the KV-cache manager keeps every block (as vLLM does without its hybrid allocator):
+the windows save attention work, not memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.config import ModelConfig, _parse_rope
+from engine.models.gemma3_config import gemma3_rope
+from engine.models.llama import LlamaAttention, LlamaForCausalLM
+from engine.models.rotary_embedding import RotaryEmbedding
+from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + weight), computed in float32 and cast back once (transformers' Gemma3RMSNorm)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
+
+
+class GeluTanhGatedMLP(nn.Module):
+    """down(gelu_tanh(gate(x)) * up(x)), gate and up as one [2 * intermediate, hidden] matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
+        super().__init__()
+        if hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"config.json: hidden_activation {hidden_act!r} is not supported for Gemma 3; it uses "
+                             "'gelu_pytorch_tanh'")
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, sliding_window: int | None) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = LlamaAttention(config, backend, config.attention_bias, config.attention_bias, qk_norm=True,
+                                        sliding_window=sliding_window)
+        self.self_attn.q_norm = GemmaRMSNorm(config.head_dim, eps)
+        self.self_attn.k_norm = GemmaRMSNorm(config.head_dim, eps)
+        self.self_attn.scale = float(config.raw.get("query_pre_attn_scalar", 256)) ** -0.5
+        self.mlp = GeluTanhGatedMLP(hidden, config.intermediate_size, config.hidden_act)
+        self.input_layernorm = GemmaRMSNorm(hidden, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(hidden_states), cos, sin, kv_cache, attn_metadata)
+        hidden_states = hidden_states + self.post_attention_layernorm(attended)
+        return hidden_states + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden_states)))
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = config.hidden_size ** 0.5
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, backend, config.layer_sliding_windows[index])
+                                    for index in range(config.num_hidden_layers))
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        global_theta, global_scaling, local_theta = gemma3_rope(config.raw, _parse_rope)
+        self.global_rotary_emb = RotaryEmbedding(config.head_dim, global_theta, global_scaling)
+        self.local_rotary_emb = RotaryEmbedding(config.head_dim, local_theta, None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
+        embeddings = self.embed_tokens(input_ids)
+        # The factor in the weights' dtype first (bfloat16 rounds sqrt(1152) to 34.0), as transformers multiplies.
+        hidden_states = embeddings * torch.tensor(self.embed_scale, dtype=embeddings.dtype)
+        # One cos/sin per layer kind and step, shared by the layers of that kind.
+        global_cos_sin = self.global_rotary_emb.cos_sin(positions, hidden_states.dtype)
+        local_cos_sin = self.local_rotary_emb.cos_sin(positions, hidden_states.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            cos, sin = local_cos_sin if layer.self_attn.sliding_window is not None else global_cos_sin
+            hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
+        return self.norm(hidden_states)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
+        nn.Module.__init__(self)
+        self.check_config(config)
+        self.config = config
+        self.model = Gemma3Model(config, get_attention_backend(attention_backend))
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                          bias=False)
+        self.final_logit_softcapping = config.raw.get("final_logit_softcapping")
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden_states)
+        cap = self.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
