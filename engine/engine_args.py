@@ -145,12 +145,13 @@ class EngineArgs:
                              "keyed by the prefix cache's block hashes)")
 
     def create_cache_config(self, num_gpu_blocks: int, num_offload_blocks: int = 0,
-                            sliding_window: int | None = None) -> CacheConfig:
-        """``sliding_window``: the model's window when every layer attends one (ModelConfig.every_layer_slides)."""
-        if sliding_window is not None and num_offload_blocks:
+                            sliding_window: int | None = None, sliding_window_fraction: float = 1.0) -> CacheConfig:
+        """``sliding_window``: the window of the model's sliding layers, ``sliding_window_fraction`` their share
+        (ModelConfig.sliding_window_fraction)."""
+        if sliding_window is not None and sliding_window_fraction == 1 and num_offload_blocks:
             raise ValueError(f"kv_offloading_size_gib={self.kv_offloading_size_gib!r} is not supported for a model whose "
                              f"every layer attends a sliding window (sliding_window={sliding_window}); set "
                              "kv_offloading_size_gib=0")
         return CacheConfig(block_size=self.block_size, num_gpu_blocks=num_gpu_blocks,
                            enable_prefix_caching=self.enable_prefix_caching, num_offload_blocks=num_offload_blocks,
-                           sliding_window=sliding_window)
+                           sliding_window=sliding_window, sliding_window_fraction=sliding_window_fraction)

@@ -85,10 +85,11 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     executor = RealExecutor(runner)
     model_config = runner.model.config
     # Every layer windowed: the core hands back the blocks that leave each request's window (a model with
-    # some full-attention layers needs every block, as vLLM's would without its hybrid allocator).
-    sliding_window = model_config.sliding_window if model_config.every_layer_slides else None
+    # some full-attention layers needs every block, as vLLM's would without its hybrid allocator); the share
+    # of windowed layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
-                          args.create_cache_config(num_gpu_blocks, num_offload_blocks, sliding_window))
+                          args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
+                                                   model_config.sliding_window_fraction))
     warn_if_max_model_len_lowered(scheduler)
     components = EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,

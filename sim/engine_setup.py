@@ -128,14 +128,15 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         raise SetupError(f"engine.max_model_len: {max_model_len} exceeds what model {model.name!r} supports "
                          f"({model.max_position_embeddings}, its max_position_embeddings)")
     num_offload_blocks, host_link = _kv_offloading(workload, model, hardware)
-    if num_offload_blocks and model.sliding_window is not None:
+    if num_offload_blocks and model.sliding_window is not None and model.sliding_window_fraction == 1:
         raise SetupError(f"engine.kv_offloading_size_gib: {engine.kv_offloading_size_gib:g} GiB is not supported with "
                          f"model {model.name!r}, whose layers attend a sliding window of {model.sliding_window} tokens; "
                          "set engine.kv_offloading_size_gib=0")
     try:
         cache_config = CacheConfig(block_size=engine.block_size, num_gpu_blocks=num_gpu_blocks,
                                    enable_prefix_caching=engine.enable_prefix_caching,
-                                   num_offload_blocks=num_offload_blocks, sliding_window=model.sliding_window)
+                                   num_offload_blocks=num_offload_blocks, sliding_window=model.sliding_window,
+                                   sliding_window_fraction=model.sliding_window_fraction)
         scheduler_config = SchedulerConfig(
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,

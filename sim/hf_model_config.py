@@ -9,20 +9,23 @@ from pathlib import Path
 
 from sim.model_shapes import ModelShape
 
-# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, SwiGLU MLP; the
-# mixtures of experts: SwiGLU experts in every layer, a softmax router picking the top k).
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, a gated MLP of three
+# matmuls, SiLU or Gemma's tanh-GELU; the mixtures of experts: SwiGLU experts in every layer, a softmax router
+# picking the top k).
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                       "Gemma3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                "mixtral": "MixtralForCausalLM",
-                               "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                               "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                               "gemma3_text": "Gemma3ForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
-                          "Qwen3MoeForCausalLM": 32768}
+                          "Qwen3MoeForCausalLM": 32768, "Gemma3ForCausalLM": 131072}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -62,7 +65,12 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
 
     hidden_size = key("hidden_size")
     num_heads = key("num_attention_heads")
-    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+    gemma = architecture == "Gemma3ForCausalLM"
+    if gemma:
+        if config.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"model: {path}: key 'hidden_activation' is {config['hidden_activation']!r}; Gemma 3's "
+                             "tanh-GELU-gated MLP is modelled")
+    elif config.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; "
                          f"only a SiLU-gated MLP is modelled")
     experts = _experts(config, architecture, path, key)
@@ -76,43 +84,50 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         hidden_size=hidden_size,
         num_attention_heads=num_heads,
         num_kv_heads=key("num_key_value_heads", num_heads),
-        # Qwen3's config class has head_dim as a key of its own, 128 when left out; the others divide.
-        head_dim=key("head_dim", 128 if architecture == "Qwen3ForCausalLM" else hidden_size // num_heads),
+        # Qwen3's and Gemma 3's config classes have head_dim as a key of their own (128, 256 when left out); the
+        # others divide.
+        head_dim=key("head_dim", {"Qwen3ForCausalLM": 128, "Gemma3ForCausalLM": 256}.get(architecture,
+                                                                                          hidden_size // num_heads)),
         # An MoE config's dense width (Qwen's 6144 or 5632) prices nothing, but is kept as the config gives it
         # (left out: the experts' width).
         intermediate_size=key("intermediate_size", experts.get("moe_intermediate_size")),
         vocab_size=key("vocab_size"),
         max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
         gated_mlp=True,
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tied_embeddings=bool(config.get("tie_word_embeddings", gemma)),  # Gemma ties by default
         qkv_bias=qkv_bias,
-        sliding_window=_sliding_window(config, architecture, path),
+        **_sliding_layers(config, architecture, path),
         **experts,
     )
 
 
-def _sliding_window(config: dict, architecture: str, path: Path) -> int | None:
-    """The window every layer attends, as transformers reads the config (engine/models/config.py is the engine's
-    reading, which also runs models whose layers mix windows and full attention); None: full attention."""
+def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
+    """``sliding_window`` and ``num_sliding_layers`` as transformers reads the config (engine/models/config.py and
+    gemma3_config.py are the engine's reading; this module must not import torch, so it reads the few keys
+    again): Mistral's window on every layer, Qwen2/Qwen3's from ``max_window_layers`` on with
+    ``use_sliding_window``, Gemma 3's five local layers of every six; ``layer_types`` wins where given."""
+    num_layers = config["num_hidden_layers"]
     if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
         default = 4096 if architecture == "MistralForCausalLM" else None
-        window = config["sliding_window"] if "sliding_window" in config else default
-        return _positive_window(window, path)
-    if architecture not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") or not config.get("use_sliding_window"):
-        return None  # Llama ignores the key; Qwen uses its window only with use_sliding_window
-    window = _positive_window(config.get("sliding_window", 4096), path)
-    first_sliding = config.get("max_window_layers")
-    first_sliding = 28 if first_sliding is None else first_sliding  # transformers' default
-    layer_types = config.get("layer_types") or [
-        "sliding_attention" if index >= first_sliding else "full_attention"
-        for index in range(config["num_hidden_layers"])]
-    if window is None or "sliding_attention" not in layer_types:
-        return None
-    if set(layer_types) != {"sliding_attention"}:
-        raise ValueError(f"model: {path}: {layer_types.count('sliding_attention')} of {len(layer_types)} layers attend a "
-                         f"sliding window of {window} and the others the full context (use_sliding_window with "
-                         "max_window_layers or layer_types); the simulator models one window for every layer or none")
-    return window
+        window = _positive_window(config["sliding_window"] if "sliding_window" in config else default, path)
+        return {"sliding_window": window}
+    if architecture == "Gemma3ForCausalLM":
+        window = _positive_window(config.get("sliding_window", 4096), path)
+        pattern = config.get("sliding_window_pattern") or 6
+        default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
+    elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and config.get("use_sliding_window"):
+        window = _positive_window(config.get("sliding_window", 4096), path)
+        first_sliding = config.get("max_window_layers")
+        first_sliding = 28 if first_sliding is None else first_sliding  # transformers' default
+        default_types = ["sliding_attention" if index >= first_sliding else "full_attention"
+                         for index in range(num_layers)]
+    else:
+        return {}  # Llama ignores the key; Qwen uses its window only with use_sliding_window
+    layer_types = config.get("layer_types") or default_types
+    num_sliding = sum(kind == "sliding_attention" for kind in layer_types)
+    if window is None or num_sliding == 0:
+        return {}
+    return {"sliding_window": window, "num_sliding_layers": None if num_sliding == len(layer_types) else num_sliding}
 
 
 def _positive_window(window: object, path: Path) -> int | None:

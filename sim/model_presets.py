@@ -17,13 +17,15 @@ from sim.model_shapes import ModelShape
 def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
            max_positions: int, *, head_dim: int | None = None, tied: bool = False,
            qkv_bias: bool = False, experts: int = 0, experts_per_token: int = 0, expert_width: int = 0,
-           shared_expert_width: int = 0, sliding_window: int | None = None) -> ModelShape:
+           shared_expert_width: int = 0, sliding_window: int | None = None,
+           sliding_layers: int | None = None) -> ModelShape:
     return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                       num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
                       vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
                       tied_embeddings=tied, qkv_bias=qkv_bias, num_experts=experts,
                       num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
-                      shared_expert_intermediate_size=shared_expert_width, sliding_window=sliding_window)
+                      shared_expert_intermediate_size=shared_expert_width, sliding_window=sliding_window,
+                      num_sliding_layers=sliding_layers)
 
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
@@ -44,6 +46,16 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
     _shape("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128),
+    # Gemma 3's text models: five local layers (a sliding window) to one global; every KV block stays, the
+    # windows only save attention work. Tied embeddings of a 262k vocabulary.
+    _shape("gemma-3-1b", 26, 1152, 4, 1, 6912, 262144, 32768, head_dim=256, tied=True, sliding_window=512,
+           sliding_layers=22),
+    _shape("gemma-3-4b", 34, 2560, 8, 4, 10240, 262208, 131072, head_dim=256, tied=True, sliding_window=1024,
+           sliding_layers=29),
+    _shape("gemma-3-12b", 48, 3840, 16, 8, 15360, 262208, 131072, head_dim=256, tied=True, sliding_window=1024,
+           sliding_layers=40),
+    _shape("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, head_dim=128, tied=True, sliding_window=1024,
+           sliding_layers=52),
     _shape("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128),
     # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
     # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,

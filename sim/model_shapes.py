@@ -63,10 +63,12 @@ class ModelShape:
     # Qwen2-MoE's shared expert: one more gated MLP every token runs, scaled by sigmoid(x @ gate) with a
     # [hidden, 1] gate. 0: none.
     shared_expert_intermediate_size: int = 0
-    # Every layer attends only its last ``sliding_window`` keys (Mistral-7B-v0.1's 4096): attention reads at
-    # most that many, and the engine hands back the KV blocks that leave a request's window. None: full
-    # attention. Models that mix windowed and full layers are not modelled (sim/hf_model_config.py refuses).
+    # Sliding-window layers attend only their last ``sliding_window`` keys: ``num_sliding_layers`` of them (None:
+    # every layer, as Mistral-7B-v0.1's 4096), the others the full context (Gemma 3: five of six layers slide).
+    # Attention reads at most the window in those layers; when every layer slides the engine also hands back
+    # the KV blocks that leave a request's window. None: full attention everywhere.
     sliding_window: int | None = None
+    num_sliding_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -77,6 +79,11 @@ class ModelShape:
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
                                                 or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
             raise ValueError(f"model.sliding_window must be a positive integer or null, got {self.sliding_window!r}")
+        if self.num_sliding_layers is not None and (
+                self.sliding_window is None or not isinstance(self.num_sliding_layers, int)
+                or isinstance(self.num_sliding_layers, bool) or not 1 <= self.num_sliding_layers <= self.num_layers):
+            raise ValueError(f"model.num_sliding_layers must be 1..num_layers ({self.num_layers}) with a "
+                             f"sliding_window, got {self.num_sliding_layers!r}")
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
                              f"got {self.num_kv_heads}")
@@ -103,6 +110,13 @@ class ModelShape:
         if not self.gated_mlp:
             raise ValueError("model.gated_mlp must be true for a mixture of experts: experts are modelled as "
                              "SwiGLU MLPs (gate, up, down)")
+
+    @property
+    def sliding_window_fraction(self) -> float:
+        """The share of layers that slide (1.0 without a window)."""
+        if self.sliding_window is None or self.num_sliding_layers is None:
+            return 1.0
+        return self.num_sliding_layers / self.num_layers
 
     # --- widths of the projections -------------------------------------------------------------
     @property

@@ -25,7 +25,7 @@ def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
         drafts = [0] * len(scheduler_output.scheduled_new_reqs)
         drafts += [len(spec.get(request_id, ())) for request_id in cached.req_ids]
     return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs,
-                     drafts, scheduler_output.sliding_window)
+                     drafts, scheduler_output.sliding_window, scheduler_output.sliding_window_fraction)
 
 
 def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures:

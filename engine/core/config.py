@@ -25,9 +25,12 @@ class CacheConfig:
     # Blocks of the host-memory tier of the prefix cache (vLLM's KV offloading; engine/core/kv_offload.py),
     # 0: none. It is keyed by the prefix cache's block hashes, so it needs prefix caching.
     num_offload_blocks: int = 0
-    # The model's attention window when every layer has the same one (Mistral-7B-v0.1's 4096), None otherwise:
-    # the KV-cache manager then hands back the blocks that fall out of every request's window.
+    # The window of the model's sliding-window layers (Mistral-7B-v0.1's 4096 on every layer; Gemma 3's 512 on
+    # five layers of six), None: none slides. ``sliding_window_fraction`` is the share of layers that slide:
+    # at 1 the KV-cache manager hands back the blocks that fall out of every request's window; below 1 the
+    # full-attention layers still read every block, and the window only lowers what a step costs.
     sliding_window: int | None = None
+    sliding_window_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and self.block_size > 0, "cache", "block_size",
@@ -42,13 +45,21 @@ class CacheConfig:
         _require(self.sliding_window is None or (isinstance(self.sliding_window, int)
                                                  and not isinstance(self.sliding_window, bool) and self.sliding_window > 0),
                  "cache", "sliding_window", self.sliding_window, "a positive integer or None")
-        _require(self.sliding_window is None or self.num_offload_blocks == 0, "cache", "num_offload_blocks",
+        _require(isinstance(self.sliding_window_fraction, (int, float)) and not isinstance(self.sliding_window_fraction, bool)
+                 and 0 < self.sliding_window_fraction <= 1, "cache", "sliding_window_fraction",
+                 self.sliding_window_fraction, "a share of the layers in (0, 1]")
+        _require(not self.frees_out_of_window_blocks or self.num_offload_blocks == 0, "cache", "num_offload_blocks",
                  self.num_offload_blocks, "0 with a sliding window (KV offloading of sliding-window models is not "
                  "supported)")
 
     @property
     def num_usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
+
+    @property
+    def frees_out_of_window_blocks(self) -> bool:
+        """Every layer slides: a block out of a request's window is read by no layer again."""
+        return self.sliding_window is not None and self.sliding_window_fraction == 1
 
     @property
     def capacity_tokens(self) -> int:

@@ -69,7 +69,8 @@ class Scheduler:
             enable_caching=cache_config.enable_prefix_caching,
             enable_kv_cache_events=cache_config.enable_kv_cache_events,
             num_offload_blocks=cache_config.num_offload_blocks,
-            sliding_window=cache_config.sliding_window, num_rollback_tokens=scheduler_config.num_speculative_tokens)
+            sliding_window=cache_config.sliding_window if cache_config.frees_out_of_window_blocks else None,
+            num_rollback_tokens=scheduler_config.num_speculative_tokens)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)
@@ -283,6 +284,8 @@ class Scheduler:
             finished_req_ids, admissions.num_prefix_query_tokens, admissions.num_prefix_hit_tokens,
             self.kv_transfers.take_loads_started())
         scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
+        scheduler_output.sliding_window = self.cache_config.sliding_window
+        scheduler_output.sliding_window_fraction = self.cache_config.sliding_window_fraction
         scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_tokens
         scheduler_output.batch_index = self.batches_in_flight.start()
         if kv_cache_manager.offload is not None:

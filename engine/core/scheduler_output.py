@@ -70,9 +70,10 @@ class SchedulerOutput:
     # Runs of consecutive physical block ids over every live request's block table, as of this
     # schedule (KVCacheManager.num_block_runs): how scattered the KV a step gathers lies.
     num_kv_block_runs: int = 0
-    # The model's attention window when every layer has one (CacheConfig.sliding_window): each query reads
-    # at most this many keys, which is what a step costs; None: the whole context.
+    # The window of the model's sliding-window layers and their share of the layers (CacheConfig): a query
+    # reads at most this many keys in those layers, which is what a step costs; None: the whole context.
     sliding_window: int | None = None
+    sliding_window_fraction: float = 1.0
     # Remote prefills whose KV load this step starts (request id -> tokens to load; engine/core/kv_transfer.py).
     kv_loads: dict[str, int] = field(default_factory=dict)
     # With a host tier of the prefix cache (engine/core/kv_offload.py): each scheduled request's computed tokens

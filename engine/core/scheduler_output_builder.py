@@ -61,6 +61,5 @@ def build_scheduler_output(kv_cache_manager: KVCacheManager, running: list[Reque
         num_prefix_hit_tokens=num_prefix_hit_tokens,
         num_shared_kv_tokens=kv_cache_manager.block_pool.num_shared_refs * kv_cache_manager.block_size,
         num_kv_block_runs=kv_cache_manager.num_block_runs,
-        sliding_window=kv_cache_manager.sliding_window,
         kv_loads=kv_loads,
     )

@@ -110,6 +110,13 @@ class ModelConfig:
         return self.max_position_embeddings
 
     @property
+    def sliding_window_fraction(self) -> float:
+        """The share of layers that attend ``sliding_window`` (1.0 when none slides: nothing to share)."""
+        if self.sliding_window is None:
+            return 1.0
+        return sum(window == self.sliding_window for window in self.layer_sliding_windows) / len(self.layer_sliding_windows)
+
+    @property
     def every_layer_slides(self) -> bool:
         """Whether every layer attends one window: then no layer ever reads the keys before it, and the KV
         blocks that fall out of the window can be handed back (vLLM's sliding-window KV manager)."""

@@ -24,9 +24,12 @@ class StepBatch:
     # Speculative decoding: per request, the draft tokens among its scheduled ones (its scheduled tokens are
     # then its last token and these drafts, verified in one pass). None: no request verifies drafts.
     num_spec_tokens: list[int] | None = None
-    # Every layer's attention window (SchedulerOutput.sliding_window): a query reads at most this many keys,
-    # so each attention term counts only the keys in its query's window. None: the whole context.
+    # The sliding-window layers' window (SchedulerOutput.sliding_window): a query reads at most this many keys
+    # there, so each attention term counts only the keys in its query's window. None: the whole context.
+    # ``sliding_window_fraction`` of the layers slide; the others read the whole context, so each attention
+    # term is the mean over layers (what a cost linear in it, summed over the layers, needs), rounded.
     sliding_window: int | None = None
+    sliding_window_fraction: float = 1.0
 
 
 @dataclass(slots=True)
@@ -234,11 +237,16 @@ def _windowed_step_features(batch: StepBatch) -> StepFeatures:
         if ctx:
             context_prefill_dense_work += q * (earlier + q)
         prefill_attention_sliced_work += windowed_sliced_pairs(q, ctx, window)
-    plain.decode_context_tokens = decode_context_tokens
-    plain.prefill_context_tokens = prefill_context_tokens
-    plain.prefill_attention_work = prefill_attention_work
-    plain.prefill_attention_dense_work = prefill_attention_dense_work
-    plain.context_prefill_dense_work = context_prefill_dense_work
-    plain.prefill_attention_sliced_work = prefill_attention_sliced_work
-    plain.spec_attention_work = spec_attention_work
+    fraction = batch.sliding_window_fraction
+
+    def over_layers(windowed: int, full: int) -> int:
+        return windowed if fraction == 1 else round(fraction * windowed + (1 - fraction) * full)
+
+    plain.decode_context_tokens = over_layers(decode_context_tokens, plain.decode_context_tokens)
+    plain.prefill_context_tokens = over_layers(prefill_context_tokens, plain.prefill_context_tokens)
+    plain.prefill_attention_work = over_layers(prefill_attention_work, plain.prefill_attention_work)
+    plain.prefill_attention_dense_work = over_layers(prefill_attention_dense_work, plain.prefill_attention_dense_work)
+    plain.context_prefill_dense_work = over_layers(context_prefill_dense_work, plain.context_prefill_dense_work)
+    plain.prefill_attention_sliced_work = over_layers(prefill_attention_sliced_work, plain.prefill_attention_sliced_work)
+    plain.spec_attention_work = over_layers(spec_attention_work, plain.spec_attention_work)
     return plain

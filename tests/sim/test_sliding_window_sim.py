@@ -108,8 +108,12 @@ def test_config_json_windows_as_transformers_reads_them(tmp_path):
     assert model_from_hf_config(write_config(tmp_path, sliding_window=512)).sliding_window is None  # not used
     assert model_from_hf_config(write_config(tmp_path, sliding_window=512, use_sliding_window=True,
                                              max_window_layers=0)).sliding_window == 512
-    with pytest.raises(ValueError, match="2 of 4 layers attend a sliding window of 512"):
-        model_from_hf_config(write_config(tmp_path, sliding_window=512, use_sliding_window=True, max_window_layers=2))
+    mixed = model_from_hf_config(write_config(tmp_path, sliding_window=512, use_sliding_window=True, max_window_layers=3))
+    assert (mixed.sliding_window, mixed.num_sliding_layers, mixed.sliding_window_fraction) == (512, 1, 0.25)
+    gemma = model_from_hf_config(write_config(tmp_path, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                                              num_hidden_layers=12, sliding_window=512, head_dim=None))
+    # Five local layers to one global: layers 5 and 11 are global; head_dim 256 and tied embeddings by default.
+    assert (gemma.sliding_window, gemma.num_sliding_layers, gemma.head_dim, gemma.tied_embeddings) == (512, 10, 256, True)
     with pytest.raises(ValueError, match="key 'sliding_window' must be a positive integer or null, got 0"):
         model_from_hf_config(write_config(tmp_path, **mistral, sliding_window=0))
 
@@ -118,3 +122,40 @@ def test_kv_offloading_of_a_windowed_model_is_refused_by_name():
     with pytest.raises(SetupError, match="engine.kv_offloading_size_gib: 8 GiB is not supported with model "
                                          "'mistral-7b', whose layers attend a sliding window of 4096"):
         run_simulation(long_context_workload("mistral-7b", kv_offloading_size_gib=8), None)
+
+
+@pytest.mark.parametrize("preset,billions,sliding", [("gemma-3-1b", 1.000, 22), ("gemma-3-4b", 3.88, 29),
+                                                     ("gemma-3-12b", 11.77, 40), ("gemma-3-27b", 27.01, 52)])
+def test_gemma3_presets_have_their_text_models_parameters_and_pattern(preset, billions, sliding):
+    shape = MODEL_PRESETS[preset]
+    assert shape.num_parameters / 1e9 == pytest.approx(billions, rel=0.005)
+    assert shape.num_sliding_layers == sliding and shape.num_layers - sliding == shape.num_layers // 6
+
+
+def test_a_partly_windowed_model_keeps_every_block_and_prices_the_mean_over_layers(tmp_path):
+    """Gemma 3 (22 of 26 layers windowed): no block is handed back (the global layers read them), every step's
+    decode reads are the layers' mean of windowed and full reads, and fast-forward stays off (same traces)."""
+    workload = long_context_workload("gemma-3-1b")
+    result = run_simulation(workload, tmp_path / "gemma")
+    assert result.summary["num_finished"] == 60
+    steps = read_run(tmp_path / "gemma").steps
+    # The same shape with every layer global: the same 6-14k-token requests read their whole context.
+    full_config = tmp_path / "gemma-3-1b-global.json"
+    full_config.write_text(json.dumps({
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6912,
+        "num_hidden_layers": 26, "vocab_size": 262144, "max_position_embeddings": 32768, "sliding_window": None,
+        "layer_types": ["full_attention"] * 26}))
+    run_simulation(long_context_workload(str(full_config)), tmp_path / "global")
+    full_steps = read_run(tmp_path / "global").steps
+
+    def read_per_decode(frame):
+        return frame["decode_context_tokens"].sum() / frame["num_decode_reqs"].sum()
+
+    # 22 local layers read at most 512 keys, 4 global ones ~10k: the mean over layers is about a fifth.
+    ratio = read_per_decode(steps) / read_per_decode(full_steps)
+    assert 0.1 < ratio < 0.3
+    assert result.summary["num_preemptions"] > 0  # every block stays: the pool fills as with full attention
+    again = run_simulation(workload, tmp_path / "gemma-no-ff", fast_forward=False)
+    assert read_run(tmp_path / "gemma-no-ff").steps.equals(steps)
+    assert again.summary["ttft_ms"] == result.summary["ttft_ms"]
