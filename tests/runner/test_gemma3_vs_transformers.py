@@ -61,3 +61,32 @@ def test_gemma2_style_attention_capping_is_refused(tmp_path):
     save_tiny_gemma3(tmp_path, attn_logit_softcapping=50.0)
     with pytest.raises(ValueError, match="attn_logit_softcapping=50.0"):
         load_model(tmp_path)
+
+
+def test_a_lora_adapter_on_gemma3_equals_transformers_with_it_merged(tmp_path):
+    """The adapted projections of every Gemma layer (q, k, v, o, gate, up, down) through the LoRA runner: greedy
+    tokens equal transformers' on weights with the adapter merged in."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from engine import LLM, SamplingParams
+    from engine.core import LoRARequest
+    from engine.models.make_lora import main as make_lora
+
+    hf_model = save_tiny_gemma3(tmp_path / "gemma")
+    assert make_lora([str(tmp_path / "adapter"), "--model", str(tmp_path / "gemma"), "--rank", "4"]) == 0
+    llm = LLM(model=str(tmp_path / "gemma"), skip_tokenizer_init=True, num_gpu_blocks=64, max_model_len=512,
+              enable_lora=True, max_lora_rank=8)
+    prompt = list(range(5, 40))
+    output = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                          lora_request=LoRARequest("adapter", 1, str(tmp_path / "adapter")))
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    weights = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    parameters = dict(hf_model.named_parameters())
+    with torch.no_grad():
+        for name, lora_a in weights.items():
+            if "lora_A" in name:
+                target = name.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+                parameters[target] += adapter["lora_alpha"] / adapter["r"] * weights[name.replace("lora_A", "lora_B")] @ lora_a
+    assert output[0].outputs[0].token_ids == hf_greedy(hf_model, prompt, 12)
