@@ -83,6 +83,21 @@ def fast_forward(simulation, replica, result: FastForwardResult, durations: list
     replica.recorder.on_fast_forward(starts, durations[:result.num_steps], planned_steps, result, ends,
                                      replica.engine.scheduler)
     simulation.num_fast_forwarded_steps += result.num_steps
+    if simulation.client is None and simulation.later_turns is not None:
+        # Each step's finishes reach the sessions at the step's end, in running order (the order of the step's
+        # outputs), as count_finished reports them after an ordinary step: a turn sent then arrives at the very
+        # time, and in the same order among the arrivals during the stretch's last step, as without the
+        # fast-forward (plan_durations ends the stretch with the step its think time ends in).
+        finished_by_step: dict[int, list[str]] = {}
+        for request, step in zip(result.requests, result.finish_step):
+            if step >= 0:
+                finished_by_step.setdefault(step, []).append(request.request_id)
+        for step, duration in enumerate(durations[:result.num_steps]):
+            yield env.timeout(duration)
+            for request_id in finished_by_step.get(step, ()):
+                simulation.on_request_finished(request_id, ends[step])
+        simulation.unreported_finished += sum(step >= 0 for step in result.finish_step)
+        return
     for duration in durations[:result.num_steps]:
         yield env.timeout(duration)
     simulation.unreported_finished += sum(step >= 0 for step in result.finish_step)
@@ -91,14 +106,3 @@ def fast_forward(simulation, replica, result: FastForwardResult, durations: list
         for request, step in zip(result.requests, result.finish_step):
             if step >= 0:
                 simulation.on_request_finished(request.request_id, ends[step])
-    elif simulation.later_turns is not None:
-        # Turns of requests that finished in the stretch, in the order they arrive: those due by now (during the
-        # last step, never earlier: see plan_durations) join before the next step, as they would have mid-step.
-        think_time = simulation.later_turns.next_think_time
-        thinks = [None if step < 0 else think_time(request.request_id)
-                  for request, step in zip(result.requests, result.finish_step)]
-        finished = [(ends[step] + think, step, index, request.request_id)
-                    for index, (request, step, think) in enumerate(zip(result.requests, result.finish_step, thinks))
-                    if think is not None]
-        for _, step, _, request_id in sorted(finished):
-            simulation.on_request_finished(request_id, ends[step])
