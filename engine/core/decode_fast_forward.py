@@ -8,9 +8,10 @@ KV-cache manager through the k steps at once, with Python work proportional to t
 blocks touched instead of requests x steps.
 
 The result is exactly the state k ordinary steps leave behind (tokens, block tables, free-queue order,
-prefix-cache entries, KV events, the host tier's order): the pool-changing events of the k steps (block allocations, blocks
-filling up and entering the cache, frees of finished requests) are replayed in the order the ordinary
-steps would perform them, ``(step, schedule-before-update, running order)``.
+prefix-cache entries, KV events, the host tier's order): the pool-changing events of the k steps (a sliding
+window's hand-backs, block allocations, blocks filling up and entering the cache, frees of finished requests)
+are replayed in the order the ordinary steps would perform them, ``(step, schedule-before-update, running
+order)``; engine/core/fast_forward_window.py says what a window changes.
 tests/core/test_decode_fast_forward.py checks the equivalence on random workloads.
 """
 
@@ -21,14 +22,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from engine.core.fast_forward_block_runs import PlannedBlockRuns
+from engine.core.fast_forward_shared_refs import PlannedSharedRefs
+from engine.core.fast_forward_window import PlannedDecodeContext, hand_back_steps
 from engine.core.request import Request, RequestStatus
 
 EMPTY_MAPPING: Mapping[str, int] = MappingProxyType({})
 
-# Event kinds, in the order one request's events of one step happen in an ordinary step. A store (a block
-# whose KV the step completed, copied to the host tier) precedes every free of its update; stores and frees
-# touch different structures, so only the order among stores (running order) matters.
-_ALLOCATE, _CACHE, _STORE, _FREE = 0, 1, 2, 3
+# Event kinds, in the order one request's events of one step happen in an ordinary step: allocate_slots hands
+# back the blocks that left a sliding window before it allocates or fills. A store (a block whose KV the step
+# completed, copied to the host tier) precedes every free of its update; stores and frees touch different
+# structures, so only the order among stores (running order) matters.
+_HAND_BACK, _ALLOCATE, _CACHE, _STORE, _FREE = 0, 1, 2, 3, 4
 # Phases of a step: schedule() touches the pool for every request before update_from_output frees any.
 _SCHEDULE_PHASE, _UPDATE_PHASE = 0, 1
 
@@ -37,7 +41,7 @@ _SCHEDULE_PHASE, _UPDATE_PHASE = 0, 1
 class FastForwardStep:
     """What one fast-forwarded step scheduled (all decodes), and the pool after it."""
     num_decode_reqs: int
-    decode_context_tokens: int   # sum of (num_computed_tokens + 1) over the step's requests
+    decode_context_tokens: int   # sum of (num_computed_tokens + 1) over the step's requests, each at most the window
     max_seq_len: int
     shared_kv_tokens: int = 0    # SchedulerOutput.num_shared_kv_tokens of the step
     kv_block_runs: int = 0       # SchedulerOutput.num_kv_block_runs of the step
@@ -70,24 +74,14 @@ class DecodeFastForward:
         self._order = sorted(range(len(self.requests)), key=self.last_steps.__getitem__)
         self._next_leaver = 0
         self._num_active = len(self.requests)
-        self._context_sum = sum(self.context_lengths) + len(self.requests)
+        manager = scheduler.kv_cache_manager
+        self._context = PlannedDecodeContext(self.context_lengths, manager.sliding_window)
+        # max_seq_len is not windowed: step_features counts the plain context + 1 of the longest request.
         self._active_max_lengths = sorted(((context + 1, index) for index, context in enumerate(self.context_lengths)),
                                           reverse=True)
-        # Shared blocks only lose holders during the run (new blocks are private): replay the frees on
-        # private counts, in the order update_from_output frees, to know each step's shared references.
-        manager = scheduler.kv_cache_manager
+        self._manager = manager
         self._block_size = manager.block_size
-        self._shared_refs = manager.block_pool.num_shared_refs
-        self._shared_blocks: list[list[int]] = [[] for _ in self.requests]
-        self._holders: dict[int, int] = {}
-        if self._shared_refs:
-            for index, request in enumerate(self.requests):
-                # Sharing comes from prefix-cache hits, so a request's shared blocks lead its table.
-                for block in manager.req_to_blocks[request.request_id]:
-                    if block.ref_cnt < 2:
-                        break
-                    self._shared_blocks[index].append(block.block_id)
-                    self._holders[block.block_id] = block.ref_cnt
+        self._shared_refs = PlannedSharedRefs(manager.block_pool, manager.sliding_window is not None)
         self._runs = PlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps)
 
     @classmethod
@@ -100,8 +94,6 @@ class DecodeFastForward:
             return None
         if scheduler.num_speculative_tokens:
             return None  # how many tokens each step brings depends on what the executor accepts
-        if scheduler.kv_cache_manager.sliding_window is not None:
-            return None  # ordinary steps hand back blocks that leave the window; the plan does not model that
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager
@@ -112,8 +104,8 @@ class DecodeFastForward:
             token = token_ids_by_request.get(request.request_id, token_id)
             if request.num_tokens - computed != 1 or token in request.stop_token_set:
                 return None
-            # The layout k ordinary steps would extend: exactly the blocks the computed tokens need,
-            # and every full block registered.
+            # The layout k ordinary steps would extend: exactly the blocks the computed tokens need (a
+            # window's null entries among them), and every full block registered.
             if len(manager.req_to_blocks[request.request_id]) != -(-computed // block_size):
                 return None
             if caching and manager.num_cached_block[request.request_id] != computed // block_size:
@@ -124,28 +116,27 @@ class DecodeFastForward:
         return cls(scheduler, token_id, token_ids_by_request)
 
     def step(self, step_index: int) -> FastForwardStep:
-        """The batch of step ``step_index``; call with 0, 1, 2, ... in order."""
+        """The batch of step ``step_index``; call with 0, 1, 2, ... in order, all before ``apply``."""
         # Requests whose last token came in an earlier step have left the batch.
         order, last_steps = self._order, self.last_steps
         while self._next_leaver < len(order) and last_steps[order[self._next_leaver]] < step_index:
             leaver = order[self._next_leaver]
             self._num_active -= 1
-            self._context_sum -= self.context_lengths[leaver] + 1
-            for block_id in self._shared_blocks[leaver]:
-                holders = self._holders[block_id]
-                if holders > 1:
-                    self._shared_refs -= 1
-                self._holders[block_id] = holders - 1
+            self._context.leave(leaver)
+            # Its table as it stood before the run (apply changes it), less what a window handed back.
+            self._shared_refs.free(self._manager.req_to_blocks[self.requests[leaver].request_id],
+                                   self._runs.num_skipped(leaver))
             self._runs.free(leaver)
             self._next_leaver += 1
         self._runs.allocate(step_index)
+        self._shared_refs.release(self._runs.take_handed_back())
         lengths = self._active_max_lengths
         while lengths and last_steps[lengths[0][1]] < step_index:
             lengths.pop(0)
         active = self._num_active
-        return FastForwardStep(active, self._context_sum + step_index * active,
-                               (lengths[0][0] + step_index) if lengths else 0, self._shared_refs * self._block_size,
-                               self._runs.total)
+        return FastForwardStep(active, self._context.at(step_index),
+                               (lengths[0][0] + step_index) if lengths else 0,
+                               self._shared_refs.total * self._block_size, self._runs.total)
 
     def apply(self, num_steps: int) -> FastForwardResult:
         """Advance the scheduler through ``num_steps`` steps (fewer if the pool would run short)."""
@@ -158,13 +149,18 @@ class DecodeFastForward:
         num_steps = self._steps_within_pool(num_steps, pool.get_num_free_blocks(), block_size)
         if num_steps <= 0:
             return FastForwardResult(0, [], [], [], [], [])
+        windowed = manager.sliding_window is not None
 
-        # (step, phase, running index, kind, block index): sorting gives the ordinary steps' order.
+        # (step, phase, running index, kind, block index or token count): sorting gives the ordinary steps' order.
         events: list[tuple[int, int, int, int, int]] = []
         num_new_tokens, finish_step = [], []
         for index, request in enumerate(self.requests):
             context = self.context_lengths[index]
             last = min(self.last_steps[index], num_steps - 1)
+            if windowed:
+                # The argument is the computed count allocate_slots sees: the tokens are advanced below.
+                for step in hand_back_steps(manager, request, context, last):
+                    events.append((step, _SCHEDULE_PHASE, index, _HAND_BACK, context + step))
             # A new block when the token computed in step j starts one: (context + j) % block_size == 0.
             for step in range((-context) % block_size, last + 1, block_size):
                 events.append((step, _SCHEDULE_PHASE, index, _ALLOCATE, 0))
@@ -204,7 +200,9 @@ class DecodeFastForward:
                 _, _, index, kind, block_index = events[event_index]
                 request = requests[index]
                 request_id = request.request_id
-                if kind == _ALLOCATE:
+                if kind == _HAND_BACK:
+                    manager.free_blocks_out_of_window_at(request, block_index)
+                elif kind == _ALLOCATE:
                     manager.append_block(request_id, pool.get_new_blocks(1)[0])
                 elif kind == _CACHE:
                     pool.cache_full_blocks(request.block_hashes, req_to_blocks[request_id], block_index - 1,
@@ -229,7 +227,9 @@ class DecodeFastForward:
         return FastForwardResult(num_steps, requests, num_new_tokens, finish_step, num_free_after, num_running_after)
 
     def _steps_within_pool(self, num_steps: int, num_free: int, block_size: int) -> int:
-        """The longest prefix of the run whose allocations fit the free blocks (frees not counted)."""
+        """The longest prefix of the run whose allocations fit the free blocks, not counting frees (finished
+        requests, a window's hand-backs): so no allocation reaches a block freed to the queue's back in the run,
+        which PlannedBlockRuns relies on."""
         per_step = [0] * num_steps
         for index, context in enumerate(self.context_lengths):
             last = min(self.last_steps[index], num_steps - 1)

@@ -113,16 +113,16 @@ class KVCacheManager:
         for index, block in enumerate(blocks):
             run = run + 1 if block is not None else 0
             num_hit_candidate = index + 1
-            needed = num_hit_candidate - self._first_needed_block(num_hit_candidate * self.block_size)
+            needed = num_hit_candidate - self.first_needed_block(num_hit_candidate * self.block_size)
             if run >= needed:
                 num_hit = num_hit_candidate
         if num_hit == 0:
             return _NO_BLOCKS, 0
-        first_needed = self._first_needed_block(num_hit * self.block_size)
+        first_needed = self.first_needed_block(num_hit * self.block_size)
         null_block = self.block_pool.null_block
         return [null_block] * first_needed + blocks[first_needed:num_hit], num_hit * self.block_size
 
-    def _first_needed_block(self, num_computed_tokens: int) -> int:
+    def first_needed_block(self, num_computed_tokens: int) -> int:
         """The first block the window of the query at position ``num_computed_tokens`` reaches, less any
         computed tokens that may yet be taken back."""
         first_key = num_computed_tokens - self.num_rollback_tokens - self.sliding_window + 1
@@ -254,10 +254,15 @@ class KVCacheManager:
     def free_blocks_out_of_window(self, request: Request) -> None:
         """Hand back the leading blocks no query of the live request will read again (module docstring).
         ``allocate_slots`` does it first, whether or not its allocation then succeeds."""
+        self.free_blocks_out_of_window_at(request, request.num_computed_tokens)
+
+    def free_blocks_out_of_window_at(self, request: Request, num_computed_tokens: int) -> None:
+        """``free_blocks_out_of_window`` as it runs when the request has ``num_computed_tokens`` computed: the
+        decode fast-forward replays a step's hand-back after it has advanced the request past that step."""
         request_id = request.request_id
         req_blocks = self.req_to_blocks[request_id]
         num_skipped = self.num_skipped_block[request_id]
-        first_needed = self._first_needed_block(request.num_computed_tokens)
+        first_needed = self.first_needed_block(num_computed_tokens)
         if self.enable_caching:
             first_needed = min(first_needed, self.num_cached_block[request_id])
             if self.offload is not None:
@@ -313,7 +318,8 @@ class KVCacheManager:
     def append_block(self, request_id: str, block: KVCacheBlock) -> None:
         """Add a freshly allocated block to a live request's table (the decode fast-forward's path)."""
         req_blocks = self.req_to_blocks[request_id]
-        if not req_blocks or block.block_id != req_blocks[-1].block_id + 1:
+        # After a table of null blocks only (a window that skipped every block), as block_runs counts it.
+        if not req_blocks or req_blocks[-1].is_null or block.block_id != req_blocks[-1].block_id + 1:
             self.num_block_runs_of[request_id] += 1
             self.num_block_runs += 1
         req_blocks.append(block)

@@ -1,15 +1,17 @@
 """Fast-forwarded decode steps leave exactly the state that ordinary steps leave.
 
-Random pools, block sizes, prefix sharing and length caps; the same scheduler state is advanced k
-steps by ``schedule()`` + ``update_from_output()`` on one copy and by ``DecodeFastForward`` on the
-other, and everything the core holds is compared: tokens, statuses, block tables, reference counts,
-the free queue's order, the prefix-cache map, KV events, and the per-step batch figures.
+Random pools, block sizes, prefix sharing, sliding windows and length caps; the same scheduler state is
+advanced k steps by ``schedule()`` + ``update_from_output()`` on one copy and by ``DecodeFastForward`` on
+the other, and everything the core holds is compared: tokens, statuses, block tables (a window's null
+entries too), reference counts, the free queue's order, the prefix-cache map, KV events, and the per-step
+batch figures.
 """
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,39 +45,71 @@ def snapshot(scheduler):
         "host_slots": [manager.offload.slot(block_hash) for block_hash in manager.offload.hashes()]
         if manager.offload is not None else None,
         "offloaded_counts": dict(manager.num_offloaded_block),
+        "skipped_counts": dict(manager.num_skipped_block),
+        "runs": (dict(manager.num_block_runs_of), manager.num_block_runs),
+        "shared_refs": pool.num_shared_refs,
     }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(num_blocks=st.integers(12, 80), block_size=st.sampled_from([1, 2, 4, 16]), caching=st.booleans(),
-       prompts=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(1, 60)), min_size=1,
+       prompts=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(1, 60)), min_size=1,
                         max_size=8),
        num_steps=st.integers(1, 80), warmup=st.integers(0, 5), identical=st.booleans(),
-       offload_blocks=st.sampled_from([0, 3, 40]))
+       offload_blocks=st.sampled_from([0, 3, 40]),
+       # Windows below a block, of one block (block_size 16), of several, past every sequence; or none.
+       window=st.one_of(st.none(), st.sampled_from([1, 2, 5, 16, 17, 33]), st.integers(1, 120)))
 def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup, identical,
-                                            offload_blocks):
+                                            offload_blocks, window):
     core = make_core(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching,
                      enable_kv_cache_events=True, max_model_len=400,
-                     num_offload_blocks=offload_blocks if caching else 0)
+                     num_offload_blocks=offload_blocks if caching and window is None else 0, sliding_window=window)
     scheduler = core.scheduler
-    shared = [list(range(100, 120)), list(range(200, 207)), []]
+    shared = [list(range(100, 120)), list(range(200, 207)), [], list(range(300, 348))]
     for index, (group, suffix, max_tokens) in enumerate(prompts):
         # identical: prompts of one group and length repeat, so blocks of equal content (not shared: the
         # cache keeps one of them) fill at the same time, and freed ones go back to the queue unhashed.
         prompt = shared[group] + [((0 if identical else index) * 31 + i) % 97 for i in range(suffix)]
         scheduler.add_request(make_request(f"r{index}", prompt, max_tokens=max_tokens))
-    # Ordinary steps until the batch is decode-only (and a few more), as a simulation would reach it.
+    plan = reach_a_plan(scheduler, warmup)
+    if plan is not None:
+        check_fast_forward(scheduler, plan, num_steps, window)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_windows_that_start_at_different_blocks_of_a_shared_prefix(caching):
+    """Requests on one long prompt prefix whose windows start at different blocks of it: the shortest holds
+    prefix blocks the others have handed back, followed in its table by blocks they still hold, and it
+    finishes in the run (so its shared blocks do not lead its table); without prefix caching, nothing is
+    shared and every block handed back goes to the free queue's front."""
+    core = make_core(num_gpu_blocks=60, block_size=8, enable_prefix_caching=caching, enable_kv_cache_events=True,
+                     max_model_len=400, sliding_window=16)
+    scheduler = core.scheduler
+    prefix = list(range(100, 164))  # 8 blocks
+    # Windows from block 6, 7 and 8: r0 holds block 6 alone and block 7 with r1, and finishes first.
+    for index, (suffix, max_tokens) in enumerate([(1, 6), (9, 30), (17, 12)]):
+        scheduler.add_request(make_request(f"r{index}", prefix + [index] * suffix, max_tokens=max_tokens))
+    plan = reach_a_plan(scheduler, 0)
+    assert plan is not None
+    check_fast_forward(scheduler, plan, 60, 16)
+
+
+def reach_a_plan(scheduler, warmup: int) -> DecodeFastForward | None:
+    """Ordinary steps until the batch is decode-only (and ``warmup`` more), as a simulation would reach it."""
     for _ in range(200):
         if not scheduler.has_unfinished_requests():
-            return
+            return None
         plan = DecodeFastForward.try_plan(scheduler, TOKEN)
         if plan is not None and warmup <= 0:
-            break
+            return plan
         warmup -= plan is not None
         output = scheduler.schedule()
         scheduler.update_from_output(output, constant_output(output))
-    else:
-        return
+    return None
+
+
+def check_fast_forward(scheduler, plan: DecodeFastForward, num_steps: int, window: int | None) -> None:
+    """Fast-forward ``scheduler`` by ``num_steps`` and compare it with ordinary steps of a copy."""
     ordinary = copy.deepcopy(scheduler)
     snapshot(ordinary)  # drain events recorded so far in both copies
     snapshot(scheduler)
@@ -96,7 +130,8 @@ def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, pro
         assert not output.preempted_req_ids and not output.scheduled_new_reqs
         assert all(count == 1 for count in output.num_scheduled_tokens.values())
         cached = output.scheduled_cached_reqs
-        expected_steps.append((len(cached.req_ids), sum(c + 1 for c in cached.num_computed_tokens),
+        expected_steps.append((len(cached.req_ids),
+                               sum(c + 1 if window is None else min(c + 1, window) for c in cached.num_computed_tokens),
                                max(c + 1 for c in cached.num_computed_tokens), output.num_shared_kv_tokens,
                                output.num_kv_block_runs))
         ordinary.update_from_output(output, constant_output(output))

@@ -2,7 +2,8 @@
 every request is served and its blocks freed, no more than the limit are ever in flight, each later turn is sent
 no earlier than its think time after the turn before finished (exactly then when a slot is free), its prompt is
 the whole conversation, and the fast-forward changes nothing; with and without async scheduling (a loop of two
-batches in flight, sim/pipeline_stages.py)."""
+batches in flight, sim/pipeline_stages.py), and with sliding windows (later turns hit blocks the window of an
+earlier one has handed back)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from sim.sim_executor import SimulatedExecutor
 from sim.simulator import Simulation
 from workloads import load_workload
 from workloads.request_spec import count_requests
+
+from tests.sim.test_fast_forward_equivalence import windowed_mistral
 
 
 def simulate(workload, fast_forward: bool):
@@ -31,14 +34,17 @@ def simulate(workload, fast_forward: bool):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**20), limit=st.one_of(st.none(), st.integers(1, 6)), max_turns=st.integers(1, 4),
        think=st.sampled_from([0.0, 0.002, 0.5]), blocks=st.integers(24, 200), rate=st.sampled_from([20.0, 400.0]),
-       max_num_seqs=st.integers(1, 8), async_scheduling=st.booleans())
+       max_num_seqs=st.integers(1, 8), async_scheduling=st.booleans(),
+       window=st.one_of(st.none(), st.sampled_from([8, 20, 64])))
 # A turn sent by a finish inside a fast-forwarded stretch and a new request both arrive during its last step, the
 # turn first: the turn must reach the engine first (it used to be sent only once the stretch had ended).
-@example(seed=18743, limit=None, max_turns=3, think=0.002, blocks=28, rate=20.0, max_num_seqs=4, async_scheduling=False)
+@example(seed=18743, limit=None, max_turns=3, think=0.002, blocks=28, rate=20.0, max_num_seqs=4, async_scheduling=False,
+         window=None)
 def test_sessions_and_limits_keep_their_promises(seed, limit, max_turns, think, blocks, rate, max_num_seqs,
-                                                 async_scheduling):
+                                                 async_scheduling, window, tmp_path_factory):
+    model = "llama-3-8b" if window is None else windowed_mistral(tmp_path_factory.getbasetemp(), window)
     workload = load_workload({
-        "name": "client-properties", "seed": seed, "model": "llama-3-8b", "hardware": "h100-sxm",
+        "name": "client-properties", "seed": seed, "model": model, "hardware": "h100-sxm",
         "engine": {"block_size": 16, "num_gpu_blocks": blocks, "max_num_seqs": max_num_seqs,
                    "max_num_batched_tokens": 128, "max_model_len": 384, "enable_prefix_caching": True,
                    "async_scheduling": async_scheduling},

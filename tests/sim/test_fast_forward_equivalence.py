@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -40,8 +42,13 @@ def traces(workload, fast_forward):
     ("kv_offloading", ["workload.num_requests=200", "sweep=null", "engine.kv_offloading_size_gib=4"]),  # host tier
     ("kv_offloading", ["workload.num_requests=200", "sweep=null", "engine.kv_offloading_size_gib=16"]),
     ("moe", ["workload.num_requests=150", "sweep=null"]),  # a mixture of experts: the step time is not linear
+    # Sliding windows: blocks handed back as they leave each request's window (Mistral-7B-v0.1's 4096 keys)
+    ("sliding_window", ["workload.num_requests=120", "sweep=null"]),
+    ("sliding_window", ["workload.num_requests=120", "sweep=null", "engine.enable_prefix_caching=false"]),
+    ("chat", ["workload.num_requests=200", "model=MISTRAL_WINDOW_200"]),  # windows end in shared system prompts
 ])
-def test_traces_are_identical_with_and_without_fast_forward(name, overrides):
+def test_traces_are_identical_with_and_without_fast_forward(name, overrides, tmp_path):
+    overrides = [override.replace("MISTRAL_WINDOW_200", windowed_mistral(tmp_path, 200)) for override in overrides]
     workload = load_workload(example_path(name), overrides=overrides)
     requests_on, steps_on, pool_on, fast_forwarded = traces(workload, True)
     requests_off, steps_off, pool_off, none = traces(workload, False)
@@ -49,3 +56,13 @@ def test_traces_are_identical_with_and_without_fast_forward(name, overrides):
     pd.testing.assert_frame_equal(requests_on, requests_off, check_exact=True)
     pd.testing.assert_frame_equal(steps_on, steps_off, check_exact=True)
     assert pool_on == pool_off
+
+
+def windowed_mistral(directory, window: int) -> str:
+    """Mistral-7B's shape with every layer attending its last ``window`` keys: a config.json the simulator reads."""
+    path = directory / f"mistral-window-{window}.json"
+    path.write_text(json.dumps({
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "num_hidden_layers": 32, "vocab_size": 32000,
+        "max_position_embeddings": 32768, "sliding_window": window}))
+    return str(path)
