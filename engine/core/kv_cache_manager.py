@@ -106,21 +106,32 @@ class KVCacheManager:
         """The longest hit of ``n`` blocks whose last blocks, those the window of token ``n * block_size``
         reaches, are all cached; the blocks before them need not be (they would be skipped at once), and
         the hit holds the null block there. With a window, the blocks of a finished request leave the cache
-        oldest first, so a prefix is often still usable when its first blocks are gone."""
-        blocks = [get_one_block(block_hash) for block_hash in block_hashes]
-        num_hit = 0
-        run = 0  # cached blocks ending at the current one
-        for index, block in enumerate(blocks):
-            run = run + 1 if block is not None else 0
-            num_hit_candidate = index + 1
-            needed = num_hit_candidate - self.first_needed_block(num_hit_candidate * self.block_size)
-            if run >= needed:
-                num_hit = num_hit_candidate
+        oldest first, so a prefix is often still usable when its first blocks are gone.
+
+        Searched from the longest candidate down: when a needed block ``m`` is missing, every candidate
+        from ``m + 1`` to ``n`` needs it too (the first needed block never moves back as ``n`` shrinks), so
+        the next candidate is ``m``. Each hash is looked up once; a waiting request retried at every step
+        costs a set-membership pass over its hashes, not a Python call per block."""
+        cached = self.block_pool.cached_block_hash_to_block
+        present = [block_hash in cached for block_hash in block_hashes]
+        if not any(present):
+            return _NO_BLOCKS, 0  # a fresh prompt: the common case, at C speed
+        block_size = self.block_size
+        reach = self.num_rollback_tokens + self.sliding_window - 1  # first_needed_block, inlined
+        num_hit = len(present)
+        while num_hit:
+            first_needed = max(0, num_hit * block_size - reach) // block_size
+            missing = num_hit - 1
+            while missing >= first_needed and present[missing]:
+                missing -= 1
+            if missing < first_needed:
+                break
+            num_hit = missing
         if num_hit == 0:
             return _NO_BLOCKS, 0
-        first_needed = self.first_needed_block(num_hit * self.block_size)
         null_block = self.block_pool.null_block
-        return [null_block] * first_needed + blocks[first_needed:num_hit], num_hit * self.block_size
+        return ([null_block] * first_needed + [get_one_block(block_hash) for block_hash in block_hashes[first_needed:num_hit]],
+                num_hit * self.block_size)
 
     def first_needed_block(self, num_computed_tokens: int) -> int:
         """The first block the window of the query at position ``num_computed_tokens`` reaches, less any
@@ -270,13 +281,17 @@ class KVCacheManager:
         if first_needed <= num_skipped:
             return
         skipped = req_blocks[num_skipped:first_needed]
+        # The runs the table loses: those of the skipped blocks, less one when the first block kept continued
+        # the last one skipped (that run lives on, shorter). Counted on the skipped blocks only.
+        lost_runs = block_runs(skipped)
+        if first_needed < len(req_blocks) and req_blocks[first_needed].block_id == skipped[-1].block_id + 1:
+            lost_runs -= 1
         req_blocks[num_skipped:first_needed] = [self.block_pool.null_block] * len(skipped)
         self.num_skipped_block[request_id] = first_needed
         # Oldest first: the free queue then evicts the start of the sequence first.
         self.block_pool.free_blocks(skipped)
-        runs = block_runs(req_blocks)
-        self.num_block_runs += runs - self.num_block_runs_of[request_id]
-        self.num_block_runs_of[request_id] = runs
+        self.num_block_runs -= lost_runs
+        self.num_block_runs_of[request_id] -= lost_runs
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to ``num_computed_tokens`` in the prefix cache (its KV,
