@@ -320,11 +320,6 @@ class Simulation:
         # A prefill replica's finished requests are handed on (and counted where they finish, at the decode).
         hands_off = disaggregation is not None and disaggregation.is_prefill(index)
         gets_handoffs = disaggregation is not None and not hands_off
-        # Some layers windowed and some not (Gemma 3): a step's attention features are the mean over layers
-        # (sim/cost_models/step_batch.py), which the fast-forward's planned decode steps do not compute.
-        cache_config = scheduler.cache_config
-        may_fast_forward = self.fast_forward and (cache_config.sliding_window is None
-                                                  or cache_config.sliding_window_fraction == 1)
         while True:
             if not engine.has_work():
                 no_more_work = self._arrivals_done and (not gets_handoffs or disaggregation.all_settled)
@@ -332,7 +327,7 @@ class Simulation:
                     return
                 yield from replica.sleep(env)
                 continue
-            if may_fast_forward:
+            if self.fast_forward:
                 plan = DecodeFastForward.try_plan(scheduler, executor.token_id, executor.token_ids_by_request)
                 if plan is not None:
                     planned = plan_durations(self, plan, executor)

@@ -76,6 +76,13 @@ class DecodeFastForward:
         self._num_active = len(self.requests)
         manager = scheduler.kv_cache_manager
         self._context = PlannedDecodeContext(self.context_lengths, manager.sliding_window)
+        # Some layers windowed and the others not (Gemma 3): the manager keeps every block, and a step's keys
+        # read are the mean over layers of the windowed and the full reads (sim/cost_models/step_batch.py's
+        # _windowed_step_features, rounded the same way).
+        cache_config = scheduler.cache_config
+        self._layer_fraction = cache_config.sliding_window_fraction
+        self._windowed_context = (PlannedDecodeContext(self.context_lengths, cache_config.sliding_window)
+                                  if cache_config.sliding_window is not None and self._layer_fraction < 1 else None)
         # max_seq_len is not windowed: step_features counts the plain context + 1 of the longest request.
         self._active_max_lengths = sorted(((context + 1, index) for index, context in enumerate(self.context_lengths)),
                                           reverse=True)
@@ -123,6 +130,8 @@ class DecodeFastForward:
             leaver = order[self._next_leaver]
             self._num_active -= 1
             self._context.leave(leaver)
+            if self._windowed_context is not None:
+                self._windowed_context.leave(leaver)
             # Its table as it stood before the run (apply changes it), less what a window handed back.
             self._shared_refs.free(self._manager.req_to_blocks[self.requests[leaver].request_id],
                                    self._runs.num_skipped(leaver))
@@ -134,7 +143,12 @@ class DecodeFastForward:
         while lengths and last_steps[lengths[0][1]] < step_index:
             lengths.pop(0)
         active = self._num_active
-        return FastForwardStep(active, self._context.at(step_index),
+        decode_context_tokens = self._context.at(step_index)
+        if self._windowed_context is not None:
+            fraction = self._layer_fraction
+            decode_context_tokens = round(fraction * self._windowed_context.at(step_index)
+                                          + (1 - fraction) * decode_context_tokens)
+        return FastForwardStep(active, decode_context_tokens,
                                (lengths[0][0] + step_index) if lengths else 0,
                                self._shared_refs.total * self._block_size, self._runs.total)
 
