@@ -16,8 +16,8 @@ Sliding window (``sliding_window``: every layer of the model attends only its la
 Mistral-7B-v0.1's 4096): a block whose every token lies before the window of the request's next query is
 never read again, so ``allocate_slots`` hands it back and the table holds the null block in its place, as
 vLLM's sliding-window manager does. Invariant: a request's null entries are a leading run of its table, of
-length ``num_skipped_block``, and lie wholly before ``num_computed_tokens - sliding_window + 1``; every
-block from there on is real. A block is skipped only once the prefix cache (and the host tier) has it, so
+length ``num_skipped_block``, and lie wholly before ``num_computed_tokens - num_rollback_tokens -
+sliding_window + 1``; every block from there on is real. A block is skipped only once the prefix cache (and the host tier) has it, so
 that what it held stays findable until evicted.
 """
 

@@ -96,6 +96,9 @@ class ModelConfig:
     torch_dtype: str | None
     moe: MoEConfig | None = None  # the routed experts of a mixture-of-experts model; None for a dense one
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    # The RoPE base of the sliding-window layers when it differs from rope_theta's (Gemma 3's
+    # rope_local_base_freq; rope_theta and rope_scaling are then the global layers'); None: one RoPE for all.
+    local_rope_theta: float | None = None
     # Each layer's attention window (None: the full context), as transformers' model of this type reads the
     # config: every layer of a Mistral or Mixtral with a sliding_window; Qwen2's and Qwen3's layer_types.
     layer_sliding_windows: tuple[int | None, ...] = ()
@@ -172,9 +175,10 @@ class ModelConfig:
         if model_type == "gemma3_text":
             check_gemma3(raw)
             # The global layers' RoPE here; the local layers' base is Gemma's own (gemma3_config.py).
-            rope_theta, rope_scaling, _ = gemma3_rope(raw, _parse_rope)
+            rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, _parse_rope)
         else:
             rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
+            local_rope_theta = None
         num_layers = int(raw["num_hidden_layers"])
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
         if sliding_window is not None and (not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
@@ -218,6 +222,7 @@ class ModelConfig:
                            else raw.get("hidden_act", "silu")),
             sliding_window=sliding_window,
             layer_sliding_windows=layer_windows,
+            local_rope_theta=local_rope_theta,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             torch_dtype=dtype if dtype in _DTYPE_NAMES else None,

@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.config import ModelConfig, _parse_rope
-from engine.models.gemma3_config import gemma3_rope
+from engine.models.config import ModelConfig
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
 from engine.models.rotary_embedding import RotaryEmbedding
 from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
@@ -94,9 +93,8 @@ class Gemma3Model(nn.Module):
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, backend, config.layer_sliding_windows[index])
                                     for index in range(config.num_hidden_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        global_theta, global_scaling, local_theta = gemma3_rope(config.raw, _parse_rope)
-        self.global_rotary_emb = RotaryEmbedding(config.head_dim, global_theta, global_scaling)
-        self.local_rotary_emb = RotaryEmbedding(config.head_dim, local_theta, None)
+        self.global_rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.local_rotary_emb = RotaryEmbedding(config.head_dim, config.local_rope_theta, None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
