@@ -30,6 +30,7 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D] -> output [T, Hq, D].
 
@@ -39,6 +40,8 @@ class AttentionBackend(ABC):
         keys ``max(0, p - sliding_window + 1) .. p`` only, ``sliding_window`` keys with itself, as
         transformers' and vLLM's sliding-window layers do. Keys before that are never read, so the core
         may have handed their blocks back (their block-table entries then point at the null block).
+        ``logits_soft_cap`` (Gemma 2's ``attn_logit_softcapping``, None: none): each score ``s = scale * q.k``
+        becomes ``cap * tanh(s / cap)`` before the mask and the softmax.
         """
         key_cache, value_cache = kv_cache
         num_heads, num_kv_heads = query.shape[1], key.shape[1]
@@ -47,7 +50,7 @@ class AttentionBackend(ABC):
         self.write_kv_cache(key, value, key_cache, value_cache, metadata)
         output = torch.zeros_like(query)
         if metadata.num_actual_tokens > 0:
-            self.attend(query, key_cache, value_cache, metadata, scale, output, sliding_window)
+            self.attend(query, key_cache, value_cache, metadata, scale, output, sliding_window, logits_soft_cap)
         return output
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -57,6 +60,6 @@ class AttentionBackend(ABC):
     @abstractmethod
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-               sliding_window: int | None = None) -> None:
+               sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
         """Fill ``output[:num_actual_tokens]`` reading keys and values only from the caches (and, with a
         ``sliding_window``, only the keys inside each query's window: see ``forward``)."""

@@ -53,7 +53,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-               sliding_window: int | None = None) -> None:
+               sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
         split = metadata.split
         if split.decode_req_indices:
             self._attend_decodes(query, key_cache, value_cache, metadata, scale, output, sliding_window)
