@@ -103,7 +103,7 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
 
 def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
     """``sliding_window`` and ``num_sliding_layers`` as transformers reads the config (engine/models/config.py and
-    gemma3_config.py are the engine's reading; this module must not import torch, so it reads the few keys
+    gemma_config.py are the engine's reading; this module must not import torch, so it reads the few keys
     again): Mistral's window on every layer, Qwen2/Qwen3's from ``max_window_layers`` on with
     ``use_sliding_window``, Gemma 3's five local layers of every six; ``layer_types`` wins where given."""
     num_layers = config["num_hidden_layers"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.models.gemma3_config import check_gemma3, gemma3_layer_windows, gemma3_rope
+from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 
 # transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
 # "num_key_value_heads" apply only when the key is absent: an explicit null means "none" (full
@@ -41,7 +41,11 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
                   "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
                   "sliding_window": None, "num_key_value_heads": 4},
-    # Gemma 3's text model (gemma3_config.py reads what is its own: RoPE per layer kind, the window pattern).
+    # Gemma 2, and Gemma 3's text model (gemma_config.py reads what is their own: RoPE per layer kind, the
+    # window pattern, the caps).
+    "gemma2": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": True,
+               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 8192,
+               "sliding_window": 4096, "num_key_value_heads": 4, "head_dim": 256},
     "gemma3_text": {"rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True,
                     "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
                     "sliding_window": 4096, "num_key_value_heads": 4, "head_dim": 256},
@@ -74,7 +78,7 @@ class MoEConfig:
 @dataclass
 class ModelConfig:
     architecture: str  # the checkpoint's architectures[0], e.g. "LlamaForCausalLM"
-    model_type: str  # "llama", "qwen2", "qwen3", "mistral", "gemma3_text", or a mixture of experts' ("mixtral", ...)
+    model_type: str  # "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", or a mixture of experts
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -172,9 +176,10 @@ class ModelConfig:
             raise ValueError(f"config.json: num_attention_heads={num_heads} is not a multiple of "
                              f"num_key_value_heads={num_kv_heads}")
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
+        if model_type in ("gemma2", "gemma3_text"):
+            check_gemma(raw)
         if model_type == "gemma3_text":
-            check_gemma3(raw)
-            # The global layers' RoPE here; the local layers' base is Gemma's own (gemma3_config.py).
+            # The global layers' RoPE here; the local layers' base is Gemma's own (gemma_config.py).
             rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, _parse_rope)
         else:
             rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
@@ -188,8 +193,8 @@ class ModelConfig:
             layer_windows = (sliding_window,) * num_layers  # transformers applies the window to every layer
         elif model_type in ("qwen2", "qwen3"):
             layer_windows = _qwen2_layer_windows(raw, sliding_window, num_layers)
-        elif model_type == "gemma3_text":
-            layer_windows = gemma3_layer_windows(raw, sliding_window, num_layers)
+        elif model_type in ("gemma2", "gemma3_text"):
+            layer_windows = gemma_layer_windows(raw, model_type, sliding_window, num_layers)
         else:
             # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
             # whose layers slide).
@@ -218,7 +223,7 @@ class ModelConfig:
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
             mlp_bias=bool(get("mlp_bias")) and model_type in ("llama",),  # only Llama's MLP reads the key
             # Gemma names its activation hidden_activation (gelu_pytorch_tanh).
-            hidden_act=str(raw.get("hidden_activation", "gelu_pytorch_tanh") if model_type == "gemma3_text"
+            hidden_act=str(raw.get("hidden_activation", "gelu_pytorch_tanh") if model_type in ("gemma2", "gemma3_text")
                            else raw.get("hidden_act", "silu")),
             sliding_window=sliding_window,
             layer_sliding_windows=layer_windows,

@@ -25,9 +25,11 @@ from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
-                 qk_norm: bool = False, sliding_window: int | None = None) -> None:
+                 qk_norm: bool = False, sliding_window: int | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         super().__init__()
         self.sliding_window = sliding_window  # this layer's window (AttentionBackend.forward); None: full context
+        self.logits_soft_cap = logits_soft_cap  # a tanh cap on attention scores (Gemma 2); None: none
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -52,7 +54,8 @@ class LlamaAttention(nn.Module):
         q = RotaryEmbedding.apply(q, cos, sin)
         k = RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window)
+        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window,
+                                   self.logits_soft_cap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -87,11 +87,11 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     config = json.loads((qwen_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*Gemma3ForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM"):
         load_model(tmp_path)
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
-    assert supported_architectures() == ["Gemma3ForCausalLM", "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
+    assert supported_architectures() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",

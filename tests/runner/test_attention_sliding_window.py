@@ -16,12 +16,15 @@ from kernels import reshape_and_cache
 NULL_BLOCK = 0
 
 
-def dense_windowed_attention(q, k, v, context_len, scale, window):
-    """q [n, Hq, D], k/v [ctx + n, Hkv, D] -> [n, Hq, D] in float64; query j sees keys in its window."""
+def dense_windowed_attention(q, k, v, context_len, scale, window, cap=None):
+    """q [n, Hq, D], k/v [ctx + n, Hkv, D] -> [n, Hq, D] in float64; query j sees keys in its window; with a
+    ``cap``, each score is capped at ``cap * tanh(s / cap)`` before the mask (Gemma 2)."""
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    if cap is not None:
+        scores = cap * torch.tanh(scores / cap)
     key_positions = torch.arange(k.shape[0])[None, :]
     query_positions = (context_len + torch.arange(q.shape[0]))[:, None]
     visible = key_positions <= query_positions
@@ -31,7 +34,7 @@ def dense_windowed_attention(q, k, v, context_len, scale, window):
 
 
 def run_windowed_case(shapes, window, block_size=16, num_heads=4, num_kv_heads=2, head_size=8, seed=0,
-                      free_out_of_window=True):
+                      free_out_of_window=True, cap=None, query_scale=1.0):
     """Attend a batch of (context_len, query_len) requests through the backend; compare each request."""
     torch.manual_seed(seed)
     num_blocks = 1 + sum(-(-(c + q) // block_size) for c, q in shapes)
@@ -53,7 +56,7 @@ def run_windowed_case(shapes, window, block_size=16, num_heads=4, num_kv_heads=2
         block_ids.append(ids)
         keys.append(torch.randn(seq_len, num_kv_heads, head_size))
         values.append(torch.randn(seq_len, num_kv_heads, head_size))
-        queries.append(torch.randn(query_len, num_heads, head_size))
+        queries.append(torch.randn(query_len, num_heads, head_size) * query_scale)
         written = torch.arange(first_visible // block_size * block_size, context_len)
         slots = torch.tensor(ids)[written // block_size] * block_size + written % block_size
         reshape_and_cache(keys[-1][written], values[-1][written], key_cache, value_cache, slots)
@@ -63,10 +66,10 @@ def run_windowed_case(shapes, window, block_size=16, num_heads=4, num_kv_heads=2
     value = torch.cat([v[c:] for v, (c, _) in zip(values, shapes)])
     scale = 1 / math.sqrt(head_size)
     output = get_attention_backend("torch").forward(torch.cat(queries), key, value, (key_cache, value_cache),
-                                                    metadata, scale, sliding_window=window)
+                                                    metadata, scale, sliding_window=window, logits_soft_cap=cap)
     for i, (context_len, query_len) in enumerate(shapes):
         start = metadata.query_start_loc_cpu[i]
-        expected = dense_windowed_attention(queries[i], keys[i], values[i], context_len, scale, window)
+        expected = dense_windowed_attention(queries[i], keys[i], values[i], context_len, scale, window, cap)
         torch.testing.assert_close(output[start:start + query_len].double(), expected, atol=1e-5, rtol=1e-5,
                                    msg=f"request {i} (context {context_len}, query {query_len}, window {window})")
     return output
@@ -96,3 +99,16 @@ def test_a_window_with_every_block_kept_reads_only_the_window():
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (4, 1)])
 def test_grouped_query_heads_with_a_window(num_heads, num_kv_heads):
     run_windowed_case([(70, 1), (0, 40), (90, 33)], 20, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=7)
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+def test_capped_scores_with_and_without_a_window(window):
+    # Queries scaled up so that scores reach several times the cap: the cap changes the result.
+    capped = run_windowed_case(MIXED, window, cap=2.0, query_scale=6.0, seed=11)
+    uncapped = run_windowed_case(MIXED, window, query_scale=6.0, seed=11)
+    assert (capped - uncapped).abs().max() > 0.1
+
+
+def test_a_cap_far_above_every_score_is_no_cap():
+    capped = run_windowed_case(MIXED, 24, cap=1e6, seed=13)
+    torch.testing.assert_close(capped, run_windowed_case(MIXED, 24, seed=13), atol=1e-5, rtol=1e-5)

@@ -56,9 +56,11 @@ class TorchAttentionBackend(AttentionBackend):
                sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
         split = metadata.split
         if split.decode_req_indices:
-            self._attend_decodes(query, key_cache, value_cache, metadata, scale, output, sliding_window)
+            self._attend_decodes(query, key_cache, value_cache, metadata, scale, output, sliding_window,
+                                 logits_soft_cap)
         for req in split.prefill_req_indices:
-            self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output, sliding_window)
+            self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output, sliding_window,
+                                 logits_soft_cap)
 
     def _scratch(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         numel = math.prod(shape)
@@ -70,7 +72,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _attend_decodes(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-                        sliding_window: int | None) -> None:
+                        sliding_window: int | None, logits_soft_cap: float | None) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         group_size = query.shape[1] // num_kv_heads
         # Gathered keys and values of one group: at most GROUP_GATHER_BYTES (see decode_groups.py).
@@ -92,13 +94,13 @@ class TorchAttentionBackend(AttentionBackend):
             keys = keys.view(num_decodes, max_len, num_kv_heads, head_size).transpose(1, 2)  # [B, Hkv, L, D]
             values = values.view(num_decodes, max_len, num_kv_heads, head_size).transpose(1, 2)
             q = query[group.token_indices].view(num_decodes, num_kv_heads, group_size, head_size)
-            out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=group.attn_mask,
-                                                 scale=scale)
+            out = scaled_dot_product(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=group.attn_mask, scale=scale,
+                                     soft_cap=logits_soft_cap)
             output[group.token_indices] = out.reshape(num_decodes, num_kv_heads * group_size, head_size)
 
     def _attend_prefill(self, req: int, query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
-                        output: torch.Tensor, sliding_window: int | None) -> None:
+                        output: torch.Tensor, sliding_window: int | None, logits_soft_cap: float | None) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         start, end = metadata.query_start_loc_cpu[req], metadata.query_start_loc_cpu[req + 1]
         query_len, seq_len = end - start, metadata.seq_lens_cpu[req]
@@ -130,9 +132,9 @@ class TorchAttentionBackend(AttentionBackend):
                 # A fresh prompt's first slice within the window: plain causal attention, no mask to build
                 # (measured: small fresh prompts, the common case, ran ~12% slower through the masked path below).
                 q = query[start:start + rows].transpose(0, 1)  # [Hq, rows, D]
-                out = F.scaled_dot_product_attention(q, keys[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
-                                                     values[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
-                                                     is_causal=True, scale=scale)
+                out = scaled_dot_product(q, keys[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
+                                         values[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
+                                         is_causal=True, scale=scale, soft_cap=logits_soft_cap)
                 output[start:start + rows] = out.transpose(0, 1)
                 continue
             if keys_by_head is None:
@@ -145,7 +147,25 @@ class TorchAttentionBackend(AttentionBackend):
             # [rows, Hq, D] -> [Hkv, group * rows, D]: query head h reads KV head h // group_size.
             q = (query[start + slice_start:start + slice_end].view(rows, num_kv_heads, group_size, head_size)
                  .permute(1, 2, 0, 3).reshape(num_kv_heads, group_size * rows, head_size))
-            out = F.scaled_dot_product_attention(q, keys_by_head[:, first_key:last_key], values_by_head[:, first_key:last_key],
-                                                 attn_mask=mask.repeat(group_size, 1), scale=scale)
+            out = scaled_dot_product(q, keys_by_head[:, first_key:last_key], values_by_head[:, first_key:last_key],
+                                     attn_mask=mask.repeat(group_size, 1), scale=scale, soft_cap=logits_soft_cap)
             output[start + slice_start:start + slice_end] = (
                 out.view(num_kv_heads, group_size, rows, head_size).permute(2, 0, 1, 3).reshape(rows, num_heads, head_size))
+
+
+def scaled_dot_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                       attn_mask: torch.Tensor | None = None, is_causal: bool = False, scale: float,
+                       soft_cap: float | None = None) -> torch.Tensor:
+    """SDPA (``attn_mask``: True = attend; ``is_causal`` for square score matrices only), or with ``soft_cap``
+    the same attention written out, because SDPA cannot cap scores: ``cap * tanh(scale * q.k / cap)``, then
+    the mask, then a float32 softmax, as transformers' Gemma 2 computes it."""
+    if soft_cap is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / soft_cap) * soft_cap
+    if is_causal:
+        attn_mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value)
