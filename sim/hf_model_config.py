@@ -13,19 +13,19 @@ from sim.model_shapes import ModelShape
 # matmuls, SiLU or Gemma's tanh-GELU; the mixtures of experts: SwiGLU experts in every layer, a softmax router
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                       "Gemma3ForCausalLM")
+                       "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                "mixtral": "MixtralForCausalLM",
                                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                               "gemma3_text": "Gemma3ForCausalLM"}
+                               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
-                          "Qwen3MoeForCausalLM": 32768, "Gemma3ForCausalLM": 131072}
+                          "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -65,11 +65,11 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
 
     hidden_size = key("hidden_size")
     num_heads = key("num_attention_heads")
-    gemma = architecture == "Gemma3ForCausalLM"
+    gemma = architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
     if gemma:
         if config.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ValueError(f"model: {path}: key 'hidden_activation' is {config['hidden_activation']!r}; Gemma 3's "
-                             "tanh-GELU-gated MLP is modelled")
+                             "tanh-GELU-gated MLP is modelled")  # Gemma 2's too
     elif config.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; "
                          f"only a SiLU-gated MLP is modelled")
@@ -86,7 +86,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         num_kv_heads=key("num_key_value_heads", num_heads),
         # Qwen3's and Gemma 3's config classes have head_dim as a key of their own (128, 256 when left out); the
         # others divide.
-        head_dim=key("head_dim", {"Qwen3ForCausalLM": 128, "Gemma3ForCausalLM": 256}.get(architecture,
+        head_dim=key("head_dim", {"Qwen3ForCausalLM": 128, "Gemma2ForCausalLM": 256,
+                                  "Gemma3ForCausalLM": 256}.get(architecture,
                                                                                           hidden_size // num_heads)),
         # An MoE config's dense width (Qwen's 6144 or 5632) prices nothing, but is kept as the config gives it
         # (left out: the experts' width).
@@ -111,9 +112,10 @@ def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
         default = 4096 if architecture == "MistralForCausalLM" else None
         window = _positive_window(config["sliding_window"] if "sliding_window" in config else default, path)
         return {"sliding_window": window}
-    if architecture == "Gemma3ForCausalLM":
+    if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         window = _positive_window(config.get("sliding_window", 4096), path)
-        pattern = config.get("sliding_window_pattern") or 6
+        # Gemma 2 alternates local and global layers; Gemma 3 has five local ones to a global one.
+        pattern = 2 if architecture == "Gemma2ForCausalLM" else config.get("sliding_window_pattern") or 6
         default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
     elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and config.get("use_sliding_window"):
         window = _positive_window(config.get("sliding_window", 4096), path)

@@ -46,8 +46,15 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, qkv_bias=True),
     _shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, 131072, tied=True, qkv_bias=True),
     _shape("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128),
-    # Gemma 3's text models: five local layers (a sliding window) to one global; every KV block stays, the
-    # windows only save attention work. Tied embeddings of a 262k vocabulary.
+    # Gemma 2: local (4,096-token window) and global layers alternate; Gemma 3's text models: five local layers
+    # to one global. Every KV block stays, the windows only save attention work. Tied embeddings of a 256k / 262k
+    # vocabulary. (Gemma 2's tanh caps on scores and logits cost nothing the roofline sees.)
+    _shape("gemma-2-2b", 26, 2304, 8, 4, 9216, 256000, 8192, head_dim=256, tied=True, sliding_window=4096,
+           sliding_layers=13),
+    _shape("gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, 8192, head_dim=256, tied=True, sliding_window=4096,
+           sliding_layers=21),
+    _shape("gemma-2-27b", 46, 4608, 32, 16, 36864, 256000, 8192, head_dim=128, tied=True, sliding_window=4096,
+           sliding_layers=23),
     _shape("gemma-3-1b", 26, 1152, 4, 1, 6912, 262144, 32768, head_dim=256, tied=True, sliding_window=512,
            sliding_layers=22),
     _shape("gemma-3-4b", 34, 2560, 8, 4, 10240, 262208, 131072, head_dim=256, tied=True, sliding_window=1024,

@@ -114,6 +114,9 @@ def test_config_json_windows_as_transformers_reads_them(tmp_path):
                                               num_hidden_layers=12, sliding_window=512, head_dim=None))
     # Five local layers to one global: layers 5 and 11 are global; head_dim 256 and tied embeddings by default.
     assert (gemma.sliding_window, gemma.num_sliding_layers, gemma.head_dim, gemma.tied_embeddings) == (512, 10, 256, True)
+    gemma2 = model_from_hf_config(write_config(tmp_path, architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+                                               num_hidden_layers=6, head_dim=None))
+    assert (gemma2.sliding_window, gemma2.num_sliding_layers) == (4096, 3)  # local and global layers alternate
     with pytest.raises(ValueError, match="key 'sliding_window' must be a positive integer or null, got 0"):
         model_from_hf_config(write_config(tmp_path, **mistral, sliding_window=0))
 
@@ -124,12 +127,13 @@ def test_kv_offloading_of_a_windowed_model_is_refused_by_name():
         run_simulation(long_context_workload("mistral-7b", kv_offloading_size_gib=8), None)
 
 
-@pytest.mark.parametrize("preset,billions,sliding", [("gemma-3-1b", 1.000, 22), ("gemma-3-4b", 3.88, 29),
-                                                     ("gemma-3-12b", 11.77, 40), ("gemma-3-27b", 27.01, 52)])
-def test_gemma3_presets_have_their_text_models_parameters_and_pattern(preset, billions, sliding):
+@pytest.mark.parametrize("preset,billions,sliding,pattern", [
+    ("gemma-3-1b", 1.000, 22, 6), ("gemma-3-4b", 3.88, 29, 6), ("gemma-3-12b", 11.77, 40, 6), ("gemma-3-27b", 27.01, 52, 6),
+    ("gemma-2-2b", 2.61, 13, 2), ("gemma-2-9b", 9.24, 21, 2), ("gemma-2-27b", 27.23, 23, 2)])
+def test_gemma_presets_have_their_published_parameters_and_pattern(preset, billions, sliding, pattern):
     shape = MODEL_PRESETS[preset]
     assert shape.num_parameters / 1e9 == pytest.approx(billions, rel=0.005)
-    assert shape.num_sliding_layers == sliding and shape.num_layers - sliding == shape.num_layers // 6
+    assert shape.num_sliding_layers == sliding and shape.num_layers - sliding == shape.num_layers // pattern
 
 
 def test_a_partly_windowed_model_keeps_every_block_and_prices_the_mean_over_layers(tmp_path):
