@@ -14,6 +14,11 @@ Keys before the window of a request's *first* query are never read, not even thr
 the KV-block manager may have freed their blocks, whose table entries then point at a null block
 holding anything, NaN included. ``None`` is full causal attention.
 
+Logit soft-capping (``logits_soft_cap=C``, Gemma 2's ``attn_logit_softcapping``): each scaled score
+``s = scale * q.k`` becomes ``C * tanh(s / C)``, squashing it into ``(-C, C)``, *before* the causal and
+window mask (as transformers' Gemma 2 eager attention orders it; capping after the mask would turn a
+masked ``-inf`` into a finite ``-C``), then softmax. ``None`` leaves the scores as they are.
+
 Requests with ``query_len == 0`` (padding up to a captured batch size) produce nothing, and rows of
 ``output`` that belong to no request are left untouched.
 
@@ -21,6 +26,9 @@ This is written for clarity, one request at a time in float32, not for speed.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 
@@ -39,14 +47,16 @@ def paged_attention_reference(
     k_scale: Scale = 1.0,
     v_scale: Scale = 1.0,
     sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> None:
     """query/output [num_tokens, num_heads, head_size]; caches [num_blocks, block_size, num_kv_heads, head_size].
 
     An fp8 cache is read as ``stored * k_scale`` / ``stored * v_scale``; other caches ignore the scales.
-    ``sliding_window``: see the module docstring (None: full causal attention).
+    ``sliding_window``, ``logits_soft_cap``: see the module docstring (None: full causal attention, no cap).
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
     check_sliding_window(sliding_window)
+    check_logits_soft_cap(logits_soft_cap)
     block_size = key_cache.shape[1]
     group = query.shape[1] // key_cache.shape[2]
     fp8 = is_fp8(key_cache.dtype)
@@ -68,6 +78,8 @@ def paged_attention_reference(
         keys = keys.repeat_interleave(group, dim=1)
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", query[start:end].float(), keys) * scale
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)  # before the mask: masked stays -inf
         query_positions = (context_len + torch.arange(query_len, device=query.device))[:, None]
         visible = positions[None, :] <= query_positions
         if sliding_window is not None:
@@ -80,6 +92,19 @@ def check_sliding_window(sliding_window: int | None) -> None:
     """A window holds at least the query's own key; None means no window."""
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+
+
+def check_logits_soft_cap(logits_soft_cap: float | None) -> None:
+    """A cap is a finite positive number (a bool is not one); None means no capping.
+
+    Zero would divide by zero; a negative cap caps like its absolute value (tanh is odd), so it can only
+    be a mistake upstream; an infinite one gives ``inf * tanh(0)``, NaN, rather than "no cap".
+    """
+    if logits_soft_cap is None:
+        return
+    if (isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real)
+            or not 0 < logits_soft_cap < math.inf):
+        raise ValueError(f"logits_soft_cap must be a finite positive number or None, got {logits_soft_cap!r}")
 
 
 def check_paged_attention_args(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

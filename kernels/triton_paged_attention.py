@@ -1,7 +1,8 @@
 """Paged attention for mixed prefill + decode batches as one Triton kernel (plus a split-KV combine).
 
 Same contract as ``kernels/paged_attention.py`` (the reference): flat batch, causal with each chunk's
-context offset, GQA, keys and values read only through the block table, an optional sliding window.
+context offset, GQA, keys and values read only through the block table, an optional sliding window,
+an optional logit soft cap.
 
 Work decomposition. The query rows of one request are cut into *query blocks* of ``BLOCK_Q`` tokens; a
 program handles one query block for one kv head, i.e. ``BLOCK_Q * group`` query rows (the group's query
@@ -21,6 +22,17 @@ compiled variant. A program starts at the key tile holding the window start of i
 which is the saving a window buys and also keeps freed (null, garbage) blocks out. Inside the first
 tile, loads of positions before that start are masked; each row then masks keys before its own window.
 
+Logit soft cap. ``HAS_SOFT_CAP`` is a compile-time flag like ``HAS_WINDOW`` (uncapped layers run the
+kernel they ran before capping existed: the capping code is not in their variant, only an unused
+scalar argument is); the cap is a runtime float. Scores live in base 2, ``x = s * log2(e)`` with
+``s = scale * q.k``, and the cap must bite on the natural-scale ``s``. Rather than convert back and
+forth, the cap is converted instead: with ``C2 = C * log2(e)``, ``C2 * tanh(x / C2) = C * tanh(s / C) *
+log2(e)``, exactly the capped natural score in base 2. Triton's language has no tanh in every version:
+``_tanh`` below builds one with a small relative error everywhere, so that a cap far above every score
+changes the scores by about float32 rounding only (see there). The cap is applied before the mask
+sets invisible scores to -inf, as in the reference. Nothing after the scores changes: split partials
+and their combine see capped base-2 scores like any others.
+
 Split-KV (flash-decoding). A decode-only step with few requests launches too few programs to fill a
 GPU, so the keys of each request may be split into ``num_kv_splits`` segments handled by separate
 programs, each writing a partial (max, sum, accumulator); a second kernel combines them. The choice of
@@ -39,7 +51,7 @@ import triton
 import triton.language as tl
 
 from kernels.fp8 import Scale, check_scale, is_fp8
-from kernels.paged_attention import check_paged_attention_args, check_sliding_window
+from kernels.paged_attention import check_logits_soft_cap, check_paged_attention_args, check_sliding_window
 from kernels.triton_support import check_launchable, interpreter_enabled, next_power_of_2
 
 INTERPRETED = interpreter_enabled()  # fixed when the kernels below are decorated, i.e. now
@@ -64,19 +76,39 @@ def _find_request(query_start_loc_ptr, query_block, num_reqs, BLOCK_Q: tl.conste
     return low - 1
 
 
+@triton.jit
+def _tanh(x):
+    """float32 tanh with a relative error of about 1e-6 at worst, NaN-free for finite ``x``.
+
+    Away from 0, ``tanh(x) = 2 * sigmoid(2x) - 1``, where ``sigmoid(z) = 1 / (1 + exp(-z))`` tends to 0
+    or 1 for large ``|z|`` (``1 / inf``, never ``inf / inf``), so tanh saturates at -1 or 1. Its
+    *absolute* error is about a float32 ulp of 1, though, which near 0 is a large relative error (10%
+    at ``|x| = 1e-6``): a soft cap of 1e6 would then move every score by ~0.1 instead of nothing. So for
+    ``|x| < 1/4`` the odd Taylor series up to ``x^9`` is used instead; the first term it drops,
+    ``(1382/155925) x^11``, is under 1e-8 of ``x`` there, and from ``|x| = 1/4`` on the sigmoid form's
+    error is at most a few ulps of 1 over ``tanh(1/4) ~ 0.245``, i.e. about 1e-6 of ``tanh(x)``.
+    """
+    x_squared = x * x
+    series = x * (1.0 + x_squared * (-0.3333333333333333 + x_squared * (0.13333333333333333 + x_squared * (
+        -0.05396825396825397 + x_squared * 0.021869488536155203))))
+    return tl.where(tl.abs(x) < 0.25, series, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
+
+
 # Integers that vary from step to step are not specialized on (Triton otherwise compiles a variant for
 # values equal to 1 or divisible by 16): a new variant mid-run costs a compilation of ~0.5 s inside a step.
+# (Floats such as soft_cap_log2 are never specialized on.)
 @triton.jit(do_not_specialize=["num_reqs", "block_table_stride", "sliding_window"])
 def _paged_attention_kernel(
     output_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     partial_out_ptr, partial_max_ptr, partial_sum_ptr,
-    softmax_scale_log2, v_scale, num_reqs, head_size, sliding_window,
+    softmax_scale_log2, v_scale, num_reqs, head_size, sliding_window, soft_cap_log2,
     query_stride_token, query_stride_head, output_stride_token, output_stride_head,
     cache_stride_block, cache_stride_offset, cache_stride_head, block_table_stride,
     GROUP: tl.constexpr, GROUP_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_PADDED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
 ):
     query_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -121,6 +153,8 @@ def _paged_attention_kernel(
         first_tile = split * tiles_per_split
     end_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
 
+    if HAS_SOFT_CAP:
+        inverse_cap_log2 = 1.0 / soft_cap_log2  # a multiply per score instead of a division
     running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_M], tl.float32)
     accumulator = tl.zeros([BLOCK_M, HEAD_PADDED], tl.float32)
@@ -147,6 +181,9 @@ def _paged_attention_kernel(
         values = values.to(query.dtype)
 
         scores = tl.dot(query, keys, input_precision=DOT_PRECISION) * softmax_scale_log2
+        if HAS_SOFT_CAP:
+            # C2 * tanh(x / C2) on base-2 scores (module docstring), before the mask: masked stays -inf.
+            scores = soft_cap_log2 * _tanh(scores * inverse_cap_log2)
         visible = (key_position[None, :] <= query_position[:, None]) & key_valid[None, :]
         if HAS_WINDOW:
             visible = visible & (key_position[None, :] > query_position[:, None] - sliding_window)
@@ -222,17 +259,19 @@ def triton_paged_attention(
     v_scale: Scale = 1.0,
     num_kv_splits: int | None = None,
     sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> None:
     """Fill the rows of ``output`` owned by requests, as ``paged_attention_reference`` does.
 
     ``max_query_len`` (a host int, an upper bound is fine) picks the query-block size; ``num_kv_splits``
     overrides the split-KV choice (None: one split unless a decode-only step leaves the GPU idle).
     ``sliding_window``: as in the reference (None: full causal attention); tiles before a query block's
-    window are skipped, not just masked.
+    window are skipped, not just masked. ``logits_soft_cap``: as in the reference (None: no cap).
     Nothing here reads device memory on the host, so the call can be captured in a CUDA graph.
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
     check_sliding_window(sliding_window)
+    check_logits_soft_cap(logits_soft_cap)
     check_launchable("triton_paged_attention", INTERPRETED, query, key_cache, value_cache, output,
                      query_start_loc, seq_lens, block_table)
     if query.stride(-1) != 1 or output.stride(-1) != 1 or key_cache.stride(-1) != 1:
@@ -269,6 +308,8 @@ def triton_paged_attention(
         output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
         partial_out, partial_max, partial_sum,
         scale * float(k_scale) * LOG2_E, float(v_scale), num_reqs, head_size, sliding_window or 0,
+        # The cap in the scores' base-2 units; 1.0 is a placeholder that no uncapped variant reads.
+        float(logits_soft_cap) * LOG2_E if logits_soft_cap is not None else 1.0,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=group, GROUP_PADDED=group_padded, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_PADDED=head_padded,
@@ -279,6 +320,7 @@ def triton_paged_attention(
         # gets float32 operands instead. Compiled kernels keep the query's dtype.
         DOT_IN_FP32=INTERPRETED and query.dtype == torch.bfloat16,
         HAS_WINDOW=sliding_window is not None,
+        HAS_SOFT_CAP=logits_soft_cap is not None,
         num_warps=4,
     )
     if splits > 1:

@@ -126,3 +126,26 @@ def test_sliding_window_reads_no_freed_block(window):
                               metadata.block_table, 0.25, sliding_window=window)
     assert output.isfinite().all() and output[metadata.num_actual_tokens:].eq(0).all()
     torch.testing.assert_close(output.cpu(), expected.cpu(), atol=1e-5, rtol=1e-5)
+
+
+@requires_triton
+def test_soft_cap_is_passed_to_the_kernel():
+    # Queries scaled up so that scores reach several times the cap: capping changes the result.
+    block_size, num_kv_heads, head_size = 16, 2, 16
+    shapes = [(37, 1), (0, 9)]
+    gen = torch.Generator().manual_seed(60)
+    metadata = build_attention_metadata([c for c, _ in shapes], [q for _, q in shapes], [[0, 1, 2], [3]], block_size,
+                                        device=DEVICE)
+    ((key_cache, value_cache),) = allocate_kv_caches(1, 4, block_size, num_kv_heads, head_size, torch.float32, DEVICE)
+    key_cache.copy_(torch.randn(key_cache.shape, generator=gen))
+    value_cache.copy_(torch.randn(value_cache.shape, generator=gen))
+    query = (8 * torch.randn(metadata.num_actual_tokens, 4, head_size, generator=gen)).to(DEVICE)
+    tables = (metadata.query_start_loc, metadata.seq_lens, metadata.block_table)
+
+    output = torch.zeros_like(query)
+    get_attention_backend("triton").attend(query, key_cache, value_cache, metadata, 0.25, output, logits_soft_cap=2.0)
+    expected, uncapped = torch.zeros_like(query), torch.zeros_like(query)
+    paged_attention_reference(query, key_cache, value_cache, expected, *tables, 0.25, logits_soft_cap=2.0)
+    paged_attention_reference(query, key_cache, value_cache, uncapped, *tables, 0.25)
+    assert (expected - uncapped).abs().max() > 0.1
+    torch.testing.assert_close(output.cpu(), expected.cpu(), atol=1e-5, rtol=1e-5)

@@ -34,7 +34,8 @@ def _run(batch, scale, **kwargs):
     tables = (batch.query_start_loc, batch.seq_lens, batch.block_table)
     triton_module.triton_paged_attention(*args, output, *tables, scale, batch.max_query_len, **kwargs)
     paged_attention_reference(*args, expected, *tables, scale,
-                              **{k: v for k, v in kwargs.items() if k in ("k_scale", "v_scale", "sliding_window")})
+                              **{k: v for k, v in kwargs.items()
+                                 if k in ("k_scale", "v_scale", "sliding_window", "logits_soft_cap")})
     return output.float().cpu(), expected.float().cpu()
 
 
@@ -134,9 +135,10 @@ WINDOWED = [(70, 1), (0, 23), (45, 9), (50, 40), (32, 1), (0, 1)]
 WINDOWS = [1, 5, 16, 35, 1000]
 
 
-def _dense_windowed_attention(batch, scale, window):
+def _dense_windowed_attention(batch, scale, window, logits_soft_cap=None):
     """Independent of both implementations: every request's whole sequence gathered densely (all of it
-    still valid here), then transformers' mask ``q - window < k <= q`` in float64."""
+    still valid here), then in float64 transformers' Gemma 2 order: the soft cap ``C * tanh(s / C)`` on
+    the scaled scores, then the mask ``q - window < k <= q`` (``k <= q`` where ``window`` is None)."""
     block_size = batch.key_cache.shape[1]
     group = batch.query.shape[1] // batch.key_cache.shape[2]
     output = torch.full(batch.query.shape, float("nan"), dtype=torch.float64)
@@ -148,8 +150,12 @@ def _dense_windowed_attention(batch, scale, window):
         keys = batch.key_cache.cpu()[blocks, key_positions % block_size].double().repeat_interleave(group, 1)
         values = batch.value_cache.cpu()[blocks, key_positions % block_size].double().repeat_interleave(group, 1)
         query_positions = torch.arange(seq_len - (end - start), seq_len)[:, None]
-        mask = (key_positions[None, :] <= query_positions) & (key_positions[None, :] > query_positions - window)
+        mask = key_positions[None, :] <= query_positions
+        if window is not None:
+            mask &= key_positions[None, :] > query_positions - window
         scores = torch.einsum("qhd,khd->hqk", batch.query[start:end].cpu().double(), keys) * scale
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
         output[start:end] = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), values)
     return output
 
@@ -170,16 +176,18 @@ def _free_keys_before_windows(batch, window):
         batch.block_table[req, :first_key // block_size] = nan_block
 
 
-def _windowed_outputs(batch, scale, window, num_kv_splits=None):
-    """(kernel, reference) outputs, reading a cache whose out-of-window keys are NaN."""
-    _free_keys_before_windows(batch, window)
+def _windowed_outputs(batch, scale, window, num_kv_splits=None, logits_soft_cap=None):
+    """(kernel, reference) outputs, reading a cache whose out-of-window keys are NaN (with a window)."""
+    if window is not None:
+        _free_keys_before_windows(batch, window)
     args = (batch.query, batch.key_cache, batch.value_cache)
     tables = (batch.query_start_loc, batch.seq_lens, batch.block_table)
     output = torch.full_like(batch.query, float("nan"))
     expected = torch.full_like(batch.query, float("nan"))
     triton_module.triton_paged_attention(*args, output, *tables, scale, batch.max_query_len,
-                                         num_kv_splits=num_kv_splits, sliding_window=window)
-    paged_attention_reference(*args, expected, *tables, scale, sliding_window=window)
+                                         num_kv_splits=num_kv_splits, sliding_window=window,
+                                         logits_soft_cap=logits_soft_cap)
+    paged_attention_reference(*args, expected, *tables, scale, sliding_window=window, logits_soft_cap=logits_soft_cap)
     return output.cpu(), expected.cpu()
 
 
@@ -230,3 +238,66 @@ def test_sliding_window_must_be_positive():
         paged_attention_reference(*args, sliding_window=0)
     with pytest.raises(ValueError, match="sliding_window"):
         triton_module.triton_paged_attention(*args, 2, sliding_window=0)
+
+
+# Logit soft cap (Gemma 2). Queries are scaled up so that scaled scores reach several times the cap and
+# the cap changes the result; float32 scores of magnitude M carry rounding errors of about M * 1e-7,
+# which the tolerances follow.
+
+
+def _large_score_batch(shapes, seed, query_gain):
+    """A batch whose step keys are written, with queries ``query_gain`` times larger than usual."""
+    batch = make_paged_batch(shapes, 16, 4, 2, 16, device=DEVICE, generator=torch.Generator().manual_seed(seed))
+    batch.query *= query_gain
+    reshape_and_cache(batch.key, batch.value, batch.key_cache, batch.value_cache, batch.slot_mapping)
+    return batch
+
+
+# A small cap with and without windows, and Gemma 2's own cap (50) once. Scores near 50 carry float32
+# errors of ~1e-5 (the kernel's tanh adds about as much), hence that case's looser tolerance.
+@pytest.mark.parametrize("cap,query_gain,windows,atol", [(2.0, 8.0, (None, 5, 35), 1e-5), (50.0, 40.0, (None,), 5e-5)],
+                         ids=["cap-2-windows", "cap-50"])
+def test_soft_cap_reference_and_kernel_match_dense_attention(cap, query_gain, windows, atol):
+    # scale 0.25, head_size 16: scaled scores have a standard deviation of about query_gain.
+    pristine = _large_score_batch(WINDOWED, 50, query_gain)
+    num_tokens = pristine.num_actual_tokens
+    for window in windows:
+        dense = _dense_windowed_attention(pristine, 0.25, window, logits_soft_cap=cap)
+        uncapped = _dense_windowed_attention(pristine, 0.25, window)
+        assert (dense - uncapped)[:num_tokens].abs().max() > 0.1  # the cap bites
+        output, expected = _windowed_outputs(copy.deepcopy(pristine), 0.25, window, logits_soft_cap=cap)
+        _assert_close(expected, dense.float(), num_tokens, atol=atol)
+        _assert_close(output, expected, num_tokens, atol=atol)
+
+
+def test_soft_cap_with_split_kv():
+    # As test_sliding_window_with_split_kv: some splits see no key of a row; capping must not change that.
+    batch = _large_score_batch([(70, 1), (2, 1), (40, 30), (33, 1)], 51, 8.0)
+    for window in (None, 8):
+        output, expected = _windowed_outputs(copy.deepcopy(batch), 0.25, window, num_kv_splits=3,
+                                             logits_soft_cap=2.0)
+        dense = _dense_windowed_attention(batch, 0.25, window, logits_soft_cap=2.0)
+        _assert_close(expected, dense.float(), batch.num_actual_tokens, atol=1e-5)
+        _assert_close(output, expected, batch.num_actual_tokens, atol=1e-5)
+
+
+def test_cap_far_above_every_score_changes_almost_nothing():
+    # Scores here stay within a few units: a cap of 1e6 moves them by about float32 rounding, in the
+    # kernel too (whose tanh keeps a small relative error near 0, where a cap this large puts s / C).
+    gen = torch.Generator().manual_seed(52)
+    batch = make_paged_batch([(70, 1), (19, 9), (33, 1)], 16, 4, 2, 16, device=DEVICE, generator=gen)
+    capped, reference_capped = _run(batch, 0.25, logits_soft_cap=1e6, num_kv_splits=2)
+    uncapped, reference_uncapped = _run(batch, 0.25, num_kv_splits=2)
+    torch.testing.assert_close(reference_capped, reference_uncapped, atol=1e-6, rtol=0, equal_nan=True)
+    torch.testing.assert_close(capped, uncapped, atol=1e-6, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, True, float("inf"), float("nan"), "50"])
+def test_soft_cap_must_be_a_finite_positive_number(cap):
+    batch = make_paged_batch([(3, 2)], 16, 4, 2, 16, device=DEVICE, generator=torch.Generator().manual_seed(0))
+    args = (batch.query, batch.key_cache, batch.value_cache, batch.query.clone(), batch.query_start_loc,
+            batch.seq_lens, batch.block_table, 1.0)
+    with pytest.raises(ValueError, match=f"logits_soft_cap .*{cap!r}"):
+        paged_attention_reference(*args, logits_soft_cap=cap)
+    with pytest.raises(ValueError, match=f"logits_soft_cap .*{cap!r}"):
+        triton_module.triton_paged_attention(*args, 2, logits_soft_cap=cap)

@@ -22,6 +22,7 @@ import torch
 
 from engine.runner.attention.backend import AttentionBackend
 from engine.runner.attention.metadata import AttentionMetadata
+from kernels.paged_attention import check_logits_soft_cap
 
 FLASH_ATTN_PAGE_MULTIPLE = 256
 
@@ -49,6 +50,7 @@ class FlashAttentionBackend(AttentionBackend):
             raise RuntimeError("attention backend 'flash_attn' got CPU tensors; use attention backend 'torch'")
         if query.dtype not in (torch.float16, torch.bfloat16):
             raise RuntimeError(f"attention backend 'flash_attn' supports float16/bfloat16, got {query.dtype}")
+        check_logits_soft_cap(logits_soft_cap)  # flash-attn would read 0 (or a bad cap) as "no cap"
         num_tokens = metadata.num_actual_tokens
         block_size = key_cache.shape[1]
         if block_size % FLASH_ATTN_PAGE_MULTIPLE == 0:
@@ -69,6 +71,8 @@ class FlashAttentionBackend(AttentionBackend):
             softmax_scale=scale,
             causal=True,
             window_size=_window_size(sliding_window),
+            # flash-attn >= 2.6 caps as cap * tanh(scale * q.k / cap) before its mask; 0.0 means no cap.
+            softcap=logits_soft_cap or 0.0,
             block_table=block_table,
         )
 

@@ -49,4 +49,4 @@ class TritonAttentionBackend(AttentionBackend):
         # a request owns, and reads the device tensors only (no host sync, graph-capturable).
         self._paged_attention(query, key_cache, value_cache, output, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_table, scale, metadata.max_query_len, self.k_scale, self.v_scale,
-                              sliding_window=sliding_window)
+                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
