@@ -163,3 +163,15 @@ def test_a_partly_windowed_model_keeps_every_block_and_prices_the_mean_over_laye
     again = run_simulation(workload, tmp_path / "gemma-no-ff", fast_forward=False)
     assert read_run(tmp_path / "gemma-no-ff").steps.equals(steps)
     assert again.summary["ttft_ms"] == result.summary["ttft_ms"]
+
+
+def test_a_windowed_model_in_a_disaggregated_cluster_serves_every_request(tmp_path):
+    """Prefill engines hand their KV to decode engines; with Mistral-7B-v0.1's window on prompts past it, the
+    decode engines load whole prompts and then hand back what leaves each window."""
+    from workloads import example_path
+
+    workload = load_workload(example_path("disaggregation"), overrides=[
+        "model=mistral-7b", "sweep={}", "workload.num_requests=60", "engine.max_model_len=32768",
+        "workload.prompt_len={type: uniform, min: 6000, max: 12000}", "workload.arrival.rate=2"])
+    result = run_simulation(workload, tmp_path / "disaggregated")
+    assert result.summary["num_finished"] == 60
