@@ -46,7 +46,8 @@ class ScriptedExecutor:
     # The model's attention window, when every layer has one: then each step checks that every key its
     # queries read (the window before the first scheduled position) is KV this executor computed and that no
     # other request has overwritten since, which is what the KV-cache manager's handing back of
-    # out-of-window blocks must preserve. None: no such check (a remote load's KV is not computed here).
+    # out-of-window blocks must preserve (a remote load's KV counts once the test marks its slots computed).
+    # None: no such check.
     sliding_window: int | None = None
     states: dict[str, _RequestState] = field(default_factory=dict)
     num_steps: int = 0

@@ -65,8 +65,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
               speculative_tokens, draft_acceptance, max_loras, sliding_window):
-        # A window hands back blocks and has the executor check every key read; offloading is refused with
-        # one, and a remote load's KV is not the executor's to check, so neither is drawn with it.
+        # A window hands back blocks and has the executor check every key read (a remote load's KV counts as
+        # computed once finish_load delivers it); offloading is refused with one, so it is not drawn with it.
         self.sliding_window = sliding_window
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
@@ -104,7 +104,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tokens[request_id] = []
         self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
                                            arrival_time=self.time, eos_token_id=EOS_TOKEN_ID,
-                                           do_remote_prefill=transfer == "remote_prefill" and self.sliding_window is None,
+                                           do_remote_prefill=transfer == "remote_prefill",
                                            do_remote_decode=transfer == "remote_decode",
                                            lora_request=LoRARequest(f"adapter-{lora_id}", lora_id)
                                            if lora_id and self.scheduler.max_loras else None))
