@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.report import format_percent, summary_value
-from sim.cli_support import warnings_as_lines
+from sim.cli_support import check_output_directory, positive_fraction, warnings_as_lines
 from sim.run import resolve_workload_path
 from sim.run_pipeline import run_simulation
-from workloads import WorkloadConfig, WorkloadError, load_workload, parse_override
+from workloads import WorkloadConfig, WorkloadError, load_workload
 
 
 @dataclass
@@ -61,8 +61,11 @@ def check_searchable(workload: WorkloadConfig) -> None:
     if workload.slo is None or not workload.slo.model_dump(exclude_none=True):
         raise ValueError("slo: a concurrency search needs an SLO (ttft_ms, tpot_ms or e2e_ms) to pass or fail")
     if workload.sweep and "workload.max_concurrency" in workload.sweep:
-        raise ValueError("sweep.workload.max_concurrency: a concurrency search varies the limit itself; sweep other "
-                         "fields, or drop the sweep")
+        raise ValueError("sweep.workload.max_concurrency: a concurrency search varies the limit itself; drop the "
+                         "sweep (--set sweep=null)")
+    if workload.sweep:
+        raise ValueError(f"sweep.{next(iter(workload.sweep))}: a concurrency search runs one configuration; set that "
+                         "field and drop the sweep (--set sweep=null)")
 
 
 def probe(workload: WorkloadConfig, max_concurrency: int, attainment_target: float, cost_model: str | None = None,
@@ -162,14 +165,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim.concurrency_capacity", description=__doc__.split("\n")[0])
     parser.add_argument("workload", nargs="?", default="concurrency_sweep",
                         help="a workload YAML file or a shipped example (default: concurrency_sweep)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], type=parse_override,
-                        metavar="PATH=VALUE", help="override a workload field (repeatable)")
-    parser.add_argument("--attainment", type=float, default=0.9,
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="override a workload field (repeatable), e.g. --set slo.tpot_ms=20")
+    parser.add_argument("--attainment", type=positive_fraction, default=0.9,
                         help="share of finished requests that must meet every SLO (default 0.9)")
     parser.add_argument("--cost-model", default=None, help="as for sim.run: 'analytical' or a calibrated profile")
     parser.add_argument("--out", type=Path, default=None,
                         help="write concurrency.json there (default: runs/<name>-concurrency)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_output_directory(parser, "--out", args.out)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     with warnings_as_lines():
         try:
             workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
-            if workload.sweep:
-                workload = workload.with_overrides(["sweep=null"])  # one search: the workload as its fields say
+            if workload.sweep and set(workload.sweep) == {"workload.max_concurrency"}:
+                # A sweep of the limit (concurrency_sweep's) is what the search replaces: it starts from the
+                # workload's own max_concurrency instead.
+                workload = workload.with_overrides(["sweep=null"])
             result = find_max_concurrency(workload, args.attainment, args.cost_model, on_probe=lambda found: console.print(
                 f"  {found.max_concurrency:6d} clients: SLO met by {format_percent(found.slo_attainment)}"
                 f" -> {'pass' if found.passed else 'fail'}"))

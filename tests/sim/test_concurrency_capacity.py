@@ -51,7 +51,16 @@ def test_a_workload_without_an_slo_is_refused_by_name(capsys):
     assert "slo: a concurrency search needs an SLO" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override", ["sweep={workload.max_concurrency: [1, 2]}"])
-def test_a_sweep_of_the_limit_itself_is_refused(override):
-    with pytest.raises(ValueError, match="sweep.workload.max_concurrency"):
+@pytest.mark.parametrize("override, field", [("sweep={workload.max_concurrency: [1, 2]}", "workload.max_concurrency"),
+                                             ("sweep={engine.max_num_seqs: [8, 16]}", "engine.max_num_seqs")])
+def test_a_sweep_is_refused_by_name(override, field):
+    with pytest.raises(ValueError, match=f"sweep.{field}"):
         find_max_concurrency(load_workload(example_path("concurrency_sweep"), overrides=[override]))
+
+
+def test_cli_refuses_a_sweep_of_another_field_and_a_bad_attainment(capsys):
+    assert main(["concurrency_sweep", "--set", "sweep={engine.max_num_seqs: [8, 16]}"]) == 2
+    assert "sweep.engine.max_num_seqs: a concurrency search runs one configuration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["concurrency_sweep", "--attainment", "1.5"])
+    assert "--attainment" in capsys.readouterr().err
