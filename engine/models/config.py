@@ -118,17 +118,12 @@ class ModelConfig:
 
     @property
     def sliding_window_fraction(self) -> float:
-        """The share of layers that attend ``sliding_window`` (1.0 when none slides: nothing to share)."""
+        """The share of layers that attend ``sliding_window`` (1.0 when none slides: nothing to share). At 1 with a
+        window no layer reads the keys before it, and the core hands back the blocks that leave it
+        (CacheConfig.frees_out_of_window_blocks)."""
         if self.sliding_window is None:
             return 1.0
         return sum(window == self.sliding_window for window in self.layer_sliding_windows) / len(self.layer_sliding_windows)
-
-    @property
-    def every_layer_slides(self) -> bool:
-        """Whether every layer attends one window: then no layer ever reads the keys before it, and the KV
-        blocks that fall out of the window can be handed back (vLLM's sliding-window KV manager)."""
-        return self.sliding_window is not None and all(window == self.sliding_window
-                                                       for window in self.layer_sliding_windows)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -156,7 +156,7 @@ def test_qwen2_sliding_layers_from_max_window_layers(qwen_path, tmp_path):
     (tmp_path / "model.safetensors").write_bytes((qwen_path / "model.safetensors").read_bytes())
     model, loaded = load_model(tmp_path)
     windows = [layer.self_attn.sliding_window for layer in model.model.layers]
-    assert windows == [None] + [128] * (loaded.num_hidden_layers - 1) and not loaded.every_layer_slides
+    assert windows == [None] + [128] * (loaded.num_hidden_layers - 1) and loaded.sliding_window_fraction == 0.5
 
 
 BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 10, "hidden_size": 64,
@@ -184,7 +184,7 @@ def test_keys_a_config_omits_take_transformers_defaults_per_architecture():
     assert config_of("qwen2", num_attention_heads=32).num_key_value_heads == 32
     assert config_of("mistral", num_key_value_heads=None).num_key_value_heads == 16
     assert config_of("llama").num_key_value_heads == 16
-    assert config_of("mistral").layer_sliding_windows == (4096,) and config_of("mistral").every_layer_slides
+    assert config_of("mistral").layer_sliding_windows == (4096,) and config_of("mistral").sliding_window_fraction == 1
     # Llama ignores a window key, as transformers' Llama does.
     assert config_of("llama", sliding_window=64).layer_sliding_windows == (None,)
     # Qwen2 with use_sliding_window and no window key: transformers' 4096 window.
