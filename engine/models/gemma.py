@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.gemma_config import gemma_soft_caps
+from engine.models.layers import SwiGLUMLP
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
 from engine.models.rotary_embedding import RotaryEmbedding
 from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
@@ -50,23 +50,6 @@ class GemmaRMSNorm(nn.Module):
         return (x32 * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
 
 
-class GeluTanhGatedMLP(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x)), gate and up as one [2 * intermediate, hidden] matmul."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
-        super().__init__()
-        if hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            raise ValueError(f"config.json: hidden_activation {hidden_act!r} is not supported for Gemma 3; it uses "
-                             "'gelu_pytorch_tanh'")
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
-
-
 class GemmaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, sliding_window: int | None, qk_norm: bool,
                  attention_soft_cap: float | None) -> None:
@@ -78,7 +61,7 @@ class GemmaDecoderLayer(nn.Module):
             self.self_attn.q_norm = GemmaRMSNorm(config.head_dim, eps)
             self.self_attn.k_norm = GemmaRMSNorm(config.head_dim, eps)
         self.self_attn.scale = float(config.raw.get("query_pre_attn_scalar", 256)) ** -0.5
-        self.mlp = GeluTanhGatedMLP(hidden, config.intermediate_size, config.hidden_act)
+        self.mlp = SwiGLUMLP(hidden, config.intermediate_size, False, config.hidden_act)  # tanh-GELU gate
         self.input_layernorm = GemmaRMSNorm(hidden, eps)
         self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
