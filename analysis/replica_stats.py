@@ -104,3 +104,14 @@ def configured_replicas(config: Mapping[str, Any] | None) -> int | None:
     cluster = ((config or {}).get("workload") or {}).get("cluster") or {}
     value = cluster.get("num_replicas")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def billed_replicas(summary: Mapping[str, Any]) -> tuple[float | None, float | None, int | None]:
+    """(replica-hours, mean replicas, peak replicas) a run bills: an autoscaled cluster's (sim/autoscaler.py),
+    else every configured replica (one engine: 1) for the whole run. What a sweep sets beside SLO attainment."""
+    autoscaling = summary.get("autoscaling")
+    if autoscaling:
+        return autoscaling.get("replica_hours"), autoscaling.get("mean_replicas"), autoscaling.get("peak_replicas")
+    replicas = configured_replicas(summary.get("config")) or 1
+    duration_s = summary.get("duration_s")
+    return (None if duration_s is None else replicas * duration_s / 3600), replicas, replicas

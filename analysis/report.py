@@ -15,6 +15,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from analysis.replica_stats import billed_replicas
+
 LATENCY_ROWS = (
     ("TTFT", "ttft_ms"),
     ("TPOT", "tpot_ms"),
@@ -97,6 +99,15 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
 )
 
 
+def billing_rows(summaries: Sequence[Mapping[str, Any]]) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    """Where any run was autoscaled: what each run bills (an autoscaled cluster's powered replicas, else every
+    configured replica all along), to set beside its SLO attainment."""
+    if not any(summary.get("autoscaling") for summary in summaries):
+        return []
+    return [("replica-hours", lambda s: format_number(billed_replicas(s)[0], 2)),
+            ("mean replicas", lambda s: format_number(billed_replicas(s)[1], 2))]
+
+
 def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
     """The rich tables of one summary: headline numbers beside a latency table."""
     title = f"{summary.get('name') or 'run'} ({summary.get('mode') or '?'})"
@@ -167,6 +178,13 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
         headline.add_row(f"pipeline ({pipeline['stages']} stages)",
                          f"{format_number(pipeline.get('batches_in_flight_mean'), 2)} batches in flight while busy "
                          f"({format_percent(pipeline.get('busy_fraction'))} of the time)")
+    autoscaling = summary.get("autoscaling")
+    if autoscaling:
+        headline.add_row(f"autoscaling ({autoscaling['metric']}, target {format_number(autoscaling['target'])})",
+                         f"{format_number(autoscaling.get('mean_replicas'), 2)} replicas on average, peak "
+                         f"{autoscaling.get('peak_replicas')}; {format_number(autoscaling.get('replica_hours'), 2)} "
+                         f"replica-hours, {format_percent(autoscaling.get('saved_fraction'))} fewer than all "
+                         f"{format_number(autoscaling.get('static_replica_hours'), 2)} of the static cluster")
     if summary.get("by_replica"):
         headline.add_row("replicas (load imbalance)",
                          f"{len(summary['by_replica'])} ({format_number(summary.get('replica_load_imbalance'), 2)})")
@@ -336,7 +354,7 @@ def comparison_renderable(
     for label in labels:
         # Sweep labels share their prefix ("tensor_parallel_size=2", "=4", ...): fold, never cut them.
         table.add_column(label, justify="right", overflow="fold")
-    for row_label, read in (*COMPARISON_ROWS, *class_comparison_rows(summaries)):
+    for row_label, read in (*COMPARISON_ROWS, *billing_rows(summaries), *class_comparison_rows(summaries)):
         table.add_row(row_label, *(read(summary) for summary in summaries))
     return table
 

@@ -140,6 +140,11 @@ def check_searchable(workload: WorkloadConfig) -> None:
         # TPOT-only search would report any rate it reaches (it did: 655,360 req/s for ~24 req/s served).
         raise ValueError("slo: a TPOT-only SLO does not count waiting, so no rate fails it; add ttft_ms or e2e_ms, "
                          "e.g. --set slo.ttft_ms=2000")
+    if workload.cluster.autoscaling is not None:
+        # The capacity of a cluster is that of its replicas serving together; an autoscaler changes their number
+        # with the load, and the replica count this search then derives sets cluster.num_replicas itself.
+        raise ValueError("cluster.autoscaling: a capacity search measures a fixed cluster; drop autoscaling "
+                         "(--set cluster.autoscaling=null) and compare autoscalers with sim.run")
     for key in workload.sweep or {}:
         if key == "workload" or key.startswith("workload.arrival"):
             raise ValueError(f"sweep.{key}: a capacity search varies the arrival rate itself; sweep other fields "
@@ -299,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
             workload = load_workload(resolve_workload_path(args.workload), overrides=args.overrides)
             check_searchable(workload)
             points = workload.sweep_points()  # one search per point: the capacity of each configuration
+            for label, point in points:  # every point refused before any search spends its time
+                if len(points) > 1:
+                    try:
+                        check_searchable(point)
+                    except ValueError as error:
+                        raise ValueError(f"sweep point {label}: {error}") from None
             out_dir = args.out or Path("runs") / f"{workload.name}-capacity"
             results = []
             for label, point in points:

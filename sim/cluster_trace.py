@@ -16,18 +16,21 @@ from typing import TYPE_CHECKING
 from sim.trace_recorder import TraceRecorder
 
 if TYPE_CHECKING:
+    from sim.autoscaler import AutoscalingStats
     from sim.disaggregation import Disaggregation
 
 
 class ClusterTrace:
     """``replica_of_request``: each request's replica, in arrival order. Disaggregated (``disaggregation``):
-    the decode replica for a request handed to one, else the prefill replica where it ended."""
+    the decode replica for a request handed to one, else the prefill replica where it ended. ``autoscaling``: an
+    autoscaled cluster's billed replica-seconds and timeline (sim/autoscaler.py)."""
 
     def __init__(self, recorders: list[TraceRecorder], replica_of_request: dict[str, int],
-                 disaggregation: Disaggregation | None = None) -> None:
+                 disaggregation: Disaggregation | None = None, autoscaling: AutoscalingStats | None = None) -> None:
         self.recorders = recorders
         self.replica_of_request = replica_of_request
         self.disaggregation = disaggregation
+        self.autoscaling = autoscaling
 
     def request_columns(self) -> dict[str, list]:
         per_replica = [recorder.request_columns() for recorder in self.recorders]

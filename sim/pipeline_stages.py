@@ -66,6 +66,7 @@ def pipelined_engine_loop(simulation, replica, cost_model, depth: int | None = N
 
     while True:
         if not in_flight and not engine.has_work():
+            simulation.on_replica_idle(replica)
             if simulation.arrivals_done:
                 return
             yield from replica.sleep(env)

@@ -22,13 +22,23 @@ class ReplicaLoads:
         # routed to it since, as waiting.
         self._published = [(0, 0)] * len(self.engines)
         self._routed_since = [0] * len(self.engines)
+        # The replicas a router now chooses among, by their index in ``engines`` (an autoscaled cluster routes
+        # to its ready replicas only: sim/autoscaler.py); a router's index i is replica ``_replicas[i]``.
+        # None: all of them, in order.
+        self._replicas: list[int] | None = None
+
+    def select(self, replicas: list[int] | None) -> None:
+        """Route among ``replicas`` (indices into ``engines``) from now on; None: among all."""
+        self._replicas = replicas
 
     @property
     def published(self) -> bool:
         return self.stats_interval_s > 0
 
     def counts(self, index: int) -> tuple[int, int]:
-        """(waiting, running) of replica ``index`` as the router sees them."""
+        """(waiting, running) of replica ``index`` (of those the router chooses among) as the router sees them."""
+        if self._replicas is not None:
+            index = self._replicas[index]
         if not self.published:
             scheduler = self.engines[index].scheduler
             return len(scheduler.waiting), len(scheduler.running)
@@ -41,6 +51,8 @@ class ReplicaLoads:
         self._routed_since = [0] * len(self.engines)
 
     def routed(self, index: int) -> None:
+        if self._replicas is not None:
+            index = self._replicas[index]
         if self.published:
             self._routed_since[index] += 1
 

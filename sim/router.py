@@ -39,7 +39,8 @@ class RoundRobinRouter:
         self._next = 0
 
     def choose(self, request: Request, replicas: Sequence[EngineCore]) -> int:
-        index = self._next
+        # Modulo the count now: an autoscaled cluster's replicas to choose among change in number.
+        index = self._next % len(replicas)
         self._next = (index + 1) % len(replicas)
         return index
 

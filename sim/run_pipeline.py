@@ -63,7 +63,7 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
             router = make_router(setup.workload, loads)
     return Simulation(engines, setup.requests, router=router, loads=loads, progress=progress, description=description,
                       fast_forward=fast_forward, disaggregation=disaggregation, host_link=setup.host_link,
-                      max_concurrency=setup.workload.workload.max_concurrency).run()
+                      max_concurrency=setup.workload.workload.max_concurrency, autoscaling=cluster.autoscaling).run()
 
 
 def disaggregation_setup(setup: RunSetup, engines: list[EngineCore]) -> DisaggregationSetup:
@@ -118,6 +118,15 @@ def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost
     simulated = time.perf_counter()
     requests, steps, summary = summarize(recorder, setup)
     summary["simulation_wall_s"] = simulated - started
+    autoscaling = getattr(recorder, "autoscaling", None)
+    if autoscaling is not None:
+        engine = workload.engine
+        summary["autoscaling"] = autoscaling.summary(
+            workload.cluster.num_replicas,
+            engine.tensor_parallel_size * engine.pipeline_parallel_size, workload.cluster.autoscaling)
+        # Busy time over the mean replica's says how evenly a router shared the load among replicas that all
+        # served throughout; replicas that were off for part of the run make it say nothing.
+        summary["replica_load_imbalance"] = None
     extrapolation = cost_model_extrapolation(setup.cost_model, steps)
     if extrapolation is not None:
         summary["cost_model_extrapolation"] = extrapolation

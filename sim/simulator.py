@@ -31,6 +31,9 @@ a fast-forward then stops at the step that finishes a request with a next turn, 
 A client with a concurrency limit (``workload.max_concurrency``, sim/client_concurrency.py) holds arrivals while
 its slots are taken and sends one at each finish: a fast-forward then stops at the first finish. In a cluster,
 where such a request may go to a replica in the middle of a stretch it planned, the fast-forward is off.
+
+An autoscaled cluster (``cluster.autoscaling``, sim/autoscaler.py) routes to its ready replicas only; the
+autoscaler's decisions read every replica's state, so a fast-forward stops at each.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from tqdm import tqdm
 
 from engine.core import EngineCore, SamplingParams
 from engine.core.decode_fast_forward import DecodeFastForward
+from sim.autoscaler import Autoscaler, AutoscalingStats
 from sim.client_concurrency import ConcurrencyLimit
 from sim.cluster_trace import ClusterTrace
 from sim.disaggregation import Disaggregation, DisaggregationSetup
@@ -57,6 +61,7 @@ from sim.router import Router, checked_choice
 from sim.sim_executor import SimulatedExecutor
 from sim.trace_recorder import TraceRecorder
 from workloads import RequestSpec
+from workloads.autoscaling_section import AutoscalingSection
 from workloads.request_spec import count_requests
 
 
@@ -97,7 +102,7 @@ class Simulation:
                  router: Router | None = None, loads: ReplicaLoads | None = None, progress: bool = False,
                  description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False,
                  disaggregation: DisaggregationSetup | None = None, host_link: HostLinkSetup | None = None,
-                 max_concurrency: int | None = None) -> None:
+                 max_concurrency: int | None = None, autoscaling: AutoscalingSection | None = None) -> None:
         engines = [engine] if isinstance(engine, EngineCore) else list(engine)
         if not engines:
             raise ValueError("Simulation needs at least one engine")
@@ -151,6 +156,11 @@ class Simulation:
         if disaggregation is not None and any(_batch_queue_depth(replica) > 1 for replica in self.replicas):
             raise ValueError("a disaggregated cluster's engines are simulated one batch at a time (without "
                              "engine.pipeline_parallel_size or engine.async_scheduling)")
+        if autoscaling is not None and disaggregation is not None:
+            raise ValueError("autoscaling is simulated for clusters whose replicas prefill and decode")
+        self.autoscaler = None if autoscaling is None else Autoscaler(self.env, autoscaling, engines)
+        # The autoscaler's replica-seconds and timeline once run() is done (None without autoscaling).
+        self.autoscaling_stats: AutoscalingStats | None = None
         self.num_fast_forwarded_steps = 0
         self._progress = tqdm(total=count_requests(self.requests), desc=description, unit="req", disable=not progress,
                               mininterval=0.5, leave=False)
@@ -162,11 +172,15 @@ class Simulation:
         self.env.process(self._arrivals())
         if self._published_loads():
             self.env.process(self._publish_loads())
+        if self.autoscaler is not None:
+            self.env.process(self.autoscaler.run(self._routing_done))
         loops = [self.env.process(self._engine_loop(index, replica) if _batch_queue_depth(replica) == 1
                                   else pipelined_engine_loop(self, replica, replica.executor.cost_model,
                                                              _batch_queue_depth(replica)))
                  for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
+        if self.autoscaler is not None:
+            self.autoscaling_stats = self.autoscaler.stats(self.env.now)
         self._progress.update(self.unreported_finished)
         self._progress.close()
         if len(self.replicas) == 1:
@@ -176,7 +190,8 @@ class Simulation:
             decode_replica_of = self.disaggregation.decode_replica_of
             replica_of_request = {request_id: decode_replica_of.get(request_id, prefill)
                                   for request_id, prefill in replica_of_request.items()}
-        return ClusterTrace([replica.recorder for replica in self.replicas], replica_of_request, self.disaggregation)
+        return ClusterTrace([replica.recorder for replica in self.replicas], replica_of_request, self.disaggregation,
+                            self.autoscaling_stats)
 
     def _published_loads(self) -> list[ReplicaLoads]:
         """The loads that publish every stats_interval_s (none when they are read live)."""
@@ -255,7 +270,15 @@ class Simulation:
             chosen = self.disaggregation.route_arrival(request)
         else:
             request = make_request(spec, self._params_by_output_len)
-            chosen = checked_choice(self.router, request, self._engines, self.loads) if self.router is not None else 0
+            if self.router is None:
+                chosen = 0
+            elif self.autoscaler is None:
+                chosen = checked_choice(self.router, request, self._engines, self.loads)
+            else:
+                routable = self.autoscaler.routable
+                self.loads.select(routable)
+                chosen = routable[checked_choice(self.router, request, [self._engines[index] for index in routable],
+                                                 self.loads)]
         replica = self.replicas[chosen]
         self.replica_of_request[spec.request_id] = chosen
         # The workload's own time, not env.now (which may differ from it in the last bit).
@@ -322,6 +345,7 @@ class Simulation:
         gets_handoffs = disaggregation is not None and not hands_off
         while True:
             if not engine.has_work():
+                self.on_replica_idle(replica)
                 no_more_work = self._arrivals_done and (not gets_handoffs or disaggregation.all_settled)
                 if no_more_work:
                     return
@@ -377,11 +401,18 @@ class Simulation:
                 continue
             count_finished(outputs, now)
 
+    def on_replica_idle(self, replica: Replica) -> None:
+        """``replica``'s loop found no work: a draining replica of an autoscaled cluster stops."""
+        if self.autoscaler is not None:
+            self.autoscaler.on_idle(self.replicas.index(replica))
+
     def next_event_time(self) -> float:
         """Where every replica's fast-forward stops: the next arrival (any replica may get it) and the
-        next publication of the loads (it reads every replica's state, which a fast-forward has already
-        advanced to the end of its planned steps)."""
+        next publication of the loads and the autoscaler's next decision (they read every replica's state,
+        which a fast-forward has already advanced to the end of its planned steps)."""
         next_time = self._next_publish_time
+        if self.autoscaler is not None:
+            next_time = min(next_time, self.autoscaler.next_decision_time)
         if self.later_turns is not None:
             next_time = min(next_time, self.later_turns.next_arrival())
         if self._num_arrived < len(self.requests):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.disaggregation_stats import TTFT_PARTS
+from analysis.replica_stats import billed_replicas
 from sim.engine_setup import SetupError, build_setup
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadConfig
@@ -66,12 +67,17 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
     speculating = any(result.summary.get("spec_decoding") for result in results)
     serving_lora = any(result.summary.get("lora") for result in results)
     with_sessions = any(result.summary.get("sessions") for result in results)
+    autoscaled = any(result.summary.get("autoscaling") for result in results)
     for result in results:
         row = {"point": result.label, "run_dir": str(result.out_dir)}
         row.update({name: result.summary.get(name) for name in SWEEP_TABLE_COLUMNS})
         for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
             for stat in ("p50", "p90", "p99"):
                 row[f"{metric}_{stat}"] = (result.summary.get(metric) or {}).get(stat)
+        # What the point bills, to set beside its SLO attainment: an autoscaled cluster's replica-hours, else
+        # every configured replica for the whole run.
+        if autoscaled:
+            row["replica_hours"], row["mean_replicas"], row["peak_replicas"] = billed_replicas(result.summary)
         # KV offloading: the share of prompt tokens loaded from host memory (empty without it).
         row["offload_loaded_token_fraction"] = (result.summary.get("kv_offload") or {}).get("loaded_token_fraction")
         if with_sessions:  # multi-turn sessions: how much of the later turns' history the cache held

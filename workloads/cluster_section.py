@@ -42,6 +42,9 @@ prefill replica keeps the blocks until they are read. Each pool's router is its 
 workload's router over that pool's replicas (a router of your own is built twice, and sees its pool). The user sees the decode replica's tokens: the first comes from its
 first step after the load (sim/disaggregation.py).
 
+Autoscaling (``autoscaling``, workloads/autoscaling_section.py): replicas started and drained with the load,
+``num_replicas`` the most that may run; the router chooses among the ready ones.
+
 Your own router: ``router: "my_module:MyRouter"`` imports ``MyRouter`` from ``my_module`` (found on
 Python's path: the directory you run from is on it), a class with ``choose(request, replicas) -> int``
 that reads the replicas (``engine.core.EngineCore``: their schedulers, queues and KV caches) without
@@ -54,6 +57,7 @@ import re
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
+from workloads.autoscaling_section import AutoscalingSection
 from workloads.errors import problems_error
 from workloads.schema_base import SchemaModel
 
@@ -94,6 +98,9 @@ class ClusterSection(SchemaModel):
     # to t = inf and reported every request finished, with no latency).
     kv_transfer_bandwidth_gbps: float = Field(default=50.0, ge=1e-3)
     kv_transfer_latency_s: float = Field(default=1e-4, ge=0, le=3600)
+    # Replicas started and stopped with the load (workloads/autoscaling_section.py); num_replicas is then
+    # the most that may run. null: all num_replicas serve from start to end.
+    autoscaling: AutoscalingSection | None = None
 
     @field_validator("router")
     @classmethod
@@ -127,6 +134,28 @@ class ClusterSection(SchemaModel):
             raise problems_error([("prefill_replicas", f"must leave at least one decode replica, and "
                                    f"cluster.num_replicas is {self.num_replicas} (set cluster.num_replicas to at least "
                                    f"{self.prefill_replicas + 1}, or fewer prefill replicas)", self.prefill_replicas)])
+        return self
+
+    @model_validator(mode="after")
+    def _autoscaling_within_the_cluster(self) -> ClusterSection:
+        scaling = self.autoscaling
+        if scaling is None:
+            return self
+        problems = []
+        if self.num_replicas == 1:
+            problems.append(("num_replicas", "must be more than 1 with autoscaling: it is the most replicas the "
+                             "autoscaler may run", self.num_replicas))
+        if self.prefill_replicas:
+            problems.append(("autoscaling", "is simulated for clusters whose replicas prefill and decode, and "
+                             f"cluster.prefill_replicas is {self.prefill_replicas} (set it to 0, or drop autoscaling)",
+                             "(set)"))
+        for name in ("min_replicas", "initial_replicas"):
+            value = getattr(scaling, name)
+            if value is not None and value > self.num_replicas:
+                problems.append((f"autoscaling.{name}", f"must be at most cluster.num_replicas ({self.num_replicas}), "
+                                 "the most replicas the autoscaler may run", value))
+        if problems:
+            raise problems_error(problems)
         return self
 
     @property

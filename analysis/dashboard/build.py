@@ -28,6 +28,7 @@ from analysis.dashboard.latency_figures import latency_cdf_figure
 from analysis.dashboard.priority_figures import priority_class_figure
 from analysis.dashboard.page import Section, render_page
 from analysis.dashboard.rate_figures import prefix_hit_figure, throughput_figure
+from analysis.dashboard.autoscaling_figure import autoscaling_figure
 from analysis.dashboard.replica_figures import replica_figure
 from analysis.dashboard.session_figure import session_turns_figure
 from analysis.dashboard.ttft_parts_figure import ttft_parts_figure
@@ -92,6 +93,9 @@ def assemble_dashboard(runs: list[DashboardRun], title: str | None = None) -> Da
     by_replica = replica_figure(runs)
     if by_replica is not None:
         sections.append(Section("replicas", "Replicas", [by_replica]))
+    scaling = autoscaling_figure(runs)
+    if scaling is not None:
+        sections.append(Section("autoscaling", "Autoscaling", [scaling]))
     session_turns = session_turns_figure(runs)
     if session_turns is not None:
         sections.append(Section("sessions", "Multi-turn sessions", [session_turns]))
