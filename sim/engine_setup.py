@@ -13,6 +13,8 @@ from engine.core import CacheConfig, SchedulerConfig
 from sim.calibrated_lora import check_profile_prices_lora
 from sim.cost_models import AnalyticalCostModel, CalibratedCostModel, CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
+from engine.core.kv_cache_grouping import KVCacheGrouping
+from sim.kv_cache_groups import hybrid_kv_cache_groups
 from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
 from sim.lora_adapters import LoRASetup, lora_setup
 from sim.model_presets import resolve_model
@@ -98,6 +100,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                          f"disaggregated cluster (cluster.prefill_replicas {workload.cluster.prefill_replicas}); set "
                          "engine.pipeline_parallel_size=1 or cluster.prefill_replicas=0")
     num_speculative_tokens, draft_model = _speculative_decoding(workload, model)
+    groups = _hybrid_groups(workload, model, draft_model)
     if engine.num_gpu_blocks is not None:
         num_gpu_blocks = engine.num_gpu_blocks
     else:
@@ -106,7 +109,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 model, hardware, workload.dtype, engine.block_size, engine.gpu_memory_utilization,
                 kv_cache_dtype=engine.kv_cache_dtype,
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
-                pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model)
+                pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model,
+                layers_per_block=None if groups is None else groups.layers_per_block)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
     num_replicas = max(1, workload.cluster.num_replicas)
@@ -136,7 +140,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         cache_config = CacheConfig(block_size=engine.block_size, num_gpu_blocks=num_gpu_blocks,
                                    enable_prefix_caching=engine.enable_prefix_caching,
                                    num_offload_blocks=num_offload_blocks, sliding_window=model.sliding_window,
-                                   sliding_window_fraction=model.sliding_window_fraction)
+                                   sliding_window_fraction=model.sliding_window_fraction,
+                                   kv_cache_groups=None if groups is None else groups.windows)
         scheduler_config = SchedulerConfig(
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
@@ -173,6 +178,28 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link,
                     speculation, lora)
+
+
+def _hybrid_groups(workload: WorkloadConfig, model: ModelShape, draft_model: ModelShape | None) -> KVCacheGrouping | None:
+    """vLLM's hybrid KV cache for a model mixing windowed and full layers, unless the workload turns it off; the
+    features it is not simulated with are refused by name (vLLM too runs some of them without it)."""
+    engine = workload.engine
+    groups = None if engine.disable_hybrid_kv_cache_manager else hybrid_kv_cache_groups(model)
+    if groups is None:
+        return None
+    clashes = [(name, value, why) for name, value, why in (
+        ("engine.kv_offloading_size_gib", engine.kv_offloading_size_gib, "KV offloading"),
+        ("cluster.prefill_replicas", workload.cluster.prefill_replicas, "disaggregated prefill and decode"),
+        ("engine.pipeline_parallel_size", engine.pipeline_parallel_size - 1 and engine.pipeline_parallel_size,
+         "pipeline parallelism"),
+        ("engine.speculative_decoding.draft_model", draft_model is not None and draft_model.name, "a draft model"),
+    ) if value]
+    if clashes:
+        name, value, why = clashes[0]
+        raise SetupError(f"{name}: {value!r}: {why} is not simulated with the hybrid KV cache that model "
+                         f"{model.name!r} gets (its layers mix sliding-window and full attention); set "
+                         "engine.disable_hybrid_kv_cache_manager=true to keep every layer's KV in one table")
+    return groups
 
 
 def _lora(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec, cost_model: CostModel

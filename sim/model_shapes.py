@@ -317,7 +317,7 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
                         kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
                         quantization: str | None = None, pipeline_parallel_size: int = 1,
-                        draft_model: ModelShape | None = None) -> int:
+                        draft_model: ModelShape | None = None, layers_per_block: int | None = None) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -334,6 +334,9 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     A speculative decoding ``draft_model`` (one pipeline stage only) sits beside the model on the same GPUs,
     sharded alike and in the same dtype: its weights come off the budget, and every block holds the draft's
     KV of its tokens too (vLLM gives the draft's layers their own cache in the same block layout).
+
+    ``layers_per_block``: a hybrid KV cache's block holds one group's layers (sim/kv_cache_groups.py), not every
+    layer (one pipeline stage, no draft model).
     """
     tensor_parallel_size = int(tensor_parallel_size)
     full_model = model
@@ -349,6 +352,10 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
     reserve = total * activation_reserve_fraction
     kv_bytes_per_layer = block_size * model.kv_bytes_per_token_per_layer(kv_cache_storage_dtype(dtype, kv_cache_dtype))
     stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
+    if layers_per_block is not None:
+        if pipeline_parallel_size != 1 or draft_model is not None:
+            raise ValueError("a hybrid KV cache is sized for one pipeline stage without a draft model")
+        stage_layers = [layers_per_block]
     # Each stage's weights and bytes per block; the stage that fits the fewest blocks bounds the pool (every
     # stage holds its layers' part of the same block ids).
     stages = [(model.pipeline_stage_weight_bytes(stage, pipeline_parallel_size, dtype, quantization),

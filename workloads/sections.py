@@ -51,6 +51,10 @@ class EngineSection(SchemaModel):
     # the whole step budget from its peers.
     long_prefill_token_threshold: NonNegativeInt = 0
     enable_prefix_caching: bool = True
+    # A model mixing sliding-window and full layers (Gemma 2/3) gets vLLM's hybrid KV cache (simulated: one block
+    # table per group of layers, the windowed groups handing back blocks; sim/kv_cache_groups.py); true keeps
+    # every layer's KV for every token, as vLLM's --disable-hybrid-kv-cache-manager (and this engine's real runs).
+    disable_hybrid_kv_cache_manager: bool = False
     # vLLM's fcfs or priority; shortest_prompt_first, shortest_output_first, or your own rank function as
     # "module:function" (engine/core/scheduling_policy.py says what each does; the engine imports the function).
     scheduling_policy: str = "fcfs"

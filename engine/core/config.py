@@ -31,6 +31,10 @@ class CacheConfig:
     # full-attention layers still read every block, and the window only lowers what a step costs.
     sliding_window: int | None = None
     sliding_window_fraction: float = 1.0
+    # vLLM's hybrid KV-cache manager (engine/core/hybrid_kv_cache_manager.py): the window of each KV-cache group
+    # (None: a full-attention group), each group holding an equal number of layers per block. None: one block
+    # table per request whose blocks hold every layer (vLLM's --disable-hybrid-kv-cache-manager).
+    kv_cache_groups: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and self.block_size > 0, "cache", "block_size",
@@ -51,6 +55,16 @@ class CacheConfig:
         _require(not self.frees_out_of_window_blocks or self.num_offload_blocks == 0, "cache", "num_offload_blocks",
                  self.num_offload_blocks, "0 with a sliding window (KV offloading of sliding-window models is not "
                  "supported)")
+
+        if isinstance(self.kv_cache_groups, list):  # as a run's summary.json records it
+            self.kv_cache_groups = tuple(self.kv_cache_groups)
+        groups = self.kv_cache_groups
+        _require(groups is None or (isinstance(groups, tuple) and len(groups) >= 2 and all(
+            window is None or (isinstance(window, int) and not isinstance(window, bool) and window > 0)
+            for window in groups)), "cache", "kv_cache_groups", groups,
+            "None, or a tuple of two or more windows (a positive integer, or None for full attention)")
+        _require(groups is None or self.num_offload_blocks == 0, "cache", "num_offload_blocks", self.num_offload_blocks,
+                 "0 with a hybrid KV cache (kv_cache_groups; KV offloading keeps one table per request)")
 
     @property
     def num_usable_blocks(self) -> int:
@@ -120,7 +134,36 @@ class SchedulerConfig:
         forever), and, without chunked prefill, by the per-step token budget (a longer prompt, or the
         recomputation of a preempted request, could never be scheduled in one step).
         """
-        limit = min(self.max_model_len, cache.capacity_tokens)
+        capacity = cache.capacity_tokens
+        if cache.kv_cache_groups is not None:
+            capacity = hybrid_capacity_tokens(cache, self.max_num_batched_tokens + self.num_speculative_tokens,
+                                              self.num_speculative_tokens)
+        limit = min(self.max_model_len, capacity)
         if not self.enable_chunked_prefill:
             limit = min(limit, self.max_num_batched_tokens)
         return limit
+
+
+def hybrid_capacity_tokens(cache: CacheConfig, max_step_tokens: int, num_rollback_tokens: int) -> int:
+    """The longest sequence whose blocks in every group of a hybrid KV cache fit the pool at once.
+
+    A full group holds a block per ``block_size`` tokens. A windowed group of window W holds, at any step, the
+    blocks from its first needed one to the end of the step's tokens: at most floor((W - 1 + step tokens +
+    rollback) / block_size) + 2, and never more than the full groups' count (engine/core/kv_cache_manager.py).
+    """
+    block_size = cache.block_size
+    windowed = [(window - 1 + max_step_tokens + num_rollback_tokens) // block_size + 2
+                for window in cache.kv_cache_groups if window is not None]
+    num_full = len(cache.kv_cache_groups) - len(windowed)
+
+    def needed(num_blocks: int) -> int:
+        return num_full * num_blocks + sum(min(num_blocks, bound) for bound in windowed)
+
+    low, high = 0, cache.num_usable_blocks  # needed(low) fits; find the most blocks that fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if needed(middle) <= cache.num_usable_blocks:
+            low = middle
+        else:
+            high = middle - 1
+    return low * block_size

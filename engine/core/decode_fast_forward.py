@@ -103,6 +103,8 @@ class DecodeFastForward:
             return None  # how many tokens each step brings depends on what the executor accepts
         if len(running) > scheduler.max_num_batched_tokens:
             return None
+        if scheduler.cache_config.kv_cache_groups is not None:
+            return None  # a hybrid KV cache's groups each allocate and hand back: ordinary steps do it
         manager = scheduler.kv_cache_manager
         block_size = manager.block_size
         caching = manager.enable_caching

@@ -9,6 +9,9 @@ Contract (each method states what it may change):
 
 Invariant: ``ref_cnt`` of every block equals the number of live requests whose block table holds it.
 Invariant: every hash in the host tier (``offload``, engine/core/kv_offload.py) names KV a batch computed.
+A hybrid model's KV cache (engine/core/hybrid_kv_cache_manager.py) is one such manager per group of layers over
+one shared pool, each caching its blocks under its own hash tag.
+
 Invariant: ``num_block_runs`` equals the number of maximal runs of consecutive block ids summed over
 every live request's block table (``block_runs``; the null block is no run).
 
@@ -33,10 +36,34 @@ from engine.core.request import Request
 _NO_BLOCKS: list[KVCacheBlock] = []
 
 
+class NamespacedHashes:
+    """A request's block hashes as one KV-cache group of a hybrid model sees them (engine/core/
+    hybrid_kv_cache_manager.py): each with the group's tag appended, so that the prefix cache keeps each
+    group's blocks apart (a block of one group holds its layers' KV, not another's). Indexed and sliced as the
+    list is, each hash tagged as it is read: making one copies no hash."""
+
+    __slots__ = ("hashes", "tag")
+
+    def __init__(self, hashes: list[bytes], tag: bytes) -> None:
+        self.hashes = hashes
+        self.tag = tag
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [block_hash + self.tag for block_hash in self.hashes[index]]
+        return self.hashes[index] + self.tag
+
+
 class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool = True,
                  enable_kv_cache_events: bool = False, num_offload_blocks: int = 0,
-                 sliding_window: int | None = None, num_rollback_tokens: int = 0) -> None:
+                 sliding_window: int | None = None, num_rollback_tokens: int = 0,
+                 block_pool: BlockPool | None = None, hash_tag: bytes = b"") -> None:
+        """``block_pool`` and ``hash_tag``: one KV-cache group of a hybrid model, its blocks drawn from the pool
+        every group shares and cached under its own tag (engine/core/hybrid_kv_cache_manager.py)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
         if sliding_window is not None and sliding_window < 1:
@@ -50,7 +77,9 @@ class KVCacheManager:
         self.num_skipped_block: dict[str, int] = {}
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, enable_kv_cache_events)
+        self.block_pool = block_pool if block_pool is not None else BlockPool(num_gpu_blocks, enable_caching,
+                                                                              enable_kv_cache_events)
+        self.hash_tag = hash_tag
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Number of leading blocks of each request already registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
@@ -89,13 +118,18 @@ class KVCacheManager:
         """
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return _NO_BLOCKS, 0
+        return self.longest_hit(request, (request.num_tokens - 1) // self.block_size)
+
+    def longest_hit(self, request: Request, max_hit_blocks: int) -> tuple[list[KVCacheBlock], int]:
+        """``get_computed_blocks`` with the hit capped at ``max_hit_blocks`` blocks (a hybrid model's groups must
+        agree on one length: each is asked again, capped at the shortest so far)."""
         block_size = self.block_size
-        max_hit_blocks = (request.num_tokens - 1) // block_size
         get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
+        block_hashes = self._hashes(request)
         if self.sliding_window is not None:
-            return self._sliding_window_hit(request.block_hashes[:max_hit_blocks], get_one_block)
+            return self._sliding_window_hit(block_hashes[:max_hit_blocks], get_one_block)
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
+        for block_hash in block_hashes[:max_hit_blocks]:
             block = get_one_block(block_hash)
             if block is None:
                 break
@@ -132,6 +166,10 @@ class KVCacheManager:
         null_block = self.block_pool.null_block
         return ([null_block] * first_needed + [get_one_block(block_hash) for block_hash in block_hashes[first_needed:num_hit]],
                 num_hit * self.block_size)
+
+    def _hashes(self, request: Request):
+        """The request's block hashes under this manager's tag (a hybrid model's group), else as they are."""
+        return NamespacedHashes(request.block_hashes, self.hash_tag) if self.hash_tag else request.block_hashes
 
     def first_needed_block(self, num_computed_tokens: int) -> int:
         """The first block the window of the query at position ``num_computed_tokens`` reaches, less any
@@ -180,7 +218,8 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False) -> list[KVCacheBlock] | None:
+                       num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
+                       hybrid_prepared: bool = False) -> list[KVCacheBlock] | None:
         """Give the request KV slots for ``num_new_tokens`` more tokens, after its cached prefix.
 
         ``new_computed_blocks`` / ``num_new_computed_tokens`` are a prefix-cache hit from
@@ -188,13 +227,16 @@ class KVCacheManager:
         (possibly empty) or None when the pool cannot hold them. ``delay_cache_blocks``: the new tokens'
         KV comes from another engine, so their blocks enter the prefix cache only once it has arrived
         (``cache_blocks``); another request must not hit blocks whose contents are still in flight.
+        ``hybrid_prepared``: a hybrid model's manager has handed back out-of-window blocks and taken the hit's
+        references already, every group's before any group takes a new block (one group's new block must not
+        evict another group's hit).
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens!r}")
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
         block_size = self.block_size
-        if self.sliding_window is not None and req_blocks is not None:
+        if self.sliding_window is not None and req_blocks is not None and not hybrid_prepared:
             self.free_blocks_out_of_window(request)
         if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
             # Fast path, the common decode step: the last block still has room and no block fills up.
@@ -221,11 +263,14 @@ class KVCacheManager:
             while num_null_hits < len(new_computed_blocks) and new_computed_blocks[num_null_hits].is_null:
                 num_null_hits += 1
             real_hits = new_computed_blocks[num_null_hits:] if num_null_hits else new_computed_blocks
-            # Hits that sit in the free queue are taken out of it, so they count against it too.
-            num_evictable_hits = sum(1 for block in real_hits if block.ref_cnt == 0)
-            if num_new_blocks + num_evictable_hits > num_free:
+            if not hybrid_prepared:
+                # Hits that sit in the free queue are taken out of it, so they count against it too.
+                num_evictable_hits = sum(1 for block in real_hits if block.ref_cnt == 0)
+                if num_new_blocks + num_evictable_hits > num_free:
+                    return None
+                block_pool.touch(real_hits)
+            elif num_new_blocks > num_free:
                 return None
-            block_pool.touch(real_hits)
             new_runs = block_runs(real_hits, _last_block_id(req_blocks))
             req_blocks.extend(new_computed_blocks)
         else:
@@ -257,10 +302,23 @@ class KVCacheManager:
             num_full_blocks = num_tokens_to_cache // block_size
             num_cached_blocks = self.num_cached_block[request_id]
             if num_full_blocks > num_cached_blocks:
-                block_pool.cache_full_blocks(request.block_hashes, req_blocks, num_cached_blocks, num_full_blocks,
+                block_pool.cache_full_blocks(self._hashes(request), req_blocks, num_cached_blocks, num_full_blocks,
                                              request.all_token_ids, block_size)
                 self.num_cached_block[request_id] = num_full_blocks
         return new_blocks
+
+    def num_blocks_to_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                               new_computed_blocks: list[KVCacheBlock] | None = None,
+                               num_lookahead_tokens: int = 0) -> int:
+        """How many blocks ``allocate_slots`` with these arguments takes out of the free queue: new blocks, and
+        hits that sit there. Changes nothing; run after ``free_blocks_out_of_window`` (a hybrid model's manager
+        sums it over its groups to allocate all or nothing)."""
+        req_blocks = self.req_to_blocks.get(request.request_id, _NO_BLOCKS)
+        num_tokens_need_slot = min(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+                                   + num_lookahead_tokens, self.max_model_len)
+        hits = new_computed_blocks or _NO_BLOCKS
+        num_new_blocks = max(0, -(-num_tokens_need_slot // self.block_size) - len(req_blocks) - len(hits))
+        return num_new_blocks + sum(1 for block in hits if block.ref_cnt == 0 and not block.is_null)
 
     def free_blocks_out_of_window(self, request: Request) -> None:
         """Hand back the leading blocks no query of the live request will read again (module docstring).
@@ -302,7 +360,7 @@ class KVCacheManager:
         num_full_blocks = min(num_computed_tokens, request.num_tokens) // self.block_size
         num_cached_blocks = self.num_cached_block[request_id]
         if num_full_blocks > num_cached_blocks:
-            self.block_pool.cache_full_blocks(request.block_hashes, self.req_to_blocks[request_id], num_cached_blocks,
+            self.block_pool.cache_full_blocks(self._hashes(request), self.req_to_blocks[request_id], num_cached_blocks,
                                               num_full_blocks, request.all_token_ids, self.block_size)
             self.num_cached_block[request_id] = num_full_blocks
 

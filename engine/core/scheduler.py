@@ -24,6 +24,7 @@ from typing import Iterable
 from engine.core.batches_in_flight import BatchesInFlight
 from engine.core.block_hash import make_block_hasher
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_transfer import KVTransfers
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerStats
@@ -64,13 +65,20 @@ class Scheduler:
             if self.num_speculative_tokens else None
         self.max_model_len = scheduler_config.effective_max_model_len(cache_config)
         self.block_size = cache_config.block_size
-        self.kv_cache_manager = KVCacheManager(
-            cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
-            enable_caching=cache_config.enable_prefix_caching,
-            enable_kv_cache_events=cache_config.enable_kv_cache_events,
-            num_offload_blocks=cache_config.num_offload_blocks,
-            sliding_window=cache_config.sliding_window if cache_config.frees_out_of_window_blocks else None,
-            num_rollback_tokens=scheduler_config.num_speculative_tokens)
+        if cache_config.kv_cache_groups is not None:
+            self.kv_cache_manager = HybridKVCacheManager(
+                cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
+                cache_config.kv_cache_groups, enable_caching=cache_config.enable_prefix_caching,
+                enable_kv_cache_events=cache_config.enable_kv_cache_events,
+                num_rollback_tokens=scheduler_config.num_speculative_tokens)
+        else:
+            self.kv_cache_manager = KVCacheManager(
+                cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
+                enable_caching=cache_config.enable_prefix_caching,
+                enable_kv_cache_events=cache_config.enable_kv_cache_events,
+                num_offload_blocks=cache_config.num_offload_blocks,
+                sliding_window=cache_config.sliding_window if cache_config.frees_out_of_window_blocks else None,
+                num_rollback_tokens=scheduler_config.num_speculative_tokens)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)
@@ -96,6 +104,11 @@ class Scheduler:
             # Its blocks are still held (keyed by id) for the decode engine: a second request of that id would
             # take them as its own, and finish_kv_send would then free a live request's blocks.
             raise ValueError(f"request_id {request.request_id!r} still holds blocks being sent to a decode engine")
+        if (request.do_remote_prefill or request.do_remote_decode) and self.cache_config.kv_cache_groups is not None:
+            # A transfer moves one block table; a hybrid KV cache has one per group (not built: vLLM's connectors
+            # took the hybrid manager on later too).
+            raise ValueError(f"request {request.request_id!r}: KV transfer between engines is not supported with a "
+                             "hybrid KV cache (cache.kv_cache_groups)")
         if request.sampling_params.n != 1:
             # The front ends fan n out into n requests (engine/parallel_sampling.py); a core request that still
             # says n > 1 would silently produce one completion.
@@ -129,6 +142,11 @@ class Scheduler:
         if num_prompt_tokens > self.cache_config.capacity_tokens:
             return (f"prompt length {num_prompt_tokens} exceeds the KV cache capacity "
                     f"({self.cache_config.num_usable_blocks} blocks x {self.block_size} tokens)")
+        groups = self.cache_config.kv_cache_groups
+        if groups is not None and num_prompt_tokens > self.max_model_len and self.scheduler_config.enable_chunked_prefill:
+            return (f"prompt length {num_prompt_tokens} exceeds what the KV cache holds across its {len(groups)} "
+                    f"groups ({self.max_model_len} tokens in {self.cache_config.num_usable_blocks} blocks x "
+                    f"{self.block_size} tokens)")
         if num_prompt_tokens > self.max_model_len:
             return (f"prompt length {num_prompt_tokens} exceeds max_num_batched_tokens "
                     f"{self.max_num_batched_tokens} and chunked prefill is disabled")

@@ -19,6 +19,8 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
+    # With a hybrid KV cache (CacheConfig.kv_cache_groups), a tuple of one list per group, here and in
+    # CachedRequestData.new_block_ids.
     block_ids: list[int]
     num_computed_tokens: int
     eos_token_id: int | None = None

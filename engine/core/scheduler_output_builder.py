@@ -35,8 +35,7 @@ def build_scheduler_output(kv_cache_manager: KVCacheManager, running: list[Reque
         req_ids=[request.request_id for request in scheduled_running]
         + [request.request_id for request in resumed],
         resumed_from_preemption=[False] * len(scheduled_running) + [True] * len(resumed),
-        new_block_ids=[[block.block_id for block in blocks] if blocks else None
-                       for blocks in running_new_blocks]
+        new_block_ids=[_block_ids(blocks) if blocks else None for blocks in running_new_blocks]
         + [kv_cache_manager.get_block_ids(request.request_id) for request in resumed],
         num_computed_tokens=running_computed_before + [request.num_computed_tokens for request in resumed],
         num_output_tokens=[len(request.output_token_ids) for request in scheduled_running]
@@ -63,3 +62,10 @@ def build_scheduler_output(kv_cache_manager: KVCacheManager, running: list[Reque
         num_kv_block_runs=kv_cache_manager.num_block_runs,
         kv_loads=kv_loads,
     )
+
+
+def _block_ids(blocks):
+    """A request's new blocks as ids: a list, or one list per group of a hybrid KV cache (a tuple)."""
+    if isinstance(blocks, tuple):
+        return tuple([block.block_id for block in group] for group in blocks)
+    return [block.block_id for block in blocks]

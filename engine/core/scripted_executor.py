@@ -49,6 +49,10 @@ class ScriptedExecutor:
     # out-of-window blocks must preserve (a remote load's KV counts once the test marks its slots computed).
     # None: no such check.
     sliding_window: int | None = None
+    # A hybrid KV cache (CacheConfig.kv_cache_groups): each group's window (None: full attention). Each request
+    # then has one block table per group; every step writes each group's slots and checks, per group, that every
+    # key its queries read (the window's, or all before them for a full group) is KV computed there.
+    group_windows: tuple[int | None, ...] | None = None
     states: dict[str, _RequestState] = field(default_factory=dict)
     num_steps: int = 0
     # The slots whose KV this executor has computed since their block was last (re)allocated, so that
@@ -82,7 +86,7 @@ class ScriptedExecutor:
         for new_request in scheduler_output.scheduled_new_reqs:
             lora = new_request.lora_request
             state = states[new_request.req_id] = _RequestState(
-                list(new_request.prompt_token_ids), new_request.num_computed_tokens, list(new_request.block_ids),
+                list(new_request.prompt_token_ids), new_request.num_computed_tokens, self._copy_table(new_request.block_ids),
                 new_request.eos_token_id, zlib.crc32(new_request.req_id.encode()), lora.lora_int_id if lora else 0)
             self._check_prefix_hit(new_request.req_id, state)
         cached = scheduler_output.scheduled_cached_reqs
@@ -91,10 +95,14 @@ class ScriptedExecutor:
             if state is None:
                 raise ExecutorStateError(f"cached request {request_id} was never sent as new")
             if cached.resumed_from_preemption[index]:
-                state.block_ids = list(cached.new_block_ids[index])
+                state.block_ids = self._copy_table(cached.new_block_ids[index])
                 state.token_ids = list(cached.resumed_token_ids[request_id])
             elif cached.new_block_ids[index]:
-                state.block_ids.extend(cached.new_block_ids[index])
+                if self.group_windows is None:
+                    state.block_ids.extend(cached.new_block_ids[index])
+                else:
+                    for table, new_ids in zip(state.block_ids, cached.new_block_ids[index]):
+                        table.extend(new_ids)
             if self.validate and cached.num_computed_tokens[index] != state.num_computed_tokens and \
                     not cached.resumed_from_preemption[index]:
                 raise ExecutorStateError(
@@ -119,25 +127,27 @@ class ScriptedExecutor:
                     raise ExecutorStateError(f"{request_id}: scheduled past its known tokens")
                 if drafts and end != len(state.token_ids) + len(drafts):
                     raise ExecutorStateError(f"{request_id}: drafts scheduled without the tokens before them")
-                if len(state.block_ids) * block_size < end:
-                    raise ExecutorStateError(f"{request_id}: {len(state.block_ids)} blocks cannot hold {end} tokens")
-                if self.sliding_window is not None:
-                    self._check_window_reads(request_id, state, end - num_scheduled)
-            for position in range(end - num_scheduled, end):
-                block_id = state.block_ids[position // block_size]
-                self.computed_slots.setdefault(block_id, set()).add(position % block_size)
+                for window, table in self._tables(state):
+                    if len(table) * block_size < end:
+                        raise ExecutorStateError(f"{request_id}: {len(table)} blocks cannot hold {end} tokens")
+                    if window is not None or self.group_windows is not None:
+                        self._check_window_reads(request_id, table, window, end - num_scheduled)
             block_lora = self.block_lora
-            for block_id in state.block_ids[(end - num_scheduled) // block_size:-(-end // block_size)]:
-                block_lora[block_id] = state.lora_int_id  # once per block written, not per position
+            for _, table in self._tables(state):
+                for position in range(end - num_scheduled, end):
+                    block_id = table[position // block_size]
+                    self.computed_slots.setdefault(block_id, set()).add(position % block_size)
+                for block_id in table[(end - num_scheduled) // block_size:-(-end // block_size)]:
+                    block_lora[block_id] = state.lora_int_id  # once per block written, not per position
             if end < len(state.token_ids) + len(drafts):
                 state.num_computed_tokens = end
                 sampled.append([])
                 continue
             tokens = self._verify(state, drafts)
             # Rejected drafts' slots hold KV of tokens that are not the request's: stale until recomputed.
-            for position in range(len(state.token_ids) - 1, end):
-                block_id = state.block_ids[position // block_size]
-                self.computed_slots[block_id].discard(position % block_size)
+            for _, table in self._tables(state):
+                for position in range(len(state.token_ids) - 1, end):
+                    self.computed_slots[table[position // block_size]].discard(position % block_size)
             state.num_computed_tokens = len(state.token_ids) - 1
             sampled.append(tokens)
             if self.num_speculative_tokens:
@@ -145,12 +155,25 @@ class ScriptedExecutor:
         return ModelRunnerOutput(req_ids, {request_id: index for index, request_id in enumerate(req_ids)}, sampled,
                                  spec_token_ids=proposals)
 
-    def _check_window_reads(self, request_id: str, state: _RequestState, first_position: int) -> None:
-        """Every key the window of the query at ``first_position`` reads before it holds computed KV (later
-        queries' windows start later and add only the step's own keys)."""
+    def _copy_table(self, block_ids):
+        """A request's block table as sent (one list, or a tuple of one per group), copied to extend."""
+        if self.group_windows is None:
+            return list(block_ids)
+        return [list(group) for group in block_ids]
+
+    def _tables(self, state: _RequestState) -> list[tuple[int | None, list[int]]]:
+        """(window, block ids) of each table of the request: one, or one per group of a hybrid KV cache."""
+        if self.group_windows is None:
+            return [(self.sliding_window, state.block_ids)]
+        return list(zip(self.group_windows, state.block_ids))
+
+    def _check_window_reads(self, request_id: str, table: list[int], window: int | None, first_position: int) -> None:
+        """Every key the query at ``first_position`` reads before it (its window's; all of them without one) holds
+        computed KV in ``table`` (later queries' windows start later and add only the step's own keys)."""
         block_size = self.block_size
-        for position in range(max(0, first_position - self.sliding_window + 1), first_position):
-            block_id = state.block_ids[position // block_size]
+        first_key = 0 if window is None else max(0, first_position - window + 1)
+        for position in range(first_key, first_position):
+            block_id = table[position // block_size]
             if position % block_size not in self.computed_slots.get(block_id, ()):
                 raise ExecutorStateError(f"{request_id}: its query at position {first_position} reads position "
                                          f"{position} in block {block_id}, whose KV is not computed there")
@@ -160,7 +183,7 @@ class ScriptedExecutor:
         if not self.validate:
             return
         num_hit_blocks = -(-state.num_computed_tokens // self.block_size)
-        for block_id in state.block_ids[:num_hit_blocks]:
+        for block_id in (block_id for _, table in self._tables(state) for block_id in table[:num_hit_blocks]):
             if self.block_lora.get(block_id, state.lora_int_id) != state.lora_int_id:
                 raise ExecutorStateError(f"{request_id} (LoRA {state.lora_int_id}) starts from block {block_id}, "
                                          f"computed under LoRA {self.block_lora[block_id]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from engine.core import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor
+from engine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import RequestStatus
 
@@ -13,7 +14,7 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
               async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
-              draft_acceptance=0.7, max_loras=0, sliding_window=None) -> EngineCore:
+              draft_acceptance=0.7, max_loras=0, sliding_window=None, kv_cache_groups=None) -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
@@ -22,10 +23,10 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
                         max_loras=max_loras),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks,
-                    sliding_window=sliding_window))
+                    sliding_window=sliding_window, kv_cache_groups=kv_cache_groups))
     executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed,
                                 num_speculative_tokens=num_speculative_tokens, draft_acceptance=draft_acceptance,
-                                sliding_window=sliding_window)
+                                sliding_window=sliding_window, group_windows=kv_cache_groups)
     return EngineCore(scheduler, executor)
 
 
@@ -35,18 +36,38 @@ def make_request(request_id: str, prompt, max_tokens=16, **kwargs) -> Request:
     return Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling), **kwargs)
 
 
-def check_kv_invariants(manager: KVCacheManager) -> None:
-    """Every invariant of DESIGN.md about blocks, given the manager's own request -> blocks map."""
+def check_kv_invariants(manager: KVCacheManager | HybridKVCacheManager) -> None:
+    """Every invariant of DESIGN.md about blocks, given the manager's own request -> blocks map (a hybrid KV
+    cache: every group's, from the one pool they share)."""
     pool = manager.block_pool
+    groups = manager.groups if isinstance(manager, HybridKVCacheManager) else [manager]
     holders = Counter()
-    for request_id, blocks in manager.req_to_blocks.items():
-        # A sliding window's skipped entries: the null block, a leading run of the table, no reference.
-        num_skipped = manager.num_skipped_block.get(request_id, 0)
-        assert all(block.is_null for block in blocks[:num_skipped]), f"{request_id}: skipped entries are not null"
-        ids = [block.block_id for block in blocks[num_skipped:]]
-        assert pool.null_block.block_id not in ids, f"{request_id} holds the null block past its skipped entries"
-        assert len(ids) == len(set(ids)), f"{request_id} holds a block twice: {ids}"
-        holders.update(ids)
+    for group in groups:
+        _count_holders(group, pool, holders)
+    if len(groups) > 1:
+        # Every group's table of a request has group 0's length and cached count (the scheduler reads group 0's).
+        for group in groups:
+            assert group.block_pool is pool
+            assert {request_id: len(blocks) for request_id, blocks in group.req_to_blocks.items()} == \
+                {request_id: len(blocks) for request_id, blocks in manager.req_to_blocks.items()}
+            assert group.num_cached_block == manager.num_cached_block
+        # A cached block is cached under the tag of the group whose table holds it: its hash ends with that tag,
+        # and less the tag is as long as every plain hash (group 0's tag is empty).
+        plain_lengths = set()
+        for group in groups:
+            for blocks in group.req_to_blocks.values():
+                for block in blocks:
+                    if block.block_hash is not None and not block.is_null:
+                        assert block.block_hash.endswith(group.hash_tag), f"{block} cached under another group's tag"
+                        plain_lengths.add(len(block.block_hash) - len(group.hash_tag))
+        assert len(plain_lengths) <= 1, f"cached under another group's tag: hash lengths less tags {plain_lengths}"
+        # A block holds one group's layers: no block is in two groups' tables.
+        owner: dict[int, int] = {}
+        for index, group in enumerate(groups):
+            for blocks in group.req_to_blocks.values():
+                for block in blocks:
+                    if not block.is_null:
+                        assert owner.setdefault(block.block_id, index) == index, f"{block} is in two groups' tables"
     free_ids = [block.block_id for block in pool.free_block_queue]
     assert len(free_ids) == len(set(free_ids)) == pool.free_block_queue.num_free_blocks
     free_set = set(free_ids)
@@ -59,14 +80,9 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
     assert len(free_set) + len(holders) == pool.num_blocks - 1
     shared_refs = sum(count - 1 for count in holders.values() if count > 1)
     assert pool.num_shared_refs == shared_refs, f"num_shared_refs {pool.num_shared_refs}, block tables say {shared_refs}"
-    # Runs of consecutive block ids, per request and in total, as the block tables say.
-    real_blocks = {request_id: [block for block in blocks if not block.is_null]
-                   for request_id, blocks in manager.req_to_blocks.items()}
-    runs_of = {request_id: sum(1 for position, block in enumerate(blocks)
-                               if position == 0 or block.block_id != blocks[position - 1].block_id + 1)
-               for request_id, blocks in real_blocks.items()}
-    assert manager.num_block_runs_of == runs_of, f"num_block_runs_of {manager.num_block_runs_of}, tables say {runs_of}"
-    assert manager.num_block_runs == sum(runs_of.values())
+    for group in groups:
+        _check_block_runs(group)
+    assert manager.num_block_runs == sum(group.num_block_runs for group in groups)
     # The index holds exactly the blocks with a hash, each under its own hash, none twice.
     cached_ids = pool.cached_block_hash_to_block.block_ids()
     for block_hash, block_ids in cached_ids.items():
@@ -75,6 +91,29 @@ def check_kv_invariants(manager: KVCacheManager) -> None:
     assert sorted(block_id for block_ids in cached_ids.values() for block_id in block_ids) == hashed
     for block_hash in cached_ids:  # a lookup finds the oldest copy
         assert pool.get_cached_block(block_hash).block_id == cached_ids[block_hash][0]
+
+
+def _count_holders(manager: KVCacheManager, pool, holders: Counter) -> None:
+    """Add each block of ``manager``'s tables to ``holders``, checking each table's shape on the way."""
+    for request_id, blocks in manager.req_to_blocks.items():
+        # A sliding window's skipped entries: the null block, a leading run of the table, no reference.
+        num_skipped = manager.num_skipped_block.get(request_id, 0)
+        assert all(block.is_null for block in blocks[:num_skipped]), f"{request_id}: skipped entries are not null"
+        ids = [block.block_id for block in blocks[num_skipped:]]
+        assert pool.null_block.block_id not in ids, f"{request_id} holds the null block past its skipped entries"
+        assert len(ids) == len(set(ids)), f"{request_id} holds a block twice: {ids}"
+        holders.update(ids)
+
+
+def _check_block_runs(manager: KVCacheManager) -> None:
+    """Runs of consecutive block ids, per request and in total, as the block tables say."""
+    real_blocks = {request_id: [block for block in blocks if not block.is_null]
+                   for request_id, blocks in manager.req_to_blocks.items()}
+    runs_of = {request_id: sum(1 for position, block in enumerate(blocks)
+                               if position == 0 or block.block_id != blocks[position - 1].block_id + 1)
+               for request_id, blocks in real_blocks.items()}
+    assert manager.num_block_runs_of == runs_of, f"num_block_runs_of {manager.num_block_runs_of}, tables say {runs_of}"
+    assert manager.num_block_runs == sum(runs_of.values())
 
 
 def check_scheduler_invariants(scheduler: Scheduler) -> None:
@@ -94,7 +133,7 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         assert scheduler.waiting._adapter_counts == dict(adapters), (scheduler.waiting._adapter_counts, adapters)
     for request in scheduler.running:
         assert request.status == RequestStatus.RUNNING
-        held = len(manager.get_blocks(request.request_id)) * manager.block_size
+        held = len(manager.req_to_blocks[request.request_id]) * manager.block_size
         assert held >= request.num_computed_tokens, f"{request} holds only {held} slots"
         if request.spec_token_ids:
             # Drafts follow a decode's last token, within what it may still produce (engine/core/spec_decode.py).
@@ -110,7 +149,7 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             # Loading from a prefill engine: blocks for its whole prompt; only the local prefix hit computed.
             assert request_id in transfers.loading and not request.do_remote_prefill
-            assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_tokens
+            assert len(manager.req_to_blocks[request_id]) * manager.block_size >= request.num_tokens
             assert manager.num_cached_block[request_id] * manager.block_size <= request.num_computed_tokens
         else:
             # A loaded request is scheduled in the schedule() that finds it loaded: none waits with blocks.

@@ -61,13 +61,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
         eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]),
         speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]),
-        max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]))
+        max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]),
+        kv_cache_groups=st.sampled_from([None] * 5 + [(None, 5), (7, None, 7), (None, 24, 24), (1, None)]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
-              speculative_tokens, draft_acceptance, max_loras, sliding_window):
+              speculative_tokens, draft_acceptance, max_loras, sliding_window, kv_cache_groups):
         # A window hands back blocks and has the executor check every key read (a remote load's KV counts as
         # computed once finish_load delivers it); offloading is refused with one, so it is not drawn with it.
+        # A hybrid KV cache (one table per group, the windowed ones handing blocks back) has the executor check
+        # every group's reads; it takes neither offloading nor KV transfers, so neither is drawn with it.
+        if kv_cache_groups is not None:
+            sliding_window, offload_blocks = None, 0
         self.sliding_window = sliding_window
+        self.hybrid = kv_cache_groups is not None
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
@@ -76,7 +82,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                               num_offload_blocks=offload_blocks if caching and sliding_window is None else 0,
                               sliding_window=sliding_window,
                               num_speculative_tokens=0 if async_scheduling else speculative_tokens,
-                              draft_acceptance=draft_acceptance, max_loras=max_loras)
+                              draft_acceptance=draft_acceptance, max_loras=max_loras, kv_cache_groups=kv_cache_groups)
         self.scheduler = self.core.scheduler
         manager = self.scheduler.kv_cache_manager
         if manager.offload is not None:
@@ -104,8 +110,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tokens[request_id] = []
         self.core.add_request(make_request(request_id, prompt, max_tokens=max_tokens, priority=priority,
                                            arrival_time=self.time, eos_token_id=EOS_TOKEN_ID,
-                                           do_remote_prefill=transfer == "remote_prefill",
-                                           do_remote_decode=transfer == "remote_decode",
+                                           do_remote_prefill=transfer == "remote_prefill" and not self.hybrid,
+                                           do_remote_decode=transfer == "remote_decode" and not self.hybrid,
                                            lora_request=LoRARequest(f"adapter-{lora_id}", lora_id)
                                            if lora_id and self.scheduler.max_loras else None))
 
@@ -200,7 +206,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert count > 0
             request = scheduler.requests[request_id]
             assert request.status == RequestStatus.RUNNING
-            assert len(manager.get_blocks(request_id)) * manager.block_size >= request.num_computed_tokens
+            assert len(manager.req_to_blocks[request_id]) * manager.block_size >= request.num_computed_tokens
             placeholders = request.num_output_placeholders
             # Only async scheduling computes positions of tokens still in flight, one per batch at most.
             assert placeholders == 0 or scheduler.async_scheduling
