@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.kv_cache_grouping import KVCacheGrouping, group_layers
 from engine.core.pooling_params import PoolerConfig
 from engine.models import default_model_path
 from engine.runner.config import RunnerConfig
@@ -47,6 +48,10 @@ class EngineArgs:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     # vLLM's --kv-offloading-size: GiB of host memory kept as a second tier of the prefix cache (0: none).
     kv_offloading_size_gib: float = 0.0
+    # vLLM's --disable-hybrid-kv-cache-manager: a model mixing sliding-window and full layers (Gemma 2/3) keeps
+    # every layer's KV for every token in one table instead of one table per group of layers
+    # (engine/core/hybrid_kv_cache_manager.py). KV offloading turns the hybrid cache off, as vLLM's connectors do.
+    disable_hybrid_kv_cache_manager: bool = False
     # vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
     # "prompt_lookup_max": ...} (a dict, its JSON text, or a SpeculativeConfig); None: off.
     speculative_config: SpeculativeConfig | dict | str | None = None
@@ -144,14 +149,22 @@ class EngineArgs:
             raise ValueError(f"kv_offloading_size_gib={size!r} needs enable_prefix_caching=True (the host tier is "
                              "keyed by the prefix cache's block hashes)")
 
+    def kv_cache_grouping(self, layer_sliding_windows) -> KVCacheGrouping | None:
+        """The hybrid KV cache's groups for a model whose layers attend these windows (None: one table)."""
+        if self.disable_hybrid_kv_cache_manager or self.kv_offloading_size_gib:
+            return None
+        return group_layers(layer_sliding_windows)
+
     def create_cache_config(self, num_gpu_blocks: int, num_offload_blocks: int = 0,
-                            sliding_window: int | None = None, sliding_window_fraction: float = 1.0) -> CacheConfig:
+                            sliding_window: int | None = None, sliding_window_fraction: float = 1.0,
+                            grouping: KVCacheGrouping | None = None) -> CacheConfig:
         """``sliding_window``: the window of the model's sliding layers, ``sliding_window_fraction`` their share
-        (ModelConfig.sliding_window_fraction)."""
+        (ModelConfig.sliding_window_fraction); ``grouping``: the hybrid KV cache's (``kv_cache_grouping``)."""
         if sliding_window is not None and sliding_window_fraction == 1 and num_offload_blocks:
             raise ValueError(f"kv_offloading_size_gib={self.kv_offloading_size_gib!r} is not supported for a model whose "
                              f"every layer attends a sliding window (sliding_window={sliding_window}); set "
                              "kv_offloading_size_gib=0")
         return CacheConfig(block_size=self.block_size, num_gpu_blocks=num_gpu_blocks,
                            enable_prefix_caching=self.enable_prefix_caching, num_offload_blocks=num_offload_blocks,
-                           sliding_window=sliding_window, sliding_window_fraction=sliding_window_fraction)
+                           sliding_window=sliding_window, sliding_window_fraction=sliding_window_fraction,
+                           kv_cache_groups=None if grouping is None else grouping.windows)

@@ -77,19 +77,21 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     tokenizer = load_tokenizer_for_engine(tokenizer_path)
     args.check_kv_offloading()
     runner = ModelRunner(args.create_runner_config(model_path), tokenizer=tokenizer)
-    num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens)
+    model_config = runner.model.config
+    grouping = args.kv_cache_grouping(model_config.layer_sliding_windows)
+    num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens, grouping)
     num_offload_blocks = runner.determine_num_offload_blocks(args.kv_offloading_size_gib)
     if args.kv_offloading_size_gib and num_offload_blocks < 1:
         raise ValueError(f"kv_offloading_size_gib={args.kv_offloading_size_gib!r} holds no block of the model's KV")
-    runner.initialize_kv_cache(num_gpu_blocks, num_offload_blocks)
+    runner.initialize_kv_cache(num_gpu_blocks, num_offload_blocks, grouping)
     executor = RealExecutor(runner)
-    model_config = runner.model.config
-    # Every layer windowed: the core hands back the blocks that leave each request's window (a model with
-    # some full-attention layers needs every block, as vLLM's would without its hybrid allocator); the share
-    # of windowed layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
+    # Every layer windowed: the core hands back the blocks that leave each request's window; windowed and full
+    # layers mixed: vLLM's hybrid KV cache (one table per group of layers, the windowed ones handing blocks
+    # back), unless turned off, when every block is kept for every layer. The share of windowed layers prices a
+    # step's attention in the trace (sim/cost_models/step_batch.py).
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
-                                                   model_config.sliding_window_fraction))
+                                                   model_config.sliding_window_fraction, grouping))
     warn_if_max_model_len_lowered(scheduler)
     components = EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,

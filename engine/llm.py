@@ -66,6 +66,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         kv_offloading_size_gib: float = 0.0,
+        disable_hybrid_kv_cache_manager: bool = False,
         speculative_config: dict | str | None = None,
         enable_lora: bool = False,
         max_loras: int = 1,
@@ -82,7 +83,8 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold, attention_backend=attention_backend,
             seed=seed, scheduling_policy=scheduling_policy, enforce_eager=enforce_eager,
-            kv_offloading_size_gib=kv_offloading_size_gib, speculative_config=speculative_config,
+            kv_offloading_size_gib=kv_offloading_size_gib,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager, speculative_config=speculative_config,
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
             runner=runner, pooler_config=pooler_config)
         self.engine_args = args

@@ -181,15 +181,16 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
 
 
 def _hybrid_groups(workload: WorkloadConfig, model: ModelShape, draft_model: ModelShape | None) -> KVCacheGrouping | None:
-    """vLLM's hybrid KV cache for a model mixing windowed and full layers, unless the workload turns it off; the
-    features it is not simulated with are refused by name (vLLM too runs some of them without it)."""
+    """vLLM's hybrid KV cache for a model mixing windowed and full layers, unless the workload turns it off. KV
+    offloading and disaggregated prefill and decode turn it off, as vLLM's KV connectors (and this engine's
+    real runs, for offloading) do; pipeline parallelism and a draft model are not simulated with it (refused by
+    name)."""
     engine = workload.engine
-    groups = None if engine.disable_hybrid_kv_cache_manager else hybrid_kv_cache_groups(model)
+    uses_connector = engine.kv_offloading_size_gib > 0 or workload.cluster.prefill_replicas > 0
+    groups = None if engine.disable_hybrid_kv_cache_manager or uses_connector else hybrid_kv_cache_groups(model)
     if groups is None:
         return None
     clashes = [(name, value, why) for name, value, why in (
-        ("engine.kv_offloading_size_gib", engine.kv_offloading_size_gib, "KV offloading"),
-        ("cluster.prefill_replicas", workload.cluster.prefill_replicas, "disaggregated prefill and decode"),
         ("engine.pipeline_parallel_size", engine.pipeline_parallel_size - 1 and engine.pipeline_parallel_size,
          "pipeline parallelism"),
         ("engine.speculative_decoding.draft_model", draft_model is not None and draft_model.name, "a draft model"),

@@ -139,6 +139,7 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
               seed=workload.seed, scheduling_policy=section.scheduling_policy,
               gpu_memory_utilization=section.gpu_memory_utilization, enforce_eager=enforce_eager,
               speculative_config=speculative_config, enable_lora=section.max_loras > 0,
+              disable_hybrid_kv_cache_manager=section.disable_hybrid_kv_cache_manager,
               max_loras=max(section.max_loras, 1), max_lora_rank=section.max_lora_rank,
               max_cpu_loras=section.cpu_lora_capacity() if section.max_loras else None)
     lora_paths = {}

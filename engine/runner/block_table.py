@@ -63,3 +63,38 @@ class BlockTable:
         if num_blocks > self.max_num_blocks_per_req:
             raise ValueError(f"row {row} needs {num_blocks} blocks, the table holds at most "
                              f"{self.max_num_blocks_per_req} per request (max_model_len / block_size)")
+
+
+class MultiGroupBlockTable:
+    """One ``BlockTable`` per group of a hybrid KV cache (engine/core/hybrid_kv_cache_manager.py), kept in step:
+    every row operation applies to every group, with each group's own block ids (the scheduler sends one list
+    per group). ``block_table`` and ``block_size`` are group 0's, for readers of a single table."""
+
+    def __init__(self, num_groups: int, max_num_reqs: int, max_num_blocks_per_req: int, block_size: int) -> None:
+        self.tables = [BlockTable(max_num_reqs, max_num_blocks_per_req, block_size) for _ in range(num_groups)]
+        self.block_size = block_size
+        self.block_table = self.tables[0].block_table
+        self.num_blocks_per_row = self.tables[0].num_blocks_per_row
+
+    def add_row(self, block_ids: tuple[list[int], ...], row: int) -> None:
+        for table, ids in zip(self.tables, block_ids, strict=True):
+            table.add_row(ids, row)
+
+    def append_row(self, block_ids: tuple[list[int], ...], row: int) -> None:
+        for table, ids in zip(self.tables, block_ids, strict=True):
+            if ids:
+                table.append_row(ids, row)
+
+    def move_row(self, source: int, target: int) -> None:
+        for table in self.tables:
+            table.move_row(source, target)
+
+    def clear_row(self, row: int) -> None:
+        for table in self.tables:
+            table.clear_row(row)
+
+    def compute_slot_mapping(self, req_indices: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return self.tables[0].compute_slot_mapping(req_indices, positions)
+
+    def row_block_ids(self, row: int) -> tuple[list[int], ...]:
+        return tuple(table.row_block_ids(row) for table in self.tables)

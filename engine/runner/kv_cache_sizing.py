@@ -42,10 +42,14 @@ def determine_num_gpu_blocks(
     num_gpu_blocks: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     gpu_memory_utilization: float = 0.9,
+    num_kv_cache_groups: int = 1,
+    layers_per_block: int | None = None,
 ) -> int:
+    """``layers_per_block`` and ``num_kv_cache_groups``: a hybrid KV cache's block holds one group's layers
+    (engine/core/kv_cache_grouping.py), and a request holds a block per group for each block of tokens."""
     if num_gpu_blocks is not None:
         return num_gpu_blocks
-    bytes_per_block = kv_cache_bytes_per_block(model_config.num_hidden_layers, block_size,
+    bytes_per_block = kv_cache_bytes_per_block(layers_per_block or model_config.num_hidden_layers, block_size,
                                                model_config.num_key_value_heads, model_config.head_dim, dtype)
     cap = None
     if kv_cache_memory_bytes is not None:
@@ -61,7 +65,7 @@ def determine_num_gpu_blocks(
     else:
         budget = DEFAULT_CPU_KV_CACHE_BYTES
         source = f"the default CPU budget of {budget / 2**30:.1f} GiB"
-        cap = max_num_seqs * -(-max_model_len // block_size) + 1
+        cap = max_num_seqs * -(-max_model_len // block_size) * num_kv_cache_groups + 1
     num_blocks = budget // bytes_per_block
     if cap is not None:
         num_blocks = min(num_blocks, cap)

@@ -21,12 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.core.kv_cache_grouping import KVCacheGrouping
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.scheduler_output import SchedulerOutput
 from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_dtype
 from engine.runner.attention import allocate_kv_caches
+from engine.runner.attention.kv_cache import allocate_grouped_kv_caches
+from engine.runner.block_table import MultiGroupBlockTable
 from engine.runner.attention.kv_cache import kv_cache_bytes_per_block
 from engine.runner.host_kv_cache import HostKVCache
 from engine.runner.attention_builders import get_metadata_builder
@@ -98,6 +101,8 @@ class ModelRunner:
             if config.speculative_config is not None else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_gpu_blocks = 0
+        # vLLM's hybrid KV cache, when initialize_kv_cache was given one (engine/core/kv_cache_grouping.py).
+        self.kv_cache_grouping: KVCacheGrouping | None = None
         # KV offloading's cache in host memory (engine/runner/host_kv_cache.py), when the engine has one.
         self.host_kv_cache: HostKVCache | None = None
         # Decode-only steps replay captured CUDA graphs when this is set (see decode_graphs.py).
@@ -112,13 +117,16 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache
 
-    def determine_num_gpu_blocks(self, max_num_batched_tokens: int) -> int:
+    def determine_num_gpu_blocks(self, max_num_batched_tokens: int, grouping: KVCacheGrouping | None = None) -> int:
+        """``grouping``: a hybrid KV cache's, whose blocks each hold one group's layers."""
         config = self.config
         return determine_num_gpu_blocks(
             self.model_config, block_size=self.block_size, dtype=self.dtype, device=self.device,
             max_num_seqs=self.max_num_reqs, max_model_len=self.max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=config.num_gpu_blocks,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization)
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
+            num_kv_cache_groups=1 if grouping is None else len(grouping.windows),
+            layers_per_block=None if grouping is None else grouping.layers_per_block)
 
     def determine_num_offload_blocks(self, size_gib: float) -> int:
         """Blocks of this model's KV (every layer) that ``size_gib`` of host memory holds."""
@@ -127,11 +135,28 @@ class ModelRunner:
                                                model_config.num_key_value_heads, model_config.head_dim, self.dtype)
         return int(size_gib * 2**30 // block_bytes)
 
-    def initialize_kv_cache(self, num_gpu_blocks: int, num_offload_blocks: int = 0) -> None:
+    def initialize_kv_cache(self, num_gpu_blocks: int, num_offload_blocks: int = 0,
+                            grouping: KVCacheGrouping | None = None) -> None:
+        """``grouping``: vLLM's hybrid KV cache (engine/core/kv_cache_grouping.py): one block table per group, each
+        layer's KV in its group's blocks at its slot; the scheduler's cache config must have its groups."""
         model_config = self.model_config
-        self.kv_caches = allocate_kv_caches(model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
-                                            model_config.num_key_value_heads, model_config.head_dim, self.dtype,
-                                            self.device)
+        if grouping is None:
+            self.kv_caches = allocate_kv_caches(model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
+                                                model_config.num_key_value_heads, model_config.head_dim, self.dtype,
+                                                self.device)
+        else:
+            if num_offload_blocks:
+                raise ValueError("KV offloading is not supported with a hybrid KV cache")
+            self.kv_caches = allocate_grouped_kv_caches(
+                grouping, model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
+                model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device)
+            batch = self.input_batch
+            table = batch.block_table
+            batch.block_table = MultiGroupBlockTable(len(grouping.windows), table.max_num_reqs,
+                                                     table.max_num_blocks_per_req, table.block_size)
+            # Captured graphs read one block table; a step of a hybrid cache reads one per group.
+            self.cuda_graphs_off_reason = self.cuda_graphs_off_reason or "the hybrid KV cache's block tables"
+        self.kv_cache_grouping = grouping
         self.num_gpu_blocks = num_gpu_blocks
         if num_offload_blocks:
             self.host_kv_cache = HostKVCache(model_config.num_hidden_layers, num_offload_blocks, self.block_size,
@@ -193,7 +218,7 @@ class ModelRunner:
                 prompt_token_ids=list(new_request.prompt_token_ids),
                 sampling_params=params,
                 generator=generator,
-                block_ids=list(new_request.block_ids),
+                block_ids=_copy_block_ids(new_request.block_ids),
                 num_computed_tokens=new_request.num_computed_tokens,
                 output_token_ids=[],
                 eos_token_id=new_request.eos_token_id,
@@ -213,7 +238,7 @@ class ModelRunner:
             new_block_ids = cached.new_block_ids[index]
             if cached.resumed_from_preemption[index]:
                 # Recomputed from scratch: new block table, and the scheduler's copy of every token.
-                state.block_ids = list(new_block_ids or ())
+                state.block_ids = _copy_block_ids(new_block_ids or ())
                 state.output_token_ids[:] = cached.resumed_token_ids[req_id][state.num_prompt_tokens:]
                 if state.grammar is not None:  # the kept output may differ from what this runner sampled
                     state.grammar.sync(state.output_token_ids)
@@ -221,7 +246,7 @@ class ModelRunner:
                 batch.add_request(state)
                 continue
             if new_block_ids:
-                state.block_ids.extend(new_block_ids)
+                _extend_block_ids(state.block_ids, new_block_ids)
             num_output_tokens = cached.num_output_tokens[index]
             if len(state.output_token_ids) > num_output_tokens:
                 # The scheduler kept fewer tokens than were sampled (it is the source of truth).
@@ -325,6 +350,11 @@ class ModelRunner:
                 input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions,
                                                                prepared.common, self.eager_token_padding)
                 attn_metadata = self.metadata_builder.build(common)
+                if prepared.group_commons is not None:
+                    attn_metadata.groups = [attn_metadata] + [
+                        self.metadata_builder.build(pad_step_inputs(prepared.input_ids, prepared.positions,
+                                                                    group_common, self.eager_token_padding)[2])
+                        for group_common in prepared.group_commons[1:]]
                 input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                 positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
                 hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
@@ -396,3 +426,19 @@ class ModelRunner:
     @property
     def model_path(self) -> Path:
         return Path(self.config.model)
+
+
+def _copy_block_ids(block_ids):
+    """A request's block ids as the scheduler sent them, copied to extend: a list, or a tuple of one list per
+    group of a hybrid KV cache (kept as a tuple of lists)."""
+    if isinstance(block_ids, tuple):
+        return tuple(list(group) for group in block_ids)
+    return list(block_ids)
+
+
+def _extend_block_ids(block_ids, new_block_ids) -> None:
+    if isinstance(block_ids, tuple):
+        for group, new in zip(block_ids, new_block_ids, strict=True):
+            group.extend(new)
+    else:
+        block_ids.extend(new_block_ids)

@@ -16,6 +16,7 @@ no sample: it must not consume a draw from its seeded generator either.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,9 @@ class PreparedInputs:
     common: CommonAttentionMetadata
     logits_indices: np.ndarray  # [num_sampled] int64: flat index of each sampled row's last token
     sampled_rows: np.ndarray  # [num_sampled] int64: batch rows that get a token this step
+    # A hybrid KV cache (block_table.MultiGroupBlockTable): ``common`` for each group, with that group's block
+    # table and slot mapping (the first is ``common``). None: one block table.
+    group_commons: list[CommonAttentionMetadata] | None = None
 
 
 def prepare_inputs(batch: InputBatch, num_scheduled_tokens: np.ndarray) -> PreparedInputs:
@@ -91,4 +95,11 @@ def prepare_inputs(batch: InputBatch, num_scheduled_tokens: np.ndarray) -> Prepa
         max_query_len=int(num_scheduled.max()) if num_reqs else 0,
         max_seq_len=max_seq_len,
     )
-    return PreparedInputs(input_ids, positions, common, logits_indices.astype(np.int64), sampled_rows)
+    group_commons = None
+    tables = getattr(batch.block_table, "tables", None)
+    if tables is not None:
+        group_commons = [common] + [
+            dataclasses.replace(common, block_table=table.block_table[:num_reqs, :num_block_columns].copy(),
+                                slot_mapping=table.compute_slot_mapping(req_indices, positions))
+            for table in tables[1:]]
+    return PreparedInputs(input_ids, positions, common, logits_indices.astype(np.int64), sampled_rows, group_commons)

@@ -77,6 +77,8 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--kv-offloading-size", type=float, default=defaults.kv_offloading_size_gib,
                         dest="kv_offloading_size_gib",
                         help="GiB of host memory kept as a second tier of the prefix cache (0: none)")
+    engine.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                        help="a model mixing sliding-window and full layers keeps every layer's KV in one table")
     engine.add_argument("--speculative-config", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                              "(also prompt_lookup_min, prompt_lookup_max); default: off")
@@ -113,6 +115,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
         enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         speculative_config=args.speculative_config, enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras, runner=args.runner,
         pooler_config=args.pooler_config)

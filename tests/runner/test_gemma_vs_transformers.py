@@ -55,13 +55,16 @@ def checkpoint(request, tmp_path_factory):
     return path, hf_model
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one-table", "hybrid"])
 @pytest.mark.parametrize("num_gpu_blocks,budget", [(200, 48), (12, 32)], ids=["roomy", "preempting"])
-def test_every_logits_row_matches_transformers(checkpoint, num_gpu_blocks, budget):
+def test_every_logits_row_matches_transformers(checkpoint, num_gpu_blocks, budget, hybrid):
     path, hf_model = checkpoint
-    core, runner = make_engine(path, num_gpu_blocks, max_num_batched_tokens=budget)
+    core, runner = make_engine(path, num_gpu_blocks, max_num_batched_tokens=budget, hybrid=hybrid)
     windows = [layer.self_attn.sliding_window for layer in runner.model.model.layers]
     assert windows == [WINDOW, None, WINDOW, None]  # every second layer is global (Gemma 2; Gemma 3's pattern 2 here)
-    assert core.scheduler.cache_config.sliding_window is None  # some layers read everything: no block leaves
+    # Some layers read everything: in one table no block leaves; in the hybrid cache the local group's do.
+    assert not core.scheduler.cache_config.frees_out_of_window_blocks
+    assert core.scheduler.cache_config.kv_cache_groups == ((None, WINDOW) if hybrid else None)
     core.executor = RecordingExecutor(core.executor)
     prompts = mixed_prompts(runner.vocab_size, seed=3, num_prompts=8)
     tokens = run_and_check(core, runner, hf_model, prompts, max_tokens=16)

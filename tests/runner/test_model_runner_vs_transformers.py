@@ -9,6 +9,7 @@ that position: prefill logits, logits after a prefix-cache hit, after chunks, an
 import pytest
 import torch
 
+from engine.core.kv_cache_grouping import group_layers
 from engine.core import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
 from engine.runner.config import RunnerConfig
 from engine.runner.executor import RealExecutor
@@ -17,15 +18,22 @@ from tests.engine.model_fixtures import hf_logits, load_hf_model, mixed_prompts
 ATOL = 1e-4
 
 
-def make_engine(path, num_gpu_blocks, max_num_batched_tokens=64, max_num_seqs=8, prefix_caching=True):
+def make_engine(path, num_gpu_blocks, max_num_batched_tokens=64, max_num_seqs=8, prefix_caching=True, hybrid=False):
+    """The engine as build_engine assembles it: the model's windows in the cache config (blocks handed back when
+    every layer slides), and with ``hybrid`` vLLM's hybrid KV cache for a model mixing windowed and full layers."""
     executor = RealExecutor.from_config(RunnerConfig(model=path, max_num_seqs=max_num_seqs,
                                                      num_gpu_blocks=num_gpu_blocks))
     runner = executor.model_runner
-    runner.initialize_kv_cache(runner.determine_num_gpu_blocks(max_num_batched_tokens))
+    model_config = runner.model_config
+    grouping = group_layers(model_config.layer_sliding_windows) if hybrid else None
+    runner.initialize_kv_cache(runner.determine_num_gpu_blocks(max_num_batched_tokens, grouping), 0, grouping)
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=runner.max_model_len),
-        CacheConfig(block_size=16, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=prefix_caching))
+        CacheConfig(block_size=16, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=prefix_caching,
+                    sliding_window=model_config.sliding_window,
+                    sliding_window_fraction=model_config.sliding_window_fraction,
+                    kv_cache_groups=None if grouping is None else grouping.windows))
     return EngineCore(scheduler, executor), runner
 
 

@@ -33,10 +33,15 @@ def checkpoint(request, tmp_path_factory):
     return path, load_hf_model(path)
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one-table", "hybrid"])
 @pytest.mark.parametrize("num_gpu_blocks,budget", [(200, 48), (12, 32)], ids=["roomy", "preempting"])
-def test_every_logits_row_matches_transformers(checkpoint, num_gpu_blocks, budget):
+def test_every_logits_row_matches_transformers(checkpoint, num_gpu_blocks, budget, hybrid):
+    """Mistral windowed on every layer (its blocks handed back; no hybrid cache: one kind of layer), and Qwen2
+    with one full and one windowed layer (one table of every block, or the hybrid cache's two groups)."""
     path, hf_model = checkpoint
-    core, runner = make_engine(path, num_gpu_blocks, max_num_batched_tokens=budget)
+    core, runner = make_engine(path, num_gpu_blocks, max_num_batched_tokens=budget, hybrid=hybrid)
+    if hybrid and core.scheduler.cache_config.kv_cache_groups is None:
+        pytest.skip("every layer windowed: one kind of layer, no hybrid cache")
     assert {layer.self_attn.sliding_window for layer in runner.model.model.layers} >= {WINDOW}
     core.executor = RecordingExecutor(core.executor)
     prompts = mixed_prompts(runner.vocab_size, seed=7, num_prompts=8)

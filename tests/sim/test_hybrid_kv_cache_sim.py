@@ -80,9 +80,15 @@ def test_long_prompts_fit_more_requests_and_all_finish(tmp_path):
     assert hybrid["ttft_ms"]["p90"] < single["ttft_ms"]["p90"]
 
 
+def test_kv_offloading_turns_the_hybrid_cache_off_as_vllms_connectors_do():
+    setup = build_setup(long_prompts("engine.kv_offloading_size_gib=4"), requests=[])
+    assert setup.cache_config.kv_cache_groups is None and setup.cache_config.num_offload_blocks > 0
+
+
 @pytest.mark.parametrize("override,field", [
-    ("engine.kv_offloading_size_gib=4", "engine.kv_offloading_size_gib"),
     ("engine.pipeline_parallel_size=2", "engine.pipeline_parallel_size"),
+    ("engine.speculative_decoding={num_speculative_tokens: 2, acceptance_rate: 0.7, method: draft_model, "
+     "draft_model: gemma-3-4b}", "engine.speculative_decoding.draft_model"),
 ])
 def test_unsimulated_combinations_are_named(override, field):
     with pytest.raises(SetupError, match=field) as error:

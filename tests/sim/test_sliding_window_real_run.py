@@ -64,3 +64,36 @@ def test_a_windowed_real_run_frees_out_of_window_blocks_and_replays_exactly(tmp_
     assert report.identical, report.describe()
     # Attention reads only windows, in the recording and in its replay alike.
     assert (run.steps["decode_context_tokens"] <= WINDOW * run.steps["num_decode_reqs"]).all()
+
+
+def test_a_hybrid_real_run_keeps_a_table_per_group_and_replays_exactly(tmp_path):
+    """Qwen2 with one full and one windowed layer: the real engine gets vLLM's hybrid KV cache (a table per group,
+    the windowed group handing blocks back), records its groups, and the replay rebuilds the same cache and takes
+    exactly the same decisions; turned off, the engine keeps one table."""
+    from engine.core.hybrid_kv_cache_manager import HybridKVCacheManager
+
+    checkpoint = make_test_model(tmp_path / "qwen2", "qwen2", num_hidden_layers=2, hidden_size=32,
+                                 intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                 with_tokenizer=True)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "sliding_window": WINDOW, "use_sliding_window": True,
+                                                        "max_window_layers": 1}))
+    workload = load_workload(WORKLOAD)
+    real = build_real_engine(workload, model=str(checkpoint), threads=1)
+    manager = real.engine.scheduler.kv_cache_manager
+    assert isinstance(manager, HybridKVCacheManager) and manager.group_windows == (None, WINDOW)
+    out = tmp_path / "real"
+    result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
+                      reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
+    assert result.summary["num_finished"] == 16
+    assert manager.num_free_blocks == manager.num_usable_blocks
+    run = read_run(out)
+    assert run.summary["config"]["cache"]["kv_cache_groups"] == [None, WINDOW]
+    recorder, run, cost_model = replay(out)
+    report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
+                            steps_table(recorder.step_columns()).to_pandas())
+    assert cost_model.finished
+    assert report.identical, report.describe()
+    single = load_workload({**WORKLOAD, "engine": {**WORKLOAD["engine"], "disable_hybrid_kv_cache_manager": True}})
+    one_table = build_real_engine(single, model=str(checkpoint), threads=1)
+    assert one_table.engine.scheduler.cache_config.kv_cache_groups is None

@@ -18,6 +18,17 @@ from kernels.reshape_and_cache import reshape_and_cache
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache), each [num_blocks, block_size, Hkv, D]
 
 
+class GroupKVCache(tuple):
+    """A layer's (key_cache, value_cache) under a hybrid KV cache (engine/core/kv_cache_grouping.py), with the
+    group whose block table addresses it: the tensors are the slot this layer shares with the layers at its
+    place in the other groups, each group's blocks its own."""
+
+    def __new__(cls, key_cache: torch.Tensor, value_cache: torch.Tensor, group: int) -> "GroupKVCache":
+        pair = super().__new__(cls, (key_cache, value_cache))
+        pair.group = group
+        return pair
+
+
 class AttentionBackend(ABC):
     name: str = "abstract"
 
@@ -43,6 +54,8 @@ class AttentionBackend(ABC):
         ``logits_soft_cap`` (Gemma 2's ``attn_logit_softcapping``, None: none): each score ``s = scale * q.k``
         becomes ``cap * tanh(s / cap)`` before the mask and the softmax.
         """
+        if metadata.groups is not None:  # a hybrid KV cache: this layer's group's block table and slots
+            metadata = metadata.groups[kv_cache.group]
         key_cache, value_cache = kv_cache
         num_heads, num_kv_heads = query.shape[1], key.shape[1]
         if num_heads % num_kv_heads != 0:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.runner.attention.backend import KVCache
+from engine.core.kv_cache_grouping import KVCacheGrouping
+from engine.runner.attention.backend import GroupKVCache, KVCache
 
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
@@ -18,6 +19,21 @@ def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv
     shape = (num_blocks, block_size, num_kv_heads, head_size)
     return [(make(shape, dtype=dtype, device=device), make(shape, dtype=dtype, device=device))
             for _ in range(num_layers)]
+
+
+def allocate_grouped_kv_caches(grouping: KVCacheGrouping, num_layers: int, num_blocks: int, block_size: int,
+                               num_kv_heads: int, head_size: int, dtype: torch.dtype,
+                               device: torch.device | str) -> list[GroupKVCache]:
+    """A hybrid KV cache's per-layer caches: ``layers_per_block`` (key, value) slots of ``num_blocks`` blocks; a
+    layer at place ``i`` of its group reads and writes slot ``i`` through its group's block table, so the slot's
+    tensors hold every group's ``i``-th layer, each in its own group's blocks."""
+    slots = allocate_kv_caches(grouping.layers_per_block, num_blocks, block_size, num_kv_heads, head_size, dtype,
+                               device)
+    caches = []
+    for layer in range(num_layers):
+        group, slot = grouping.group_and_slot(layer)
+        caches.append(GroupKVCache(*slots[slot], group))
+    return caches
 
 
 def kv_cache_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_size: int,

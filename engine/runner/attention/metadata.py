@@ -49,6 +49,10 @@ class AttentionMetadata:
     # cumsum of seq_lens with a leading 0, [num_reqs + 1] int32: flash-attn's cu_seqlens_k. Built
     # lazily by backends that need it when the builder did not provide it.
     seq_start_loc: torch.Tensor | None = field(default=None)
+    # A hybrid KV cache (engine/core/hybrid_kv_cache_manager.py): the step's metadata per group, each with its
+    # group's block table and slot mapping (this object is group 0's); a layer reads its group's
+    # (backend.GroupKVCache). None: one block table.
+    groups: list["AttentionMetadata"] | None = field(default=None)
 
     @property
     def num_reqs(self) -> int:
