@@ -27,34 +27,15 @@ that what it held stays findable until evicted.
 from __future__ import annotations
 
 from engine.core.block_pool import BlockPool
+from engine.core.block_runs import block_runs, last_block_id
 from engine.core.free_block_queue import KVCacheBlock
 from engine.core.kv_cache_events import KVCacheEvent
 from engine.core.kv_offload import OffloadedBlocks
+from engine.core.namespaced_hashes import NamespacedHashes
 from engine.core.prefix_cache_stats import PrefixCacheStats
 from engine.core.request import Request
 
 _NO_BLOCKS: list[KVCacheBlock] = []
-
-
-class NamespacedHashes:
-    """A request's block hashes as one KV-cache group of a hybrid model sees them (engine/core/
-    hybrid_kv_cache_manager.py): each with the group's tag appended, so that the prefix cache keeps each
-    group's blocks apart (a block of one group holds its layers' KV, not another's). Indexed and sliced as the
-    list is, each hash tagged as it is read: making one copies no hash."""
-
-    __slots__ = ("hashes", "tag")
-
-    def __init__(self, hashes: list[bytes], tag: bytes) -> None:
-        self.hashes = hashes
-        self.tag = tag
-
-    def __len__(self) -> int:
-        return len(self.hashes)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [block_hash + self.tag for block_hash in self.hashes[index]]
-        return self.hashes[index] + self.tag
 
 
 class KVCacheManager:
@@ -271,7 +252,7 @@ class KVCacheManager:
                 block_pool.touch(real_hits)
             elif num_new_blocks > num_free:
                 return None
-            new_runs = block_runs(real_hits, _last_block_id(req_blocks))
+            new_runs = block_runs(real_hits, last_block_id(req_blocks))
             req_blocks.extend(new_computed_blocks)
         else:
             num_new_blocks = num_required_blocks - len(req_blocks)
@@ -280,7 +261,7 @@ class KVCacheManager:
             new_runs = 0
         if num_new_blocks > 0:
             new_blocks = block_pool.get_new_blocks(num_new_blocks)
-            new_runs += block_runs(new_blocks, _last_block_id(req_blocks))
+            new_runs += block_runs(new_blocks, last_block_id(req_blocks))
             req_blocks.extend(new_blocks)
         else:
             new_blocks = _NO_BLOCKS
@@ -425,24 +406,3 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()
-
-
-def block_runs(blocks: list[KVCacheBlock], previous_id: int | None = None) -> int:
-    """Maximal runs of consecutive block ids in ``blocks``, appended after a block ``previous_id``
-    (None: the start of a table). [7, 8, 9, 3, 4] holds two runs; after block 6, still two. The null
-    block (a sliding window's skipped entries, always leading) is no run: nothing reads it."""
-    runs = 0
-    for block in blocks:
-        if block.is_null:
-            continue
-        if block.block_id != (previous_id if previous_id is not None else -2) + 1:
-            runs += 1
-        previous_id = block.block_id
-    return runs
-
-
-def _last_block_id(req_blocks: list[KVCacheBlock]) -> int | None:
-    """The id new blocks follow for ``block_runs``: None for an empty table or one of null blocks only."""
-    if not req_blocks or req_blocks[-1].is_null:
-        return None
-    return req_blocks[-1].block_id

@@ -19,7 +19,7 @@ import heapq
 
 import numpy as np
 
-from engine.runner.block_table import BlockTable
+from engine.runner.block_table import BlockTable, MultiGroupBlockTable
 from engine.runner.request_state import CachedRequestState
 
 
@@ -41,7 +41,16 @@ class InputBatch:
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens_cpu = np.zeros(max_num_reqs, dtype=np.int32)
         self.lora_int_ids = np.zeros(max_num_reqs, dtype=np.int32)
-        self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req, block_size)
+        self.block_table: BlockTable | MultiGroupBlockTable = BlockTable(max_num_reqs, max_num_blocks_per_req,
+                                                                         block_size)
+
+    def use_block_table_per_group(self, num_groups: int) -> None:
+        """One block table per group of a hybrid KV cache (before any request joins)."""
+        if self.req_id_to_index:
+            raise RuntimeError("the block tables change only while the batch is empty")
+        table = self.block_table
+        self.block_table = MultiGroupBlockTable(num_groups, table.max_num_reqs, table.max_num_blocks_per_req,
+                                                table.block_size)
 
     # ------------------------------------------------------------------ membership
 

@@ -28,9 +28,7 @@ from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_dtype
 from engine.runner.attention import allocate_kv_caches
-from engine.runner.attention.kv_cache import allocate_grouped_kv_caches
-from engine.runner.block_table import MultiGroupBlockTable
-from engine.runner.attention.kv_cache import kv_cache_bytes_per_block
+from engine.runner.attention.kv_cache import allocate_grouped_kv_caches, kv_cache_bytes_per_block
 from engine.runner.host_kv_cache import HostKVCache
 from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
@@ -43,7 +41,7 @@ from engine.runner.lora.manager import LoRAManager
 from engine.runner.prepare_inputs import prepare_inputs
 from engine.runner.pooler import PoolingCollector, any_pooling, give_placeholder_tokens
 from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_logprobs
-from engine.runner.request_state import CachedRequestState
+from engine.runner.request_state import CachedRequestState, copy_block_ids, extend_block_ids
 from engine.runner.sampler import Sampler, make_generator
 from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.runner_step import SpeculativeStep
@@ -150,10 +148,7 @@ class ModelRunner:
             self.kv_caches = allocate_grouped_kv_caches(
                 grouping, model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
                 model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device)
-            batch = self.input_batch
-            table = batch.block_table
-            batch.block_table = MultiGroupBlockTable(len(grouping.windows), table.max_num_reqs,
-                                                     table.max_num_blocks_per_req, table.block_size)
+            self.input_batch.use_block_table_per_group(len(grouping.windows))
             # Captured graphs read one block table; a step of a hybrid cache reads one per group.
             self.cuda_graphs_off_reason = self.cuda_graphs_off_reason or "the hybrid KV cache's block tables"
         self.kv_cache_grouping = grouping
@@ -218,7 +213,7 @@ class ModelRunner:
                 prompt_token_ids=list(new_request.prompt_token_ids),
                 sampling_params=params,
                 generator=generator,
-                block_ids=_copy_block_ids(new_request.block_ids),
+                block_ids=copy_block_ids(new_request.block_ids),
                 num_computed_tokens=new_request.num_computed_tokens,
                 output_token_ids=[],
                 eos_token_id=new_request.eos_token_id,
@@ -238,7 +233,7 @@ class ModelRunner:
             new_block_ids = cached.new_block_ids[index]
             if cached.resumed_from_preemption[index]:
                 # Recomputed from scratch: new block table, and the scheduler's copy of every token.
-                state.block_ids = _copy_block_ids(new_block_ids or ())
+                state.block_ids = copy_block_ids(new_block_ids or ())
                 state.output_token_ids[:] = cached.resumed_token_ids[req_id][state.num_prompt_tokens:]
                 if state.grammar is not None:  # the kept output may differ from what this runner sampled
                     state.grammar.sync(state.output_token_ids)
@@ -246,7 +241,7 @@ class ModelRunner:
                 batch.add_request(state)
                 continue
             if new_block_ids:
-                _extend_block_ids(state.block_ids, new_block_ids)
+                extend_block_ids(state.block_ids, new_block_ids)
             num_output_tokens = cached.num_output_tokens[index]
             if len(state.output_token_ids) > num_output_tokens:
                 # The scheduler kept fewer tokens than were sampled (it is the source of truth).
@@ -427,18 +422,3 @@ class ModelRunner:
     def model_path(self) -> Path:
         return Path(self.config.model)
 
-
-def _copy_block_ids(block_ids):
-    """A request's block ids as the scheduler sent them, copied to extend: a list, or a tuple of one list per
-    group of a hybrid KV cache (kept as a tuple of lists)."""
-    if isinstance(block_ids, tuple):
-        return tuple(list(group) for group in block_ids)
-    return list(block_ids)
-
-
-def _extend_block_ids(block_ids, new_block_ids) -> None:
-    if isinstance(block_ids, tuple):
-        for group, new in zip(block_ids, new_block_ids, strict=True):
-            group.extend(new)
-    else:
-        block_ids.extend(new_block_ids)

@@ -6,7 +6,8 @@ can rejoin the batch later without the scheduler resending its tokens, and so th
 keeps drawing from the same generator (its random stream must not depend on batch composition).
 
 Invariants: ``output_token_ids`` is mutated in place only (sampling metadata holds references to it);
-``len(block_ids) * block_size >= num_computed_tokens``.
+``len(block_ids) * block_size >= num_computed_tokens`` (with a hybrid KV cache ``block_ids`` is a tuple of one list
+per group, each that long).
 """
 
 from __future__ import annotations
@@ -48,3 +49,19 @@ class CachedRequestState:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+def copy_block_ids(block_ids):
+    """A request's block ids as the scheduler sent them, copied to extend: a list, or a tuple of one list per
+    group of a hybrid KV cache (kept as a tuple of lists)."""
+    if isinstance(block_ids, tuple):
+        return tuple(list(group) for group in block_ids)
+    return list(block_ids)
+
+
+def extend_block_ids(block_ids, new_block_ids) -> None:
+    if isinstance(block_ids, tuple):
+        for group, new in zip(block_ids, new_block_ids, strict=True):
+            group.extend(new)
+    else:
+        block_ids.extend(new_block_ids)
