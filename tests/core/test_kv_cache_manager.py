@@ -258,3 +258,17 @@ def test_copies_of_cached_content_are_cached_too_and_serve_hits_after_the_first_
     hits, num_hits = kv.get_computed_blocks(request("d", range(40)))
     assert num_hits == 32 and [block.block_id for block in hits] == [4, 5]
     check_kv_invariants(kv)
+
+
+def test_a_request_whose_window_handed_back_every_block_holds_none():
+    # Window 1: a query reads only itself. After two blocks computed, a chunk too large for the pool first hands
+    # back every block before it, then fails: the live request holds only null entries, and the pool, every block
+    # free, may be reset (the KV state machine found this: a live request no longer means blocks in use).
+    manager = KVCacheManager(4, 2, max_model_len=10_000, sliding_window=1)
+    request = Request("r", list(range(100, 111)), SamplingParams(), block_hasher=make_block_hasher(2))
+    assert manager.allocate_slots(request, 4) is not None
+    request.num_computed_tokens = 4
+    assert manager.allocate_slots(request, 7) is None
+    assert all(block.is_null for block in manager.get_blocks("r"))
+    assert manager.num_free_blocks == manager.num_usable_blocks
+    assert manager.block_pool.restore_free_order() and manager.reset_prefix_cache()

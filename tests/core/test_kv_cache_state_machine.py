@@ -116,16 +116,21 @@ class KVCacheMachine(RuleBasedStateMachine):
         if self.live.pop(request.request_id, None) is not None:
             self.manager.free(request)
 
+    def holds_blocks(self) -> bool:
+        """Whether a live request holds a block: one whose window handed back every block it had, and whose next
+        allocation failed, holds only null entries (the pool then counts every block free)."""
+        return any(not block.is_null for request_id in self.live for block in self.manager.get_blocks(request_id))
+
     @rule()
     def reset_prefix_cache(self):
-        in_use = bool(self.live)
+        in_use = self.holds_blocks()
         assert self.manager.reset_prefix_cache() is not in_use
         if not in_use:
             assert not self.manager.block_pool.cached_block_hash_to_block
 
     @rule()
     def restore_free_order(self):
-        in_use = bool(self.live)
+        in_use = self.holds_blocks()
         pool = self.manager.block_pool
         assert pool.restore_free_order() is not in_use
         if not in_use:  # a fresh pool's order: every usable block, by id (cached ones stay cached)
