@@ -31,9 +31,18 @@ def test_every_kind_of_figure_renders_without_javascript_errors(tmp_path: Path) 
     diverged = read_run(diverged_dir)
     write_run(diverged_dir, diverged.requests, diverged.steps.iloc[:-3], diverged.summary)
 
+    # The faster run as an autoscaled cluster's (sim/autoscaler.py's summary entry): the Autoscaling section.
+    scaled = read_run(faster)
+    scaled.summary["autoscaling"] = {
+        "metric": "outstanding", "target": 8.0, "replica_hours": 0.01, "gpu_hours": 0.01, "static_replica_hours": 0.02,
+        "saved_fraction": 0.5, "mean_replicas": 1.5, "peak_replicas": 2, "scale_ups": 1, "scale_downs": 1,
+        "timeline": {"time_s": [0.0, 1.0, 1.0, 2.0, 3.0], "ready": [1, 1, 1, 2, 1], "powered": [1, 2, 2, 2, 1],
+                     "desired": [None, 2, None, 2, None], "metric": [None, 12.0, None, 9.0, None]}}
+    write_run(faster, scaled.requests, scaled.steps, scaled.summary)
+
     dashboard = assemble_dashboard(prepare_runs([sim, real, faster, diverged_dir]))
     ids = {figure.figure_id for figure in dashboard.figures}
-    assert {"latency-throughput", "fidelity-step-duration", "fidelity-step-duration-2"} <= ids
+    assert {"latency-throughput", "fidelity-step-duration", "fidelity-step-duration-2", "autoscaling-timeline"} <= ids
     page = write_dashboard(dashboard, tmp_path / "all.html", browser_probe=True)
 
     result = probe_page(page, timeout_s=120)
