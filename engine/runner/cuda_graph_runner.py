@@ -57,9 +57,10 @@ class StaticInput:
 
 
 def decode_input_specs(max_num_blocks_per_req: int, *, input_ids_dtype: torch.dtype = torch.long,
-                       slot_mapping_dtype: torch.dtype = torch.long) -> list[StaticInput]:
-    """The inputs of a decode step with the padding rules of the module docstring."""
-    return [
+                       slot_mapping_dtype: torch.dtype = torch.long, num_kv_cache_groups: int = 1) -> list[StaticInput]:
+    """The inputs of a decode step with the padding rules of the module docstring; a hybrid KV cache's groups
+    past the first add their own slot mapping and block table (``slot_mapping_1``, ``block_table_1``, ...)."""
+    base = [
         StaticInput("input_ids", input_ids_dtype, pad_value=0),
         StaticInput("positions", torch.long, pad_value=0),
         StaticInput("slot_mapping", slot_mapping_dtype, pad_value=-1),
@@ -67,6 +68,9 @@ def decode_input_specs(max_num_blocks_per_req: int, *, input_ids_dtype: torch.dt
         StaticInput("query_start_loc", torch.int32, extra_rows=1, pad_with_last=True),
         StaticInput("block_table", torch.int32, trailing_shape=(max_num_blocks_per_req,), pad_value=0),
     ]
+    return base + [spec for group in range(1, num_kv_cache_groups) for spec in (
+        StaticInput(f"slot_mapping_{group}", slot_mapping_dtype, pad_value=-1),
+        StaticInput(f"block_table_{group}", torch.int32, trailing_shape=(max_num_blocks_per_req,), pad_value=0))]
 
 
 def default_batch_size_ladder(max_batch_size: int) -> list[int]:

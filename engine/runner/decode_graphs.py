@@ -56,13 +56,17 @@ class DecodeGraphs:
 
     def __init__(self, model: torch.nn.Module, kv_caches: Sequence[KVCache], *, max_num_reqs: int,
                  max_num_blocks_per_req: int, max_model_len: int, device: torch.device,
-                 batch_size_ladder: Sequence[int] | None = None, emulate: bool = False) -> None:
+                 batch_size_ladder: Sequence[int] | None = None, emulate: bool = False,
+                 num_kv_cache_groups: int = 1) -> None:
+        """``num_kv_cache_groups``: a hybrid KV cache's groups, each with its own static block table and slots."""
         self.model = model
         self.kv_caches = list(kv_caches)
         self.max_model_len = max_model_len
         self.device = device
+        self.num_kv_cache_groups = num_kv_cache_groups
         self.graph_runner = DecodeCudaGraphRunner(
-            self._forward, max_num_reqs, decode_input_specs(max_num_blocks_per_req), batch_size_ladder,
+            self._forward, max_num_reqs,
+            decode_input_specs(max_num_blocks_per_req, num_kv_cache_groups=num_kv_cache_groups), batch_size_ladder,
             device=device, emulate=emulate)
 
     @property
@@ -82,10 +86,15 @@ class DecodeGraphs:
     def _forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model over padded static views. Host-side metadata is fixed, as replay requires."""
         padded = inputs["input_ids"].shape[0]
-        metadata = AttentionMetadata(
-            num_actual_tokens=padded, query_start_loc=inputs["query_start_loc"], seq_lens=inputs["seq_lens"],
-            block_table=inputs["block_table"], slot_mapping=inputs["slot_mapping"], max_query_len=1,
-            max_seq_len=self.max_model_len, query_start_loc_cpu=[], seq_lens_cpu=[])
+        def group_metadata(suffix: str) -> AttentionMetadata:
+            return AttentionMetadata(
+                num_actual_tokens=padded, query_start_loc=inputs["query_start_loc"], seq_lens=inputs["seq_lens"],
+                block_table=inputs["block_table" + suffix], slot_mapping=inputs["slot_mapping" + suffix],
+                max_query_len=1, max_seq_len=self.max_model_len, query_start_loc_cpu=[], seq_lens_cpu=[])
+
+        metadata = group_metadata("")
+        if self.num_kv_cache_groups > 1:  # each group's layers read its own table (backend.GroupKVCache)
+            metadata.groups = [metadata] + [group_metadata(f"_{group}") for group in range(1, self.num_kv_cache_groups)]
         return self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, metadata)
 
     def handles(self, prepared: PreparedInputs) -> bool:
@@ -94,19 +103,24 @@ class DecodeGraphs:
         return (bool(self.captured_sizes) and common.max_query_len == 1
                 and common.num_actual_tokens == common.num_reqs <= self.max_batch_size)
 
-    def forward(self, prepared: PreparedInputs, block_table_rows: np.ndarray) -> torch.Tensor:
+    def forward(self, prepared: PreparedInputs, block_table_rows: np.ndarray | Sequence[np.ndarray]) -> torch.Tensor:
         """Hidden states [num_reqs, hidden_size] for a step ``handles`` accepted.
 
         ``block_table_rows`` is the persistent table's full-width rows for the step's requests (the graphs
-        were captured for the full width; the per-step metadata keeps only the columns in use).
+        were captured for the full width; the per-step metadata keeps only the columns in use); with a hybrid
+        KV cache, one such array per group.
         """
         common = prepared.common
+        tables = list(block_table_rows) if self.num_kv_cache_groups > 1 else [block_table_rows]
         inputs = {
             "input_ids": torch.from_numpy(prepared.input_ids),
             "positions": torch.from_numpy(prepared.positions),
             "slot_mapping": torch.from_numpy(common.slot_mapping),
             "seq_lens": torch.from_numpy(common.seq_lens),
             "query_start_loc": torch.from_numpy(common.query_start_loc),
-            "block_table": torch.from_numpy(np.ascontiguousarray(block_table_rows, dtype=np.int32)),
+            "block_table": torch.from_numpy(np.ascontiguousarray(tables[0], dtype=np.int32)),
         }
+        for group in range(1, self.num_kv_cache_groups):
+            inputs[f"slot_mapping_{group}"] = torch.from_numpy(prepared.group_commons[group].slot_mapping)
+            inputs[f"block_table_{group}"] = torch.from_numpy(np.ascontiguousarray(tables[group], dtype=np.int32))
         return self.graph_runner.run(common.num_reqs, inputs)

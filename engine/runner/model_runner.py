@@ -149,8 +149,6 @@ class ModelRunner:
                 grouping, model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
                 model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device)
             self.input_batch.use_block_table_per_group(len(grouping.windows))
-            # Captured graphs read one block table; a step of a hybrid cache reads one per group.
-            self.cuda_graphs_off_reason = self.cuda_graphs_off_reason or "the hybrid KV cache's block tables"
         self.kv_cache_grouping = grouping
         self.num_gpu_blocks = num_gpu_blocks
         if num_offload_blocks:
@@ -173,7 +171,8 @@ class ModelRunner:
         return DecodeGraphs(self.model, self.kv_caches, max_num_reqs=self.max_num_reqs,
                             max_num_blocks_per_req=self.input_batch.block_table.block_table.shape[1],
                             max_model_len=self.max_model_len, device=self.device,
-                            batch_size_ladder=self.config.cuda_graph_batch_sizes, emulate=emulate)
+                            batch_size_ladder=self.config.cuda_graph_batch_sizes, emulate=emulate,
+                            num_kv_cache_groups=1 if self.kv_cache_grouping is None else len(self.kv_cache_grouping.windows))
 
     def _zero_blocks(self, block_ids: list[int]) -> None:
         """Clear reused blocks so no kernel can read a previous owner's values (the seed's _zero_block_ids)."""
@@ -340,7 +339,9 @@ class ModelRunner:
         try:
             # Captured graphs hold no adapter: a step with one runs eagerly (engine/runner/lora/).
             if graphs is not None and lora_batch is None and graphs.handles(prepared):
-                hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs])
+                tables = getattr(batch.block_table, "tables", None)
+                hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs] if tables is None
+                                               else [table.block_table[:num_reqs] for table in tables])
             else:
                 input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions,
                                                                prepared.common, self.eager_token_padding)

@@ -170,3 +170,42 @@ def test_shape_warm_up_runs_every_padded_size_and_writes_nothing(tiny_llama_path
     assert runs == 3  # 64, 128, 192
     for (key, value), (key_before, value_before) in zip(runner.kv_caches, before):
         assert torch.equal(key, key_before) and torch.equal(value, value_before)
+
+
+@requires_triton
+def test_emulated_graphs_with_a_hybrid_kv_cache_give_the_eager_tokens(tmp_path):
+    """A Qwen2 with one full and one windowed layer, so its KV cache is hybrid: each graph carries a static block
+    table and slot mapping per group, and replays give the tokens of eager steps, and of one table."""
+    import json
+
+    from engine.models import make_test_model
+
+    path = make_test_model(tmp_path / "qwen2", "qwen2", num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                           num_attention_heads=2, num_key_value_heads=1)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "sliding_window": 8, "use_sliding_window": True,
+                                                  "max_window_layers": 1}))
+    device = "cpu" if not torch.cuda.is_available() else "cuda"
+    kwargs = dict(model=str(path), device=device, attention_backend="triton", num_gpu_blocks=64, max_num_seqs=8,
+                  skip_tokenizer_init=True, enforce_eager=True)
+    one_table = LLM(**kwargs, disable_hybrid_kv_cache_manager=True)
+    prompts, params = _workload(one_table.model_runner.vocab_size)
+    expected = _generate(one_table, prompts, params)
+    eager = LLM(**kwargs)
+    assert eager.scheduler.cache_config.kv_cache_groups == (None, 8)
+    assert _generate(eager, prompts, params) == expected
+
+    padded = LLM(**kwargs)
+    runner = padded.model_runner
+    runner.decode_graphs = runner.make_decode_graphs(emulate=True)
+    runner.decode_graphs.capture()
+    batch_sizes = []
+    forward = runner.decode_graphs.forward
+
+    def counting_forward(prepared, block_table_rows):
+        batch_sizes.append(prepared.common.num_reqs)
+        return forward(prepared, block_table_rows)
+
+    runner.decode_graphs.forward = counting_forward
+    assert _generate(padded, prompts, params) == expected
+    assert {5, 3, 1} <= set(batch_sizes), f"decode steps should have taken the padded path, saw {batch_sizes}"
