@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from engine.core.fast_forward_block_runs import PlannedBlockRuns
+from engine.core.fast_forward_block_runs import GroupedPlannedBlockRuns, PlannedBlockRuns
 from engine.core.fast_forward_shared_refs import PlannedSharedRefs
 from engine.core.fast_forward_window import PlannedDecodeContext, hand_back_steps
 from engine.core.request import Request, RequestStatus
@@ -33,6 +33,9 @@ EMPTY_MAPPING: Mapping[str, int] = MappingProxyType({})
 # completed, copied to the host tier) precedes every free of its update; stores and frees touch different
 # structures, so only the order among stores (running order) matters.
 _HAND_BACK, _ALLOCATE, _CACHE, _STORE, _FREE = 0, 1, 2, 3, 4
+# With a hybrid KV cache one allocate_slots hands back every windowed group's blocks, then allocates and fills
+# group by group: an event's stage orders it before its group, its kind after.
+_STAGE = {_HAND_BACK: 0, _ALLOCATE: 1, _CACHE: 1, _STORE: 2, _FREE: 3}
 # Phases of a step: schedule() touches the pool for every request before update_from_output frees any.
 _SCHEDULE_PHASE, _UPDATE_PHASE = 0, 1
 
@@ -75,6 +78,9 @@ class DecodeFastForward:
         self._next_leaver = 0
         self._num_active = len(self.requests)
         manager = scheduler.kv_cache_manager
+        # The KV-cache groups whose tables the run extends: a hybrid cache's (engine/core/hybrid_kv_cache_manager.py),
+        # else the manager itself.
+        self._groups = getattr(manager, "groups", None) or [manager]
         self._context = PlannedDecodeContext(self.context_lengths, manager.sliding_window)
         # Some layers windowed and the others not (Gemma 3): the manager keeps every block, and a step's keys
         # read are the mean over layers of the windowed and the full reads (sim/cost_models/step_batch.py's
@@ -88,8 +94,14 @@ class DecodeFastForward:
                                           reverse=True)
         self._manager = manager
         self._block_size = manager.block_size
-        self._shared_refs = PlannedSharedRefs(manager.block_pool, manager.sliding_window is not None)
-        self._runs = PlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps)
+        self._shared_refs = PlannedSharedRefs(manager.block_pool,
+                                              any(group.sliding_window is not None for group in self._groups))
+        if len(self._groups) > 1:
+            self._runs = GroupedPlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps)
+            self._group_runs = self._runs.planners
+        else:
+            self._runs = PlannedBlockRuns(manager, self.requests, self.context_lengths, self.last_steps)
+            self._group_runs = [self._runs]
 
     @classmethod
     def try_plan(cls, scheduler, token_id: int,
@@ -103,8 +115,6 @@ class DecodeFastForward:
             return None  # how many tokens each step brings depends on what the executor accepts
         if len(running) > scheduler.max_num_batched_tokens:
             return None
-        if scheduler.cache_config.kv_cache_groups is not None:
-            return None  # a hybrid KV cache's groups each allocate and hand back: ordinary steps do it
         manager = scheduler.kv_cache_manager
         block_size = manager.block_size
         caching = manager.enable_caching
@@ -134,9 +144,10 @@ class DecodeFastForward:
             self._context.leave(leaver)
             if self._windowed_context is not None:
                 self._windowed_context.leave(leaver)
-            # Its table as it stood before the run (apply changes it), less what a window handed back.
-            self._shared_refs.free(self._manager.req_to_blocks[self.requests[leaver].request_id],
-                                   self._runs.num_skipped(leaver))
+            # Its tables as they stood before the run (apply changes them), less what a window handed back.
+            request_id = self.requests[leaver].request_id
+            for group, runs in zip(self._groups, self._group_runs):
+                self._shared_refs.free(group.req_to_blocks[request_id], runs.num_skipped(leaver))
             self._runs.free(leaver)
             self._next_leaver += 1
         self._runs.allocate(step_index)
@@ -165,32 +176,36 @@ class DecodeFastForward:
         num_steps = self._steps_within_pool(num_steps, pool.get_num_free_blocks(), block_size)
         if num_steps <= 0:
             return FastForwardResult(0, [], [], [], [], [])
-        windowed = manager.sliding_window is not None
+        groups = self._groups
 
-        # (step, phase, running index, kind, block index or token count): sorting gives the ordinary steps' order.
-        events: list[tuple[int, int, int, int, int]] = []
+        # (step, phase, running index, stage, group, kind, block index or token count): sorting gives the ordinary
+        # steps' order.
+        events: list[tuple[int, int, int, int, int, int, int]] = []
         num_new_tokens, finish_step = [], []
         for index, request in enumerate(self.requests):
             context = self.context_lengths[index]
             last = min(self.last_steps[index], num_steps - 1)
-            if windowed:
-                # The argument is the computed count allocate_slots sees: the tokens are advanced below.
-                for step in hand_back_steps(manager, request, context, last):
-                    events.append((step, _SCHEDULE_PHASE, index, _HAND_BACK, context + step))
-            # A new block when the token computed in step j starts one: (context + j) % block_size == 0.
-            for step in range((-context) % block_size, last + 1, block_size):
-                events.append((step, _SCHEDULE_PHASE, index, _ALLOCATE, 0))
-            if caching:
-                # A block enters the cache in the step after its last token was sampled.
-                for step in range((-(context + 1)) % block_size, last + 1, block_size):
-                    events.append((step, _SCHEDULE_PHASE, index, _CACHE, (context + step + 1) // block_size))
+            for group_index, group in enumerate(groups):
+                if group.sliding_window is not None:
+                    # The argument is the computed count allocate_slots sees: the tokens are advanced below.
+                    for step in hand_back_steps(group, request, context, last):
+                        events.append((step, _SCHEDULE_PHASE, index, _STAGE[_HAND_BACK], group_index, _HAND_BACK,
+                                       context + step))
+                # A new block when the token computed in step j starts one: (context + j) % block_size == 0.
+                for step in range((-context) % block_size, last + 1, block_size):
+                    events.append((step, _SCHEDULE_PHASE, index, _STAGE[_ALLOCATE], group_index, _ALLOCATE, 0))
+                if caching:
+                    # A block enters the cache in the step after its last token was sampled.
+                    for step in range((-(context + 1)) % block_size, last + 1, block_size):
+                        events.append((step, _SCHEDULE_PHASE, index, _STAGE[_CACHE], group_index, _CACHE,
+                                       (context + step + 1) // block_size))
             if manager.offload is not None:
                 # A block's KV is complete, and goes to the host, in the update of the step computing its last slot.
                 for step in range((-(context + 1)) % block_size, last + 1, block_size):
-                    events.append((step, _UPDATE_PHASE, index, _STORE, context + step + 1))
+                    events.append((step, _UPDATE_PHASE, index, _STAGE[_STORE], 0, _STORE, context + step + 1))
             finished = self.last_steps[index] < num_steps
             if finished:
-                events.append((last, _UPDATE_PHASE, index, _FREE, 0))
+                events.append((last, _UPDATE_PHASE, index, _STAGE[_FREE], 0, _FREE, 0))
             num_new_tokens.append(last + 1)
             finish_step.append(last if finished else -1)
             # Tokens first: block hashes are a pure function of the tokens, and the cache events
@@ -205,7 +220,6 @@ class DecodeFastForward:
         events.sort()
 
         requests = self.requests
-        req_to_blocks = manager.req_to_blocks
         num_free_after: list[int] = []
         num_running_after: list[int] = []
         running = len(requests)
@@ -213,17 +227,18 @@ class DecodeFastForward:
         event_index = 0
         for step in range(num_steps):
             while event_index < len(events) and events[event_index][0] == step:
-                _, _, index, kind, block_index = events[event_index]
+                _, _, index, _, group_index, kind, block_index = events[event_index]
                 request = requests[index]
                 request_id = request.request_id
+                group = groups[group_index]
                 if kind == _HAND_BACK:
-                    manager.free_blocks_out_of_window_at(request, block_index)
+                    group.free_blocks_out_of_window_at(request, block_index)
                 elif kind == _ALLOCATE:
-                    manager.append_block(request_id, pool.get_new_blocks(1)[0])
+                    group.append_block(request_id, pool.get_new_blocks(1)[0])
                 elif kind == _CACHE:
-                    pool.cache_full_blocks(request.block_hashes, req_to_blocks[request_id], block_index - 1,
-                                           block_index, request.all_token_ids, block_size)
-                    manager.num_cached_block[request_id] = block_index
+                    pool.cache_full_blocks(group.block_hashes_of(request), group.req_to_blocks[request_id],
+                                           block_index - 1, block_index, request.all_token_ids, block_size)
+                    group.num_cached_block[request_id] = block_index
                 elif kind == _STORE:
                     manager.offload_computed(request, block_index)
                 else:
@@ -250,7 +265,7 @@ class DecodeFastForward:
         for index, context in enumerate(self.context_lengths):
             last = min(self.last_steps[index], num_steps - 1)
             for step in range((-context) % block_size, last + 1, block_size):
-                per_step[step] += 1
+                per_step[step] += len(self._groups)  # a block per group
         used = 0
         for step, count in enumerate(per_step):
             used += count

@@ -33,7 +33,10 @@ class PlannedBlockRuns:
     the front, as a group in table order, so the oldest is the next one allocated).
     """
 
-    def __init__(self, manager, requests: list[Request], context_lengths: list[int], last_steps: list[int]) -> None:
+    def __init__(self, manager, requests: list[Request], context_lengths: list[int], last_steps: list[int],
+                 queue=None, front: list[KVCacheBlock] | None = None) -> None:
+        """``queue`` and ``front``: the free queue's iterator and freed-to-front stack that every group of a hybrid
+        KV cache shares (``GroupedPlannedBlockRuns``); None: this planner's own."""
         # Everything per request is built lazily: a plan must cost time in proportion to the blocks the
         # run allocates, fills, hands back and frees, not to every block every running request holds.
         self._block_size = block_size = manager.block_size
@@ -41,8 +44,9 @@ class PlannedBlockRuns:
         self._manager = manager
         self._windowed = manager.sliding_window is not None
         self._pool = manager.block_pool
-        self._queue = iter(self._pool.free_block_queue)
-        self._front: list[KVCacheBlock] = []  # freed blocks pushed to the queue's front; the last is taken first
+        self._queue = iter(self._pool.free_block_queue) if queue is None else queue
+        # Freed blocks pushed to the queue's front; the last is taken first.
+        self._front: list[KVCacheBlock] = [] if front is None else front
         self._requests = requests
         self._new_blocks: dict[int, list[KVCacheBlock]] = {}  # running index -> blocks allocated in the run
         self._fills: dict[tuple[int, int], bool] = {}  # (running index, block index) -> got a hash in the run
@@ -80,12 +84,18 @@ class PlannedBlockRuns:
             return self._manager.num_skipped_block.get(self._requests[index].request_id, 0)
         return skipped
 
-    def allocate(self, step: int) -> None:
-        """Step ``step``'s hand-backs, allocations and fills (its schedule phase)."""
-        block_size, last_steps = self._block_size, self._last_steps
-        events = self._by_residue[step % block_size]
+    def events(self, step: int) -> list[tuple[int, int]]:
+        """Step ``step``'s (running index, kind) events, in order, of the requests still running."""
+        last_steps = self._last_steps
+        events = self._by_residue[step % self._block_size]
         if events and any(last_steps[index] < step for index, _ in events):
             events[:] = [event for event in events if last_steps[event[0]] >= step]  # finished requests leave
+        return events
+
+    def allocate(self, step: int) -> None:
+        """Step ``step``'s hand-backs, allocations and fills (its schedule phase)."""
+        block_size = self._block_size
+        events = self.events(step)
         windowed = self._windowed
         for index, kind in events:
             if windowed:
@@ -172,3 +182,42 @@ class PlannedBlockRuns:
                 block_index < len(table) and blocks[block_index].block_hash is not None)
             if not hashed:
                 self._front.append(blocks[block_index])
+
+
+class GroupedPlannedBlockRuns:
+    """``PlannedBlockRuns`` for a hybrid KV cache: one planner per group, drawing from one free queue in the
+    ordinary steps' order. Every group allocates and fills at the same steps (their tables have one length), and
+    one request's ``allocate_slots`` first hands back every windowed group's out-of-window blocks, then takes
+    each group's new block in group order; a finished request frees group by group (engine/core/
+    hybrid_kv_cache_manager.py)."""
+
+    def __init__(self, manager, requests: list[Request], context_lengths: list[int], last_steps: list[int]) -> None:
+        queue, front = iter(manager.block_pool.free_block_queue), []
+        self.planners = [PlannedBlockRuns(group, requests, context_lengths, last_steps, queue, front)
+                         for group in manager.groups]
+        self._windowed = [planner for planner in self.planners if planner._windowed]
+        self._contexts = context_lengths
+        self._block_size = manager.block_size
+
+    @property
+    def total(self) -> int:
+        return sum(planner.total for planner in self.planners)
+
+    def allocate(self, step: int) -> None:
+        for planner in self.planners[1:]:
+            planner.events(step)  # each drops its finished requests; the events are group 0's
+        for index, kind in self.planners[0].events(step):
+            for planner in self._windowed:
+                planner._hand_back(index, planner._manager.first_needed_block(self._contexts[index] + step))
+            for planner in self.planners:
+                if kind == _ALLOCATE:
+                    planner._allocate(index)
+                else:
+                    planner._fill(index, (self._contexts[index] + step + 1) // self._block_size - 1)
+
+    def take_handed_back(self) -> list[KVCacheBlock]:
+        return [block for planner in self.planners for block in planner.take_handed_back()]
+
+    def free(self, index: int) -> None:
+        for planner in self.planners:
+            planner.free(index)

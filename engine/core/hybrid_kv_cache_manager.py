@@ -114,7 +114,10 @@ class HybridKVCacheManager:
         return tuple(blocks[:num_hit_blocks] for blocks in hits), num_hit_blocks * self.block_size
 
     def offloaded_hit_tokens(self, request: Request, num_hit_tokens: int) -> int:
-        return 0
+        return 0  # no host tier (offload is None)
+
+    def take_offload_stores(self) -> list[tuple[int, int]]:
+        return []
 
     def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
         if self.enable_caching:

@@ -106,7 +106,7 @@ class KVCacheManager:
         agree on one length: each is asked again, capped at the shortest so far)."""
         block_size = self.block_size
         get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
-        block_hashes = self._hashes(request)
+        block_hashes = self.block_hashes_of(request)
         if self.sliding_window is not None:
             return self._sliding_window_hit(block_hashes[:max_hit_blocks], get_one_block)
         hits: list[KVCacheBlock] = []
@@ -148,7 +148,7 @@ class KVCacheManager:
         return ([null_block] * first_needed + [get_one_block(block_hash) for block_hash in block_hashes[first_needed:num_hit]],
                 num_hit * self.block_size)
 
-    def _hashes(self, request: Request):
+    def block_hashes_of(self, request: Request):
         """The request's block hashes under this manager's tag (a hybrid model's group), else as they are."""
         return NamespacedHashes(request.block_hashes, self.hash_tag) if self.hash_tag else request.block_hashes
 
@@ -283,7 +283,7 @@ class KVCacheManager:
             num_full_blocks = num_tokens_to_cache // block_size
             num_cached_blocks = self.num_cached_block[request_id]
             if num_full_blocks > num_cached_blocks:
-                block_pool.cache_full_blocks(self._hashes(request), req_blocks, num_cached_blocks, num_full_blocks,
+                block_pool.cache_full_blocks(self.block_hashes_of(request), req_blocks, num_cached_blocks, num_full_blocks,
                                              request.all_token_ids, block_size)
                 self.num_cached_block[request_id] = num_full_blocks
         return new_blocks
@@ -341,7 +341,7 @@ class KVCacheManager:
         num_full_blocks = min(num_computed_tokens, request.num_tokens) // self.block_size
         num_cached_blocks = self.num_cached_block[request_id]
         if num_full_blocks > num_cached_blocks:
-            self.block_pool.cache_full_blocks(self._hashes(request), self.req_to_blocks[request_id], num_cached_blocks,
+            self.block_pool.cache_full_blocks(self.block_hashes_of(request), self.req_to_blocks[request_id], num_cached_blocks,
                                               num_full_blocks, request.all_token_ids, self.block_size)
             self.num_cached_block[request_id] = num_full_blocks
 

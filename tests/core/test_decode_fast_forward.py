@@ -30,12 +30,15 @@ def constant_output(scheduler_output):
 def snapshot(scheduler):
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
+    # A hybrid KV cache's groups, each with its tables, counts and runs (engine/core/hybrid_kv_cache_manager.py).
+    groups = getattr(manager, "groups", None) or [manager]
     return {
+        "groups": [{"tables": {rid: [b.block_id for b in blocks] for rid, blocks in group.req_to_blocks.items()},
+                    "cached_counts": dict(group.num_cached_block), "skipped_counts": dict(group.num_skipped_block),
+                    "runs": (dict(group.num_block_runs_of), group.num_block_runs)} for group in groups],
         "running": [(r.request_id, r.status, r.num_computed_tokens, r.num_tokens, tuple(r.output_token_ids),
                      tuple(r.block_hashes)) for r in scheduler.running],
         "requests": sorted(scheduler.requests),
-        "tables": {rid: [b.block_id for b in blocks] for rid, blocks in manager.req_to_blocks.items()},
-        "cached_counts": dict(manager.num_cached_block),
         "free_order": [b.block_id for b in pool.free_block_queue],
         "hash_map": pool.cached_block_hash_to_block.block_ids(),
         "ref_counts": [b.ref_cnt for b in pool.blocks],
@@ -44,9 +47,8 @@ def snapshot(scheduler):
         "host_tier": manager.offload.hashes() if manager.offload is not None else None,
         "host_slots": [manager.offload.slot(block_hash) for block_hash in manager.offload.hashes()]
         if manager.offload is not None else None,
-        "offloaded_counts": dict(manager.num_offloaded_block),
-        "skipped_counts": dict(manager.num_skipped_block),
-        "runs": (dict(manager.num_block_runs_of), manager.num_block_runs),
+        "offloaded_counts": dict(getattr(manager, "num_offloaded_block", {})),
+        "runs": manager.num_block_runs,
         "shared_refs": pool.num_shared_refs,
     }
 
@@ -58,12 +60,17 @@ def snapshot(scheduler):
        num_steps=st.integers(1, 80), warmup=st.integers(0, 5), identical=st.booleans(),
        offload_blocks=st.sampled_from([0, 3, 40]),
        # Windows below a block, of one block (block_size 16), of several, past every sequence; or none.
-       window=st.one_of(st.none(), st.sampled_from([1, 2, 5, 16, 17, 33]), st.integers(1, 120)))
+       window=st.one_of(st.none(), st.sampled_from([1, 2, 5, 16, 17, 33]), st.integers(1, 120)),
+       # A hybrid KV cache (its groups' windows; a window or a host tier is then not drawn with it).
+       groups=st.sampled_from([None] * 4 + [(None, 5), (7, None, 7), (None, 16, 33), (1, None)]))
 def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup, identical,
-                                            offload_blocks, window):
+                                            offload_blocks, window, groups):
+    if groups is not None:
+        window, offload_blocks = None, 0
     core = make_core(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching,
                      enable_kv_cache_events=True, max_model_len=400,
-                     num_offload_blocks=offload_blocks if caching and window is None else 0, sliding_window=window)
+                     num_offload_blocks=offload_blocks if caching and window is None else 0, sliding_window=window,
+                     kv_cache_groups=groups)
     scheduler = core.scheduler
     shared = [list(range(100, 120)), list(range(200, 207)), [], list(range(300, 348))]
     for index, (group, suffix, max_tokens) in enumerate(prompts):

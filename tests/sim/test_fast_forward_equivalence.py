@@ -49,6 +49,10 @@ def traces(workload, fast_forward):
     # Windowed and full layers (22 of 26) in one table (without the hybrid KV cache, which takes ordinary steps):
     # every block kept, decode reads the mean over layers
     ("chat", ["workload.num_requests=200", "model=gemma-3-1b", "engine.disable_hybrid_kv_cache_manager=true"]),
+    # The same with vLLM's hybrid KV cache: seven groups each allocating, the local ones handing blocks back
+    ("chat", ["workload.num_requests=200", "model=gemma-3-1b"]),
+    ("hybrid_kv_cache", ["workload.num_requests=60", "sweep=null"]),
+    ("hybrid_kv_cache", ["workload.num_requests=60", "sweep=null", "engine.enable_prefix_caching=false"]),
 ])
 def test_traces_are_identical_with_and_without_fast_forward(name, overrides, tmp_path):
     overrides = [override.replace("MISTRAL_WINDOW_200", windowed_mistral(tmp_path, 200)) for override in overrides]
