@@ -11,7 +11,9 @@ The result is exactly the state k ordinary steps leave behind (tokens, block tab
 prefix-cache entries, KV events, the host tier's order): the pool-changing events of the k steps (a sliding
 window's hand-backs, block allocations, blocks filling up and entering the cache, frees of finished requests)
 are replayed in the order the ordinary steps would perform them, ``(step, schedule-before-update, running
-order)``; engine/core/fast_forward_window.py says what a window changes.
+order)``; engine/core/fast_forward_window.py says what a window changes. A hybrid KV cache's groups each replay
+their own allocations, fills and hand-backs, one request's hand-backs first, then group by group, as its
+``allocate_slots`` makes them.
 tests/core/test_decode_fast_forward.py checks the equivalence on random workloads.
 """
 

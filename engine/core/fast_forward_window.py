@@ -1,6 +1,7 @@
 """What a sliding window changes in a decode fast-forward (engine/core/decode_fast_forward.py).
 
-Two things differ from full attention, and both are fixed before the run starts:
+Two things differ from full attention, and both are fixed before the run starts (with a hybrid KV cache, for
+each windowed group: engine/core/fast_forward_block_runs.py's ``GroupedPlannedBlockRuns``):
 - A decode after ``c`` computed tokens reads ``min(c + 1, window)`` keys (the simulator's
   ``decode_context_tokens``, sim/cost_models/step_batch.py), not ``c + 1``.
 - The KV-cache manager hands back a request's blocks that left its window
