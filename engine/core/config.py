@@ -136,8 +136,7 @@ class SchedulerConfig:
         """
         capacity = cache.capacity_tokens
         if cache.kv_cache_groups is not None:
-            capacity = hybrid_capacity_tokens(cache, self.max_num_batched_tokens + self.num_speculative_tokens,
-                                              self.num_speculative_tokens)
+            capacity = hybrid_capacity_tokens(cache, self.max_num_batched_tokens, self.num_speculative_tokens)
         limit = min(self.max_model_len, capacity)
         if not self.enable_chunked_prefill:
             limit = min(limit, self.max_num_batched_tokens)

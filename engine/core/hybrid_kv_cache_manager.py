@@ -65,7 +65,6 @@ class HybridKVCacheManager:
         # inlined decode path reads these two.
         self.req_to_blocks = self.groups[0].req_to_blocks
         self.num_cached_block = self.groups[0].num_cached_block
-        self.prefix_cache_stats = PrefixCacheStats()
         self.offload = None
         # Windows are per group here; the decode fast-forward and cost features read the model's window from the
         # cache config, and this manager's None keeps single-table code paths away.
@@ -119,9 +118,10 @@ class HybridKVCacheManager:
     def take_offload_stores(self) -> list[tuple[int, int]]:
         return []
 
+    # The prefix-cache statistics are group 0's: one lookup per request, of the hit every group agreed on, and
+    # one reset of the pool the groups share.
     def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
-        if self.enable_caching:
-            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+        self.groups[0].record_prefix_cache_query(request, num_hit_tokens)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: tuple[list[KVCacheBlock], ...] | None = None,
@@ -178,14 +178,10 @@ class HybridKVCacheManager:
         return min(manager.get_num_common_prefix_blocks(request_id, num_running_requests) for manager in self.groups)
 
     def reset_prefix_cache(self) -> bool:
-        reset = self.block_pool.reset_prefix_cache()
-        if reset:
-            self.prefix_cache_stats.resets += 1
-        return reset
+        return self.groups[0].reset_prefix_cache()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
+        return self.groups[0].make_prefix_cache_stats()
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()

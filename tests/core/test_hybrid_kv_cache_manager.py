@@ -85,6 +85,9 @@ def test_new_blocks_never_evict_another_groups_hit():
     assert num_hit_tokens == 16
     hit_ids = [[block.block_id for block in group] for group in hits]
     assert manager.allocate_slots(second, 4, num_hit_tokens, hits) is not None
+    manager.record_prefix_cache_query(second, num_hit_tokens)
+    stats = manager.make_prefix_cache_stats()  # one lookup, counted once for every group
+    assert (stats.queries, stats.hits) == (20, 16)
     for group, table in enumerate(manager.get_block_ids("second")):
         assert table[:4] == hit_ids[group]
         assert all(manager.block_pool.blocks[block_id].block_hash is not None for block_id in table[:4])

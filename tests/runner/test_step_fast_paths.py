@@ -58,6 +58,22 @@ def _generate(llm: LLM, prompts, params) -> list[list[int]]:
     return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
 
 
+def _generate_through_emulated_graphs(llm: LLM, prompts, params) -> tuple[list[list[int]], list[int]]:
+    """The tokens with every decode step on the emulated graph path, and the batch size of each such step."""
+    runner = llm.model_runner
+    runner.decode_graphs = runner.make_decode_graphs(emulate=True)
+    runner.decode_graphs.capture()
+    batch_sizes = []
+    forward = runner.decode_graphs.forward
+
+    def counting_forward(prepared, block_table_rows):
+        batch_sizes.append(prepared.common.num_reqs)
+        return forward(prepared, block_table_rows)
+
+    runner.decode_graphs.forward = counting_forward
+    return _generate(llm, prompts, params), batch_sizes
+
+
 @requires_triton
 def test_emulated_graph_path_gives_the_eager_tokens_and_leaves_the_cache_clean(tiny_llama_path):
     device = "cpu" if not torch.cuda.is_available() else "cuda"
@@ -68,19 +84,9 @@ def test_emulated_graph_path_gives_the_eager_tokens_and_leaves_the_cache_clean(t
     expected = _generate(eager, prompts, params)
 
     padded = LLM(**kwargs)
-    runner = padded.model_runner
-    runner.decode_graphs = runner.make_decode_graphs(emulate=True)
-    runner.decode_graphs.capture()
-    assert runner.decode_graphs.captured_sizes == [1, 2, 4, 8]
-    batch_sizes = []
-    forward = runner.decode_graphs.forward
-
-    def counting_forward(prepared, block_table_rows):
-        batch_sizes.append(prepared.common.num_reqs)
-        return forward(prepared, block_table_rows)
-
-    runner.decode_graphs.forward = counting_forward
-    assert _generate(padded, prompts, params) == expected
+    tokens, batch_sizes = _generate_through_emulated_graphs(padded, prompts, params)
+    assert padded.model_runner.decode_graphs.captured_sizes == [1, 2, 4, 8]
+    assert tokens == expected
     assert {5, 3, 1} <= set(batch_sizes), f"decode steps should have taken the padded path, saw {batch_sizes}"
     assert padded.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 63  # all but the null block
 
@@ -195,17 +201,6 @@ def test_emulated_graphs_with_a_hybrid_kv_cache_give_the_eager_tokens(tmp_path):
     assert eager.scheduler.cache_config.kv_cache_groups == (None, 8)
     assert _generate(eager, prompts, params) == expected
 
-    padded = LLM(**kwargs)
-    runner = padded.model_runner
-    runner.decode_graphs = runner.make_decode_graphs(emulate=True)
-    runner.decode_graphs.capture()
-    batch_sizes = []
-    forward = runner.decode_graphs.forward
-
-    def counting_forward(prepared, block_table_rows):
-        batch_sizes.append(prepared.common.num_reqs)
-        return forward(prepared, block_table_rows)
-
-    runner.decode_graphs.forward = counting_forward
-    assert _generate(padded, prompts, params) == expected
+    tokens, batch_sizes = _generate_through_emulated_graphs(LLM(**kwargs), prompts, params)
+    assert tokens == expected
     assert {5, 3, 1} <= set(batch_sizes), f"decode steps should have taken the padded path, saw {batch_sizes}"
