@@ -12,6 +12,7 @@ from engine.core.free_block_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.lora import LoRARequest
+from engine.core.multimodal import MultiModalFeature
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerStats
 from engine.core.pooling_params import PoolerConfig, PoolingParams
 from engine.core.prefix_cache_stats import PrefixCacheStats
@@ -25,7 +26,7 @@ from engine.core.structured_outputs import StructuredOutputsParams
 __all__ = [
     "AllBlocksCleared", "BlockPool", "BlockRemoved", "BlockStored", "CacheConfig", "CachedRequestData",
     "EngineCore", "EngineCoreOutput", "EngineStepResult", "Executor", "FreeKVCacheBlockQueue", "KVCacheBlock",
-    "KVCacheManager", "LoRARequest", "ModelRunnerOutput", "NewRequestData", "PoolerConfig", "PoolingParams", "PrefixCacheStats", "Request", "RequestStatus",
+    "KVCacheManager", "LoRARequest", "ModelRunnerOutput", "MultiModalFeature", "NewRequestData", "PoolerConfig", "PoolingParams", "PrefixCacheStats", "Request", "RequestStatus",
     "SamplingParams", "SamplingType", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats",
     "ScriptedExecutor", "StructuredOutputsParams", "hash_request_blocks", "make_block_hasher",
 ]

@@ -3,7 +3,9 @@
 The hash of block ``i`` covers the hash of block ``i - 1``, block ``i``'s token ids and its extra keys,
 so equal hashes mean equal *prefixes*, not only equal blocks. The cache salt and the LoRA adapter's name are
 extra keys of the first block only: the chain carries them into every later block, so requests with
-different salts, or different adapters, never share a cached block.
+different salts, or different adapters, never share a cached block. A multimodal item's identifier is an extra
+key of every block its placeholder tokens overlap (engine/core/multimodal.py): the placeholders are the same
+token for every image, so without it two prompts showing different images would share their KV.
 
 SHA-256 over a fixed byte encoding makes hashes identical across processes and machines (Python's
 ``hash()`` of a string is randomized per process), and makes collisions negligible, so a hit can be
@@ -17,6 +19,7 @@ from array import array
 from typing import Sequence
 
 from engine.core.lora import LoRARequest, encode_lora
+from engine.core.multimodal import MultiModalFeature, encode_block_items, overlapping_identifiers
 
 BlockHash = bytes
 
@@ -71,10 +74,18 @@ class BlockHasher:
         block_bytes = block_size * 8
         parent = known[-1] if num_hashed else ROOT_PARENT_HASH
         new_hashes = []
+        mm_features = request.mm_features
         for offset, block_index in enumerate(range(num_hashed, num_full_blocks)):
             payload = encoded[offset * block_bytes:(offset + 1) * block_bytes]
+            extra = b""
             if block_index == 0 and (request.cache_salt or request.lora_request is not None):
-                payload += b"\x00" + first_block_extra_keys(request.cache_salt, request.lora_request)
+                extra = first_block_extra_keys(request.cache_salt, request.lora_request)
+            if mm_features:
+                items = encode_block_items(overlapping_identifiers(
+                    mm_features, block_index * block_size, (block_index + 1) * block_size))
+                extra = extra + b"\x00" + items if extra and items else extra or items
+            if extra:
+                payload += b"\x00" + extra
             parent = hashlib.sha256(parent + payload).digest()
             new_hashes.append(parent)
         return new_hashes
@@ -85,13 +96,16 @@ def make_block_hasher(block_size: int) -> BlockHasher:
 
 
 def hash_request_blocks(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None,
-                        lora_request: LoRARequest | None = None) -> list[BlockHash]:
+                        lora_request: LoRARequest | None = None,
+                        mm_features: Sequence[MultiModalFeature] = ()) -> list[BlockHash]:
     """The chain of hashes of every full block of ``token_ids`` (for tests and tools)."""
     hashes: list[BlockHash] = []
     parent = ROOT_PARENT_HASH
     for block_index in range(len(token_ids) // block_size):
         start = block_index * block_size
         extra = first_block_extra_keys(cache_salt, lora_request) if block_index == 0 else b""
+        items = encode_block_items(overlapping_identifiers(mm_features, start, start + block_size))
+        extra = extra + b"\x00" + items if extra and items else extra or items
         parent = hash_block_tokens(parent, token_ids[start:start + block_size], extra)
         hashes.append(parent)
     return hashes

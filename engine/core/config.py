@@ -103,6 +103,14 @@ class SchedulerConfig:
     # Multi-LoRA serving: the running requests use at most this many distinct adapters (the runner's slots on
     # the device; engine/core/lora.py). 0: LoRA off, and a request naming an adapter is refused.
     max_loras: int = 0
+    # Multimodal items (engine/core/encoder_cache_manager.py): the encoder tokens (image embeddings) one step may
+    # compute, and the encoder outputs the runner keeps, in tokens; None: max_num_batched_tokens, as vLLM defaults
+    # both (it then raises them to the model's largest item, which the simulator's setup does too).
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    # vLLM's disable_chunked_mm_input: a chunk never ends inside an item it starts (the item's placeholders are
+    # prefilled in one step), so an item longer than the step's budget or the long-prefill cut cannot be served.
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -122,10 +130,24 @@ class SchedulerConfig:
                  self.num_speculative_tokens, "an integer >= 0")
         _require(isinstance(self.max_loras, int) and not isinstance(self.max_loras, bool) and self.max_loras >= 0,
                  "scheduler", "max_loras", self.max_loras, "an integer >= 0")
+        for name in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                     "scheduler", name, value, "None or an integer >= 1")
+        _require(isinstance(self.disable_chunked_mm_input, bool), "scheduler", "disable_chunked_mm_input",
+                 self.disable_chunked_mm_input, "true or false")
         # A batch in flight would sample before its drafts were verified: the next batch could not know which
         # positions hold real tokens (vLLM added the combination later, with its own bookkeeping).
         _require(self.num_speculative_tokens == 0 or not self.async_scheduling, "scheduler", "num_speculative_tokens",
                  self.num_speculative_tokens, "0 with async_scheduling")
+
+    @property
+    def encoder_compute_budget(self) -> int:
+        return self.max_num_encoder_input_tokens or self.max_num_batched_tokens
+
+    @property
+    def effective_encoder_cache_size(self) -> int:
+        return self.encoder_cache_size or self.max_num_batched_tokens
 
     def effective_max_model_len(self, cache: CacheConfig) -> int:
         """The longest sequence (prompt + output) that can ever make progress.

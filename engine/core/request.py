@@ -13,6 +13,7 @@ Invariants kept by the scheduler:
 - ``all_token_ids == prompt_token_ids + output_token_ids`` and ``num_tokens == len(all_token_ids)``.
 - ``0 <= num_computed_tokens <= num_tokens``; a preempted request has ``num_computed_tokens == 0``.
 - ``block_hashes[i]`` is the chained hash of full block ``i`` of ``all_token_ids`` (prefix caching only).
+- ``mm_features`` are sorted, disjoint placeholder runs inside the prompt (engine/core/multimodal.py).
 - ``spec_token_ids`` (speculative decoding) is empty unless the request is running with all its known tokens
   but the last computed, and never runs past ``max_tokens`` or the length limit (engine/core/spec_decode.py).
 """
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import enum
 from array import array
-from typing import Callable
+from typing import Callable, Sequence
 
 from engine.core.lora import LoRARequest
+from engine.core.multimodal import MultiModalFeature, validate_features
 from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 
@@ -67,7 +69,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "max_tokens", "stop_reason",
         "status_message", "block_hashes", "block_hasher", "next_hash_boundary",
         "stop_token_set", "do_remote_prefill", "do_remote_decode", "num_output_placeholders", "spec_token_ids",
-        "lora_request", "pooling_params",
+        "lora_request", "pooling_params", "mm_features",
     )
 
     def __init__(
@@ -85,6 +87,7 @@ class Request:
         do_remote_decode: bool = False,
         lora_request: LoRARequest | None = None,
         pooling_params: PoolingParams | None = None,
+        mm_features: Sequence[MultiModalFeature] = (),
     ) -> None:
         self.request_id = request_id
         # Kept as given when already a list, tuple or array (a workload's prompts need no extra copy).
@@ -138,6 +141,9 @@ class Request:
         # An embedding request (engine/core/pooling_params.py): prompt-only, its front end asks for one token,
         # which the runner does not sample (a placeholder) and the front end drops, as it drops echo's token.
         self.pooling_params = pooling_params
+        # Images (or other items) whose encoder output fills placeholder runs of the prompt
+        # (engine/core/multimodal.py): scheduled with the encoder budget and cache, and part of the block hashes.
+        self.mm_features = validate_features(mm_features, self.num_prompt_tokens, request_id) if mm_features else ()
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 

@@ -11,6 +11,10 @@ Each ``schedule()`` (the seed's section 4):
    loads from elsewhere (another engine, the host tier) wait for it, and requests whose LoRA adapter would
    make the running requests use more than ``max_loras`` adapters are passed over (engine/core/waiting_admission.py).
 
+A chunk that reaches a multimodal item's placeholders needs the item's encoder output: from the encoder cache,
+or computed in this step within the encoder budget and the cache's room; else the chunk stops before the item
+(engine/core/encoder_cache_manager.py).
+
 Invariants checked by the tests after every step: scheduled tokens <= ``max_num_batched_tokens``;
 running requests <= ``max_num_seqs``; every scheduled request holds blocks for
 ``num_computed_tokens + num_scheduled_tokens`` tokens; a request is in exactly one of running / waiting
@@ -24,6 +28,7 @@ from typing import Iterable
 from engine.core.batches_in_flight import BatchesInFlight
 from engine.core.block_hash import make_block_hasher
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.encoder_cache_manager import EncoderCacheManager, finish_encoder_step, plan_encoder_inputs
 from engine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_transfer import KVTransfers
@@ -35,6 +40,7 @@ from engine.core.scheduler_output_builder import build_scheduler_output
 from engine.core.scheduler_update import apply_model_output
 from engine.core.scheduling_policy import policy_rank, victim_rank
 from engine.core.spec_decode import SpecDecodingStats
+from engine.core.unservable_requests import why_unservable
 from engine.core.waiting_admission import Admissions, admit_waiting
 
 _RUNNING = RequestStatus.RUNNING
@@ -61,6 +67,10 @@ class Scheduler:
         self.async_scheduling = scheduler_config.async_scheduling
         self.num_speculative_tokens = scheduler_config.num_speculative_tokens
         self.max_loras = scheduler_config.max_loras
+        # Multimodal items' encoder outputs (engine/core/encoder_cache_manager.py); idle for text-only requests.
+        self.encoder_cache_manager = EncoderCacheManager(scheduler_config.effective_encoder_cache_size)
+        self.encoder_compute_budget = scheduler_config.encoder_compute_budget
+        self.disable_chunked_mm_input = scheduler_config.disable_chunked_mm_input
         self.spec_decoding_stats = SpecDecodingStats(self.num_speculative_tokens) \
             if self.num_speculative_tokens else None
         self.max_model_len = scheduler_config.effective_max_model_len(cache_config)
@@ -114,10 +124,15 @@ class Scheduler:
             # says n > 1 would silently produce one completion.
             raise ValueError(f"request {request.request_id!r}: the core takes n = 1, got "
                              f"n={request.sampling_params.n}; fan it out with engine.parallel_sampling")
+        if request.mm_features and (request.do_remote_prefill or request.do_remote_decode
+                                    or self.cache_config.num_offload_blocks):
+            # A loaded prompt's last chunk may start inside an item, whose encoder output no engine here computed.
+            raise ValueError(f"request {request.request_id!r}: multimodal items (mm_features) are not supported with "
+                             "KV transfer between engines or KV offloading")
         if request.lora_request is not None and not self.max_loras:
             raise ValueError(f"request {request.request_id!r} names LoRA adapter {request.lora_request.lora_name!r} "
                              f"but LoRA is off (scheduler.max_loras=0)")
-        reason = self._why_unservable(request)
+        reason = why_unservable(self, request)
         if reason is not None:
             request.status = RequestStatus.FINISHED_IGNORED
             request.status_message = reason
@@ -131,26 +146,6 @@ class Scheduler:
             request.set_block_hasher(self.block_hasher)
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
-
-    def _why_unservable(self, request: Request) -> str | None:
-        num_prompt_tokens = request.num_prompt_tokens
-        if num_prompt_tokens == 0:
-            return "the prompt is empty"
-        if num_prompt_tokens > self.scheduler_config.max_model_len:
-            return (f"prompt length {num_prompt_tokens} exceeds max_model_len "
-                    f"{self.scheduler_config.max_model_len}")
-        if num_prompt_tokens > self.cache_config.capacity_tokens:
-            return (f"prompt length {num_prompt_tokens} exceeds the KV cache capacity "
-                    f"({self.cache_config.num_usable_blocks} blocks x {self.block_size} tokens)")
-        groups = self.cache_config.kv_cache_groups
-        if groups is not None and num_prompt_tokens > self.max_model_len and self.scheduler_config.enable_chunked_prefill:
-            return (f"prompt length {num_prompt_tokens} exceeds what the KV cache holds across its {len(groups)} "
-                    f"groups ({self.max_model_len} tokens in {self.cache_config.num_usable_blocks} blocks x "
-                    f"{self.block_size} tokens)")
-        if num_prompt_tokens > self.max_model_len:
-            return (f"prompt length {num_prompt_tokens} exceeds max_num_batched_tokens "
-                    f"{self.max_num_batched_tokens} and chunked prefill is disabled")
-        return None
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
@@ -178,6 +173,8 @@ class Scheduler:
         # A prefill engine's disaggregated request keeps its blocks until the decode engine has read them.
         if not self.kv_transfers.hold_for_send(request):
             self.kv_cache_manager.free(request)
+        if request.mm_features:
+            self.encoder_cache_manager.release_request(request)
         # What batches in flight sampled for it is dropped, should a new request take its id meanwhile.
         self.batches_in_flight.on_end(request.request_id)
         self.finished_req_ids.add(request.request_id)
@@ -199,6 +196,8 @@ class Scheduler:
         partial_prefill_req_ids: set[str] = set()
         # Drafts each decode verifies this step (speculative decoding; engine/core/spec_decode.py).
         scheduled_spec_tokens: dict[str, list[int]] = {}
+        encoder = self.encoder_cache_manager
+        encoder.begin_step(self.encoder_compute_budget)
 
         # Phase 1: running requests. Each scheduled request's computed count advances at once (its
         # value before the step is kept in running_computed_before for the SchedulerOutput).
@@ -227,10 +226,12 @@ class Scheduler:
                 num_new_tokens += len(spec_token_ids)
             if num_new_tokens == 1:
                 # The decode fast path (allocate_slots' own fast path, inlined because it runs for every
-                # running request): the last block has room and no block fills, so nothing is allocated.
+                # running request): the last block has room and no block fills, so nothing is allocated (nor
+                # encoded: the last prompt token may start an item).
                 request_id = request.request_id
                 if num_computed < len(req_to_blocks[request_id]) * block_size and (
-                        not caching or request.num_tokens // block_size == num_cached_block[request_id]):
+                        not caching or request.num_tokens // block_size == num_cached_block[request_id]) and (
+                        not request.mm_features or num_computed >= request.num_prompt_tokens):
                     scheduled_running.append(request)
                     running_new_blocks.append(None)
                     running_computed_before.append(num_computed)
@@ -247,6 +248,14 @@ class Scheduler:
                 num_new_tokens = threshold
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
+            items_to_encode = ()
+            if request.mm_features and num_computed < request.num_prompt_tokens:
+                num_new_tokens, items_to_encode, _ = plan_encoder_inputs(
+                    encoder, request, num_computed, num_new_tokens, self.disable_chunked_mm_input)
+                if num_new_tokens == 0:
+                    # Its next item's encoder output has no room this step (vLLM passes it over too).
+                    req_index += 1
+                    continue
             while True:
                 new_blocks = allocate_slots(request, num_new_tokens)
                 if new_blocks is not None:
@@ -275,7 +284,9 @@ class Scheduler:
                 if victim is request:
                     break
             if new_blocks is None:
-                break
+                break  # the request preempted itself, which released what its plan held
+            for feature in items_to_encode:
+                encoder.allocate(request.request_id, feature.identifier, feature.length)
             scheduled_running.append(request)
             running_new_blocks.append(new_blocks)
             running_computed_before.append(num_computed)
@@ -306,6 +317,8 @@ class Scheduler:
         scheduler_output.sliding_window_fraction = self.cache_config.sliding_window_fraction
         scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_tokens
         scheduler_output.batch_index = self.batches_in_flight.start()
+        if encoder.pending or encoder.held_by_request or encoder.evicted:
+            finish_encoder_step(encoder, self.requests, scheduler_output)
         if kv_cache_manager.offload is not None:
             requests = self.requests
             # Up to the last known token: a draft's position holds a verified token's KV only if it is accepted.
@@ -325,6 +338,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's KV and send it back to wait."""
         self.kv_cache_manager.free(request)
+        if request.mm_features:
+            self.encoder_cache_manager.release_request(request)
         # Its batches in flight still bring their tokens while it waits (batches_in_flight.py).
         self.batches_in_flight.on_preempt(request.request_id)
         request.status = _PREEMPTED

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.lora import LoRARequest
+from engine.core.multimodal import MultiModalFeature
 from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 
@@ -28,6 +29,8 @@ class NewRequestData:
     lora_request: LoRARequest | None = None
     # An embedding request's pooling (None: a generation request); engine/core/pooling_params.py.
     pooling_params: PoolingParams | None = None
+    # Its multimodal items (engine/core/multimodal.py), which scheduled_encoder_inputs names by index.
+    mm_features: tuple[MultiModalFeature, ...] = ()
 
 
 @dataclass(slots=True)
@@ -91,6 +94,12 @@ class SchedulerOutput:
     partial_prefill_req_ids: set[str] = field(default_factory=set)
     # The batch's place in the scheduler's order (engine/core/batches_in_flight.py).
     batch_index: int = 0
+    # Multimodal items (engine/core/encoder_cache_manager.py): per request id, the indices of its items whose
+    # encoder output the runner computes in this step (and keeps), and their encoder tokens in all; the
+    # identifiers whose kept outputs the runner drops, before it computes this step's.
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    num_encoder_tokens: int = 0
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @property
     def num_scheduled_reqs(self) -> int:

@@ -26,7 +26,7 @@ def build_scheduler_output(kv_cache_manager: KVCacheManager, running: list[Reque
         new_reqs_data.append(NewRequestData(
             request.request_id, request.prompt_token_ids, request.sampling_params,
             kv_cache_manager.get_block_ids(request.request_id), request.num_computed_tokens,
-            request.eos_token_id, request.lora_request, request.pooling_params))
+            request.eos_token_id, request.lora_request, request.pooling_params, request.mm_features))
         request.num_computed_tokens += num_scheduled_tokens[request.request_id]
 
     # Running requests, then resumed ones; built with comprehensions, this runs for every request.

@@ -10,6 +10,11 @@ With ``num_speculative_tokens`` it also speculates: after each sampled token it 
 ones are the true continuation (each with ``draft_acceptance`` probability, drawn from a hash) and the next one
 wrong, and it verifies the drafts it is scheduled with as a real runner does: the matching ones are kept and
 the true token follows. So speculation changes which steps produce a request's tokens, never the tokens.
+
+With multimodal items it keeps an encoder cache as a runner does (drop what ``free_encoder_mm_hashes`` names,
+then encode what ``scheduled_encoder_inputs`` names) and checks that no item is encoded while its output is kept
+and that every chunk finds the output of every item whose placeholders it computes; and it records which items
+each block's KV was computed with, so that a prefix-cache hit must find KV computed with the request's own images.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class _RequestState:
     eos_token_id: int | None
     salt: int = 0
     lora_int_id: int = 0  # 0: the base model
+    mm_features: tuple = ()
 
 
 @dataclass
@@ -62,6 +68,11 @@ class ScriptedExecutor:
     block_lora: dict[int, int] = field(default_factory=dict)
     num_speculative_tokens: int = 0
     draft_acceptance: float = 0.7
+    # The items whose encoder output this executor keeps (identifiers), and the items each block's KV was computed
+    # with (the identifiers overlapping its positions), for every block written since a request with items came.
+    encoder_outputs: set[str] = field(default_factory=set)
+    block_items: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    saw_items: bool = False
 
     def next_token(self, state: _RequestState) -> int:
         """A hash of (seed, request salt, position, last token): same history, same token."""
@@ -81,13 +92,16 @@ class ScriptedExecutor:
         for block_id in scheduler_output.new_block_ids_to_zero:
             self.computed_slots[block_id] = set()
             self.block_lora.pop(block_id, None)
+            self.block_items.pop(block_id, None)
         for request_id in scheduler_output.finished_req_ids:
             states.pop(request_id, None)
         for new_request in scheduler_output.scheduled_new_reqs:
             lora = new_request.lora_request
             state = states[new_request.req_id] = _RequestState(
                 list(new_request.prompt_token_ids), new_request.num_computed_tokens, self._copy_table(new_request.block_ids),
-                new_request.eos_token_id, zlib.crc32(new_request.req_id.encode()), lora.lora_int_id if lora else 0)
+                new_request.eos_token_id, zlib.crc32(new_request.req_id.encode()), lora.lora_int_id if lora else 0,
+                new_request.mm_features)
+            self.saw_items = self.saw_items or bool(new_request.mm_features)
             self._check_prefix_hit(new_request.req_id, state)
         cached = scheduler_output.scheduled_cached_reqs
         for index, request_id in enumerate(cached.req_ids):
@@ -112,6 +126,8 @@ class ScriptedExecutor:
             if cached.resumed_from_preemption[index]:
                 self._check_prefix_hit(request_id, state)
 
+        if scheduler_output.free_encoder_mm_hashes or scheduler_output.scheduled_encoder_inputs:
+            self._run_encoder(scheduler_output)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         block_size = self.block_size
@@ -132,6 +148,8 @@ class ScriptedExecutor:
                         raise ExecutorStateError(f"{request_id}: {len(table)} blocks cannot hold {end} tokens")
                     if window is not None or self.group_windows is not None:
                         self._check_window_reads(request_id, table, window, end - num_scheduled)
+                if state.mm_features:
+                    self._check_encoder_reads(request_id, state, end - num_scheduled, end)
             block_lora = self.block_lora
             for _, table in self._tables(state):
                 for position in range(end - num_scheduled, end):
@@ -139,6 +157,10 @@ class ScriptedExecutor:
                     self.computed_slots.setdefault(block_id, set()).add(position % block_size)
                 for block_id in table[(end - num_scheduled) // block_size:-(-end // block_size)]:
                     block_lora[block_id] = state.lora_int_id  # once per block written, not per position
+                if self.saw_items:
+                    first_block = (end - num_scheduled) // block_size
+                    for index, block_id in enumerate(table[first_block:-(-end // block_size)], first_block):
+                        self.block_items[block_id] = self._items_of_block(state, index)
             if end < len(state.token_ids) + len(drafts):
                 state.num_computed_tokens = end
                 sampled.append([])
@@ -179,14 +201,52 @@ class ScriptedExecutor:
                                          f"{position} in block {block_id}, whose KV is not computed there")
 
     def _check_prefix_hit(self, request_id: str, state: _RequestState) -> None:
-        """The blocks a request starts with computed (its prefix-cache hit) hold KV of its own adapter."""
+        """The blocks a request starts with computed (its prefix-cache hit) hold KV of its own adapter, computed
+        with its own multimodal items."""
         if not self.validate:
             return
         num_hit_blocks = -(-state.num_computed_tokens // self.block_size)
-        for block_id in (block_id for _, table in self._tables(state) for block_id in table[:num_hit_blocks]):
-            if self.block_lora.get(block_id, state.lora_int_id) != state.lora_int_id:
-                raise ExecutorStateError(f"{request_id} (LoRA {state.lora_int_id}) starts from block {block_id}, "
-                                         f"computed under LoRA {self.block_lora[block_id]}")
+        for _, table in self._tables(state):
+            for index, block_id in enumerate(table[:num_hit_blocks]):
+                if self.block_lora.get(block_id, state.lora_int_id) != state.lora_int_id:
+                    raise ExecutorStateError(f"{request_id} (LoRA {state.lora_int_id}) starts from block {block_id}, "
+                                             f"computed under LoRA {self.block_lora[block_id]}")
+                # (Not yet written: a hit on a block another request computes in this very step.)
+                if block_id in self.block_items and self.block_items[block_id] != self._items_of_block(state, index):
+                    raise ExecutorStateError(
+                        f"{request_id} starts from block {block_id} (its block {index}), computed with items "
+                        f"{self.block_items[block_id]}, not its own {self._items_of_block(state, index)}")
+
+    def _items_of_block(self, state: _RequestState, index: int) -> tuple[str, ...]:
+        start = index * self.block_size
+        return tuple(feature.identifier for feature in state.mm_features
+                     if feature.offset < start + self.block_size and feature.end > start)
+
+    def _run_encoder(self, scheduler_output: SchedulerOutput) -> None:
+        """Drop the evicted outputs, then encode this step's items: each only while its output is not kept."""
+        outputs = self.encoder_outputs
+        for identifier in scheduler_output.free_encoder_mm_hashes:
+            if self.validate and identifier not in outputs:
+                raise ExecutorStateError(f"told to drop encoder output {identifier!r}, which it does not keep")
+            outputs.discard(identifier)
+        for request_id, indices in scheduler_output.scheduled_encoder_inputs.items():
+            features = self.states[request_id].mm_features
+            for index in indices:
+                identifier = features[index].identifier
+                if self.validate and identifier in outputs:
+                    raise ExecutorStateError(f"{request_id}: told to encode item {index} ({identifier!r}), whose "
+                                             "output it keeps already")
+                outputs.add(identifier)
+
+    def _check_encoder_reads(self, request_id: str, state: _RequestState, start: int, end: int) -> None:
+        """A chunk computing positions [start, end) reads the encoder output of every item it overlaps."""
+        if not self.validate:
+            return
+        for feature in state.mm_features:
+            if feature.offset < end and feature.end > start and feature.identifier not in self.encoder_outputs:
+                raise ExecutorStateError(f"{request_id}: its chunk {start}-{end - 1} reads item {feature.identifier!r} "
+                                         f"(positions {feature.offset}-{feature.end - 1}), whose encoder output it "
+                                         "does not have")
 
     def _verify(self, state: _RequestState, drafts) -> list[int]:
         """Append the true tokens: each draft while it matches, then the true token after the last match."""

@@ -11,7 +11,9 @@ Never in a step whose first phase had to preempt (the pool is short). In order:
    pool can hold its whole prompt and no batch in flight still brings it a token. Any other request is admitted with its GPU prefix hit computed and as
    many new tokens as the budget, the long-prefill cut and chunked prefill allow. The first request that
    cannot be admitted (no blocks, or a whole prompt past the budget without chunked prefill) stops the
-   queue: later requests never overtake it.
+   queue: later requests never overtake it. So does a request whose chunk must stop before a multimodal item
+   whose encoder output has no room in this step (engine/core/encoder_cache_manager.py) and so would compute
+   nothing, or would be cut while chunked prefill is off.
 
 With LoRA (``max_loras`` > 0), a request whose adapter is not among the running requests' while they already
 use ``max_loras`` adapters is passed over too, keeping its place (vLLM's rule): it would need an adapter slot
@@ -24,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.core.encoder_cache_manager import plan_encoder_inputs
 from engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
     chunked = scheduler.enable_chunked_prefill
     kv_transfers = scheduler.kv_transfers
     offload = kv_cache_manager.offload
+    encoder = scheduler.encoder_cache_manager
     # The adapter ids the running requests use (None without LoRA: then no request names one).
     max_loras = scheduler.max_loras
     active_loras = {request.lora_request.lora_int_id for request in running
@@ -140,7 +144,19 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
         num_new_tokens = _chunk(request.num_tokens - num_hit_tokens, threshold, token_budget, chunked)
         if num_new_tokens is None:
             break
-        if allocate_slots(request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
+        items_to_encode = ()
+        if request.mm_features:
+            wanted = num_new_tokens
+            num_new_tokens, items_to_encode, newly_held = plan_encoder_inputs(
+                encoder, request, num_hit_tokens, num_new_tokens, scheduler.disable_chunked_mm_input)
+            if num_new_tokens == 0 or (num_new_tokens < wanted and not chunked) or allocate_slots(
+                    request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
+                for identifier in newly_held:
+                    encoder.release(request.request_id, identifier)
+                break
+            for feature in items_to_encode:
+                encoder.allocate(request.request_id, feature.identifier, feature.length)
+        elif allocate_slots(request, num_new_tokens, num_hit_tokens, computed_blocks) is None:
             break
         waiting.pop_request()
         admissions.record_query(scheduler, request, num_hit_tokens)

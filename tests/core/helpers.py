@@ -14,13 +14,15 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
               async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
-              draft_acceptance=0.7, max_loras=0, sliding_window=None, kv_cache_groups=None) -> EngineCore:
+              draft_acceptance=0.7, max_loras=0, sliding_window=None, kv_cache_groups=None,
+              max_num_encoder_input_tokens=None, encoder_cache_size=None, disable_chunked_mm_input=False) -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                         long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
                         async_scheduling=async_scheduling, num_speculative_tokens=num_speculative_tokens,
-                        max_loras=max_loras),
+                        max_loras=max_loras, max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+                        encoder_cache_size=encoder_cache_size, disable_chunked_mm_input=disable_chunked_mm_input),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks,
                     sliding_window=sliding_window, kv_cache_groups=kv_cache_groups))
@@ -162,6 +164,29 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         assert request_id in manager.req_to_blocks
     # Blocks are held by live requests (and finished ones whose KV is being sent) only.
     assert set(manager.req_to_blocks) <= set(scheduler.requests) | set(transfers.sending)
+    check_encoder_cache_invariants(scheduler)
+
+
+def check_encoder_cache_invariants(scheduler: Scheduler) -> None:
+    """engine/core/encoder_cache_manager.py's invariants, between steps."""
+    encoder = scheduler.encoder_cache_manager
+    assert not encoder.pending, f"entries pending between steps: {encoder.pending}"
+    assert encoder.num_free_slots == encoder.cache_size - sum(encoder.sizes.values()) >= 0
+    assert encoder.num_reclaimable_slots == encoder.num_free_slots + sum(encoder.freeable.values())
+    assert set(encoder.freeable) == set(encoder.sizes) - set(encoder.holders)
+    assert all(encoder.freeable[identifier] == encoder.sizes[identifier] for identifier in encoder.freeable)
+    assert all(holders for holders in encoder.holders.values())
+    # Each running request holds exactly the items its prefill is inside (its next chunk reads them); nobody else.
+    expected = {request.request_id: {feature.identifier for feature in request.mm_features
+                                     if feature.offset < request.num_computed_tokens < feature.end}
+                for request in scheduler.running}
+    expected = {request_id: held for request_id, held in expected.items() if held}
+    assert encoder.held_by_request == expected, f"held {encoder.held_by_request}, prefills inside {expected}"
+    by_identifier: dict[str, set[str]] = {}
+    for request_id, held in expected.items():
+        for identifier in held:
+            by_identifier.setdefault(identifier, set()).add(request_id)
+    assert encoder.holders == by_identifier
 
 
 def check_cached_blocks_were_computed(scheduler: Scheduler, executor: ScriptedExecutor) -> None:

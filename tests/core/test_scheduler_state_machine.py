@@ -30,6 +30,12 @@ cached or copied to the host.
 With LoRA (max_loras 1 or 2), requests name one of three adapters or none: the running requests never use more
 than max_loras adapters, a prefix-cache hit only ever finds KV computed under the request's own adapter (the
 scripted executor checks it), and every request still finishes with its own tokens.
+
+Requests may show images (multimodal items: a run of placeholder tokens whose encoder output the decoder reads)
+from a pool of four, so that requests share them, under small encoder budgets and caches, with and without
+chunked items: the scripted executor keeps an encoder cache as a runner does and checks that no chunk computes an
+item's placeholders without its encoder output, that no item is encoded while its output is kept, and that a
+prefix-cache hit finds KV computed with the request's own images; its cache must equal the scheduler's ledger.
 """
 
 from __future__ import annotations
@@ -42,11 +48,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from engine.core import RequestStatus
 from engine.core.lora import LoRARequest
+from engine.core.multimodal import MultiModalFeature
 
 from tests.core.helpers import (check_cached_blocks_were_computed, check_scheduler_invariants, expected_tokens,
                                 make_core, make_request)
 
 PREFIXES = [list(range(3000, 3000 + 40)), list(range(4000, 4000 + 13)), []]
+# Images and their encoder output's length (an image always encodes to the same number of tokens). Two have the
+# same length: their placeholder tokens are the same, so only the block hashes' image keys keep their KV apart.
+IMAGES = {"cat": 5, "cow": 5, "map": 30, "dot": 1}
+IMAGE_TOKEN_ID = 4999
 # Sampled with the executor's eos_probability (0 in most runs): a request may stop before its length.
 EOS_TOKEN_ID = 2
 
@@ -62,10 +73,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]),
         speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]),
         max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]),
-        kv_cache_groups=st.sampled_from([None] * 5 + [(None, 5), (7, None, 7), (None, 24, 24), (1, None)]))
+        kv_cache_groups=st.sampled_from([None] * 5 + [(None, 5), (7, None, 7), (None, 24, 24), (1, None)]),
+        encoder_budget=st.sampled_from([None, 6, 30, 47]), encoder_cache=st.sampled_from([None, 30, 35, 64]),
+        disable_chunked_mm_input=st.sampled_from([False, False, True]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
-              speculative_tokens, draft_acceptance, max_loras, sliding_window, kv_cache_groups):
+              speculative_tokens, draft_acceptance, max_loras, sliding_window, kv_cache_groups, encoder_budget,
+              encoder_cache, disable_chunked_mm_input):
         # A window hands back blocks and has the executor check every key read (a remote load's KV counts as
         # computed once finish_load delivers it); offloading is refused with one, so it is not drawn with it.
         # A hybrid KV cache (one table per group, the windowed ones handing blocks back) has the executor check
@@ -82,7 +96,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                               num_offload_blocks=offload_blocks if caching and sliding_window is None else 0,
                               sliding_window=sliding_window,
                               num_speculative_tokens=0 if async_scheduling else speculative_tokens,
-                              draft_acceptance=draft_acceptance, max_loras=max_loras, kv_cache_groups=kv_cache_groups)
+                              draft_acceptance=draft_acceptance, max_loras=max_loras, kv_cache_groups=kv_cache_groups,
+                              max_num_encoder_input_tokens=encoder_budget, encoder_cache_size=encoder_cache,
+                              disable_chunked_mm_input=disable_chunked_mm_input)
         self.scheduler = self.core.scheduler
         manager = self.scheduler.kv_cache_manager
         if manager.offload is not None:
@@ -99,12 +115,21 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix_len=st.integers(0, 120), max_tokens=st.integers(1, 24),
           priority=st.integers(0, 3), transfer=st.sampled_from(["none", "none", "remote_prefill", "remote_decode"]),
-          lora_id=st.sampled_from([0, 0, 1, 2, 3]))
-    def add_request(self, prefix, suffix_len, max_tokens, priority, transfer, lora_id):
+          lora_id=st.sampled_from([0, 0, 1, 2, 3]),
+          images=st.lists(st.tuples(st.sampled_from(sorted(IMAGES)), st.sampled_from([0, 3, 20])), max_size=3))
+    def add_request(self, prefix, suffix_len, max_tokens, priority, transfer, lora_id, images):
         self.counter += 1
         self.time += 0.25
         request_id = f"r{self.counter}"
-        prompt = prefix + [(self.counter * 7919 + i) % 5000 for i in range(suffix_len)]
+        prompt = list(prefix)
+        features = []
+        # Images go after the shared prefix, each after a few text tokens; KV transfers and the host tier take none.
+        if transfer == "none" and not self.scheduler.cache_config.num_offload_blocks:
+            for image, gap in images:
+                prompt += [1000 + i for i in range(gap)]  # the same text in every request: prompts share blocks
+                features.append(MultiModalFeature(image, len(prompt), IMAGES[image]))
+                prompt += [IMAGE_TOKEN_ID] * IMAGES[image]
+        prompt += [(self.counter * 7919 + i) % 5000 for i in range(suffix_len)]
         self.prompts[request_id] = prompt
         self.max_tokens[request_id] = max_tokens
         self.tokens[request_id] = []
@@ -113,7 +138,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                                            do_remote_prefill=transfer == "remote_prefill" and not self.hybrid,
                                            do_remote_decode=transfer == "remote_decode" and not self.hybrid,
                                            lora_request=LoRARequest(f"adapter-{lora_id}", lora_id)
-                                           if lora_id and self.scheduler.max_loras else None))
+                                           if lora_id and self.scheduler.max_loras else None,
+                                           mm_features=features))
 
     def checked_offload(self, offload_computed):
         """The manager's copy of a request's blocks to the host, checking that each block it is given has all
@@ -221,6 +247,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         check_scheduler_invariants(scheduler)
         self.check_host_copies(output)
         self.in_flight.append((output, self.core.executor.execute_model(output)))
+        # The executor's encoder cache is the scheduler's ledger (it dropped what was evicted, encoded what was new).
+        assert self.core.executor.encoder_outputs == set(scheduler.encoder_cache_manager.sizes)
         assert scheduler.batches_in_flight.num_in_flight == len(self.in_flight)
         if output.total_num_scheduled_tokens == 0 and len(self.in_flight) > 1:
             # An empty batch is finished at once, ahead of older ones, as the simulator's pipelined loop does.
@@ -282,6 +310,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not self.scheduler.requests and not self.scheduler.running and not self.scheduler.waiting
         manager = self.scheduler.kv_cache_manager
         assert manager.num_free_blocks == manager.num_usable_blocks, "blocks leaked"
+        encoder = self.scheduler.encoder_cache_manager
+        assert not encoder.holders and encoder.num_reclaimable_slots == encoder.cache_size, "encoder cache leaked"
         assert set(self.finish) == set(self.prompts), "a request was lost"
         for request_id, reason in self.finish.items():
             produced = self.tokens[request_id]
