@@ -51,6 +51,10 @@ FEATURE_COLUMNS = {
     # Multi-LoRA serving's adapter tokens and distinct adapters (recorded only by LoRA runs: LORA_FEATURE_SETS).
     "num_lora_tokens": "num_lora_tokens",
     "num_active_loras": "num_active_loras",
+    # Multimodal items' encoder work (recorded only by runs with images; no profile prices it: a vision encoder
+    # needs the analytical cost model).
+    "num_encoder_tokens": "num_encoder_tokens",
+    "encoder_attention_work": "encoder_attention_work",
 }
 # A LoRA run's slot fills: how many, how many read from disk first, and their measured seconds (part of the
 # step's duration). The fit prices the adapters' compute on what a step's duration leaves after its loads
@@ -67,7 +71,8 @@ CONTEXT_HINGE_FEATURE = "decode_context_tokens"
 DISCOUNT_FEATURES = ("shared_context_tokens",)
 OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
                     "shared_context_tokens", "kv_block_runs", "num_spec_tokens", "spec_attention_work",
-                    "num_lora_tokens", "num_active_loras", *LORA_LOAD_COLUMNS)
+                    "num_lora_tokens", "num_active_loras", "num_encoder_tokens", "encoder_attention_work",
+                    *LORA_LOAD_COLUMNS)
 # The adapters' compute terms tried when the recordings have adapter tokens, simplest first; each later set
 # must beat the kept one clearly (2%) on the held-out steps with adapter tokens. Per adapter token: the
 # shrink and expand FLOPs (and on a CPU the gather of the adapter's rows); per distinct adapter: its weights

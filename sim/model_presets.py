@@ -31,8 +31,10 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
 # llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
 # mistral-7b 7.24B, mistral-7b-v0.3 7.25B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, qwen3-8b 8.19B, qwen3-32b 32.8B, llama-3.2-1b 1.24B
-# (Llama-3's tokenizer: a draft model for speculative decoding with the Llama-3 models). Qwen3's per-head q and
-# k norms (2 x 128 weights a layer) are not counted: 0.0001% of the model.
+# (Llama-3's tokenizer: a draft model for speculative decoding with the Llama-3 models), llava-1.5-7b 6.74B and
+# qwen2-vl-7b 7.62B (language models only: the published 7.06B and 8.29B add the vision encoders,
+# sim/vision_encoders.py). Qwen3's per-head q and k norms (2 x 128 weights a layer) are not counted: 0.0001% of
+# the model.
 MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     _shape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
@@ -64,6 +66,11 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, head_dim=128, tied=True, sliding_window=1024,
            sliding_layers=52),
     _shape("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128),
+    # Multimodal models' language models (text_config); their vision encoders are in sim/vision_encoders.py.
+    # LLaVA-1.5-7B: Llama-2-7B with 64 more vocabulary rows (<image>, <pad>, padding to 64); Qwen2-VL-7B: Qwen2-7B
+    # with a 32k context (its M-RoPE positions cost what RoPE does).
+    _shape("llava-1.5-7b", 32, 4096, 32, 32, 11008, 32064, 4096),
+    _shape("qwen2-vl-7b", 28, 3584, 28, 4, 18944, 152064, 32768, qkv_bias=True),
     # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
     # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,
     # qwen1.5-moe-a2.7b 14.3B / 2.69B. Mixtral's experts are as wide as its config's intermediate_size;

@@ -25,7 +25,8 @@ def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
         drafts = [0] * len(scheduler_output.scheduled_new_reqs)
         drafts += [len(spec.get(request_id, ())) for request_id in cached.req_ids]
     return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs,
-                     drafts, scheduler_output.sliding_window, scheduler_output.sliding_window_fraction)
+                     drafts, scheduler_output.sliding_window, scheduler_output.sliding_window_fraction,
+                     scheduler_output.encoder_input_lengths or None)
 
 
 def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures:
@@ -88,4 +89,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
         context_prefill_dense_work=context_prefill_dense_work,
         prefill_attention_sliced_work=prefill_attention_sliced_work,
         shared_context_tokens=scheduler_output.num_shared_kv_tokens, kv_block_runs=scheduler_output.num_kv_block_runs,
-        num_spec_tokens=num_spec_tokens, spec_attention_work=spec_attention_work)
+        num_spec_tokens=num_spec_tokens, spec_attention_work=spec_attention_work,
+        num_encoder_tokens=scheduler_output.num_encoder_tokens,
+        encoder_attention_work=sum(length * length for length in scheduler_output.encoder_input_lengths)
+        if scheduler_output.encoder_input_lengths else 0)

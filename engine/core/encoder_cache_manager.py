@@ -218,8 +218,10 @@ def finish_encoder_step(encoder: EncoderCacheManager, requests: dict[str, Reques
                  if requests[request_id].mm_features]
     assigned = encoder.end_step(scheduled)
     scheduler_output.scheduled_encoder_inputs = assigned
-    scheduler_output.num_encoder_tokens = sum(requests[request_id].mm_features[index].length
-                                              for request_id, indices in assigned.items() for index in indices)
+    lengths = [requests[request_id].mm_features[index].length
+               for request_id, indices in assigned.items() for index in indices]
+    scheduler_output.encoder_input_lengths = lengths
+    scheduler_output.num_encoder_tokens = sum(lengths)
     for request, _ in scheduled:
         encoder.release_finished_items(request)
     scheduler_output.free_encoder_mm_hashes = encoder.take_evicted()

@@ -99,6 +99,8 @@ class SchedulerOutput:
     # identifiers whose kept outputs the runner drops, before it computes this step's.
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
     num_encoder_tokens: int = 0
+    # Each of those items' encoder tokens, in the order above (what a cost model needs of them).
+    encoder_input_lengths: list[int] = field(default_factory=list)
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @property

@@ -19,6 +19,8 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
 * multi-LoRA serving (``price_lora``): on a step with adapter tokens, each adapted projection's shrink and
   expand over the batch's adapters (``sim/cost_models/lora_cost.py``: FLOPs per adapter token, each distinct
   adapter's weights read once); a step without adapter tokens costs what it did before LoRA existed.
+* multimodal models (``price_vision``): on a step that encodes images, the vision encoder's pass over their
+  patches (``sim/cost_models/vision_encoder_cost.py``); a step without encoder tokens costs what it did before.
 * speculative decoding's verification of d drafts is a decode with d + 1 query rows
   (``StepFeatures.num_spec_tokens``): d + 1 rows through every linear layer, the request's KV read once and
   scored by every row, logits and sampling at every row.
@@ -60,8 +62,10 @@ from sim.cost_models.lora_cost import LoRACost
 from sim.cost_models.routed_experts import RoutedExpertsCost
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.cost_models.step_physics import step_flops_and_bytes
+from sim.cost_models.vision_encoder_cost import VisionEncoderCost
 from sim.hardware import HardwareSpec
 from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
+from sim.vision_encoders import VisionEncoderShape
 
 # Sampling converts the logits to FP32 and makes a few passes over them (temperature, softmax,
 # top-k/top-p, the draw). Four passes is between greedy (one argmax) and a full top-p sort.
@@ -194,6 +198,7 @@ class AnalyticalCostModel:
         self.shard = model
         # Multi-LoRA serving's shrink and expand kernels (price_lora); None: no step has adapter tokens.
         self.lora: LoRACost | None = None
+        self.vision: VisionEncoderCost | None = None  # price_vision; None: no step encodes images
         self._allreduces_per_step = layers * ALLREDUCES_PER_LAYER
         self._hidden_bytes_per_token = h * element_bytes
         self._logit_bytes_per_request = full_vocab_size * element_bytes
@@ -256,10 +261,12 @@ class AnalyticalCostModel:
         pipeline parallelism, a batch's time through an empty pipeline: the engine's overhead and every stage."""
         if self.pipeline_parallel_size > 1:
             return self.engine_overhead_s(features) + sum(self.pipeline_stage_times(features))
+        time = sum(self.component_times(features))
         if features.num_lora_tokens:
-            return sum(self.component_times(features)) + self.lora.time(features.num_lora_tokens,
-                                                                        features.num_active_loras)
-        return sum(self.component_times(features))
+            time += self.lora.time(features.num_lora_tokens, features.num_active_loras)
+        if features.num_encoder_tokens:
+            time += self._vision_time(features)
+        return time
 
     def price_lora(self, max_lora_rank: int, target_modules: tuple[str, ...] | list[str]) -> None:
         """Price multi-LoRA serving's kernels on steps with adapter tokens (sim/cost_models/lora_cost.py); a step
@@ -268,6 +275,19 @@ class AnalyticalCostModel:
         if self.pipeline_parallel_size > 1:
             raise ValueError("LoRA is priced on one pipeline stage only")
         self.lora = LoRACost(self.shard, self.hardware, self.dtype, max_lora_rank, target_modules)
+
+    def price_vision(self, encoder: VisionEncoderShape) -> None:
+        """Price the vision encoder on steps with encoder tokens (sim/cost_models/vision_encoder_cost.py); a step
+        without them keeps its time to the last bit. One pipeline stage only."""
+        if self.pipeline_parallel_size > 1:
+            raise ValueError("a vision encoder is priced on one pipeline stage only")
+        self.vision = VisionEncoderCost(encoder, self.hardware, self.dtype, self.tensor_parallel_size)
+
+    def _vision_time(self, f: StepFeatures) -> float:
+        if self.vision is None:
+            raise RuntimeError(f"a step encodes {f.num_encoder_tokens} multimodal tokens, but no vision encoder "
+                               f"was priced for {self.model.name!r} (AnalyticalCostModel.price_vision)")
+        return self.vision.time(f.num_encoder_tokens, f.encoder_attention_work)
 
     def engine_overhead_s(self, features: StepFeatures) -> float:
         """The engine's own seconds per step (scheduling, preparing inputs), outside the GPUs' time."""
@@ -288,6 +308,10 @@ class AnalyticalCostModel:
         times = [fraction * per_layer_work + send for fraction in fractions[:-1]]
         times.append(fractions[-1] * per_layer_work + lm_head + sampling + self._launch_s_outside_layers
                      + logits_gather)
+        if f.num_encoder_tokens:
+            # The encoder runs on the first stage before its layers (priced on one stage only: async scheduling's
+            # single stage here; price_vision refuses more).
+            times[0] += self._vision_time(f)
         return times
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
@@ -393,6 +417,7 @@ class AnalyticalCostModel:
             "kernels_per_layer": self.kernels_per_layer,
             "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,
             **({"lora": self.lora.describe()} if self.lora is not None else {}),
+            **({"vision_encoder": self.vision.describe()} if self.vision is not None else {}),
         }
 
     def step_flops_and_bytes(self, batch: StepBatch) -> tuple[float, float]:

@@ -30,6 +30,9 @@ class StepBatch:
     # term is the mean over layers (what a cost linear in it, summed over the layers, needs), rounded.
     sliding_window: int | None = None
     sliding_window_fraction: float = 1.0
+    # Multimodal items encoded in this step (SchedulerOutput.encoder_input_lengths): each item's encoder
+    # tokens (the placeholder tokens its output fills). None or empty: the encoder does not run.
+    encoder_input_lengths: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +80,11 @@ class StepFeatures:
     # (sim/lora_steps.py counts them; sim/cost_models/lora_cost.py prices them). Both 0 without LoRA.
     num_lora_tokens: int = 0
     num_active_loras: int = 0
+    # Multimodal items encoded before the step's forward (a vision encoder's work; sim/cost_models/
+    # vision_encoder_cost.py prices it): their encoder tokens in all, and the sum of each item's tokens squared
+    # (its encoder's attention scores every patch against every other of the same image). Both 0 otherwise.
+    num_encoder_tokens: int = 0
+    encoder_attention_work: int = 0
 
     @property
     def has_prefill(self) -> int:
@@ -209,6 +217,9 @@ def step_features(batch: StepBatch) -> StepFeatures:
         kv_block_runs=batch.kv_block_runs,
         num_spec_tokens=num_spec_tokens,
         spec_attention_work=spec_attention_work,
+        num_encoder_tokens=sum(batch.encoder_input_lengths) if batch.encoder_input_lengths else 0,
+        encoder_attention_work=sum(length * length for length in batch.encoder_input_lengths)
+        if batch.encoder_input_lengths else 0,
     )
 
 
@@ -217,7 +228,8 @@ def _windowed_step_features(batch: StepBatch) -> StepFeatures:
     window; the token and request counts are the plain ones."""
     window = batch.sliding_window
     plain = step_features(StepBatch(batch.num_scheduled_tokens, batch.num_computed_tokens, batch.shared_context_tokens,
-                                    batch.kv_block_runs, batch.num_spec_tokens))
+                                    batch.kv_block_runs, batch.num_spec_tokens,
+                                    encoder_input_lengths=batch.encoder_input_lengths))
     drafts = batch.num_spec_tokens
     decode_context_tokens = prefill_context_tokens = prefill_attention_work = 0
     prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0

@@ -86,6 +86,8 @@ def test_bad_inline_hardware_names_the_key(value, message):
     ("llama-2-7b", 6.74), ("llama-2-13b", 13.02), ("llama-2-70b", 68.98), ("llama-3-8b", 8.03),
     ("llama-3-70b", 70.55), ("llama-3.1-8b", 8.03), ("mistral-7b", 7.24), ("mistral-7b-v0.3", 7.25), ("qwen2-7b", 7.62), ("qwen2-0.5b", 0.494),
     ("llama-3.2-1b", 1.236), ("qwen3-8b", 8.19), ("qwen3-32b", 32.76),
+    # Multimodal models' language models: the published 7.06B and 8.29B less their vision encoders.
+    ("llava-1.5-7b", 6.74), ("qwen2-vl-7b", 7.62),
 ])
 def test_model_presets_have_their_published_parameter_counts(name, billions):
     assert resolve_model(name).num_parameters / 1e9 == pytest.approx(billions, rel=0.005)
