@@ -187,6 +187,8 @@ def compute_summary(
     - kv_offload (a run with KV offloading): the prompt KV loaded from host memory, analysis.offload_stats.
     - lora (a run that serves LoRA adapters): adapter loads, their share of step time, the most requested
       adapters, analysis.lora_stats.
+    - multimodal (a run with images): images shown and encoded, the encoder tokens saved, TTFT with and without
+      images, analysis.multimodal_stats.
     - pipeline (engines of two or more pipeline stages): busy fraction and batches in flight,
       analysis.pipeline_stats.
     """
@@ -275,6 +277,11 @@ def compute_summary(
     lora = lora_stats(requests, steps)
     if lora is not None:
         summary["lora"] = lora
+    from analysis.multimodal_stats import multimodal_stats
+
+    multimodal = multimodal_stats(requests, steps)
+    if multimodal is not None:
+        summary["multimodal"] = multimodal
     from analysis.session_stats import session_stats
 
     sessions = session_stats(requests)

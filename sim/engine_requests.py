@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine.core import LoRARequest, Request, SamplingParams
+from engine.core import LoRARequest, MultiModalFeature, Request, SamplingParams
 from workloads import RequestSpec
 
 
@@ -20,6 +20,7 @@ def make_request(spec: RequestSpec, params_by_output_len: dict[int, SamplingPara
         params = params_by_output_len[num_tokens] = SamplingParams(max_tokens=num_tokens, ignore_eos=True)
     lora_request = None if spec.lora_name is None else LoRARequest(
         spec.lora_name, spec.lora_int_id, lora_paths.get(spec.lora_name, "") if lora_paths else "")
+    mm_features = [MultiModalFeature(*image) for image in spec.images] if spec.images else ()
     return Request(spec.request_id, spec.prompt_token_ids, params, arrival_time=spec.arrival_time,
                    priority=spec.priority, do_remote_prefill=do_remote_prefill, do_remote_decode=do_remote_decode,
-                   lora_request=lora_request)
+                   lora_request=lora_request, mm_features=mm_features)

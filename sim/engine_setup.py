@@ -17,6 +17,7 @@ from engine.core.kv_cache_grouping import KVCacheGrouping
 from sim.kv_cache_groups import hybrid_kv_cache_groups
 from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_capacity_blocks
 from sim.lora_adapters import LoRASetup, lora_setup
+from sim.vision_setup import VisionSetup, VisionSetupError, size_encoder_budget, vision_setup
 from sim.model_presets import resolve_model
 from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype
 from sim.speculation import SpeculationSetup
@@ -50,6 +51,8 @@ class RunSetup:
     speculation: SpeculationSetup | None = field(default=None)
     # Multi-LoRA serving (workload.lora): the adapter slots and each adapter's load times; None without adapters.
     lora: LoRASetup | None = field(default=None)
+    # A workload with images (workload.images): the model's vision encoder; None without images.
+    vision: VisionSetup | None = field(default=None)
 
     def describe(self) -> dict:
         """The resolved configuration, for summary.json."""
@@ -65,6 +68,8 @@ class RunSetup:
             described["speculative_decoding"] = self.speculation.describe()
         if self.lora is not None:
             described["lora"] = self.lora.describe()
+        if self.vision is not None:
+            described["multimodal"] = self.vision.describe()
         return described
 
 
@@ -174,10 +179,17 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
                                        workload.seed, draft_cost_model)
     lora = _lora(workload, model, hardware, cost_model)
+    try:
+        vision = vision_setup(workload, model, cost_model)
+    except VisionSetupError as error:
+        raise SetupError(str(error)) from None
     if requests is None:
-        requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len)
+        requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len,
+                                     tokens_per_image=None if vision is None else vision.tokens_per_image)
+    if vision is not None:
+        scheduler_config = size_encoder_budget(scheduler_config, workload, requests)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link,
-                    speculation, lora)
+                    speculation, lora, vision)
 
 
 def _hybrid_groups(workload: WorkloadConfig, model: ModelShape, draft_model: ModelShape | None) -> KVCacheGrouping | None:

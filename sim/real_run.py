@@ -22,6 +22,7 @@ from sim.real_lora_steps import RealLoRASteps
 from sim.run_pipeline import RunResult, summarize_traces
 from sim.speed_probe import probe_summary, run_speed_probe, write_probe
 from sim.wall_clock_driver import run_wall_clock
+from sim.vision_setup import refuse_images_for_real_runs
 from workloads import WorkloadConfig, generate_requests
 from workloads.request_spec import count_requests
 
@@ -46,6 +47,7 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     after the last (about 15 s on the CPU): the machine's speed around the run, which ``sim.validate``
     reports (and simulates at, with ``--at-probed-speed``). ``lora_paths`` and ``lora_manager``: a LoRA workload's
     adapter folders and the runner's LoRA manager (sim/real_engine.py's RealEngine has both)."""
+    refuse_images_for_real_runs(workload)
     requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
                                  model_max_len=engine.scheduler.scheduler_config.max_model_len)
     probes = []

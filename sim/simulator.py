@@ -111,11 +111,14 @@ class Simulation:
         self.replicas = [Replica(each, TraceRecorder(record_schedule=record_schedule)) for each in engines]
         self._engines = engines  # what the router chooses among, in replica order
         with_sessions = any(spec.session_id is not None for spec in requests)
+        with_images = any(spec.images for spec in requests)
         for replica in self.replicas:
             replica.recorder.track_spec_decoding(replica.engine.scheduler.spec_decoding_stats)
             replica.recorder.track_lora(replica.executor.lora)
             if with_sessions:
                 replica.recorder.track_sessions()
+            if with_images:
+                replica.recorder.track_images()
             if max_concurrency is not None:
                 replica.recorder.track_client_waits()
         self.router = router
@@ -285,6 +288,8 @@ class Simulation:
         replica.recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids),
                                     spec.priority, spec.request_class, spec.lora_name, spec.session_id, spec.turn,
                                     spec.client_wait_s)
+        if spec.images:
+            replica.recorder.note_images(spec.request_id, spec.images)
         replica.executor.add_prompt(spec.request_id, spec.prompt_token_ids)
         replica.engine.add_request(request)
         if self.later_turns is not None:

@@ -54,6 +54,9 @@ class TraceRecorder:
         self.turns: list[int] | None = None
         # A client with a concurrency limit (track_client_waits): the seconds each request waited to be sent.
         self.client_waits: list[float] | None = None
+        # Requests with images (track_images): how many each shows and their placeholder tokens; None without.
+        self.image_counts: list[int] | None = None
+        self.image_tokens: list[int] | None = None
         self.token_times: dict[str, list[float]] = {}
         self.steps: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self._carried_preemptions = 0  # from steps that scheduled nothing (on_empty_step)
@@ -86,7 +89,25 @@ class TraceRecorder:
             self.turns.append(turn)
         if self.client_waits is not None:
             self.client_waits.append(client_wait_s)
+        if self.image_counts is not None:
+            self.image_counts.append(0)
+            self.image_tokens.append(0)
         self.token_times[request_id] = []
+
+    def track_images(self) -> None:
+        """Record a workload with images: the requests table gains ``num_images`` and ``num_image_tokens``, the step
+        table MULTIMODAL_STEP_COLUMNS. Before any event."""
+        if self.steps["step"] or self.request_ids:
+            raise RuntimeError("track_images must be called before the first arrival or step is recorded")
+        self.image_counts, self.image_tokens = [], []
+        for name in MULTIMODAL_STEP_COLUMNS:
+            self.steps[name] = []
+
+    def note_images(self, request_id: str, images) -> None:
+        """The images a request just recorded by ``on_arrival`` shows: (identifier, offset, tokens) each."""
+        position = self._index[request_id]
+        self.image_counts[position] = len(images)
+        self.image_tokens[position] = sum(tokens for _, _, tokens in images)
 
     def on_empty_step(self, scheduler_output: SchedulerOutput) -> None:
         """A step that scheduled no token but preempted requests (the one running request that needed a
@@ -144,6 +165,9 @@ class TraceRecorder:
             self._record_verification(features)
         if self.lora is not None:
             self._record_lora(features, self.lora.last_num_loads, self.lora.last_num_disk_loads, self.lora.last_load_s)
+        if self.image_counts is not None:
+            steps["num_encoder_items"].append(len(scheduler_output.encoder_input_lengths))
+            steps["num_encoder_tokens"].append(scheduler_output.num_encoder_tokens)
         if self.record_schedule:
             steps["scheduled_request_ids"].append(list(scheduler_output.num_scheduled_tokens))
             steps["scheduled_token_counts"].append(list(scheduler_output.num_scheduled_tokens.values()))
@@ -281,6 +305,9 @@ class TraceRecorder:
             steps["prefill_attention_sliced_work"].append(0)
             steps["shared_context_tokens"].append(step.shared_context_tokens)
             steps["kv_block_runs"].append(step.kv_block_runs)
+            if self.image_counts is not None:  # decodes encode nothing
+                steps["num_encoder_items"].append(0)
+                steps["num_encoder_tokens"].append(0)
             if self.lora is not None:  # only the first step can load (sim/lora_steps.py)
                 lora = self.lora
                 self._record_lora(step, *((lora.last_num_loads, lora.last_num_disk_loads, lora.last_load_s)
@@ -327,6 +354,9 @@ class TraceRecorder:
             columns["turn"] = self.turns
         if self.client_waits is not None:
             columns["client_wait_s"] = self.client_waits
+        if self.image_counts is not None:
+            columns["num_images"] = self.image_counts
+            columns["num_image_tokens"] = self.image_tokens
         return columns
 
     def step_columns(self) -> dict[str, list]:
@@ -346,6 +376,8 @@ SPEC_STEP_COLUMNS = ("num_spec_tokens", "spec_accepted_tokens", "spec_attention_
 # adapters it loaded before computing (all, and those read from disk first), and the seconds those loads took
 # (part of duration).
 LORA_STEP_COLUMNS = ("num_lora_tokens", "num_active_loras", "num_lora_loads", "num_lora_disk_loads", "lora_load_s")
+# A run with images: the images the step encoded and their encoder tokens (SchedulerOutput.encoder_input_lengths).
+MULTIMODAL_STEP_COLUMNS = ("num_encoder_items", "num_encoder_tokens")
 
 STEP_COLUMNS = (
     "step", "start_time", "duration", "num_prefill_reqs", "num_decode_reqs", "num_scheduled_tokens",

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from workloads.cluster_section import ClusterSection
+from workloads.images import ImageSection
 from workloads.lora_section import AdapterSpec, LoRASection
 from workloads.errors import NO_VALUE, WorkloadError, format_value, problems_error, problems_from_validation_error
 from workloads.overrides import Override, apply_overrides
@@ -36,6 +37,9 @@ class WorkloadConfig(SchemaModel):
     # A preset name, or an inline spec {name, peak_tflops, memory_bandwidth_gbs, memory_gb, ...}.
     hardware: str | dict[str, float | str] = "h100-sxm"
     dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
+    # The model's vision encoder, for workload.images (sim/vision_encoders.py): a preset name or its fields inline.
+    # null: the model's own (Gemma 3, LLaVA-1.5, Qwen2-VL presets).
+    vision_encoder: str | dict[str, Any] | None = None
     engine: EngineSection = Field(default_factory=EngineSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     workload: WorkloadSection
@@ -68,7 +72,7 @@ class WorkloadConfig(SchemaModel):
 
     @model_validator(mode="after")
     def _consistent_across_sections(self) -> WorkloadConfig:
-        problems = self._length_problems() + self._lora_problems() + self._session_problems()
+        problems = self._length_problems() + self._lora_problems() + self._session_problems() + self._image_problems()
         if not problems and self.sweep:
             problems = self._sweep_problems()
         if problems:
@@ -149,6 +153,31 @@ class WorkloadConfig(SchemaModel):
             # A later turn is made from the finished request's tokens, which a decode replica holds: not wired.
             return [("cluster.prefill_replicas", "must be 0 with workload sessions (multi-turn conversations are "
                      "simulated on replicas that prefill and decode)", self.cluster.prefill_replicas)]
+        return []
+
+    def image_sections(self) -> list[tuple[str, ImageSection]]:
+        """Every ``images:`` section of the workload with its path: the stream's stretches', then the classes'."""
+        sections = [("workload" if index == 0 else f"workload.phases[{index - 1}]", stretch.images)
+                    for index, stretch in enumerate(self.workload.stretches())]
+        sections += [(f"workload.classes[{index}]", request_class.images)
+                     for index, request_class in enumerate(self.workload.classes or [])]
+        return [(f"{where}.images", section) for where, section in sections if section is not None]
+
+    def has_images(self) -> bool:
+        return bool(self.image_sections())
+
+    def _image_problems(self) -> list[tuple[str, str, Any]]:
+        sections = self.image_sections()
+        if not sections:
+            return []
+        where = sections[0][0]
+        # The core refuses multimodal items with KV moved between engines or tiers (engine/core/scheduler.py).
+        if self.cluster.prefill_replicas:
+            return [("cluster.prefill_replicas", f"must be 0 with {where} (an image's KV is not moved between "
+                     "engines in this simulator)", self.cluster.prefill_replicas)]
+        if self.engine.kv_offloading_size_gib:
+            return [("engine.kv_offloading_size_gib", f"must be 0 with {where} (KV offloading of multimodal requests "
+                     "is not simulated)", self.engine.kv_offloading_size_gib)]
         return []
 
     def lora_sections(self) -> list[tuple[str, LoRASection]]:

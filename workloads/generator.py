@@ -20,10 +20,11 @@ from workloads.arrivals import TraceArrival
 from workloads.config import WorkloadConfig
 from workloads.distributions import LengthDistribution, TraceLength
 from workloads.errors import Problem, WorkloadError
+from workloads.image_placement import ImageDraws, image_token_id
 from workloads.lora_section import adapter_name
 from workloads.random_streams import Stream, class_seed, phase_seed, random_stream, stream_seed
 from workloads.request_spec import FollowUpTurn, RequestSpec
-from workloads.session_turns import DrawnTurn, draw_later_turns
+from workloads.session_turns import draw_later_turns
 from workloads.sections import SharedPrefixSection
 from workloads.tokens import TokenVocabulary, assemble_prompts
 from workloads.trace_sampling import select_rows, synthetic_arrivals, trace_arrivals
@@ -39,6 +40,7 @@ def generate_requests(
     vocab_size: int,
     reserved_token_ids: Iterable[int] = (),
     model_max_len: int | None = None,
+    tokens_per_image: int | None = None,
 ) -> list[RequestSpec]:
     """The workload's requests, sorted by arrival time, ids ``req-000000``, ``req-000001``, ... in that order.
 
@@ -53,20 +55,27 @@ def generate_requests(
 
     ``model_max_len``: the model's length limit, the cap on prompt + output when the workload sets neither
     ``max_total_len`` nor ``engine.max_model_len`` (``WorkloadConfig.max_total_len``).
+
+    ``tokens_per_image``: the model's vision encoder's placeholder tokens per image, for ``workload.images``
+    sections that do not set their own (None: the model has no fixed count). Images' placeholders are the
+    vocabulary's last id, which is then kept out of the text.
     """
+    if config.has_images():
+        reserved_token_ids = (*reserved_token_ids, image_token_id(vocab_size))
     vocabulary = TokenVocabulary(vocab_size, reserved_token_ids)
-    generated = _first_class(config, vocabulary, model_max_len)
+    images = ImageDraws(image_token_id(vocab_size), tokens_per_image)
+    generated = _first_class(config, vocabulary, model_max_len, images)
     for index, request_class in enumerate(config.workload.classes or [], start=1):
         requests = _generate_stretch(request_class, class_seed(config.seed, index),
                                      config.max_total_len(request_class, model_max_len), vocabulary,
-                                     f"workload.classes[{index - 1}]")
+                                     f"workload.classes[{index - 1}]", images)
         generated += [(request_class.start_s + arrival, *rest, request_class.name) for arrival, *rest in requests]
     # Stable: every class's rows are already in arrival order, so the merge keeps each class's own order.
     generated.sort(key=lambda row: row[0])
     width = max(6, len(str(len(generated) - 1)))
     specs = []
-    for index, (arrival_time, prompt, output_lens, priority, group, adapter, later_turns, request_class) in enumerate(
-            generated):
+    for index, (arrival_time, prompt, output_lens, priority, group, adapter, later_turns, shown,
+                request_class) in enumerate(generated):
         prompt_id = f"req-{index:0{width}d}"
         # n > 1: vLLM's ids for a prompt's completions, f"{i}_{request_id}", all arriving with the prompt.
         request_ids = [prompt_id] if len(output_lens) == 1 else [f"{i}_{prompt_id}" for i in range(len(output_lens))]
@@ -78,33 +87,35 @@ def generate_requests(
         specs += [RequestSpec(request_id=request_id, arrival_time=arrival_time, prompt_token_ids=prompt,
                               output_len=output_len, priority=priority, prefix_group=group,
                               request_class=request_class, lora_name=lora_name, lora_int_id=lora_int_id,
-                              next_turns=next_turns, session_id=None if later_turns is None else prompt_id)
+                              next_turns=next_turns, session_id=None if later_turns is None else prompt_id,
+                              images=shown)
                   for request_id, output_len in zip(request_ids, output_lens)]
     return specs
 
 
-def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_len: int | None
-                 ) -> list[tuple[float, list[int], list[int], int, int | None, int, list[DrawnTurn] | None, str]]:
+def _first_class(config: WorkloadConfig, vocabulary: TokenVocabulary, model_max_len: int | None, images: ImageDraws
+                 ) -> list[tuple]:
     """The top-level stream, its phases one after the other, as rows of ``_generate_stretch`` plus the
     class name."""
-    generated: list[tuple[float, list[int], list[int], int, int | None, int, list[DrawnTurn] | None, str]] = []
+    generated: list[tuple] = []
     name = config.workload.class_name
     offset = 0.0
     for index, stretch in enumerate(config.workload.stretches()):
         where = "workload" if index == 0 else f"workload.phases[{index - 1}]"
         seed = config.seed if index == 0 else phase_seed(config.seed, index)
         start = offset + (getattr(stretch, "gap_s", 0.0) if index else 0.0)
-        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch, model_max_len), vocabulary, where)
+        requests = _generate_stretch(stretch, seed, config.max_total_len(stretch, model_max_len), vocabulary, where,
+                                     images)
         generated += [(start + arrival, *rest, name) for arrival, *rest in requests]
         offset = start + requests[-1][0]
     return generated
 
 
 def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocabulary: TokenVocabulary,
-                      where: str) -> list[tuple[float, list[int], list[int], int, int | None, int, list[DrawnTurn] | None]]:
+                      where: str, images: ImageDraws) -> list[tuple]:
     """One stretch's prompts as (arrival time, prompt, output length of each of its ``n`` completions,
     priority, prefix group, LoRA adapter index or NO_ADAPTER, its session's later turns or None without
-    sessions), in order."""
+    sessions, its images as (identifier, offset, tokens)), in order."""
     arrival_times, trace_rows = _arrivals_and_rows(workload, seed)
     count = len(arrival_times)
     if count == 0:
@@ -122,13 +133,20 @@ def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocab
     if workload.shared_prefix is not None:
         minimum_prompt[groups != NO_GROUP] = workload.shared_prefix.prefix_len + 1
     prompt_lens = np.maximum(prompt_lens, minimum_prompt)
+    # Images' tokens come on top of the text's (their own streams: workloads/images.py); the cap fits the sum.
+    shown = images.draw(workload.images, seed, count, f"{where}.images")
+    image_tokens = np.array([sum(tokens for _, tokens in request) for request in shown], dtype=np.int64)
+    prompt_lens = prompt_lens + image_tokens
+    minimum_prompt = minimum_prompt + image_tokens
     if cap is not None:
         prompt_lens, output_lens = fit_total_length(prompt_lens, output_lens, cap, minimum_prompt)
     priorities = _priorities(workload, seed, count)
 
-    leading = _leading_tokens(workload, seed, vocabulary, groups, prompt_lens, records, trace_rows)
+    leading = _leading_tokens(workload, seed, vocabulary, groups, prompt_lens - image_tokens, records, trace_rows)
     token_rng = random_stream(seed, Stream.PROMPT_TOKENS)
-    prompts = assemble_prompts(prompt_lens, leading, lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
+    prompts = assemble_prompts(prompt_lens - image_tokens, leading,
+                               lambda num_tokens: vocabulary.random_tokens(token_rng, num_tokens))
+    placed = images.place(prompts, leading, shown)
     completion_lens = _completion_output_lengths(workload, seed, output_lens, prompt_lens, output_column, cap)
     # Its own stream: adding workload.lora leaves every other draw (arrivals, lengths, tokens) as it was.
     if workload.lora is None:
@@ -142,10 +160,10 @@ def _generate_stretch(workload: StreamSection, seed: int, cap: int | None, vocab
     later_turns = [None] * count if workload.sessions is None else draw_later_turns(
         workload.sessions, workload.output_len, seed, prompt_lens, output_lens, cap, vocabulary)
     return [
-        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group, adapter, turns)
-        for arrival_time, prompt, completions, priority, group, adapter, turns in zip(
+        (arrival_time, prompt, completions, priority, None if group == NO_GROUP else group, adapter, turns, items)
+        for arrival_time, prompt, completions, priority, group, adapter, turns, items in zip(
             arrival_times.tolist(), prompts, completion_lens, priorities.tolist(), groups.tolist(), adapters,
-            later_turns, strict=True
+            later_turns, placed, strict=True
         )
     ]
 

@@ -43,6 +43,9 @@ class Stream(enum.IntEnum):
     SESSION_OUTPUT_LENGTHS = 17
     THINK_TIMES = 18
     SESSION_TOKENS = 19
+    # Which requests show images, how many, which images and their sizes (workload.images; workloads/images.py).
+    IMAGES = 20
+    IMAGE_SIZES = 21
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

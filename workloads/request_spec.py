@@ -42,6 +42,10 @@ class RequestSpec:
     # Seconds the request waited at the client for a free slot (workload.max_concurrency) before it was sent at
     # ``arrival_time``; 0 for a request sent when it arrived.
     client_wait_s: float = 0.0
+    # The images it shows (workload.images): (identifier, offset of its first placeholder token, placeholder
+    # tokens), in prompt order; the engine's multimodal items (engine/core/multimodal.py). A session's later
+    # turns resend them at the same offsets (the conversation starts with this prompt).
+    images: tuple[tuple[str, int, int], ...] = ()
 
     def next_turn(self, conversation_token_ids: array, finish_time: float) -> RequestSpec:
         """The session's next turn, sent ``think_time_s`` after this request finished at ``finish_time``:

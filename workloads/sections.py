@@ -86,6 +86,13 @@ class EngineSection(SchemaModel):
     max_loras: NonNegativeInt = 0
     max_lora_rank: int = 16
     max_cpu_loras: PositiveInt | None = None
+    # Multimodal requests (workload.images; engine/core/encoder_cache_manager.py): the encoder tokens (image
+    # embeddings) one step may compute and the encoder outputs kept between steps, in tokens (null: vLLM's
+    # default, max_num_batched_tokens raised to the largest image), and vLLM's disable_chunked_mm_input (an
+    # image's placeholders are prefilled in one step, never split across chunks).
+    max_num_encoder_input_tokens: PositiveInt | None = None
+    encoder_cache_size: PositiveInt | None = None
+    disable_chunked_mm_input: bool = False
 
     @field_validator("scheduling_policy")
     @classmethod

@@ -17,6 +17,7 @@ from workloads.arrivals import MAX_GENERATED_REQUESTS, ArrivalSpec, AtOnceArriva
 MAX_COMPLETIONS_PER_PROMPT = 1024
 from workloads.distributions import LengthSpec, TraceLength
 from workloads.errors import NO_VALUE, problems_error
+from workloads.images import ImageSection
 from workloads.lora_section import LoRASection
 from workloads.schema_base import SchemaModel
 from workloads.request_spec import DEFAULT_REQUEST_CLASS
@@ -61,6 +62,8 @@ class StreamSection(SchemaModel):
     # Multi-turn conversations (workloads/session_section.py): each request starts a session whose later turns
     # are sent as the earlier ones finish. null: every request stands alone.
     sessions: SessionSection | None = None
+    # Images shown to a vision-language model (workloads/images.py). null: text only.
+    images: ImageSection | None = None
 
     def uses_trace_times(self) -> bool:
         return isinstance(self.arrival, TraceArrival)

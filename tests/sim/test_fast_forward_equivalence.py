@@ -53,6 +53,10 @@ def traces(workload, fast_forward):
     ("chat", ["workload.num_requests=200", "model=gemma-3-1b"]),
     ("hybrid_kv_cache", ["workload.num_requests=60", "sweep=null"]),
     ("hybrid_kv_cache", ["workload.num_requests=60", "sweep=null", "engine.enable_prefix_caching=false"]),
+    # Images: encoder steps between the decodes, outputs kept and evicted (a small cache), prefix hits over images
+    ("multimodal", ["workload.num_requests=150", "sweep=null", "workload.images.distinct=20",
+                    "engine.encoder_cache_size=3000"]),
+    ("multimodal", ["workload.num_requests=120", "sweep=null", "model=gemma-3-4b", "workload.images.tokens_per_image=null"]),
 ])
 def test_traces_are_identical_with_and_without_fast_forward(name, overrides, tmp_path):
     overrides = [override.replace("MISTRAL_WINDOW_200", windowed_mistral(tmp_path, 200)) for override in overrides]

@@ -1,0 +1,80 @@
+"""What a workload with images needs of a simulated engine: the model's vision encoder, priced in the cost model,
+and vLLM's encoder budget and cache sized for the largest image.
+
+vLLM sizes both at start-up (``compute_encoder_budget``): the step's encoder budget
+(``max_num_encoder_input_tokens``) and the encoder cache (``encoder_cache_size``) default to
+``max_num_batched_tokens``, and either is raised to the model's largest item, so that one image always fits. The
+simulator does the same with the largest image the workload holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.core import SchedulerConfig
+from sim.cost_models import AnalyticalCostModel, CostModel
+from sim.model_shapes import ModelShape
+from sim.vision_encoders import VisionEncoderShape, resolve_vision_encoder
+from workloads import RequestSpec, WorkloadConfig
+
+
+class VisionSetupError(ValueError):
+    """A workload's images cannot be simulated as asked; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class VisionSetup:
+    encoder: VisionEncoderShape
+
+    @property
+    def tokens_per_image(self) -> int | None:
+        return self.encoder.tokens_per_image
+
+    def describe(self) -> dict:
+        return {"vision_encoder": self.encoder.name, "tokens_per_image": self.encoder.tokens_per_image}
+
+
+def vision_setup(workload: WorkloadConfig, model: ModelShape, cost_model: CostModel) -> VisionSetup | None:
+    """The model's vision encoder, priced in ``cost_model`` (None for a workload without images)."""
+    sections = workload.image_sections()
+    if not sections:
+        return None
+    where = sections[0][0]
+    try:
+        encoder = resolve_vision_encoder(model.name, workload.vision_encoder)
+    except ValueError as error:
+        raise VisionSetupError(f"vision_encoder: {error}") from None
+    if encoder is None:
+        raise VisionSetupError(f"{where}: model {model.name!r} has no vision encoder this simulator knows; set "
+                               "vision_encoder (a preset name or its fields)")
+    if not isinstance(cost_model, AnalyticalCostModel):
+        raise VisionSetupError(f"{where}: images need the analytical cost model; a calibrated profile "
+                               f"({cost_model.name}) was fitted on text-only steps and has no term for the vision "
+                               "encoder")
+    try:
+        cost_model.price_vision(encoder)
+    except ValueError as error:
+        raise VisionSetupError(f"{where}: {error}") from None
+    return VisionSetup(encoder)
+
+
+def refuse_images_for_real_runs(workload: WorkloadConfig) -> None:
+    """Real runs drive text models (the runner has no vision encoder, the server no image input)."""
+    sections = workload.image_sections()
+    if sections:
+        raise VisionSetupError(f"{sections[0][0]}: images are simulated only; real runs (--executor real or server) "
+                               "drive text models (no vision encoder in the real runner)")
+
+
+def size_encoder_budget(scheduler_config: SchedulerConfig, workload: WorkloadConfig,
+                        requests: list[RequestSpec]) -> SchedulerConfig:
+    """The scheduler's encoder budget and cache, as vLLM sizes them: the engine's figure (or
+    max_num_batched_tokens), raised to the largest image of ``requests``."""
+    largest = max((tokens for spec in requests for _, _, tokens in spec.images), default=0)
+    if not largest:
+        return scheduler_config
+    engine = workload.engine
+    budget = max(engine.max_num_encoder_input_tokens or engine.max_num_batched_tokens, largest)
+    cache = max(engine.encoder_cache_size or engine.max_num_batched_tokens, largest)
+    return replace(scheduler_config, max_num_encoder_input_tokens=budget, encoder_cache_size=cache,
+                   disable_chunked_mm_input=engine.disable_chunked_mm_input)
