@@ -92,6 +92,8 @@ COMPARISON_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
     # Multi-turn sessions: the share of later turns' prompts the prefix cache still held ("-" without sessions).
     ("later turns cached", lambda s: format_percent(((s.get("sessions") or {}).get("later_turns") or {})
                                                     .get("cached_fraction"))),
+    # Images: the share of the shown images' tokens the vision encoder did not compute ("-" without images).
+    ("encoder tokens saved", lambda s: format_percent((s.get("multimodal") or {}).get("encoder_tokens_saved_fraction"))),
     # Speculative decoding: tokens per verification, accepted drafts plus one ("-" without it).
     ("acceptance length", lambda s: format_number((s.get("spec_decoding") or {}).get("mean_acceptance_length"), 2)),
     # A cluster's busiest replica over its mean one ("-" for one engine): what a sweep over routers compares.

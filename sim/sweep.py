@@ -67,6 +67,7 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
     speculating = any(result.summary.get("spec_decoding") for result in results)
     serving_lora = any(result.summary.get("lora") for result in results)
     with_sessions = any(result.summary.get("sessions") for result in results)
+    with_images = any(result.summary.get("multimodal") for result in results)
     autoscaled = any(result.summary.get("autoscaling") for result in results)
     for result in results:
         row = {"point": result.label, "run_dir": str(result.out_dir)}
@@ -88,6 +89,10 @@ def write_sweep_table(results: list[SweepPointResult], path: Path) -> pd.DataFra
             lora = result.summary.get("lora") or {}
             row["lora_adapter_loads"] = lora.get("adapter_loads")
             row["lora_load_share"] = lora.get("load_share_of_step_time")
+        if with_images:  # images: what the encoder computed, and what its cache and the prefix cache saved it
+            images = result.summary.get("multimodal") or {}
+            row["images_encoded"] = images.get("images_encoded")
+            row["encoder_tokens_saved_fraction"] = images.get("encoder_tokens_saved_fraction")
         if speculating:
             # Speculative decoding: tokens per verification and accepted share of drafts (empty where it is off).
             spec = result.summary.get("spec_decoding") or {}
