@@ -121,7 +121,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     num_replicas = max(1, workload.cluster.num_replicas)
     replica_bytes = num_gpu_blocks * BYTES_PER_SIMULATED_BLOCK
     if replica_bytes * num_replicas > MAX_SIMULATED_POOL_BYTES:
-        # Every block is a Python object in the core; a tiny model on a large GPU derives tens of millions.
+        # Every block is a Python object in the core, made on first use; a run that reuses cached blocks only once
+        # the never-used ones are gone makes them all, and a tiny model on a large GPU derives tens of millions.
         if replica_bytes <= MAX_SIMULATED_POOL_BYTES:
             field = "cluster.num_replicas"
         else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from engine.core.cached_block_map import CachedBlockMap
-from engine.core.free_block_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from engine.core.free_block_queue import BlockStore, FreeKVCacheBlockQueue, KVCacheBlock
 from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 
@@ -26,8 +26,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
-        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # Made on first use (free_block_queue.py): a large pool costs what its workload touches.
+        self.blocks = BlockStore(num_blocks)
+        self.free_block_queue = FreeKVCacheBlockQueue.fresh_range(self.blocks, 0, num_blocks)
         self.cached_block_hash_to_block = CachedBlockMap()
         # Kept exact in touch() and free_blocks(), the only places a held block's ref_cnt changes.
         self.num_shared_refs = 0
@@ -148,7 +149,14 @@ class BlockPool:
         """
         if not self.all_blocks_free:
             return False
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])  # block 0 is the null block
+        if not len(self.cached_block_hash_to_block):
+            # Nothing a hit could revive from the middle: the never-used order, a fresh range again (whose blocks
+            # are in no list: the made ones forget the old queue's links).
+            for block in self.blocks.made():
+                block.prev_free_block = block.next_free_block = None
+            self.free_block_queue = FreeKVCacheBlockQueue.fresh_range(self.blocks, 1, self.num_blocks)
+        else:  # block 0 is the null block
+            self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[block_id] for block_id in range(1, self.num_blocks))
         return True
 
     def take_events(self) -> list[KVCacheEvent]:

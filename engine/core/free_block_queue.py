@@ -8,6 +8,13 @@ eviction order: the front is reused first.
   least likely to be shared) are evicted before its first ones.
 - A block that holds no hash (never filled, or evicted) goes to the *front*: reusing it destroys no
   cached content.
+
+A pool's blocks are made on first use (``BlockStore``), and the queue of a fresh pool holds them as a *fresh
+range* of ids, not as linked nodes: a pool of a million blocks costs nothing until requests use them, and a
+simulation of a large GPU builds only the blocks its workload touches. The range sits in the list as one marker
+node; the order is unchanged by it. Blocks freed unhashed go to the front (before the range), hashed ones to the
+back (after it); a never-used block leaves only from the range's start, so the range stays a range.
+Invariant: the marker is linked exactly while the range is not empty, and the range's blocks are in no list.
 """
 
 from __future__ import annotations
@@ -34,37 +41,99 @@ class KVCacheBlock:
         return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, hash={digest})"
 
 
+class BlockStore:
+    """Every block of a pool by id, each made the first time anything asks for it (its state is a new block's
+    until then, so making it late changes nothing)."""
+
+    __slots__ = ("num_blocks", "_made")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._made: dict[int, KVCacheBlock] = {}
+
+    def __getitem__(self, block_id: int) -> KVCacheBlock:
+        block = self._made.get(block_id)
+        if block is None:
+            if not 0 <= block_id < self.num_blocks:
+                raise IndexError(f"block id {block_id} is outside the pool's {self.num_blocks} blocks")
+            block = self._made[block_id] = KVCacheBlock(block_id)
+        return block
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        """Every block, in id order (making those not made yet: for tests and tools, not the step loop)."""
+        return (self[block_id] for block_id in range(self.num_blocks))
+
+    def made(self) -> Iterator[KVCacheBlock]:
+        """The blocks made so far, in the order they were made."""
+        return iter(self._made.values())
+
+    @property
+    def num_made(self) -> int:
+        return len(self._made)
+
+
 class FreeKVCacheBlockQueue:
-    """Doubly linked list of free blocks with sentinel head and tail nodes."""
+    """Doubly linked list of free blocks with sentinel head and tail nodes, and a fresh range of never-used ids
+    (``fresh_range``) at the place of a marker node."""
 
-    __slots__ = ("num_free_blocks", "_head", "_tail")
+    __slots__ = ("num_free_blocks", "_head", "_tail", "_marker", "_store", "_next_fresh", "_fresh_end")
 
-    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def __init__(self, blocks: Iterable[KVCacheBlock] = ()) -> None:
         self._head = KVCacheBlock(-1)
         self._tail = KVCacheBlock(-1)
         self._head.next_free_block = self._tail
         self._tail.prev_free_block = self._head
+        self._marker = KVCacheBlock(-2)
+        self._store: BlockStore | None = None
+        self._next_fresh = self._fresh_end = 0
         self.num_free_blocks = 0
         for block in blocks:
             self.append(block)
 
+    @classmethod
+    def fresh_range(cls, store: BlockStore, first: int, end: int) -> FreeKVCacheBlockQueue:
+        """A queue of blocks ``first .. end - 1`` of ``store`` in id order, none of them made yet."""
+        queue = cls()
+        if first < end:
+            queue._store, queue._next_fresh, queue._fresh_end = store, first, end
+            queue.append(queue._marker)
+            queue.num_free_blocks = end - first
+        return queue
+
     def popleft(self) -> KVCacheBlock:
-        block = self._head.next_free_block
-        if block is self._tail:
-            raise ValueError("no free blocks left")
-        self._unlink(block)
-        return block
+        return self.popleft_n(1)[0]
 
     def popleft_n(self, count: int) -> list[KVCacheBlock]:
         if count > self.num_free_blocks:
+            if not self.num_free_blocks:
+                raise ValueError("no free blocks left")
             raise ValueError(f"asked for {count} free blocks, only {self.num_free_blocks} left")
         taken = []
         block = self._head.next_free_block
-        for _ in range(count):
+        marker = self._marker
+        remaining = count
+        while remaining:
+            if block is marker:
+                # The fresh range's next blocks, made now; the marker leaves with the range's last block.
+                start = self._next_fresh
+                number = min(remaining, self._fresh_end - start)
+                store = self._store
+                taken.extend([store[block_id] for block_id in range(start, start + number)])
+                self._next_fresh = start + number
+                remaining -= number
+                if self._next_fresh == self._fresh_end:
+                    following = marker.next_free_block
+                    marker.prev_free_block = marker.next_free_block = None
+                    block = following
+                continue
             taken.append(block)
             following = block.next_free_block
             block.prev_free_block = block.next_free_block = None
             block = following
+            remaining -= 1
         self._head.next_free_block = block
         block.prev_free_block = self._head
         self.num_free_blocks -= count
@@ -82,7 +151,7 @@ class FreeKVCacheBlockQueue:
         block.prev_free_block = last
         block.next_free_block = self._tail
         self._tail.prev_free_block = block
-        self.num_free_blocks += 1
+        self.num_free_blocks += 1  # (the marker's count is set by fresh_range)
 
     def appendleft(self, block: KVCacheBlock) -> None:
         """Make ``block`` the next to be reused."""
@@ -94,12 +163,19 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks += 1
 
     def contains(self, block: KVCacheBlock) -> bool:
-        return block.prev_free_block is not None
+        return block.prev_free_block is not None or (
+            self._store is not None and self._next_fresh <= block.block_id < self._fresh_end)
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
+        """The free blocks in the order they will be taken (the fresh range's made as they are reached)."""
         block = self._head.next_free_block
         while block is not self._tail:
-            yield block
+            if block is self._marker:
+                store = self._store
+                for block_id in range(self._next_fresh, self._fresh_end):
+                    yield store[block_id]
+            else:
+                yield block
             block = block.next_free_block
 
     def __len__(self) -> int:
