@@ -29,6 +29,7 @@ from analysis.dashboard.priority_figures import priority_class_figure
 from analysis.dashboard.page import Section, render_page
 from analysis.dashboard.rate_figures import prefix_hit_figure, throughput_figure
 from analysis.dashboard.autoscaling_figure import autoscaling_figure
+from analysis.dashboard.multimodal_figure import multimodal_figure
 from analysis.dashboard.replica_figures import replica_figure
 from analysis.dashboard.session_figure import session_turns_figure
 from analysis.dashboard.ttft_parts_figure import ttft_parts_figure
@@ -96,6 +97,9 @@ def assemble_dashboard(runs: list[DashboardRun], title: str | None = None) -> Da
     scaling = autoscaling_figure(runs)
     if scaling is not None:
         sections.append(Section("autoscaling", "Autoscaling", [scaling]))
+    images = multimodal_figure(runs)
+    if images is not None:
+        sections.append(Section("images", "Images", [images]))
     session_turns = session_turns_figure(runs)
     if session_turns is not None:
         sections.append(Section("sessions", "Multi-turn sessions", [session_turns]))

@@ -98,3 +98,20 @@ def test_a_model_without_a_vision_encoder_needs_one_named():
 def test_real_runs_refuse_images():
     with pytest.raises(VisionSetupError, match="workload.images: images are simulated only"):
         refuse_images_for_real_runs(small())
+
+
+def test_the_dashboard_shows_the_encoder_work_and_ttft_with_and_without_images(tmp_path):
+    from analysis.dashboard.build import assemble_dashboard, prepare_runs
+    from analysis.dashboard.multimodal_figure import multimodal_figure
+
+    run_simulation(small(), tmp_path / "images")
+    run_simulation(small("workload.images=null"), tmp_path / "text")
+    runs = prepare_runs([tmp_path / "images", tmp_path / "text"])
+    figure = multimodal_figure(runs)
+    names = [trace.name for trace in figure.figure.data]
+    # The run with images: its encoder work, and a TTFT curve each for requests with and without images.
+    assert names == ["images", "images with images", "images text only"]
+    encoder_tokens_per_s = figure.figure.data[0]
+    assert sum(encoder_tokens_per_s.y) > 0
+    assert multimodal_figure(prepare_runs([tmp_path / "text"])) is None
+    assert "images" in [section.section_id for section in assemble_dashboard(runs).sections]
