@@ -1,5 +1,6 @@
 """Reading a model's shape from its Hugging Face ``config.json``, for the architectures ``ModelShape`` models
-one to one; any other is refused by name rather than priced as something it is not."""
+one to one; any other is refused by name rather than priced as something it is not. A vision-language model's
+config (Gemma 3, LLaVA, Qwen2-VL) gives its language model's shape (sim/hf_vision_config.py reads the rest)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
 from sim.model_shapes import ModelShape
 
 # Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, a gated MLP of three
@@ -38,8 +40,8 @@ _MOE_KEYS = {
 
 
 def model_from_hf_config(path: str | Path) -> ModelShape:
-    """Read the shape from a Llama / Mistral / Qwen2 / Qwen3 ``config.json``, or a Mixtral / Qwen2-MoE / Qwen3-MoE
-    one."""
+    """Read the shape from a Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 ``config.json``, a Mixtral /
+    Qwen2-MoE / Qwen3-MoE one, or a vision-language model's (its language model's shape)."""
     path = Path(path)
     try:
         config = json.loads(path.read_text())
@@ -47,11 +49,14 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
     if not isinstance(config, dict):
         raise ValueError(f"model: {path} does not hold a JSON object")
+    # A vision-language config becomes its language model's, which the rest reads as a text config.
+    config = language_model_config(config, path) or config
     architectures = config.get("architectures") or [_MODEL_TYPE_TO_ARCHITECTURE.get(config.get("model_type"), None)]
     architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
     if architecture is None:
         raise ValueError(f"model: {path}: architecture {architectures!r} (model_type {config.get('model_type')!r}) "
-                         f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+                         f"is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}; vision-language "
+                         f"(the language model read): {', '.join(VISION_LANGUAGE_ARCHITECTURES)}")
 
     def key(name: str, default: object = None) -> int:
         # Some configs write null for a key they mean to leave at its default (head_dim, for one).

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 from engine.core import SchedulerConfig
 from sim.cost_models import AnalyticalCostModel, CostModel
+from sim.hf_vision_config import vision_encoder_from_hf_path
+from sim.model_presets import MODEL_PRESETS
 from sim.model_shapes import ModelShape
 from sim.vision_encoders import VisionEncoderShape, resolve_vision_encoder
 from workloads import RequestSpec, WorkloadConfig
@@ -35,15 +37,19 @@ class VisionSetup:
 
 
 def vision_setup(workload: WorkloadConfig, model: ModelShape, cost_model: CostModel) -> VisionSetup | None:
-    """The model's vision encoder, priced in ``cost_model`` (None for a workload without images)."""
+    """The model's vision encoder, priced in ``cost_model`` (None for a workload without images): the workload's
+    ``vision_encoder:`` where set, else the one the checkpoint's config.json describes (``model:`` a path to a
+    vision-language model's), else the model preset's own."""
     sections = workload.image_sections()
     if not sections:
         return None
     where = sections[0][0]
-    try:
-        encoder = resolve_vision_encoder(model.name, workload.vision_encoder)
-    except ValueError as error:
-        raise VisionSetupError(f"vision_encoder: {error}") from None
+    encoder = _encoder_of_model_path(workload) if workload.vision_encoder is None else None
+    if encoder is None:
+        try:
+            encoder = resolve_vision_encoder(model.name, workload.vision_encoder)
+        except ValueError as error:
+            raise VisionSetupError(f"vision_encoder: {error}") from None
     if encoder is None:
         raise VisionSetupError(f"{where}: model {model.name!r} has no vision encoder this simulator knows; set "
                                "vision_encoder (a preset name or its fields)")
@@ -56,6 +62,18 @@ def vision_setup(workload: WorkloadConfig, model: ModelShape, cost_model: CostMo
     except ValueError as error:
         raise VisionSetupError(f"{where}: {error}") from None
     return VisionSetup(encoder)
+
+
+def _encoder_of_model_path(workload: WorkloadConfig) -> VisionEncoderShape | None:
+    """The encoder a vision-language checkpoint's config.json describes, where ``model:`` is its path (None for a
+    preset name, which wins over a path of the same name as it does in resolve_model, or a text model's config).
+    A malformed vision_config is refused naming ``model:`` (the message says so already)."""
+    if workload.model.lower() in MODEL_PRESETS:
+        return None
+    try:
+        return vision_encoder_from_hf_path(workload.model)
+    except ValueError as error:
+        raise VisionSetupError(str(error)) from None
 
 
 def refuse_images_for_real_runs(workload: WorkloadConfig) -> None:

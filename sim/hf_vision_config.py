@@ -1,0 +1,257 @@
+"""A vision-language model's Hugging Face ``config.json``: the language model's config inside it, flattened into
+the text config sim/hf_model_config.py reads, and the vision encoder's shape (sim/vision_encoders.py).
+
+Three families, as their checkpoints save them:
+
+- Gemma 3 (``Gemma3ForConditionalGeneration``): the LM in ``text_config`` (a ``gemma3_text`` config), a SigLIP
+  ViT in ``vision_config``, the pooled tokens per image (``mm_tokens_per_image``) at the top level;
+- LLaVA (``LlavaForConditionalGeneration``): the LM in ``text_config`` (Llama for LLaVA-1.5, Mistral for
+  BakLLaVA), a CLIP ViT in ``vision_config``, the layer whose features the LM reads (``vision_feature_layer``)
+  at the top level;
+- Qwen2-VL and Qwen2.5-VL: the LM's keys at the top level, as a Qwen2 config's (newer transformers may save
+  them under ``text_config``), the ViT and its merger in ``vision_config``.
+
+A checkpoint's ``text_config`` holds only the keys that differ from its config class's defaults (LLaVA-1.5-7B's
+holds seven), so the defaults of transformers' config classes fill in the rest, as transformers does on loading.
+A vision config gets no such defaults: the classes' defaults describe other encoders (SigLIP-base for Gemma 3,
+CLIP-B/32 for LLaVA), so a key left out is refused by name rather than priced as another model.
+
+Imports no torch (the simulator runs without it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.vision_encoders import VisionEncoderShape
+
+GEMMA3 = "Gemma3ForConditionalGeneration"
+LLAVA = "LlavaForConditionalGeneration"
+QWEN2_VL = "Qwen2VLForConditionalGeneration"
+QWEN2_5_VL = "Qwen2_5_VLForConditionalGeneration"
+VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL)
+_ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL}
+
+# transformers' Gemma3TextConfig defaults: what a Gemma 3 checkpoint's text_config leaves out (every released
+# size's vocab_size and max_position_embeddings, the 4B's head counts).
+_GEMMA3_TEXT_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+                         "sliding_window": 4096, "max_position_embeddings": 131072, "tie_word_embeddings": True}
+# transformers' LlamaConfig defaults (num_key_value_heads: num_attention_heads, which hf_model_config assumes
+# already) and MistralConfig defaults, for LLaVA's text_config; each with the architecture it reads as.
+_LLAVA_TEXT_MODELS = {
+    "llama": ("LlamaForCausalLM", {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                                   "num_attention_heads": 32, "max_position_embeddings": 2048, "vocab_size": 32000}),
+    "mistral": ("MistralForCausalLM", {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                                       "num_attention_heads": 32, "num_key_value_heads": 8,
+                                       "max_position_embeddings": 4096 * 32, "vocab_size": 32000,
+                                       "sliding_window": 4096}),
+}
+# What a config may leave out at its top level: LlavaConfig's and Gemma3Config's defaults.
+_DEFAULT_VISION_FEATURE_LAYER = -2
+_DEFAULT_GEMMA3_TOKENS_PER_IMAGE = 256
+
+
+def vision_language_architecture(config: dict) -> str | None:
+    """The config's vision-language architecture, by ``architectures`` or (that left out) ``model_type``, as
+    hf_model_config picks a text architecture; None for any other config."""
+    architectures = config.get("architectures") or [_ARCHITECTURE_OF_MODEL_TYPE.get(config.get("model_type"))]
+    return next((a for a in architectures if a in VISION_LANGUAGE_ARCHITECTURES), None)
+
+
+def language_model_config(config: dict, path: str | Path) -> dict | None:
+    """The language model's config of a vision-language ``config``, flat, as a text checkpoint's config.json
+    would hold it (None for a text-only config). Its ``architectures`` names the LM's architecture, so that
+    hf_model_config dispatches on it; ``_name_or_path`` is the outer config's (a LLaVA text_config carries its
+    base model's, Vicuna's, which is not this model)."""
+    architecture = vision_language_architecture(config)
+    if architecture is None:
+        return None
+    text = config.get("text_config")
+    if text is None:
+        text = {}  # transformers' config classes build the default text config then
+    if not isinstance(text, dict):
+        raise ValueError(f"model: {path}: key 'text_config' must be a mapping, got {text!r}")
+    if architecture in (QWEN2_VL, QWEN2_5_VL):
+        # The LM's keys sit at the top level; a text_config, where saved, holds the same keys and wins.
+        outer = {key: value for key, value in config.items() if key not in ("text_config", "vision_config")}
+        language = {**outer, **text, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    else:
+        if architecture == GEMMA3:
+            text_architecture, text_model_type, defaults = "Gemma3ForCausalLM", "gemma3_text", _GEMMA3_TEXT_DEFAULTS
+        else:
+            text_model_type = text.get("model_type", "llama")  # LlavaConfig's default text config is Llama's
+            if text_model_type not in _LLAVA_TEXT_MODELS:
+                raise ValueError(f"model: {path}: key 'text_config.model_type' is {text_model_type!r}; LLaVA's "
+                                 f"language model is read for {', '.join(_LLAVA_TEXT_MODELS)}")
+            text_architecture, defaults = _LLAVA_TEXT_MODELS[text_model_type]
+            if "vocab_size" in config:
+                # Older LlavaConfigs kept the LM's vocabulary at the top level.
+                defaults = {**defaults, "vocab_size": config["vocab_size"]}
+        # The text config's own tie_word_embeddings first, then the outer config's, then the class default.
+        outer_tie = {"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}
+        language = {**defaults, **outer_tie, **text, "architectures": [text_architecture],
+                    "model_type": text_model_type}
+    language.pop("_name_or_path", None)
+    if config.get("_name_or_path"):
+        language["_name_or_path"] = config["_name_or_path"]
+    return language
+
+
+def vision_encoder_from_hf_config(config: dict, language_hidden_size: int, path: str | Path
+                                  ) -> VisionEncoderShape | None:
+    """The vision encoder of a vision-language ``config`` (None for a text-only config), its projector mapping
+    into ``language_hidden_size``; a ValueError naming the key for a malformed ``vision_config``."""
+    architecture = vision_language_architecture(config)
+    if architecture is None:
+        return None
+    vision = config.get("vision_config")
+    if vision is None:
+        raise ValueError(f"model: {path}: config.json lacks the key 'vision_config' ({architecture})")
+    if not isinstance(vision, dict):
+        raise ValueError(f"model: {path}: key 'vision_config' must be a mapping, got {vision!r}")
+    path = Path(path)
+    name = f"{config.get('_name_or_path') or path.parent.name or path.stem} vision"
+    read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit}
+    return read[architecture](name, config, vision, language_hidden_size, path)
+
+
+def vision_encoder_from_hf_path(path: str | Path) -> VisionEncoderShape | None:
+    """The vision encoder of the model whose ``config.json`` is ``path`` (or lies in the folder ``path``). None
+    when ``path`` names no such file (a preset name, say) or the config is a text model's."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model: {path} does not hold a JSON object")
+    language = language_model_config(config, path)
+    if language is None:
+        return None
+    return vision_encoder_from_hf_config(config, _positive(language, "hidden_size", "", path), path)
+
+
+def _positive(section: dict, key: str, where: str, path: Path, default: int | None = None) -> int:
+    """``section[key]`` (``default`` when left out), a positive integer; ``where`` is the section's dotted
+    prefix in error messages ("vision_config." or "" for the top level)."""
+    raw = section.get(key, default)
+    if raw is None:
+        section_name = where.rstrip(".") or "config.json"
+        raise ValueError(f"model: {path}: {section_name} lacks the key {key!r}")
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+        raise ValueError(f"model: {path}: key '{where}{key}' must be a positive integer, got {raw!r}")
+    return raw
+
+
+def _vision(vision: dict, key: str, path: Path) -> int:
+    return _positive(vision, key, "vision_config.", path)
+
+
+def _patch_grid_side(vision: dict, path: Path) -> int:
+    """Patches along one side of the (square) input image."""
+    image_size, patch_size = _vision(vision, "image_size", path), _vision(vision, "patch_size", path)
+    if image_size % patch_size:
+        raise ValueError(f"model: {path}: key 'vision_config.patch_size' ({patch_size}) must divide "
+                         f"vision_config.image_size ({image_size})")
+    return image_size // patch_size
+
+
+def _gemma3_siglip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                   ) -> VisionEncoderShape:
+    """SigLIP at a fixed resolution; average pooling turns its patch grid into ``mm_tokens_per_image`` tokens
+    (4096 patches into 256 at 896 px), which one linear maps into the LM's width."""
+    patches = _patch_grid_side(vision, path) ** 2
+    tokens = _positive(config, "mm_tokens_per_image", "", path, _DEFAULT_GEMMA3_TOKENS_PER_IMAGE)
+    if patches % tokens:
+        raise ValueError(f"model: {path}: key 'mm_tokens_per_image' ({tokens}) must divide the image's {patches} "
+                         "patches (vision_config.image_size / patch_size, squared)")
+    hidden_size = _vision(vision, "hidden_size", path)
+    return VisionEncoderShape(
+        name=name, num_layers=_vision(vision, "num_hidden_layers", path), hidden_size=hidden_size,
+        intermediate_size=_vision(vision, "intermediate_size", path),
+        num_attention_heads=_vision(vision, "num_attention_heads", path), patches_per_token=patches // tokens,
+        tokens_per_image=tokens, projector_parameters=hidden_size * language_hidden_size)
+
+
+def _llava_clip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path) -> VisionEncoderShape:
+    """CLIP at a fixed resolution, one token a patch. The LM reads the features of layer
+    ``vision_feature_layer`` (counting the embeddings as 0, so -2 is the penultimate layer), and the server runs
+    no layer past it; ``vision_feature_select_strategy`` "default" drops the CLS patch, "full" keeps it. The
+    projector: two linears (vision width, times the layers read, to the LM's width; then the LM's width to
+    itself) with a GELU between."""
+    num_layers = _vision(vision, "num_hidden_layers", path)
+    feature_layer = config.get("vision_feature_layer", _DEFAULT_VISION_FEATURE_LAYER)
+    # Newer LlavaConfigs accept a list of layers, whose features are concatenated.
+    feature_layers = feature_layer if isinstance(feature_layer, list) and feature_layer else [feature_layer]
+    depths = []
+    for layer in feature_layers:
+        depth = num_layers + 1 + layer if _is_int(layer) and layer < 0 else layer
+        if not _is_int(layer) or not 1 <= depth <= num_layers:
+            raise ValueError(f"model: {path}: key 'vision_feature_layer' must name a layer of the "
+                             f"{num_layers} (1..{num_layers}, or -1..-{num_layers} from the last), got {feature_layer!r}")
+        depths.append(depth)
+    strategy = config.get("vision_feature_select_strategy", "default")
+    if strategy not in ("default", "full"):
+        raise ValueError(f"model: {path}: key 'vision_feature_select_strategy' must be 'default' or 'full', "
+                         f"got {strategy!r}")
+    hidden_size = _vision(vision, "hidden_size", path)
+    return VisionEncoderShape(
+        name=name, num_layers=max(depths), hidden_size=hidden_size,
+        intermediate_size=_vision(vision, "intermediate_size", path),
+        num_attention_heads=_vision(vision, "num_attention_heads", path), patches_per_token=1,
+        tokens_per_image=_patch_grid_side(vision, path) ** 2 + (strategy == "full"),
+        projector_parameters=(hidden_size * len(depths) * language_hidden_size
+                              + language_hidden_size * language_hidden_size))
+
+
+def _qwen2_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                  ) -> VisionEncoderShape:
+    """Qwen2-VL's ViT at dynamic resolution (the workload states each image's tokens). Its merger concatenates
+    each ``spatial_merge_size`` squared block of patches into one token, then two linears: the concatenated width
+    to itself, and to the LM's width. (The config's vision_config.hidden_size is that LM width, not the ViT's:
+    the ViT's is ``embed_dim``.)"""
+    embed_dim = _vision(vision, "embed_dim", path)
+    mlp_ratio = vision.get("mlp_ratio")
+    if mlp_ratio is None:
+        raise ValueError(f"model: {path}: vision_config lacks the key 'mlp_ratio'")
+    # A number (4 in every release, 4.0 as some tools save it) that makes the MLP a whole width.
+    is_number = isinstance(mlp_ratio, (int, float)) and not isinstance(mlp_ratio, bool)
+    intermediate = embed_dim * mlp_ratio if is_number else 0
+    if intermediate <= 0 or intermediate != int(intermediate):
+        raise ValueError(f"model: {path}: key 'vision_config.mlp_ratio' must be a positive number that makes "
+                         f"embed_dim ({embed_dim}) times it a whole width, got {mlp_ratio!r}")
+    merge = _vision(vision, "spatial_merge_size", path)
+    merged_width = embed_dim * merge * merge
+    return VisionEncoderShape(
+        name=name, num_layers=_vision(vision, "depth", path), hidden_size=embed_dim,
+        intermediate_size=int(intermediate), num_attention_heads=_vision(vision, "num_heads", path),
+        patches_per_token=merge * merge, tokens_per_image=None,
+        projector_parameters=merged_width * merged_width + merged_width * language_hidden_size)
+
+
+def _qwen2_5_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                    ) -> VisionEncoderShape:
+    """Qwen2.5-VL's ViT: Qwen2-VL's, with a gated (SwiGLU) MLP and the merger's output width its own key
+    (``out_hidden_size``, the LM's width). Its layers attend within windows of the image but for a few
+    (``fullatt_block_indexes``); the shape prices full attention in every layer, an upper bound on the
+    attention term."""
+    hidden_size = _vision(vision, "hidden_size", path)
+    merge = _vision(vision, "spatial_merge_size", path)
+    merged_width = hidden_size * merge * merge
+    return VisionEncoderShape(
+        name=name, num_layers=_vision(vision, "depth", path), hidden_size=hidden_size,
+        intermediate_size=_vision(vision, "intermediate_size", path),
+        num_attention_heads=_vision(vision, "num_heads", path), patches_per_token=merge * merge,
+        tokens_per_image=None,
+        projector_parameters=merged_width * merged_width + merged_width * _vision(vision, "out_hidden_size", path),
+        gated_mlp=True)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
