@@ -250,10 +250,13 @@ class Scheduler:
                 num_new_tokens = token_budget
             items_to_encode = ()
             if request.mm_features and num_computed < request.num_prompt_tokens:
-                num_new_tokens, items_to_encode, _ = plan_encoder_inputs(
+                num_new_tokens, items_to_encode, newly_held = plan_encoder_inputs(
                     encoder, request, num_computed, num_new_tokens, self.disable_chunked_mm_input)
                 if num_new_tokens == 0:
-                    # Its next item's encoder output has no room this step (vLLM passes it over too).
+                    # Its next item's encoder output has no room this step (vLLM passes it over too). (It holds
+                    # nothing new then: an item held here would lie before the one that cut the chunk.)
+                    for identifier in newly_held:
+                        encoder.release(request.request_id, identifier)
                     req_index += 1
                     continue
             while True:
