@@ -15,12 +15,15 @@ from __future__ import annotations
 from typing import Iterable
 
 from engine.core.cached_block_map import CachedBlockMap
+from engine.core.eviction_policies import make_eviction_policy
 from engine.core.free_block_queue import BlockStore, FreeKVCacheBlockQueue, KVCacheBlock
+from engine.core.policy_free_queue import PolicyFreeBlockQueue
 from engine.core.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False,
+                 eviction_policy: str = "lru") -> None:
         if num_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be at least 2 (one is the null block), got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -29,6 +32,12 @@ class BlockPool:
         # Made on first use (free_block_queue.py): a large pool costs what its workload touches.
         self.blocks = BlockStore(num_blocks)
         self.free_block_queue = FreeKVCacheBlockQueue.fresh_range(self.blocks, 0, num_blocks)
+        # Which free cached block is evicted first (engine/core/eviction_policies.py): None is vLLM's LRU, the
+        # free queue's own order; a policy orders the cached blocks behind the empty ones.
+        self.eviction_policy_name = eviction_policy
+        self.eviction_policy = make_eviction_policy(eviction_policy)
+        if self.eviction_policy is not None:
+            self.free_block_queue = PolicyFreeBlockQueue(self.free_block_queue, self.eviction_policy)
         self.cached_block_hash_to_block = CachedBlockMap()
         # Kept exact in touch() and free_blocks(), the only places a held block's ref_cnt changes.
         self.num_shared_refs = 0
@@ -67,7 +76,10 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-cache hits, reviving any that sat in the free queue."""
         free_block_queue = self.free_block_queue
+        policy = self.eviction_policy
         for block in blocks:
+            if policy is not None and not block.is_null:
+                policy.record_hit(block)
             if block.ref_cnt == 0:
                 free_block_queue.remove(block)
             elif not block.is_null:
@@ -154,9 +166,17 @@ class BlockPool:
             # are in no list: the made ones forget the old queue's links).
             for block in self.blocks.made():
                 block.prev_free_block = block.next_free_block = None
-            self.free_block_queue = FreeKVCacheBlockQueue.fresh_range(self.blocks, 1, self.num_blocks)
+            queue = FreeKVCacheBlockQueue.fresh_range(self.blocks, 1, self.num_blocks)
         else:  # block 0 is the null block
-            self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[block_id] for block_id in range(1, self.num_blocks))
+            queue = FreeKVCacheBlockQueue(self.blocks[block_id] for block_id in range(1, self.num_blocks)
+                                          if self.eviction_policy is None or self.blocks[block_id].block_hash is None)
+        if self.eviction_policy is not None:
+            # The cached blocks in id order into a new policy (their hit counts start again).
+            self.eviction_policy = make_eviction_policy(self.eviction_policy_name)
+            queue = PolicyFreeBlockQueue(queue, self.eviction_policy,
+                                         sorted((block for block in self.blocks.made() if block.block_hash is not None
+                                                 and not block.is_null), key=lambda block: block.block_id))
+        self.free_block_queue = queue
         return True
 
     def take_events(self) -> list[KVCacheEvent]:

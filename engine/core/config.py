@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.eviction_policies import check_eviction_policy
 from engine.core.scheduling_policy import policy_rank
 
 
@@ -35,6 +36,9 @@ class CacheConfig:
     # (None: a full-attention group), each group holding an equal number of layers per block. None: one block
     # table per request whose blocks hold every layer (vLLM's --disable-hybrid-kv-cache-manager).
     kv_cache_groups: tuple[int | None, ...] | None = None
+    # Which free cached block the prefix cache evicts first (engine/core/eviction_policies.py): vLLM's "lru",
+    # "lfu", or "module:Class" naming a policy of your own.
+    eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and self.block_size > 0, "cache", "block_size",
@@ -56,6 +60,10 @@ class CacheConfig:
                  self.num_offload_blocks, "0 with a sliding window (KV offloading of sliding-window models is not "
                  "supported)")
 
+        try:
+            check_eviction_policy(self.eviction_policy)
+        except ValueError as error:
+            _require(False, "cache", "eviction_policy", self.eviction_policy, str(error))
         if isinstance(self.kv_cache_groups, list):  # as a run's summary.json records it
             self.kv_cache_groups = tuple(self.kv_cache_groups)
         groups = self.kv_cache_groups

@@ -118,6 +118,8 @@ class DecodeFastForward:
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager
+        if manager.block_pool.eviction_policy is not None:
+            return None  # the plans model the LRU queue's order (a policy's may move with every block freed)
         block_size = manager.block_size
         caching = manager.enable_caching
         for request in running:

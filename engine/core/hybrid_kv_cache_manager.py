@@ -48,14 +48,15 @@ def group_tag(group: int) -> bytes:
 class HybridKVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
                  group_windows: tuple[int | None, ...], *, enable_caching: bool = True,
-                 enable_kv_cache_events: bool = False, num_rollback_tokens: int = 0) -> None:
+                 enable_kv_cache_events: bool = False, num_rollback_tokens: int = 0,
+                 eviction_policy: str = "lru") -> None:
         if len(group_windows) < 2:
             raise ValueError(f"a hybrid KV cache needs two or more groups, got {group_windows!r}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.group_windows = tuple(group_windows)
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, enable_kv_cache_events)
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, enable_kv_cache_events, eviction_policy)
         self.groups = [KVCacheManager(num_gpu_blocks, block_size, max_model_len, enable_caching=enable_caching,
                                       sliding_window=window, num_rollback_tokens=num_rollback_tokens,
                                       block_pool=self.block_pool, hash_tag=group_tag(group))

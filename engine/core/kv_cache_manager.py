@@ -42,7 +42,7 @@ class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool = True,
                  enable_kv_cache_events: bool = False, num_offload_blocks: int = 0,
                  sliding_window: int | None = None, num_rollback_tokens: int = 0,
-                 block_pool: BlockPool | None = None, hash_tag: bytes = b"") -> None:
+                 block_pool: BlockPool | None = None, hash_tag: bytes = b"", eviction_policy: str = "lru") -> None:
         """``block_pool`` and ``hash_tag``: one KV-cache group of a hybrid model, its blocks drawn from the pool
         every group shares and cached under its own tag (engine/core/hybrid_kv_cache_manager.py)."""
         if block_size <= 0:
@@ -59,7 +59,7 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.block_pool = block_pool if block_pool is not None else BlockPool(num_gpu_blocks, enable_caching,
-                                                                              enable_kv_cache_events)
+                                                                              enable_kv_cache_events, eviction_policy)
         self.hash_tag = hash_tag
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Number of leading blocks of each request already registered in the prefix cache.

@@ -80,7 +80,8 @@ class Scheduler:
                 cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
                 cache_config.kv_cache_groups, enable_caching=cache_config.enable_prefix_caching,
                 enable_kv_cache_events=cache_config.enable_kv_cache_events,
-                num_rollback_tokens=scheduler_config.num_speculative_tokens)
+                num_rollback_tokens=scheduler_config.num_speculative_tokens,
+                eviction_policy=cache_config.eviction_policy)
         else:
             self.kv_cache_manager = KVCacheManager(
                 cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,
@@ -88,7 +89,8 @@ class Scheduler:
                 enable_kv_cache_events=cache_config.enable_kv_cache_events,
                 num_offload_blocks=cache_config.num_offload_blocks,
                 sliding_window=cache_config.sliding_window if cache_config.frees_out_of_window_blocks else None,
-                num_rollback_tokens=scheduler_config.num_speculative_tokens)
+                num_rollback_tokens=scheduler_config.num_speculative_tokens,
+                eviction_policy=cache_config.eviction_policy)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)

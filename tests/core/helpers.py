@@ -15,7 +15,8 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
               async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
               draft_acceptance=0.7, max_loras=0, sliding_window=None, kv_cache_groups=None,
-              max_num_encoder_input_tokens=None, encoder_cache_size=None, disable_chunked_mm_input=False) -> EngineCore:
+              max_num_encoder_input_tokens=None, encoder_cache_size=None, disable_chunked_mm_input=False,
+              eviction_policy="lru") -> EngineCore:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
@@ -25,7 +26,7 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
                         encoder_cache_size=encoder_cache_size, disable_chunked_mm_input=disable_chunked_mm_input),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks,
-                    sliding_window=sliding_window, kv_cache_groups=kv_cache_groups))
+                    sliding_window=sliding_window, kv_cache_groups=kv_cache_groups, eviction_policy=eviction_policy))
     executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed,
                                 num_speculative_tokens=num_speculative_tokens, draft_acceptance=draft_acceptance,
                                 sliding_window=sliding_window, group_windows=kv_cache_groups)
@@ -72,6 +73,14 @@ def check_kv_invariants(manager: KVCacheManager | HybridKVCacheManager) -> None:
                         assert owner.setdefault(block.block_id, index) == index, f"{block} is in two groups' tables"
     free_ids = [block.block_id for block in pool.free_block_queue]
     assert len(free_ids) == len(set(free_ids)) == pool.free_block_queue.num_free_blocks
+    if pool.eviction_policy is not None:
+        # A policy orders every free block that holds a hash (engine/core/eviction_policies.py), after the empty ones.
+        policy = pool.eviction_policy
+        in_policy = [block.block_id for block in policy]
+        assert len(in_policy) == len(set(in_policy)) == len(policy)
+        assert free_ids[len(free_ids) - len(in_policy):] == in_policy
+        for block in pool.free_block_queue:
+            assert block.block_hash is None or policy.contains(block), f"{block} is free with a hash, outside the policy"
     free_set = set(free_ids)
     assert pool.null_block.block_id not in free_set and pool.null_block.block_id not in holders
     for block in pool.blocks:

@@ -33,7 +33,8 @@ class MultimodalSchedulerMachine(SchedulerMachine):
         kv_cache_groups=st.sampled_from([None, None, None, (None, 5)]),
         encoder_budget=st.sampled_from([None, 5, 6, 11, 30, 40]),
         encoder_cache=st.sampled_from([None, 30, 31, 36, 70]),
-        disable_chunked_mm_input=st.sampled_from([False, False, True]))
+        disable_chunked_mm_input=st.sampled_from([False, False, True]),
+        eviction_policy=st.sampled_from(["lru", "lfu"]))
     def setup(self, **config):
         super().setup(**config)
 

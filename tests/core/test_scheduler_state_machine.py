@@ -36,6 +36,9 @@ from a pool of four, so that requests share them, under small encoder budgets an
 chunked items: the scripted executor keeps an encoder cache as a runner does and checks that no chunk computes an
 item's placeholders without its encoder output, that no item is encoded while its output is kept, and that a
 prefix-cache hit finds KV computed with the request's own images; its cache must equal the scheduler's ledger.
+
+The prefix cache evicts by vLLM's LRU in most runs, by least-frequently-used in the others
+(engine/core/eviction_policies.py): every check above holds under either.
 """
 
 from __future__ import annotations
@@ -75,11 +78,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]),
         kv_cache_groups=st.sampled_from([None] * 5 + [(None, 5), (7, None, 7), (None, 24, 24), (1, None)]),
         encoder_budget=st.sampled_from([None, 6, 30, 47]), encoder_cache=st.sampled_from([None, 30, 35, 64]),
-        disable_chunked_mm_input=st.sampled_from([False, False, True]))
+        disable_chunked_mm_input=st.sampled_from([False, False, True]),
+        eviction_policy=st.sampled_from(["lru", "lru", "lfu"]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
               speculative_tokens, draft_acceptance, max_loras, sliding_window, kv_cache_groups, encoder_budget,
-              encoder_cache, disable_chunked_mm_input):
+              encoder_cache, disable_chunked_mm_input, eviction_policy="lru"):
         # A window hands back blocks and has the executor check every key read (a remote load's KV counts as
         # computed once finish_load delivers it); offloading is refused with one, so it is not drawn with it.
         # A hybrid KV cache (one table per group, the windowed ones handing blocks back) has the executor check
@@ -98,7 +102,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                               num_speculative_tokens=0 if async_scheduling else speculative_tokens,
                               draft_acceptance=draft_acceptance, max_loras=max_loras, kv_cache_groups=kv_cache_groups,
                               max_num_encoder_input_tokens=encoder_budget, encoder_cache_size=encoder_cache,
-                              disable_chunked_mm_input=disable_chunked_mm_input)
+                              disable_chunked_mm_input=disable_chunked_mm_input, eviction_policy=eviction_policy)
         self.scheduler = self.core.scheduler
         manager = self.scheduler.kv_cache_manager
         if manager.offload is not None:
