@@ -45,6 +45,9 @@ class EngineArgs:
     attention_backend: str | None = None
     seed: int = 0
     scheduling_policy: str = "fcfs"
+    # Which free cached block the prefix cache evicts first: lru (vLLM's), lfu, or module:Class
+    # (engine/core/eviction_policies.py).
+    prefix_cache_eviction_policy: str = "lru"
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     # vLLM's --kv-offloading-size: GiB of host memory kept as a second tier of the prefix cache (0: none).
     kv_offloading_size_gib: float = 0.0
@@ -167,4 +170,5 @@ class EngineArgs:
         return CacheConfig(block_size=self.block_size, num_gpu_blocks=num_gpu_blocks,
                            enable_prefix_caching=self.enable_prefix_caching, num_offload_blocks=num_offload_blocks,
                            sliding_window=sliding_window, sliding_window_fraction=sliding_window_fraction,
-                           kv_cache_groups=None if grouping is None else grouping.windows)
+                           kv_cache_groups=None if grouping is None else grouping.windows,
+                           eviction_policy=self.prefix_cache_eviction_policy)

@@ -147,7 +147,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                                    enable_prefix_caching=engine.enable_prefix_caching,
                                    num_offload_blocks=num_offload_blocks, sliding_window=model.sliding_window,
                                    sliding_window_fraction=model.sliding_window_fraction,
-                                   kv_cache_groups=None if groups is None else groups.windows)
+                                   kv_cache_groups=None if groups is None else groups.windows,
+                                   eviction_policy=engine.prefix_cache_eviction_policy)
         scheduler_config = SchedulerConfig(
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
@@ -156,7 +157,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             max_loras=engine.max_loras)
     except ValueError as error:
         # The one scheduler field the workload spells differently (vLLM's engine argument's name).
-        raise _named("engine", ValueError(str(error).replace("scheduler.policy", "engine.scheduling_policy"))) from None
+        raise _named("engine", ValueError(str(error).replace("scheduler.policy", "engine.scheduling_policy")
+                                          .replace("cache.eviction_policy", "engine.prefix_cache_eviction_policy"))) from None
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
                                      engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size)

@@ -58,6 +58,9 @@ class EngineSection(SchemaModel):
     # vLLM's fcfs or priority; shortest_prompt_first, shortest_output_first, or your own rank function as
     # "module:function" (engine/core/scheduling_policy.py says what each does; the engine imports the function).
     scheduling_policy: str = "fcfs"
+    # Which free cached block the prefix cache evicts first: lru (vLLM's), lfu, or "module:Class" naming a policy
+    # of your own (engine/core/eviction_policies.py says what each does).
+    prefix_cache_eviction_policy: str = "lru"
     # GPUs one engine shards the model over (simulated; the model must split evenly: sim/model_shapes.py).
     tensor_parallel_size: PositiveInt = 1
     # Pipeline stages one engine splits the model's layers over, each on tensor_parallel_size GPUs
@@ -100,6 +103,14 @@ class EngineSection(SchemaModel):
         if value not in SCHEDULING_POLICIES and not _RANK_FUNCTION.fullmatch(value):
             raise ValueError(f"must be one of {', '.join(SCHEDULING_POLICIES)}, or 'module:function' naming a rank "
                              "function (lower is served first)")
+        return value
+
+    @field_validator("prefix_cache_eviction_policy")
+    @classmethod
+    def _eviction_policy_is_named_or_a_class(cls, value: str) -> str:
+        # The class is imported and checked when the engine is built (engine/core/eviction_policies.py).
+        if value not in ("lru", "lfu") and not _RANK_FUNCTION.fullmatch(value):
+            raise ValueError("must be lru, lfu, or 'module:Class' naming an eviction policy")
         return value
 
     @field_validator("max_lora_rank")

@@ -68,6 +68,8 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--scheduling-policy", default=defaults.scheduling_policy,
                         help="order of admission: fcfs, priority, shortest_prompt_first, shortest_output_first, "
                              "or module:function (a rank function; lower is served first)")
+    engine.add_argument("--prefix-cache-eviction-policy", default=defaults.prefix_cache_eviction_policy,
+                        help="which free cached block is evicted first: lru (vLLM's), lfu, or module:Class")
     engine.add_argument("--device", default=defaults.device, help="'cpu' or 'cuda'")
     engine.add_argument("--dtype", default=defaults.dtype, help="'auto', 'float32', 'float16' or 'bfloat16'")
     engine.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization,
@@ -114,7 +116,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         max_model_len=args.max_model_len, num_gpu_blocks=args.num_gpu_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, seed=args.seed, scheduling_policy=args.scheduling_policy,
-        enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib,
+        prefix_cache_eviction_policy=args.prefix_cache_eviction_policy, enforce_eager=args.enforce_eager, kv_offloading_size_gib=args.kv_offloading_size_gib,
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         speculative_config=args.speculative_config, enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras, runner=args.runner,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.core.sampling_params import MAX_SEED, MIN_SEED
+from engine.core.eviction_policies import check_eviction_policy
 from engine.core.scheduling_policy import policy_rank
 from engine.engine_args import DEFAULT_MODEL_NAMES, EngineArgs
 from engine.engine_components import TokenizerLoadError
@@ -75,6 +76,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         policy_rank(args.scheduling_policy)
     except ValueError as error:
         parser.error(f"--scheduling-policy must be {error}, got {args.scheduling_policy!r}")
+    try:
+        check_eviction_policy(args.prefix_cache_eviction_policy)
+    except ValueError as error:
+        parser.error(f"--prefix-cache-eviction-policy must be {error}, got {args.prefix_cache_eviction_policy!r}")
     if args.speculative_config is not None:
         from engine.runner.spec_decode.config import SpeculativeConfig
         try:

@@ -63,3 +63,18 @@ def test_a_users_rank_function_and_a_bad_policy(tiny_llama_path):
     assert sorted(range(3), key=lambda index: outputs[index].metrics.first_scheduled_time) == [1, 2, 0]
     with pytest.raises(ValueError, match=r"scheduler\.policy must be one of 'fcfs'.*got 'lifo'"):
         LLM(model=str(tiny_llama_path), scheduling_policy="lifo")
+
+
+def test_the_real_engine_takes_an_eviction_policy_and_gives_the_same_tokens(tiny_llama_path):
+    """LFU eviction changes which cached blocks a small pool keeps, never the tokens (greedy decoding)."""
+    from engine.core.eviction_policies import LeastFrequentlyUsed
+
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] + [20 + index] for index in range(4)]
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    outputs = {}
+    for policy in ("lru", "lfu"):
+        llm = LLM(model=str(tiny_llama_path), num_gpu_blocks=12, block_size=4, prefix_cache_eviction_policy=policy)
+        pool = llm.scheduler.kv_cache_manager.block_pool
+        assert isinstance(pool.eviction_policy, LeastFrequentlyUsed) == (policy == "lfu")
+        outputs[policy] = [output.outputs[0].token_ids for output in llm.generate(prompts, params)]
+    assert outputs["lru"] == outputs["lfu"]

@@ -32,6 +32,8 @@ pytestmark = pytest.mark.usefixtures("never_serve")
                                       "'shortest_prompt_first', 'shortest_output_first', or 'module:function'"),
     (["--scheduling-policy", "tests.core.rank_functions:nope"], "error: --scheduling-policy must be "
                                                                 "'module:function' naming a callable"),
+    (["--prefix-cache-eviction-policy", "mru"], "error: --prefix-cache-eviction-policy must be one of 'lru', 'lfu', "
+                                                "or 'module:Class'"),
 ])
 def test_bad_flags_are_one_line_errors(tiny_model_path, capsys, argv, message):
     status, err = run_cli(["--model", str(tiny_model_path), *argv], capsys)
