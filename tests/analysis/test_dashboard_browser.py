@@ -40,9 +40,20 @@ def test_every_kind_of_figure_renders_without_javascript_errors(tmp_path: Path) 
                      "desired": [None, 2, None, 2, None], "metric": [None, 12.0, None, 9.0, None]}}
     write_run(faster, scaled.requests, scaled.steps, scaled.summary)
 
+    # The first run as one with images (analysis/multimodal_stats.py's columns and summary): the Images section.
+    shown = read_run(sim)
+    requests, steps = shown.requests.copy(), shown.steps.copy()
+    requests["num_images"] = [index % 3 for index in range(len(requests))]
+    requests["num_image_tokens"] = requests["num_images"] * 256
+    steps["num_encoder_items"] = [index % 2 for index in range(len(steps))]
+    steps["num_encoder_tokens"] = steps["num_encoder_items"] * 256
+    shown.summary["multimodal"] = {"images_shown": int(requests["num_images"].sum())}
+    write_run(sim, requests, steps, shown.summary)
+
     dashboard = assemble_dashboard(prepare_runs([sim, real, faster, diverged_dir]))
     ids = {figure.figure_id for figure in dashboard.figures}
-    assert {"latency-throughput", "fidelity-step-duration", "fidelity-step-duration-2", "autoscaling-timeline"} <= ids
+    assert {"latency-throughput", "fidelity-step-duration", "fidelity-step-duration-2", "autoscaling-timeline",
+            "multimodal"} <= ids
     page = write_dashboard(dashboard, tmp_path / "all.html", browser_probe=True)
 
     result = probe_page(page, timeout_s=120)
