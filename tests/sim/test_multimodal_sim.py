@@ -115,3 +115,24 @@ def test_the_dashboard_shows_the_encoder_work_and_ttft_with_and_without_images(t
     assert sum(encoder_tokens_per_s.y) > 0
     assert multimodal_figure(prepare_runs([tmp_path / "text"])) is None
     assert "images" in [section.section_id for section in assemble_dashboard(runs).sections]
+
+
+def test_later_turns_resend_their_images_and_find_them_cached(tmp_path):
+    # Each conversation shows its images in the first turn; later turns resend the conversation, images included
+    # at the same offsets, and find them as prefix-cache hits (no encoder work for them).
+    workload = small("workload.num_requests=30", "workload.images.distinct=null",
+                     "workload.sessions={turns: {type: constant, value: 3}, user_len: {type: constant, value: 20}}")
+    summary, requests, _ = run(workload, tmp_path)
+    assert summary["num_finished"] == 90
+    later = requests[requests["turn"] > 1]
+    first = requests[requests["turn"] == 1].set_index("request_id")
+    assert (later["num_images"].to_numpy() == first.loc[later["session_id"], "num_images"].to_numpy()).all()
+    images = summary["multimodal"]
+    assert images["images_shown"] == 3 * first["num_images"].sum()
+    assert images["images_encoded"] < images["images_shown"] * 0.5  # the later turns' images were prefix hits
+
+
+def test_a_cluster_routes_requests_with_images(tmp_path):
+    summary, requests, _ = run(small("cluster={num_replicas: 2, router: prefix_aware}", "workload.images.distinct=4"),
+                               tmp_path)
+    assert summary["num_finished"] == 80 and summary["multimodal"]["images_shown"] == requests["num_images"].sum()
