@@ -118,8 +118,6 @@ class DecodeFastForward:
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager
-        if manager.block_pool.eviction_policy is not None:
-            return None  # the plans model the LRU queue's order (a policy's may move with every block freed)
         block_size = manager.block_size
         caching = manager.enable_caching
         for request in running:
@@ -177,7 +175,11 @@ class DecodeFastForward:
         block_size = manager.block_size
         caching = manager.enable_caching
         num_steps = min(num_steps, max(self.last_steps) + 1)
-        num_steps = self._steps_within_pool(num_steps, pool.get_num_free_blocks(), block_size)
+        # Under an eviction policy other than LRU (engine/core/policy_free_queue.py) the run allocates from the empty
+        # blocks only, which come first in the LRU queue's order (a block freed in the run with a hash goes to the
+        # policy, where no allocation of the run reaches it; one without, to the front, as PlannedBlockRuns plans).
+        free = pool.get_num_free_blocks() if pool.eviction_policy is None else pool.free_block_queue.empty.num_free_blocks
+        num_steps = self._steps_within_pool(num_steps, free, block_size)
         if num_steps <= 0:
             return FastForwardResult(0, [], [], [], [], [])
         groups = self._groups

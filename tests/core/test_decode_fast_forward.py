@@ -62,15 +62,17 @@ def snapshot(scheduler):
        # Windows below a block, of one block (block_size 16), of several, past every sequence; or none.
        window=st.one_of(st.none(), st.sampled_from([1, 2, 5, 16, 17, 33]), st.integers(1, 120)),
        # A hybrid KV cache (its groups' windows; a window or a host tier is then not drawn with it).
-       groups=st.sampled_from([None] * 4 + [(None, 5), (7, None, 7), (None, 16, 33), (1, None)]))
+       groups=st.sampled_from([None] * 4 + [(None, 5), (7, None, 7), (None, 16, 33), (1, None)]),
+       # Eviction by LFU: the run allocates from the empty blocks only, ahead of the policy's (policy_free_queue.py).
+       eviction_policy=st.sampled_from(["lru", "lru", "lfu"]))
 def test_fast_forward_equals_ordinary_steps(num_blocks, block_size, caching, prompts, num_steps, warmup, identical,
-                                            offload_blocks, window, groups):
+                                            offload_blocks, window, groups, eviction_policy):
     if groups is not None:
         window, offload_blocks = None, 0
     core = make_core(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching,
                      enable_kv_cache_events=True, max_model_len=400,
                      num_offload_blocks=offload_blocks if caching and window is None else 0, sliding_window=window,
-                     kv_cache_groups=groups)
+                     kv_cache_groups=groups, eviction_policy=eviction_policy)
     scheduler = core.scheduler
     shared = [list(range(100, 120)), list(range(200, 207)), [], list(range(300, 348))]
     for index, (group, suffix, max_tokens) in enumerate(prompts):

@@ -57,6 +57,10 @@ def traces(workload, fast_forward):
     ("multimodal", ["workload.num_requests=150", "sweep=null", "workload.images.distinct=20",
                     "engine.encoder_cache_size=3000"]),
     ("multimodal", ["workload.num_requests=120", "sweep=null", "model=gemma-3-4b", "workload.images.tokens_per_image=null"]),
+    # Eviction by LFU: the fast-forward allocates from the empty blocks only, ahead of the policy's cached ones
+    ("prefix_cache_eviction", ["sweep=null", "workload.duration_s=60", "workload.classes[0].duration_s=60",
+                               "engine.num_gpu_blocks=3000", "engine.prefix_cache_eviction_policy=lfu"]),
+    ("chat", ["workload.num_requests=300", "engine.num_gpu_blocks=1500", "engine.prefix_cache_eviction_policy=lfu"]),
 ])
 def test_traces_are_identical_with_and_without_fast_forward(name, overrides, tmp_path):
     overrides = [override.replace("MISTRAL_WINDOW_200", windowed_mistral(tmp_path, 200)) for override in overrides]
