@@ -118,6 +118,11 @@ class DecodeFastForward:
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        if pool.eviction_policy is not None and pool.free_block_queue.empty.num_free_blocks < 8 * len(running):
+            # Under another policy than LRU a run allocates from the empty blocks only (apply): with fewer than a
+            # few blocks per request it would be too short to pay for its plan (measured: break-even near 8).
+            return None
         block_size = manager.block_size
         caching = manager.enable_caching
         for request in running:
