@@ -20,11 +20,11 @@ holds exactly the free blocks that have a hash and were added after they last he
 from __future__ import annotations
 
 import heapq
-import importlib
 import itertools
 from typing import Iterator, Protocol, runtime_checkable
 
 from engine.core.free_block_queue import KVCacheBlock
+from engine.core.named_import import import_named_callable
 
 NAMED_EVICTION_POLICIES = ("lru", "lfu")
 
@@ -115,17 +115,8 @@ def make_eviction_policy(name: str) -> EvictionPolicy | None:
         return None
     if name == "lfu":
         return LeastFrequentlyUsed()
-    if not isinstance(name, str) or name.count(":") != 1:
-        raise ValueError(f"one of {', '.join(map(repr, NAMED_EVICTION_POLICIES))}, or 'module:Class' naming an "
-                         "EvictionPolicy")
-    module_name, class_name = name.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"'module:Class' whose module imports ({error})") from None
-    factory = getattr(module, class_name, None)
-    if not callable(factory):
-        raise ValueError(f"'module:Class' naming a class; {module_name} has no {class_name!r}")
+    factory = import_named_callable(name, "Class", f"one of {', '.join(map(repr, NAMED_EVICTION_POLICIES))}, or "
+                                    "'module:Class' naming an EvictionPolicy")
     policy = factory()
     if not isinstance(policy, EvictionPolicy):
         raise ValueError(f"'module:Class' whose instances are EvictionPolicy objects (add, remove, pop, record_hit, "

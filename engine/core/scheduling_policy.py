@@ -21,11 +21,11 @@ does, with its own rank in place of ``priority`` (ties broken by arrival time, t
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from engine.core.request import Request
+from engine.core.named_import import import_named_callable
 
 Rank = Callable[[Request], Any]
 
@@ -61,18 +61,8 @@ def policy_rank(policy: str) -> Rank | None:
         return None
     if policy in NAMED_RANKS:
         return NAMED_RANKS[policy]
-    module_name, colon, function_name = policy.partition(":") if isinstance(policy, str) else ("", "", "")
-    if not colon or not module_name or not function_name:
-        raise ValueError(f"one of {', '.join(map(repr, NAMED_POLICIES))}, or 'module:function' naming a rank "
-                         f"function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"'module:function' whose module imports ({error})") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ValueError(f"'module:function' naming a callable; {module_name} has no callable {function_name!r}")
-    return function
+    return import_named_callable(policy, "function", f"one of {', '.join(map(repr, NAMED_POLICIES))}, or "
+                                 "'module:function' naming a rank function")
 
 
 def victim_rank(rank: Rank) -> Callable[[Request], tuple]:

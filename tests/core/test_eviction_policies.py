@@ -104,7 +104,7 @@ def test_restoring_the_free_order_keeps_cached_blocks_in_the_policy():
 @pytest.mark.parametrize("name, message", [
     ("mru", "one of 'lru', 'lfu', or 'module:Class'"),
     ("tests.core.no_such_module:Policy", "whose module imports"),
-    ("tests.core.eviction_policy_examples:Missing", "has no 'Missing'"),
+    ("tests.core.eviction_policy_examples:Missing", "has no callable 'Missing'"),
     ("tests.core.eviction_policy_examples:NotAPolicy", "whose instances are EvictionPolicy objects"),
 ])
 def test_bad_policies_are_refused_by_field(name, message):
