@@ -4,10 +4,10 @@ config (Gemma 3, LLaVA, Qwen2-VL) gives its language model's shape (sim/hf_visio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.hf_config_file import read_config_json
 from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
 from sim.model_shapes import ModelShape
 
@@ -43,12 +43,7 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
     """Read the shape from a Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 ``config.json``, a Mixtral /
     Qwen2-MoE / Qwen3-MoE one, or a vision-language model's (its language model's shape)."""
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"model: {path} does not hold a JSON object")
+    config = read_config_json(path)
     # A vision-language config becomes its language model's, which the rest reads as a text config.
     config = language_model_config(config, path) or config
     architectures = config.get("architectures") or [_MODEL_TYPE_TO_ARCHITECTURE.get(config.get("model_type"), None)]

@@ -21,9 +21,9 @@ Imports no torch (the simulator runs without it).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from sim.hf_config_file import read_config_json
 from sim.vision_encoders import VisionEncoderShape
 
 GEMMA3 = "Gemma3ForConditionalGeneration"
@@ -125,12 +125,7 @@ def vision_encoder_from_hf_path(path: str | Path) -> VisionEncoderShape | None:
         path = path / "config.json"
     if not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"model: cannot read {path} as JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"model: {path} does not hold a JSON object")
+    config = read_config_json(path)
     language = language_model_config(config, path)
     if language is None:
         return None
