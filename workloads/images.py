@@ -17,12 +17,12 @@ Draws use their own random streams, so adding images leaves arrivals, lengths an
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt, field_validator
 
+from workloads.popularity import parse_popularity, pick_by_weights, popularity_weights
 from workloads.distributions import ConstantLength, LengthSpec, TraceLength
 from workloads.random_streams import Stream, random_stream
 from workloads.schema_base import SchemaModel
@@ -58,14 +58,7 @@ class ImageSection(SchemaModel):
     @field_validator("popularity", mode="before")
     @classmethod
     def _popularity(cls, value: Any) -> Any:
-        if value == "uniform":
-            return value
-        exponent = value.get("zipf") if isinstance(value, dict) and set(value) == {"zipf"} else None
-        if (exponent is None or isinstance(exponent, bool) or not isinstance(exponent, (int, float))
-                or not math.isfinite(exponent) or exponent <= 0):
-            raise ValueError("must be 'uniform' or {zipf: s} with an exponent s > 0 (image i drawn in proportion to "
-                             "1 / (i + 1) ** s)")
-        return {"zipf": float(exponent)}
+        return parse_popularity(value, ("uniform",), "image i drawn")
 
     def largest_image(self, default_tokens: int | None) -> int | None:
         """The most placeholder tokens one image can take (None: unbounded, or not known without the model)."""
@@ -97,11 +90,7 @@ class ImageSection(SchemaModel):
             lengths = sizes(total).tolist()
         else:
             pool_sizes = sizes(self.distinct)
-            weights = (np.ones(self.distinct) if self.popularity == "uniform" else
-                       1.0 / np.arange(1, self.distinct + 1, dtype=np.float64) ** self.popularity["zipf"])
-            cumulative = np.cumsum(weights)
-            picks = np.minimum(np.searchsorted(cumulative, rng.random(total) * cumulative[-1], side="right"),
-                               self.distinct - 1)
+            picks = pick_by_weights(popularity_weights(self.popularity, self.distinct), rng.random(total))
             names = [f"image-{tag}-p{index}" for index in picks.tolist()]
             lengths = pool_sizes[picks].tolist()
         drawn: list[tuple[tuple[str, int], ...]] = []

@@ -12,7 +12,6 @@ must then give them the same rank and modules (WorkloadConfig checks it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from workloads.errors import problems_error
+from workloads.popularity import parse_popularity, pick_by_weights, popularity_weights
 from workloads.schema_base import SchemaModel
 
 # The projections of a Llama-family layer a LoRA adapter may adapt (PEFT's target_modules names).
@@ -83,14 +83,7 @@ class LoRASection(SchemaModel):
     @field_validator("popularity", mode="before")
     @classmethod
     def _popularity(cls, value: Any) -> Any:
-        if value in ("uniform", "trace"):
-            return value
-        exponent = value.get("zipf") if isinstance(value, dict) and set(value) == {"zipf"} else None
-        if (exponent is None or isinstance(exponent, bool) or not isinstance(exponent, (int, float))
-                or not math.isfinite(exponent) or exponent <= 0):
-            raise ValueError("must be 'uniform', 'trace' or {zipf: s} with an exponent s > 0 (adapter i picked in "
-                             "proportion to 1 / (i + 1) ** s)")
-        return {"zipf": float(exponent)}
+        return parse_popularity(value, ("uniform", "trace"), "adapter i picked")
 
     @field_validator("target_modules")
     @classmethod
@@ -126,16 +119,12 @@ class LoRASection(SchemaModel):
         return [AdapterSpec(adapter_name(index), index + 1, self.rank_of(index), modules) for index in range(self.adapters)]
 
     def probabilities(self) -> np.ndarray:
-        if self.popularity in ("uniform", "trace"):
-            weights = np.ones(self.adapters)
-        else:
-            weights = 1.0 / np.arange(1, self.adapters + 1, dtype=np.float64) ** self.popularity["zipf"]
+        weights = popularity_weights(self.popularity, self.adapters)
         return weights / weights.sum()
 
     def pick(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """Each of ``count`` requests' adapter index, or -1 for the base model. One (base?, which) pair of
         uniforms per request, row by row, so request i's pick does not depend on how many requests there are."""
         uniforms = rng.random((count, 2))
-        cumulative = np.cumsum(self.probabilities())
-        picks = np.minimum(np.searchsorted(cumulative, uniforms[:, 1] * cumulative[-1], side="right"), self.adapters - 1)
+        picks = pick_by_weights(self.probabilities(), uniforms[:, 1])
         return np.where(uniforms[:, 0] < self.base_model_fraction, -1, picks)
