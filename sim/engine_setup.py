@@ -19,7 +19,8 @@ from sim.kv_offload_loads import HOST_LINK_EFFICIENCY, HostLinkSetup, offload_ca
 from sim.lora_adapters import LoRASetup, lora_setup
 from sim.vision_setup import VisionSetup, VisionSetupError, size_encoder_budget, vision_setup
 from sim.model_presets import resolve_model
-from sim.model_shapes import ModelShape, kv_cache_num_blocks, kv_cache_storage_dtype
+from sim.kv_cache_capacity import kv_cache_num_blocks
+from sim.model_shapes import ModelShape, kv_cache_storage_dtype
 from sim.speculation import SpeculationSetup
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 

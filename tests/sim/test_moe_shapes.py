@@ -11,7 +11,8 @@ import pytest
 from sim.hardware import resolve_hardware
 from sim.hf_model_config import model_from_hf_config
 from sim.model_presets import resolve_model
-from sim.model_shapes import ModelShape, kv_cache_num_blocks
+from sim.kv_cache_capacity import kv_cache_num_blocks
+from sim.model_shapes import ModelShape
 
 MOE_PRESETS = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b")
 

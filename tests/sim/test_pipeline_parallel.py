@@ -14,7 +14,7 @@ from sim.cost_models.step_batch import StepBatch, step_features
 from sim.engine_setup import SetupError, build_setup
 from sim.hardware import resolve_hardware
 from sim.model_presets import resolve_model
-from sim.model_shapes import kv_cache_num_blocks
+from sim.kv_cache_capacity import kv_cache_num_blocks
 from sim.pipeline_stages import PipelineStages, pipelined_engine_loop
 from sim.profile_match import SHIPPED_PROFILES_DIR
 from sim.sim_executor import SimulatedExecutor

@@ -10,7 +10,8 @@ import pytest
 from sim.hardware import HARDWARE_PRESETS, HardwareSpec, resolve_hardware
 from sim.hf_model_config import model_from_hf_config
 from sim.model_presets import MODEL_PRESETS, resolve_model
-from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_num_blocks
+from sim.kv_cache_capacity import kv_cache_num_blocks
+from sim.model_shapes import ModelShape, dtype_bytes
 
 GIB = 2**30
 

@@ -10,7 +10,7 @@ from sim.cost_models import AnalyticalCostModel, StepBatch
 from sim.engine_setup import SetupError, build_setup
 from sim.hardware import resolve_hardware
 from sim.model_presets import resolve_model
-from sim.model_shapes import kv_cache_num_blocks
+from sim.kv_cache_capacity import kv_cache_num_blocks
 from sim.run_pipeline import run_simulation
 from workloads import WorkloadError, example_path, load_workload
 
