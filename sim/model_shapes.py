@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from sim.latent_attention import (check_latent_attention, latent_attention_norm_parameters,
+                                  latent_attention_projection_parameters, latent_kv_width)
+
 GIB = 1024**3
 
 # Bytes per element of each dtype name the project accepts (torch's spellings and the usual short ones).
@@ -63,6 +66,22 @@ class ModelShape:
     # the KV blocks that leave a request's window. None: full attention everywhere.
     sliding_window: int | None = None
     num_sliding_layers: int | None = None
+    # DeepSeek-V2/V3's mixtures of experts keep a dense MLP (``intermediate_size`` wide) in their first
+    # ``num_dense_layers`` layers (the config's first_k_dense_replace) and run experts in the rest. 0: experts in
+    # every layer. Only with experts.
+    num_dense_layers: int = 0
+    # Qwen2-MoE scales its shared expert by a sigmoid gate; DeepSeek's shared experts are added as they are.
+    shared_expert_gate: bool = True
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; sim/attention_shapes.py says what it computes):
+    # keys and values are one compressed latent of ``kv_lora_rank`` per token plus a shared rotary key of
+    # ``qk_rope_head_dim``, which is all the KV cache holds; each head's query and key are ``head_dim`` wide
+    # (its ``head_dim - qk_rope_head_dim`` unrotated part comes from the latent) and its value ``v_head_dim``.
+    # Queries go through a low-rank ``q_lora_rank`` projection first (0: one full-rank projection, as
+    # DeepSeek-V2-Lite). kv_lora_rank 0: ordinary attention, and the other three must be 0.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -82,6 +101,7 @@ class ModelShape:
             raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
                              f"got {self.num_kv_heads}")
         self._check_experts()
+        check_latent_attention(self)
 
     def _check_experts(self) -> None:
         for name in ("num_experts", "num_experts_per_token", "moe_intermediate_size",
@@ -94,7 +114,14 @@ class ModelShape:
                 if getattr(self, name):
                     raise ValueError(f"model.{name} is {getattr(self, name)}, but model.num_experts is 0 (a dense "
                                      "model); set num_experts for a mixture of experts")
+            if self.num_dense_layers:
+                raise ValueError(f"model.num_dense_layers is {self.num_dense_layers}, but model.num_experts is 0: "
+                                 "every layer of a dense model is dense; set num_experts for a mixture of experts")
             return
+        if not isinstance(self.num_dense_layers, int) or isinstance(self.num_dense_layers, bool) \
+                or not 0 <= self.num_dense_layers < self.num_layers:
+            raise ValueError(f"model.num_dense_layers must be 0..num_layers - 1 ({self.num_layers - 1}) for a mixture "
+                             f"of experts, got {self.num_dense_layers!r}")
         if not 1 <= self.num_experts_per_token <= self.num_experts:
             raise ValueError(f"model.num_experts_per_token must be 1..num_experts ({self.num_experts}) for a "
                              f"mixture of experts, got {self.num_experts_per_token}")
@@ -131,18 +158,34 @@ class ModelShape:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (sim/latent_attention.py)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is experts: all but the first ``num_dense_layers`` of a mixture of experts, none of a
+        dense model."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        """Layers with a dense MLP of ``intermediate_size``: every layer of a dense model, DeepSeek's first few."""
+        return self.num_layers - self.num_moe_layers
+
     # --- parameters (per layer first) ------------------------------------------------------------
     @property
     def attention_projection_parameters(self) -> int:
-        """Weights of one layer's QKV and O projections (biases apart)."""
+        """Weights of one layer's QKV and O projections (biases apart); latent attention's five projections."""
+        if self.is_mla:
+            return latent_attention_projection_parameters(self)
         h = self.hidden_size
         return h * (self.q_size + 2 * self.kv_size) + self.q_size * h
 
     @property
     def dense_mlp_parameters(self) -> int:
-        """Weights of one layer's dense MLP (gate+up, down); 0 for a mixture of experts, which has none."""
-        if self.is_moe:
-            return 0
+        """Weights of one dense MLP (gate+up, down), in the layers that have one (``num_dense_mlp_layers``)."""
         return self.hidden_size * self.mlp_up_size + self.intermediate_size * self.hidden_size
 
     @property
@@ -152,53 +195,89 @@ class ModelShape:
 
     @property
     def router_parameters(self) -> int:
-        """One layer's router: a hidden -> num_experts projection (kept in the model's dtype under fp8)."""
+        """One MoE layer's router: a hidden -> num_experts projection (kept in the model's dtype under fp8)."""
         return self.hidden_size * self.num_experts
 
     @property
     def shared_expert_parameters(self) -> int:
-        """One layer's shared expert (gate, up, down), without its [hidden, 1] sigmoid gate."""
+        """One MoE layer's shared expert (gate, up, down; DeepSeek's several as one, as vLLM fuses them), without
+        Qwen2-MoE's [hidden, 1] sigmoid gate."""
         return 3 * self.hidden_size * self.shared_expert_intermediate_size
 
     @property
     def shared_expert_gate_parameters(self) -> int:
-        return self.hidden_size if self.shared_expert_intermediate_size else 0
+        return self.hidden_size if self.shared_expert_intermediate_size and self.shared_expert_gate else 0
+
+    @property
+    def moe_layer_linear_parameters(self) -> int:
+        """One MoE layer's weights that fp8 quantization stores in one byte: the attention projections, every
+        expert and the shared expert. Not the router nor the shared expert's gate (vLLM keeps both in the model's
+        dtype), nor norms. 0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return self.attention_projection_parameters + self.num_experts * self.expert_parameters \
+            + self.shared_expert_parameters
+
+    @property
+    def dense_layer_linear_parameters(self) -> int:
+        """One dense layer's weights that fp8 stores in one byte: the attention projections and the dense MLP."""
+        return self.attention_projection_parameters + self.dense_mlp_parameters
 
     @property
     def layer_linear_parameters(self) -> int:
-        """One layer's weights that fp8 quantization stores in one byte: QKV, O, the dense MLP or every expert
-        and the shared expert. Not the router nor the shared expert's gate (vLLM keeps both in the model's
-        dtype), nor norms and biases."""
-        return self.attention_projection_parameters + self.dense_mlp_parameters \
-            + self.num_experts * self.expert_parameters + self.shared_expert_parameters
+        """``moe_layer_linear_parameters`` for a mixture of experts (its typical layer), else the dense layer's."""
+        return self.moe_layer_linear_parameters if self.is_moe else self.dense_layer_linear_parameters
+
+    @property
+    def _layer_other_parameters(self) -> int:
+        """One layer's weights that fp8 leaves in the model's dtype besides an MoE layer's router and gate: norms
+        (latent attention's two more) and biases."""
+        bias = self.q_size + 2 * self.kv_size if self.qkv_bias else 0
+        return 2 * self.hidden_size + bias + latent_attention_norm_parameters(self)
+
+    @property
+    def moe_layer_parameters(self) -> int:
+        if not self.is_moe:
+            return 0
+        return self.moe_layer_linear_parameters + self.router_parameters + self.shared_expert_gate_parameters \
+            + self._layer_other_parameters
+
+    @property
+    def dense_layer_parameters(self) -> int:
+        return self.dense_layer_linear_parameters + self._layer_other_parameters
 
     @property
     def layer_parameters(self) -> int:
-        h = self.hidden_size
-        bias = self.q_size + 2 * self.kv_size if self.qkv_bias else 0
-        norms = 2 * h
-        return self.layer_linear_parameters + self.router_parameters + self.shared_expert_gate_parameters \
-            + bias + norms
+        """``moe_layer_parameters`` for a mixture of experts (its typical layer), else the dense layer's."""
+        return self.moe_layer_parameters if self.is_moe else self.dense_layer_parameters
+
+    def _layers_parameters(self, num_dense_mlp_layers: int, num_moe_layers: int) -> tuple[int, int]:
+        """(linear, other) weights of that many layers of each kind."""
+        linear = num_dense_mlp_layers * self.dense_layer_linear_parameters \
+            + num_moe_layers * self.moe_layer_linear_parameters
+        total = num_dense_mlp_layers * self.dense_layer_parameters + num_moe_layers * self.moe_layer_parameters
+        return linear, total - linear
 
     @property
     def num_parameters(self) -> int:
         embedding = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tied_embeddings else embedding
         final_norm = self.hidden_size
-        return embedding + self.num_layers * self.layer_parameters + final_norm + lm_head
+        return embedding + sum(self._layers_parameters(self.num_dense_mlp_layers, self.num_moe_layers)) \
+            + final_norm + lm_head
 
     @property
     def active_parameters(self) -> int:
         """What one token computes with: ``num_parameters`` less the routed experts it is not sent to
-        (num_experts - num_experts_per_token per layer). Equal to ``num_parameters`` for a dense model."""
+        (num_experts - num_experts_per_token per MoE layer). Equal to ``num_parameters`` for a dense model."""
         idle_experts = self.num_experts - self.num_experts_per_token
-        return self.num_parameters - self.num_layers * idle_experts * self.expert_parameters
+        return self.num_parameters - self.num_moe_layers * idle_experts * self.expert_parameters
 
     @property
     def linear_parameters(self) -> int:
-        """Weights of the projections of all layers (``layer_linear_parameters``): what weight quantization
+        """Weights of the projections of all layers (``layer_linear_parameters`` of each): what weight quantization
         (vLLM's ``quantization: fp8``) stores in fewer bytes. Embedding, lm_head, norms, biases and routers stay."""
-        return self.num_layers * self.layer_linear_parameters
+        return self._layers_parameters(self.num_dense_mlp_layers, self.num_moe_layers)[0]
 
     def weight_bytes(self, dtype: str, quantization: str | None = None) -> int:
         """Bytes of all weights in ``dtype``, the projections in ``quantization``'s type when given."""
@@ -209,10 +288,13 @@ class ModelShape:
 
     # --- KV cache -----------------------------------------------------------------------------
     def kv_bytes_per_token_per_layer(self, dtype: str) -> int:
+        if self.is_mla:  # one latent and one rotary key per token, whatever the heads
+            return latent_kv_width(self) * dtype_bytes(dtype)
         return 2 * self.kv_size * dtype_bytes(dtype)  # K and V
 
     def kv_bytes_per_token(self, dtype: str) -> int:
-        """2 (K and V) * layers * kv_heads * head_dim * dtype bytes."""
+        """2 (K and V) * layers * kv_heads * head_dim * dtype bytes; latent attention's latent width * layers *
+        dtype bytes (the same on every tensor-parallel GPU: the latent is copied, not split)."""
         return self.num_layers * self.kv_bytes_per_token_per_layer(dtype)
 
     # --- tensor parallelism -------------------------------------------------------------------
@@ -233,7 +315,7 @@ class ModelShape:
             problems.append(f"the {self.num_attention_heads} attention heads")
         if self.num_kv_heads >= tp and self.num_kv_heads % tp:
             problems.append(f"the {self.num_kv_heads} KV heads")
-        if not self.is_moe and self.intermediate_size % tp:
+        if self.num_dense_mlp_layers and self.intermediate_size % tp:
             problems.append(f"the MLP width {self.intermediate_size}")
         if self.moe_intermediate_size % tp:
             problems.append(f"the expert width moe_intermediate_size {self.moe_intermediate_size}")
@@ -250,7 +332,8 @@ class ModelShape:
                              "the same number of GPUs)")
         # vLLM's tensor-parallel MoE (no expert parallelism) gives every GPU every expert, each cut to 1/tp of
         # its width like a dense MLP; the shared expert too. Routers and the shared expert's gate stay whole.
-        # An MoE shape's intermediate_size prices nothing, so it is only rounded up, never refused.
+        # An MoE shape's intermediate_size prices nothing without dense layers, so it is only rounded up there.
+        # Latent attention splits its heads (q_b, kv_b, o); the latent and the down-projections stay whole.
         return replace(self, name=f"{self.name} (1/{tp} tensor-parallel shard)",
                        num_attention_heads=self.num_attention_heads // tp,
                        num_kv_heads=max(1, self.num_kv_heads // tp),
@@ -282,10 +365,14 @@ class ModelShape:
         the final norm and lm_head on the last (both, tied or not, on a one-stage pipeline)."""
         stage_layers = self.pipeline_stage_layers(pipeline_parallel_size)
         element = dtype_bytes(dtype)
-        linear_per_layer = self.layer_linear_parameters  # all experts of the layer, in fp8 when quantized
-        other_per_layer = self.layer_parameters - linear_per_layer
+        # The first num_dense_mlp_layers layers of a mixture of experts are its dense ones (DeepSeek's).
+        first = sum(stage_layers[:stage])
+        dense = max(0, min(first + stage_layers[stage], self.num_dense_mlp_layers) - first) if self.is_moe \
+            else stage_layers[stage]
+        # Every expert of a layer counts, in fp8 when quantized.
+        linear, other = self._layers_parameters(dense, stage_layers[stage] - dense)
         linear_bytes = element if quantization is None else dtype_bytes(quantization)
-        total = stage_layers[stage] * (linear_per_layer * linear_bytes + other_per_layer * element)
+        total = linear * linear_bytes + other * element
         embedding = self.vocab_size * self.hidden_size * element
         last = stage == pipeline_parallel_size - 1
         if stage == 0:

@@ -55,11 +55,10 @@ are computed once here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from sim.cost_models.attention_work import attention_work
 from sim.cost_models.linear_cost import LinearCost
+from sim.cost_models.mlp_cost import dense_mlp_cost, moe_mlp_cost
 from sim.cost_models.lora_cost import LoRACost
-from sim.cost_models.routed_experts import RoutedExpertsCost
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.cost_models.step_physics import step_flops_and_bytes
 from sim.cost_models.vision_encoder_cost import VisionEncoderCost
@@ -72,17 +71,10 @@ from sim.vision_encoders import VisionEncoderShape
 SAMPLING_PASSES_OVER_LOGITS = 4
 LOGIT_BYTES = 4
 
-# Kernels one transformer layer launches, in the profiled (unfused) stack: input norm, QKV, RoPE,
-# KV-cache write, attention, O, residual add, post-attention norm, gate+up, activation, down, residual add.
-KERNELS_PER_LAYER = 12
-# A mixture-of-experts layer launches more: its MLP's three (gate+up, activation, down) become vLLM's fused
-# MoE sequence of seven: router projection, top-k softmax, aligning and sorting the rows by expert, the
-# gate+up grouped GEMM, activation, the down grouped GEMM, and the weighted sum of each token's k rows.
-KERNELS_PER_MOE_LAYER = KERNELS_PER_LAYER - 3 + 7
-# A shared expert (Qwen2-MoE) adds gate+up, activation, down, its gate's projection, and scaling and adding.
-KERNELS_PER_SHARED_EXPERT = 5
-# Top-k writes, per token and chosen expert, a weight (fp32) and an expert id (int32).
-TOP_K_BYTES_PER_CHOICE = 8
+# Kernels a transformer layer launches besides its attention's (attention_work.py) and its MLP's (mlp_cost.py), in
+# the profiled (unfused) stack: input norm, residual add, post-attention norm, residual add. A Llama layer's total
+# is 12 (attention 5, MLP 3), a Mixtral layer's 16 (the fused MoE sequence is 7).
+KERNELS_AROUND_ATTENTION_AND_MLP = 4
 # Outside the layers: embedding, final norm, lm_head, and about four for sampling.
 KERNELS_OUTSIDE_LAYERS = 7
 
@@ -102,6 +94,11 @@ class AnalyticalCostModel:
                  quantization: str | None = None, pipeline_parallel_size: int = 1) -> None:
         self.model = model
         self.pipeline_parallel_size = pipeline_parallel_size
+        if pipeline_parallel_size > 1 and model.is_moe and model.num_dense_layers:
+            # Stages split every per-layer cost by their share of the layers, which needs layers that cost alike.
+            raise ValueError(f"engine.pipeline_parallel_size: {pipeline_parallel_size} stages of {model.name!r}, whose "
+                             f"first {model.num_dense_layers} layers are dense and the rest experts, are not modelled; "
+                             "use tensor parallelism alone")
         stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
         # fp8 weights (vLLM's quantization: fp8) in the four projections of every layer; embedding and
         # lm_head stay in dtype. The products run at the device's fp8 rate, or at its 16-bit rate on
@@ -123,7 +120,7 @@ class AnalyticalCostModel:
         gemm_flops = hardware.achievable_gemm_flops(dtype)
         attention_flops = hardware.achievable_attention_flops(dtype)
         bandwidth = hardware.achievable_bandwidth
-        h, q_size, kv_size = model.hidden_size, model.q_size, model.kv_size
+        h = model.hidden_size
         self._element_bytes = element_bytes
         self._bandwidth = bandwidth
 
@@ -142,59 +139,68 @@ class AnalyticalCostModel:
 
         # --- one layer, operator by operator (the benchmark compares these with measured kernels) ---
         quantized = quantization is not None
-        attention_linears = (
-            linear("qkv_proj", h, q_size + 2 * kv_size, quantized),
-            linear("o_proj", q_size, h, quantized),
-        )
-        # Bytes each element-wise operator streams per token: a norm reads and writes the hidden state,
-        # an add reads two and writes one, RoPE rewrites q and k, SiLU-and-multiply reads gate and up and
-        # writes their product, the cache write reads new k and v and stores them in the paged cache.
-        self.layer_elementwise_bytes_per_token: dict[str, int] = {
-            "input_norm": 2 * h * element_bytes,
-            "rope": 2 * (q_size + kv_size) * element_bytes,
-            "kv_cache_write": 2 * kv_size * (element_bytes + kv_element_bytes),  # read new K and V, store them
-            "residual_add": 3 * h * element_bytes,
-            "post_attention_norm": 2 * h * element_bytes,
-            "activation": (model.mlp_up_size + model.intermediate_size) * element_bytes,
-        }
-        self.routed_experts: RoutedExpertsCost | None = None
-        self.kernels_per_layer = KERNELS_PER_LAYER
-        if not model.is_moe:
-            self.layer_linears: tuple[LinearCost, ...] = attention_linears + (
-                linear("gate_up_proj", h, model.mlp_up_size, quantized),
-                linear("down_proj", model.intermediate_size, h, quantized),
-            )
-        else:
-            self.layer_linears = attention_linears + self._moe_layer(model, linear, quantized)
-        layer_elementwise_bytes = sum(self.layer_elementwise_bytes_per_token.values()) \
-            + self.layer_elementwise_bytes_per_token["residual_add"]  # two residual adds per layer
+        attention = attention_work(model, element_bytes, kv_element_bytes)
+        self.attention = attention
+        attention_linears = tuple(linear(p.name, p.in_features, p.out_features, quantized)
+                                  for p in attention.projections)
+        # Latent attention's kv_b_proj: also over the cached tokens a prefill chunk attends to (attention_work.py).
+        context = attention.context_projection
+        self.context_linear = None if context is None else linear(context.name, context.in_features,
+                                                                  context.out_features, quantized)
+        dense_mlp = dense_mlp_cost(model, linear, quantized, element_bytes)
+        moe_mlp = moe_mlp_cost(model, linear, quantized, element_bytes) if model.is_moe else None
+        typical_mlp = moe_mlp or dense_mlp  # an MoE model's typical layer is an MoE layer
+        self.routed_experts = typical_mlp.routed_experts
+        self.layer_linears = attention_linears + typical_mlp.linears + (
+            (self.context_linear,) if self.context_linear else ())
+        # Bytes each element-wise operator streams per token: a norm reads and writes the hidden state, an add
+        # reads two and writes one; attention's own (RoPE, the cache write) and the MLP's (the activation, the
+        # experts' permutation) come from their parts.
+        around_attention = {"input_norm": 2 * h * element_bytes, **attention.elementwise_bytes_per_token,
+                            "residual_add": 3 * h * element_bytes, "post_attention_norm": 2 * h * element_bytes}
+        self.layer_elementwise_bytes_per_token: dict[str, int] = {**around_attention,
+                                                                  **typical_mlp.elementwise_bytes_per_token}
+        # Two residual adds per layer.
+        common_elementwise_bytes = sum(around_attention.values()) + around_attention["residual_add"]
         outside_elementwise_bytes = 2 * h * element_bytes + 2 * h * element_bytes  # embedding, final norm
 
-        # --- per-step constants for step_time, summed over layers ---
-        layers = model.num_layers
+        # --- per-step constants for step_time, summed over layers (DeepSeek's dense and MoE layers apart) ---
+        layers, dense_layers, moe_layers = model.num_layers, model.num_dense_mlp_layers, model.num_moe_layers
+        self._layer_kinds = ((dense_layers, dense_mlp),) + (((moe_layers, moe_mlp),) if moe_mlp else ())
+        counted = [(layers, c) for c in attention_linears] + [
+            (count, c) for count, mlp in self._layer_kinds if count for c in mlp.linears]
         self._linears_all_layers = tuple(
-            (layers * c.compute_s_per_row, layers * c.weight_read_s, layers * c.activation_s_per_row)
-            for c in self.layer_linears)
-        self._experts_all_layers = self.routed_experts.scaled(layers) if self.routed_experts else None
-        self._elementwise_s_per_token = (layers * layer_elementwise_bytes + outside_elementwise_bytes) / bandwidth
-        attention_flops_per_pair = 4 * q_size  # QK^T and PV: 2 FLOPs per multiply-add, head_dim per head
-        kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer(self.kv_cache_dtype)
-        # Decode: per KV token read, the slower of its FLOPs and its bytes (bytes win by ~100x).
-        self._decode_s_per_context_token = layers * max(attention_flops_per_pair / attention_flops,
-                                                        kv_bytes_per_token_per_layer / bandwidth)
+            (count * c.compute_s_per_row, count * c.weight_read_s, count * c.activation_s_per_row)
+            for count, c in counted)
+        self._context_linear_all_layers = self.context_linear and (
+            layers * self.context_linear.compute_s_per_row, layers * self.context_linear.weight_read_s,
+            layers * self.context_linear.activation_s_per_row)
+        self._experts_all_layers = moe_mlp.routed_experts.scaled(moe_layers) if moe_mlp else None
+        self._elementwise_s_per_token = (layers * common_elementwise_bytes + sum(
+            count * sum(mlp.elementwise_bytes_per_token.values()) for count, mlp in self._layer_kinds)
+            + outside_elementwise_bytes) / bandwidth
+        a = attention
+        # Decode: per KV token read, the slower of its FLOPs and its bytes (bytes win by ~100x for grouped-query
+        # attention; latent attention's heads all score one cached latent, and can be compute-bound).
+        self._decode_s_per_context_token = layers * max(a.decode_flops_per_pair / attention_flops,
+                                                        a.kv_bytes_per_cached_token / bandwidth)
         # The two sides apart, for verifications of drafts: several query rows per KV token read.
-        self._decode_s_per_pair = layers * attention_flops_per_pair / attention_flops
-        self._decode_s_per_kv_token = layers * kv_bytes_per_token_per_layer / bandwidth
-        self._decode_s_per_request = layers * 2 * q_size * element_bytes / bandwidth  # read q, write output
-        self._prefill_s_per_pair = layers * attention_flops_per_pair / attention_flops
-        self._prefill_s_per_context_token = layers * kv_bytes_per_token_per_layer / bandwidth
-        self._prefill_s_per_token = layers * (2 * q_size * element_bytes + 2 * kv_size * kv_element_bytes) / bandwidth
+        self._decode_s_per_pair = layers * a.decode_flops_per_pair / attention_flops
+        self._decode_s_per_kv_token = layers * a.kv_bytes_per_cached_token / bandwidth
+        self._decode_s_per_request = layers * a.decode_bytes_per_request / bandwidth  # read q, write output
+        self._prefill_s_per_pair = layers * a.prefill_flops_per_pair / attention_flops
+        self._prefill_s_per_context_token = layers * a.prefill_bytes_per_context_token / bandwidth
+        self._prefill_s_per_token = layers * a.prefill_bytes_per_token / bandwidth
         self.lm_head = linear("lm_head", h, model.vocab_size)
         # Sampling reads the whole vocabulary's logits, gathered from every GPU's part.
         self._sampling_s_per_request = SAMPLING_PASSES_OVER_LOGITS * full_vocab_size * LOGIT_BYTES / bandwidth
+        # Kernels: the layer's own around attention and MLP, attention's, the MLP's.
+        self.kernels_per_layer = KERNELS_AROUND_ATTENTION_AND_MLP + attention.kernels + typical_mlp.kernels
+        self._kernels_all_layers = sum(count * (KERNELS_AROUND_ATTENTION_AND_MLP + attention.kernels + mlp.kernels)
+                                       for count, mlp in self._layer_kinds)
         # (An all-reduce's own launch is in its latency: HardwareSpec.allreduce_latency_s.)
         self._fixed_s = hardware.step_overhead_s + hardware.kernel_launch_overhead_s * (
-            layers * self.kernels_per_layer + KERNELS_OUTSIDE_LAYERS)
+            self._kernels_all_layers + KERNELS_OUTSIDE_LAYERS)
         self.shard = model
         # Multi-LoRA serving's shrink and expand kernels (price_lora); None: no step has adapter tokens.
         self.lora: LoRACost | None = None
@@ -205,7 +211,7 @@ class AnalyticalCostModel:
         # Pipeline stages: each one's share of the per-layer costs, and the hand-over between stages (vLLM
         # sends the hidden states and the residual, two rows of hidden_size per token).
         self.stage_layer_fractions = tuple(count / layers for count in stage_layers)
-        self._launch_s_all_layers = hardware.kernel_launch_overhead_s * layers * self.kernels_per_layer
+        self._launch_s_all_layers = hardware.kernel_launch_overhead_s * self._kernels_all_layers
         self._launch_s_outside_layers = hardware.kernel_launch_overhead_s * KERNELS_OUTSIDE_LAYERS
         self._send_latency_s, self._send_s_per_byte = (
             hardware.send_coefficients() if pipeline_parallel_size > 1 else (0.0, 0.0))
@@ -216,41 +222,6 @@ class AnalyticalCostModel:
         self._gather_latency_s = self._allreduce_latency_s if pipeline_parallel_size > 1 else 0.0
         self._gather_s_per_token = (2 * h * element_bytes / 2 * self._allreduce_s_per_byte
                                     if pipeline_parallel_size > 1 else 0.0)
-
-    def _moe_layer(self, shard: ModelShape, linear: Callable[..., LinearCost], quantized: bool
-                   ) -> tuple[LinearCost, ...]:
-        """A mixture-of-experts layer's MLP for one GPU's ``shard``: sets ``routed_experts``, its element-wise
-        bytes and kernels, and returns the projections that run on every token (router, shared expert)."""
-        h, element_bytes, k = shard.hidden_size, self._element_bytes, shard.num_experts_per_token
-        width, shared_width = shard.moe_intermediate_size, shard.shared_expert_intermediate_size
-        # One expert's two grouped GEMMs, priced row by row as dense projections are (fp8 included).
-        gate_up = linear("experts_gate_up", h, 2 * width, quantized)
-        down = linear("experts_down", width, h, quantized)
-        self.routed_experts = RoutedExpertsCost(
-            num_experts=shard.num_experts, experts_per_token=k,
-            expert_weight_read_s=gate_up.weight_read_s + down.weight_read_s,
-            compute_s_per_row=gate_up.compute_s_per_row + down.compute_s_per_row,
-            activation_s_per_row=gate_up.activation_s_per_row + down.activation_s_per_row)
-        # vLLM keeps the router (and the shared expert's gate) in the model's dtype under fp8.
-        linears = (linear("router", h, shard.num_experts),)
-        elementwise = self.layer_elementwise_bytes_per_token
-        # SiLU-and-multiply on each token's k rows of the expert width (and on the shared expert's row).
-        elementwise["activation"] = 3 * (k * width + shared_width) * element_bytes
-        # The hidden state copied to each token's k expert rows, and the k rows' outputs summed back into one
-        # (weighted by the router's probabilities): read 1 + write k, then read k + write 1.
-        elementwise["moe_permute_and_combine"] = 2 * (1 + k) * h * element_bytes
-        # Top-k softmax reads the token's logits and writes k (weight, expert id) pairs; the alignment
-        # kernel's sort of the ids is of the same order.
-        elementwise["router_top_k"] = shard.num_experts * element_bytes + k * TOP_K_BYTES_PER_CHOICE
-        self.kernels_per_layer = KERNELS_PER_MOE_LAYER
-        if shared_width:
-            linears += (linear("shared_expert_gate_up", h, 2 * shared_width, quantized),
-                        linear("shared_expert_down", shared_width, h, quantized),
-                        linear("shared_expert_gate", h, 1))
-            # sigmoid(gate) * shared output + routed output: read two rows and the gate, write one.
-            elementwise["shared_expert_combine"] = 3 * h * element_bytes
-            self.kernels_per_layer += KERNELS_PER_SHARED_EXPERT
-        return linears
 
     # --- the cost-model interface -----------------------------------------------------------------
     def step_time(self, batch: StepBatch) -> float:
@@ -329,6 +300,11 @@ class AnalyticalCostModel:
             linear_layers += max(tokens * compute, weight_read + tokens * activation)
         if self._experts_all_layers is not None:
             linear_layers += self._experts_all_layers.time(tokens)
+        if self._context_linear_all_layers:
+            # Latent attention's kv_b_proj: every query row, and every cached token a prefill chunk attends to.
+            compute, weight_read, activation = self._context_linear_all_layers
+            rows = tokens + f.prefill_context_tokens
+            linear_layers += max(rows * compute, weight_read + rows * activation)
         # Rows whose logits are computed and sampled: one per request, and each draft's (speculative decoding:
         # the sampler compares the target's token with the draft at every verified position).
         logit_rows = f.num_reqs + f.num_spec_tokens
@@ -382,7 +358,7 @@ class AnalyticalCostModel:
         gemm_flops = hw.achievable_gemm_flops(dtype)
         shard = self.shard
         expert_weight_bytes = dtype_bytes(self.quantization or dtype)
-        idle_expert_bytes = shard.num_layers * (shard.num_experts - shard.num_experts_per_token) \
+        idle_expert_bytes = shard.num_moe_layers * (shard.num_experts - shard.num_experts_per_token) \
             * shard.expert_parameters * expert_weight_bytes
         return {
             "kind": "analytical",
@@ -414,7 +390,10 @@ class AnalyticalCostModel:
             # to (equal to weight_read_s for a dense model).
             "weight_read_s_one_token": (weight_bytes_per_gpu - idle_expert_bytes) / hw.achievable_bandwidth,
             "fixed_overhead_s": self._fixed_s,
-            "kernels_per_layer": self.kernels_per_layer,
+            "kernels_per_layer": self.kernels_per_layer,  # an MoE layer's for a mixture of experts
+            "kernels_all_layers": self._kernels_all_layers,
+            "attention": "multi-head latent" if m.is_mla else "grouped-query",
+            "num_dense_mlp_layers": m.num_dense_mlp_layers,
             "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,
             **({"lora": self.lora.describe()} if self.lora is not None else {}),
             **({"vision_encoder": self.vision.describe()} if self.vision is not None else {}),

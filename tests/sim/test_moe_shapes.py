@@ -48,7 +48,7 @@ def test_mixtral_8x7b_by_hand():
     assert model.active_parameters == model.num_parameters - layers * 6 * expert
     # fp8 stores every expert in one byte, not the router: linear parameters are attention and experts.
     assert model.linear_parameters == layers * (attention + 8 * expert)
-    assert model.dense_mlp_parameters == 0  # no dense MLP: intermediate_size prices nothing
+    assert model.num_dense_mlp_layers == 0 and model.num_moe_layers == layers  # intermediate_size prices nothing
 
 
 def test_qwen_moe_shared_expert_and_its_gate():
