@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.deepseek_config import deepseek_shape
 from sim.hf_config_file import read_config_json
 from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
 from sim.model_shapes import ModelShape
@@ -17,12 +18,16 @@ from sim.model_shapes import ModelShape
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
+# DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
+# dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py).
+DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES + DEEPSEEK_ARCHITECTURES
 _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                "mixtral": "MixtralForCausalLM",
                                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                               "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
@@ -41,7 +46,8 @@ _MOE_KEYS = {
 
 def model_from_hf_config(path: str | Path) -> ModelShape:
     """Read the shape from a Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 ``config.json``, a Mixtral /
-    Qwen2-MoE / Qwen3-MoE one, or a vision-language model's (its language model's shape)."""
+    Qwen2-MoE / Qwen3-MoE / DeepSeek-V2 / DeepSeek-V3 one, or a vision-language model's (its language model's
+    shape)."""
     path = Path(path)
     config = read_config_json(path)
     # A vision-language config becomes its language model's, which the rest reads as a text config.
@@ -62,6 +68,9 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
             raise ValueError(f"model: {path}: key {name!r} must be a positive integer, got {raw!r}")
         return raw
+
+    if architecture in DEEPSEEK_ARCHITECTURES:
+        return deepseek_shape(config, architecture, path, key)
 
     hidden_size = key("hidden_size")
     num_heads = key("num_attention_heads")

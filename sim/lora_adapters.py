@@ -89,6 +89,9 @@ def lora_setup(adapters: list[AdapterSpec], model: ModelShape, hardware: Hardwar
     if load_costs is None and hardware.host_link_bandwidth_gbps is None:
         raise ValueError(f"workload.lora: hardware {hardware.name!r} names no host link to load adapters over; set "
                          "hardware.host_link_bandwidth_gbps")
+    if model.is_mla:
+        raise ValueError(f"workload.lora: {model.name!r} has multi-head latent attention, whose projections' adapters "
+                         "the simulator does not price; LoRA is modelled on grouped-query attention models")
     if model.is_moe:
         mlp = sorted({name for adapter in adapters for name in adapter.target_modules if name in MLP_MODULES})
         if mlp:

@@ -28,6 +28,20 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
                       num_sliding_layers=sliding_layers)
 
 
+def _deepseek(name: str, layers: int, hidden: int, heads: int, intermediate: int, vocab: int, max_positions: int,
+              *, experts: int, experts_per_token: int, expert_width: int, shared_experts: int, dense_layers: int,
+              q_lora_rank: int) -> ModelShape:
+    """DeepSeek-V2/V3's layout: latent attention (kv_lora_rank 512, 128 + 64 query/key numbers per head, values of
+    128), dense MLPs in the first layers, ungated shared experts as wide as the routed ones."""
+    return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      num_kv_heads=heads, head_dim=128 + 64, intermediate_size=intermediate, vocab_size=vocab,
+                      max_position_embeddings=max_positions, num_experts=experts,
+                      num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
+                      shared_expert_intermediate_size=shared_experts * expert_width, shared_expert_gate=False,
+                      num_dense_layers=dense_layers, kv_lora_rank=512, q_lora_rank=q_lora_rank,
+                      qk_rope_head_dim=64, v_head_dim=128)
+
+
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
 # llama-2-7b 6.74B, llama-2-13b 13.0B, llama-2-70b 69.0B, llama-3-8b 8.03B, llama-3-70b 70.6B,
 # mistral-7b 7.24B, mistral-7b-v0.3 7.25B, qwen2-7b 7.62B, qwen2-0.5b 0.494B, qwen3-8b 8.19B, qwen3-32b 32.8B, llama-3.2-1b 1.24B
@@ -83,6 +97,18 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
            experts_per_token=8, expert_width=768),
     _shape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, qkv_bias=True, experts=60,
            experts_per_token=4, expert_width=1408, shared_expert_width=5632),
+    # DeepSeek's (sim/deepseek_config.py reads their config.json files; tests/sim/test_deepseek_shapes.py checks
+    # the counts). Total and active parameters (the active count with the embedding, which published figures may
+    # leave out): deepseek-v3 671.0B / 37.6B (DeepSeek-R1 has V3's shape; the 14B multi-token-prediction module is
+    # not served), deepseek-v2 235.7B / 21.4B, deepseek-v2-lite 15.7B / 2.66B, kimi-k2 1.03T / 32.9B.
+    _deepseek("deepseek-v3", 61, 7168, 128, 18432, 129280, 163840, experts=256, experts_per_token=8,
+              expert_width=2048, shared_experts=1, dense_layers=3, q_lora_rank=1536),
+    _deepseek("deepseek-v2", 60, 5120, 128, 12288, 102400, 163840, experts=160, experts_per_token=6,
+              expert_width=1536, shared_experts=2, dense_layers=1, q_lora_rank=1536),
+    _deepseek("deepseek-v2-lite", 27, 2048, 16, 10944, 102400, 163840, experts=64, experts_per_token=6,
+              expert_width=1408, shared_experts=2, dense_layers=1, q_lora_rank=0),
+    _deepseek("kimi-k2", 61, 7168, 64, 18432, 163840, 131072, experts=384, experts_per_token=8,
+              expert_width=2048, shared_experts=1, dense_layers=1, q_lora_rank=1536),
     # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
     # what real runs on the CPU use, and what their calibrated profiles describe.
     _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),

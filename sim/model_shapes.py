@@ -313,7 +313,7 @@ class ModelShape:
         problems = []
         if self.num_attention_heads % tp:
             problems.append(f"the {self.num_attention_heads} attention heads")
-        if self.num_kv_heads >= tp and self.num_kv_heads % tp:
+        if not self.is_mla and self.num_kv_heads >= tp and self.num_kv_heads % tp:  # latent attention has no KV heads
             problems.append(f"the {self.num_kv_heads} KV heads")
         if self.num_dense_mlp_layers and self.intermediate_size % tp:
             problems.append(f"the MLP width {self.intermediate_size}")
@@ -325,7 +325,7 @@ class ModelShape:
         if problems:
             listed = problems[0] if len(problems) == 1 else f"{', '.join(problems[:-1])} or {problems[-1]}"
             raise ValueError(f"engine.tensor_parallel_size: {tp} does not divide {listed} of model {self.name!r}")
-        if self.num_kv_heads < tp and tp % self.num_kv_heads:
+        if not self.is_mla and self.num_kv_heads < tp and tp % self.num_kv_heads:
             # Fewer KV heads than GPUs: each GPU keeps one, so the GPUs must share them out evenly.
             raise ValueError(f"engine.tensor_parallel_size: {tp} is not a multiple of the {self.num_kv_heads} KV heads "
                              f"of model {self.name!r} (with fewer KV heads than GPUs, each KV head is copied to "

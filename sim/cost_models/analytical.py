@@ -166,9 +166,10 @@ class AnalyticalCostModel:
 
         # --- per-step constants for step_time, summed over layers (DeepSeek's dense and MoE layers apart) ---
         layers, dense_layers, moe_layers = model.num_layers, model.num_dense_mlp_layers, model.num_moe_layers
-        self._layer_kinds = ((dense_layers, dense_mlp),) + (((moe_layers, moe_mlp),) if moe_mlp else ())
+        # (layers, their MLP) of each kind: dense MLPs (all of a dense model's layers), then the MoE layers.
+        self.layer_kinds = ((dense_layers, dense_mlp),) + (((moe_layers, moe_mlp),) if moe_mlp else ())
         counted = [(layers, c) for c in attention_linears] + [
-            (count, c) for count, mlp in self._layer_kinds if count for c in mlp.linears]
+            (count, c) for count, mlp in self.layer_kinds if count for c in mlp.linears]
         self._linears_all_layers = tuple(
             (count * c.compute_s_per_row, count * c.weight_read_s, count * c.activation_s_per_row)
             for count, c in counted)
@@ -177,7 +178,7 @@ class AnalyticalCostModel:
             layers * self.context_linear.activation_s_per_row)
         self._experts_all_layers = moe_mlp.routed_experts.scaled(moe_layers) if moe_mlp else None
         self._elementwise_s_per_token = (layers * common_elementwise_bytes + sum(
-            count * sum(mlp.elementwise_bytes_per_token.values()) for count, mlp in self._layer_kinds)
+            count * sum(mlp.elementwise_bytes_per_token.values()) for count, mlp in self.layer_kinds)
             + outside_elementwise_bytes) / bandwidth
         a = attention
         # Decode: per KV token read, the slower of its FLOPs and its bytes (bytes win by ~100x for grouped-query
@@ -197,7 +198,7 @@ class AnalyticalCostModel:
         # Kernels: the layer's own around attention and MLP, attention's, the MLP's.
         self.kernels_per_layer = KERNELS_AROUND_ATTENTION_AND_MLP + attention.kernels + typical_mlp.kernels
         self._kernels_all_layers = sum(count * (KERNELS_AROUND_ATTENTION_AND_MLP + attention.kernels + mlp.kernels)
-                                       for count, mlp in self._layer_kinds)
+                                       for count, mlp in self.layer_kinds)
         # (An all-reduce's own launch is in its latency: HardwareSpec.allreduce_latency_s.)
         self._fixed_s = hardware.step_overhead_s + hardware.kernel_launch_overhead_s * (
             self._kernels_all_layers + KERNELS_OUTSIDE_LAYERS)

@@ -212,6 +212,7 @@ def test_a_cluster_gives_each_replica_its_own_slots():
     (["hardware={name: gpu, dense_fp16_tflops: 100, fp32_tflops: 10, memory_bandwidth_gbps: 1000, memory_gib: 80}"],
      "names no host link"),
     (["model=mixtral-8x7b", "engine.tensor_parallel_size=2"], "target_modules"),
+    (["model=deepseek-v2-lite"], "multi-head latent attention"),
 ])
 def test_what_is_not_simulated_with_lora_is_refused_by_name(overrides, expected):
     with pytest.raises(SetupError, match=r"^workload\.lora") as error:
