@@ -120,3 +120,25 @@ def test_no_prediction_beats_the_datasheet(tensor_parallel_size, model, requests
 def test_pipeline_parallelism_with_dense_first_layers_is_refused_by_field():
     with pytest.raises(ValueError, match=r"^engine.pipeline_parallel_size: 2 stages of 'deepseek-v3'"):
         analytical("deepseek-v3", tensor_parallel_size=8, pipeline_parallel_size=2)
+
+
+def test_the_deepseek_example_runs_and_an_fp8_cache_doubles_the_pool_and_ends_preemptions(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from sim.run import main as sim_run_main
+
+    out = tmp_path / "deepseek"
+    assert sim_run_main(["deepseek", "--set", "workload.num_requests=200", "--set", "workload.arrival.rate=2.5",
+                         "--set", "sweep={engine.kv_cache_dtype: [auto, fp8]}", "--out", str(out), "--no-progress",
+                         "--no-dashboard", "--quiet"]) == 0
+    table = pd.read_csv(out / "sweep.csv").set_index("point")
+    bf16, fp8 = table.loc["kv_cache_dtype=auto"], table.loc["kv_cache_dtype=fp8"]
+    blocks = {point: json.loads((out / point.replace(",", "_") / "summary.json").read_text())["config"]["cache"]
+              ["num_gpu_blocks"] for point in table.index}
+    # ~655k tokens of 70 KB each in bf16 (the latent whole on every GPU), twice as many in fp8.
+    assert 600_000 < 16 * blocks["kv_cache_dtype=auto"] < 700_000
+    assert blocks["kv_cache_dtype=fp8"] == pytest.approx(2 * blocks["kv_cache_dtype=auto"], abs=1)
+    assert bf16.num_preemptions > 0 and fp8.num_preemptions == 0
+    assert fp8.slo_attainment > bf16.slo_attainment
