@@ -3,9 +3,9 @@ architecture) into a ``ModelShape``: multi-head latent attention (sim/latent_att
 first ``first_k_dense_replace`` layers, routed experts with ungated shared experts in the rest.
 
 Read as transformers' DeepseekV2Config / DeepseekV3Config read them (a key left out takes those classes'
-default; V2's expert keys have none and must be there for a mixture of experts). Not priced, and left out of
-the parameter counts as vLLM leaves them out of a served model: V3's multi-token-prediction module
-(``num_nextn_predict_layers``; loaded only as a speculative draft). The router's group-limited top-k (``n_group``,
+default; V2's expert keys have none and must be there for a mixture of experts). Left out of the parameter
+counts as vLLM leaves it out of a served model: V3's multi-token-prediction module (``num_nextn_predict_layers``,
+kept as ``num_mtp_layers``: loaded only as a speculative draft, method mtp, sim/mtp_draft.py). The router's group-limited top-k (``n_group``,
 ``topk_group``) picks each expert with the same chance k / E as an unrestricted one, which is all the uniform
 routing model reads (sim/cost_models/routed_experts.py), so it is accepted as it is.
 """
@@ -66,8 +66,17 @@ def deepseek_shape(config: dict, architecture: str, path: Path, key: Callable[..
         q_lora_rank=q_lora_rank,
         qk_rope_head_dim=rope,
         v_head_dim=key("v_head_dim", defaults["v_head_dim"]),
+        num_mtp_layers=_mtp_layers(config, path),
         **_experts(config, architecture, path, key, num_layers),
     )
+
+
+def _mtp_layers(config: dict, path: Path) -> int:
+    """``num_nextn_predict_layers`` (0 when left out, as transformers' configs leave it)."""
+    layers = config.get("num_nextn_predict_layers", 0) or 0
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
+        raise ValueError(f"model: {path}: key 'num_nextn_predict_layers' must be an integer >= 0, got {layers!r}")
+    return layers
 
 
 def _experts(config: dict, architecture: str, path: Path, key: Callable[..., int], num_layers: int) -> dict:

@@ -21,6 +21,7 @@ from sim.vision_setup import VisionSetup, VisionSetupError, size_encoder_budget,
 from sim.model_presets import resolve_model
 from sim.kv_cache_capacity import kv_cache_num_blocks
 from sim.model_shapes import ModelShape, kv_cache_storage_dtype
+from sim.mtp_draft import mtp_draft_shape
 from sim.speculation import SpeculationSetup
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
@@ -116,6 +117,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 kv_cache_dtype=engine.kv_cache_dtype,
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
                 pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model,
+                draft_quantization=engine.quantization if _drafts_with_mtp(workload) else None,
                 layers_per_block=None if groups is None else groups.layers_per_block)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
@@ -178,8 +180,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             raise SetupError(f"engine.speculative_decoding: num_speculative_tokens {num_speculative_tokens} needs the "
                              f"analytical cost model; a calibrated profile ({cost_model.name}) was fitted on steps "
                              "without draft tokens and has no term for verifying them")
+        # The MTP module is the model's own layer, quantized as the model is; a separate draft model is not.
         draft_cost_model = None if draft_model is None else AnalyticalCostModel(
-            draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype)
+            draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype,
+            quantization=engine.quantization if section.method == "mtp" else None)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
                                        workload.seed, draft_cost_model)
     lora = _lora(workload, model, hardware, cost_model)
@@ -259,8 +263,14 @@ def _lora(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec, c
     return setup
 
 
+def _drafts_with_mtp(workload: WorkloadConfig) -> bool:
+    section = workload.engine.speculative_decoding
+    return section is not None and section.method == "mtp"
+
+
 def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[int, ModelShape | None]:
-    """engine.speculative_decoding's drafts per step (0: off) and its draft model (method draft_model), refusing
+    """engine.speculative_decoding's drafts per step (0: off) and its draft model (method draft_model, or the model's
+    MTP module for method mtp), refusing
     what the simulator does not model with it."""
     section = workload.engine.speculative_decoding
     if section is None or section.num_speculative_tokens == 0:
@@ -278,8 +288,13 @@ def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[
     if workload.cluster.disaggregated:
         raise SetupError(f"{field_name}: num_speculative_tokens {tokens} is not simulated in a disaggregated cluster "
                          f"(cluster.prefill_replicas {workload.cluster.prefill_replicas}); set one of them back")
-    if section.method != "draft_model":
+    if section.method == "ngram":
         return tokens, None
+    if section.method == "mtp":
+        try:
+            return tokens, mtp_draft_shape(model)
+        except ValueError as error:
+            raise SetupError(f"{field_name}.{error}") from None
     try:
         draft_model = resolve_model(section.draft_model)
         draft_model.shard(engine.tensor_parallel_size)

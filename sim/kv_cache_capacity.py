@@ -16,7 +16,8 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
                         gpu_memory_utilization: float, activation_reserve_fraction: float = 0.03,
                         kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
                         quantization: str | None = None, pipeline_parallel_size: int = 1,
-                        draft_model: ModelShape | None = None, layers_per_block: int | None = None) -> int:
+                        draft_model: ModelShape | None = None, layers_per_block: int | None = None,
+                        draft_quantization: str | None = None) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -32,7 +33,8 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
 
     A speculative decoding ``draft_model`` (one pipeline stage only) sits beside the model on the same GPUs,
     sharded alike and in the same dtype: its weights come off the budget, and every block holds the draft's
-    KV of its tokens too (vLLM gives the draft's layers their own cache in the same block layout).
+    KV of its tokens too (vLLM gives the draft's layers their own cache in the same block layout). Its weights are
+    in ``draft_quantization`` when given (the model's MTP module is quantized as the model is).
 
     ``layers_per_block``: a hybrid KV cache's block holds one group's layers (sim/kv_cache_groups.py), not every
     layer (one pipeline stage, no draft model).
@@ -66,7 +68,8 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
         draft = draft_model.shard(tensor_parallel_size)
         draft_kv_bytes_per_layer = block_size * draft.kv_bytes_per_token_per_layer(
             kv_cache_storage_dtype(dtype, kv_cache_dtype))
-        stages = [(weights + draft.weight_bytes(dtype), block_bytes + draft.num_layers * draft_kv_bytes_per_layer)
+        stages = [(weights + draft.weight_bytes(dtype, draft_quantization),
+                   block_bytes + draft.num_layers * draft_kv_bytes_per_layer)
                   for weights, block_bytes in stages]
     weights, block_bytes = min(stages, key=lambda stage: (usable - stage[0] - reserve) / stage[1])
     free_for_kv = usable - weights - reserve

@@ -30,7 +30,7 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
 
 def _deepseek(name: str, layers: int, hidden: int, heads: int, intermediate: int, vocab: int, max_positions: int,
               *, experts: int, experts_per_token: int, expert_width: int, shared_experts: int, dense_layers: int,
-              q_lora_rank: int) -> ModelShape:
+              q_lora_rank: int, mtp_layers: int = 0) -> ModelShape:
     """DeepSeek-V2/V3's layout: latent attention (kv_lora_rank 512, 128 + 64 query/key numbers per head, values of
     128), dense MLPs in the first layers, ungated shared experts as wide as the routed ones."""
     return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
@@ -39,7 +39,7 @@ def _deepseek(name: str, layers: int, hidden: int, heads: int, intermediate: int
                       num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
                       shared_expert_intermediate_size=shared_experts * expert_width, shared_expert_gate=False,
                       num_dense_layers=dense_layers, kv_lora_rank=512, q_lora_rank=q_lora_rank,
-                      qk_rope_head_dim=64, v_head_dim=128)
+                      qk_rope_head_dim=64, v_head_dim=128, num_mtp_layers=mtp_layers)
 
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
@@ -100,9 +100,9 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     # DeepSeek's (sim/deepseek_config.py reads their config.json files; tests/sim/test_deepseek_shapes.py checks
     # the counts). Total and active parameters (the active count with the embedding, which published figures may
     # leave out): deepseek-v3 671.0B / 37.6B (DeepSeek-R1 has V3's shape; the 14B multi-token-prediction module is
-    # not served), deepseek-v2 235.7B / 21.4B, deepseek-v2-lite 15.7B / 2.66B, kimi-k2 1.03T / 32.9B.
+    # served; it drafts for speculative decoding, method mtp), deepseek-v2 235.7B / 21.4B, deepseek-v2-lite 15.7B / 2.66B, kimi-k2 1.03T / 32.9B.
     _deepseek("deepseek-v3", 61, 7168, 128, 18432, 129280, 163840, experts=256, experts_per_token=8,
-              expert_width=2048, shared_experts=1, dense_layers=3, q_lora_rank=1536),
+              expert_width=2048, shared_experts=1, dense_layers=3, q_lora_rank=1536, mtp_layers=1),
     _deepseek("deepseek-v2", 60, 5120, 128, 12288, 102400, 163840, experts=160, experts_per_token=6,
               expert_width=1536, shared_experts=2, dense_layers=1, q_lora_rank=1536),
     _deepseek("deepseek-v2-lite", 27, 2048, 16, 10944, 102400, 163840, experts=64, experts_per_token=6,

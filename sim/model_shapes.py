@@ -82,6 +82,10 @@ class ModelShape:
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token-prediction layers trained beside the model (DeepSeek-V3's one; a config's
+    # num_nextn_predict_layers): a speculative-decoding proposer (method mtp, sim/mtp_draft.py), not part of the
+    # served model, so not counted in its parameters.
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -102,6 +106,8 @@ class ModelShape:
                              f"got {self.num_kv_heads}")
         self._check_experts()
         check_latent_attention(self)
+        if not isinstance(self.num_mtp_layers, int) or isinstance(self.num_mtp_layers, bool) or self.num_mtp_layers < 0:
+            raise ValueError(f"model.num_mtp_layers must be an integer >= 0, got {self.num_mtp_layers!r}")
 
     def _check_experts(self) -> None:
         for name in ("num_experts", "num_experts_per_token", "moe_intermediate_size",

@@ -2,7 +2,8 @@
 
 vLLM's ``--speculative-config``, reduced to what decides a simulated run's timing: how many draft tokens a
 decode carries (``num_speculative_tokens``), how likely each is accepted (``acceptance_rate``), and what
-proposing them costs (``method``: an n-gram lookup on the CPU, or a smaller ``draft_model`` on the GPU).
+proposing them costs (``method``: an n-gram lookup on the CPU, a smaller ``draft_model`` on the GPU, or the
+model's own multi-token-prediction layer, ``mtp``).
 The simulator draws acceptances; it never looks at token values (sim/speculative_executor.py).
 """
 
@@ -28,7 +29,8 @@ class SpeculativeDecodingSection(SchemaModel):
       before it were (what vLLM reports as per-position acceptance). A list needs an entry for every
       position up to ``num_speculative_tokens``; entries past it are unused (so one measured list serves a
       sweep over ``num_speculative_tokens``).
-    - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step) or ``draft_model``.
+    - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step), ``draft_model``, or ``mtp``
+      (the model's own multi-token-prediction module, DeepSeek-V3/R1's: sim/mtp_draft.py).
     - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``.
     - ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths the real runner's proposer tries (real
       runs, ``--executor real``, use them and measure the acceptance instead of assuming ``acceptance_rate``).
@@ -36,7 +38,7 @@ class SpeculativeDecodingSection(SchemaModel):
 
     num_speculative_tokens: int = Field(ge=0, le=MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float | list[float]
-    method: Literal["ngram", "draft_model"] = "ngram"
+    method: Literal["ngram", "draft_model", "mtp"] = "ngram"
     draft_model: str | None = Field(default=None, min_length=1)
     prompt_lookup_min: int = Field(default=2, ge=1)
     prompt_lookup_max: int = Field(default=5, ge=1)
@@ -74,8 +76,9 @@ class SpeculativeDecodingSection(SchemaModel):
         if self.prompt_lookup_max < self.prompt_lookup_min:
             problems.append(("prompt_lookup_max", f"must be >= prompt_lookup_min ({self.prompt_lookup_min})",
                              self.prompt_lookup_max))
-        if self.method == "ngram" and self.draft_model is not None:
-            problems.append(("draft_model", "is only used with method: draft_model (method is ngram)", self.draft_model))
+        if self.method != "draft_model" and self.draft_model is not None:
+            problems.append(("draft_model", f"is only used with method: draft_model (method is {self.method})",
+                             self.draft_model))
         if problems:
             raise problems_error(problems)
         return self

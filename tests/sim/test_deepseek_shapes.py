@@ -148,7 +148,7 @@ DEEPSEEK_V2_LITE_CONFIG = {
     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400,
     "max_position_embeddings": 163840, "tie_word_embeddings": False, "hidden_act": "silu",
 }
-KIMI_K2_CONFIG = {**DEEPSEEK_V3_CONFIG, "model_type": "kimi_k2", "num_attention_heads": 64,
+KIMI_K2_CONFIG = {**DEEPSEEK_V3_CONFIG, "model_type": "kimi_k2", "num_attention_heads": 64, "num_nextn_predict_layers": 0,
                   "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1,
                   "vocab_size": 163840, "max_position_embeddings": 131072}
 

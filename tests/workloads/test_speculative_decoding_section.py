@@ -48,7 +48,7 @@ def test_a_draft_model_is_named_only_for_its_method(raw_workload):
     ({"num_speculative_tokens": 33, "acceptance_rate": 0.5}, "num_speculative_tokens", "less than or equal to 32"),
     ({"acceptance_rate": 0.5}, "num_speculative_tokens", "missing"),
     ({"num_speculative_tokens": 2}, "acceptance_rate", "missing"),
-    ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "method": "eagle"}, "method", "'ngram' or 'draft_model'"),
+    ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "method": "eagle"}, "method", "'ngram', 'draft_model' or 'mtp'"),
     ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "method": "draft_model"}, "draft_model",
      "method draft_model needs the draft model"),
     ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "draft_model": "llama-3.2-1b"}, "draft_model",
