@@ -41,7 +41,8 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   all-reduces stay two per layer; fp8 applies to the experts and the shared expert, not the router.
 * with pipeline parallelism (``pipeline_parallel_size`` stages, each of ``tensor_parallel_size`` GPUs),
   ``pipeline_stage_times`` splits a batch's GPU time by stage: each stage runs its layers' share of every
-  per-layer cost (``ModelShape.pipeline_stage_layers``), the last stage lm_head and sampling, and every
+  per-layer cost (``ModelShape.pipeline_stage_layers``; the MLPs of a model with dense and MoE layers by
+  which kind each stage holds), the last stage lm_head and sampling, and every
   stage but the last sends the batch's hidden states and residual to the next over the link (each of its
   tensor-parallel GPUs its share, all-gathered on the other side). The engine's
   own step overhead (scheduling, input preparation) is apart, paid once per batch; the simulator
@@ -55,6 +56,7 @@ are computed once here.
 
 from __future__ import annotations
 
+from sim.cost_models.analytical_description import describe_analytical
 from sim.cost_models.attention_work import attention_work
 from sim.cost_models.linear_cost import LinearCost
 from sim.cost_models.mlp_cost import dense_mlp_cost, moe_mlp_cost
@@ -88,17 +90,13 @@ ALLREDUCES_PER_LAYER = 2
 
 class AnalyticalCostModel:
     name = "analytical"
+    sampling_passes_over_logits = SAMPLING_PASSES_OVER_LOGITS
 
     def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16",
                  tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None,
                  quantization: str | None = None, pipeline_parallel_size: int = 1) -> None:
         self.model = model
         self.pipeline_parallel_size = pipeline_parallel_size
-        if pipeline_parallel_size > 1 and model.is_moe and model.num_dense_layers:
-            # Stages split every per-layer cost by their share of the layers, which needs layers that cost alike.
-            raise ValueError(f"engine.pipeline_parallel_size: {pipeline_parallel_size} stages of {model.name!r}, whose "
-                             f"first {model.num_dense_layers} layers are dense and the rest experts, are not modelled; "
-                             "use tensor parallelism alone")
         stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
         # fp8 weights (vLLM's quantization: fp8) in the four projections of every layer; embedding and
         # lm_head stay in dtype. The products run at the device's fp8 rate, or at its 16-bit rate on
@@ -168,11 +166,14 @@ class AnalyticalCostModel:
         layers, dense_layers, moe_layers = model.num_layers, model.num_dense_mlp_layers, model.num_moe_layers
         # (layers, their MLP) of each kind: dense MLPs (all of a dense model's layers), then the MoE layers.
         self.layer_kinds = ((dense_layers, dense_mlp),) + (((moe_layers, moe_mlp),) if moe_mlp else ())
-        counted = [(layers, c) for c in attention_linears] + [
-            (count, c) for count, mlp in self.layer_kinds if count for c in mlp.linears]
-        self._linears_all_layers = tuple(
-            (count * c.compute_s_per_row, count * c.weight_read_s, count * c.activation_s_per_row)
-            for count, c in counted)
+        def all_layers(count: int, c: LinearCost) -> tuple[float, float, float]:
+            return count * c.compute_s_per_row, count * c.weight_read_s, count * c.activation_s_per_row
+
+        # Each kind's MLP projections over its layers (pipeline stages split them by kind: _mlp_times).
+        self._mlp_linears_all_layers = tuple(tuple(all_layers(count, c) for c in mlp.linears) if count else ()
+                                             for count, mlp in self.layer_kinds)
+        self._linears_all_layers = tuple(all_layers(layers, c) for c in attention_linears) + tuple(
+            term for terms in self._mlp_linears_all_layers for term in terms)
         self._context_linear_all_layers = self.context_linear and (
             layers * self.context_linear.compute_s_per_row, layers * self.context_linear.weight_read_s,
             layers * self.context_linear.activation_s_per_row)
@@ -212,6 +213,9 @@ class AnalyticalCostModel:
         # Pipeline stages: each one's share of the per-layer costs, and the hand-over between stages (vLLM
         # sends the hidden states and the residual, two rows of hidden_size per token).
         self.stage_layer_fractions = tuple(count / layers for count in stage_layers)
+        # Each stage's share of each kind of layer (DeepSeek's dense layers are its first ones, on the first
+        # stage): the MLPs of a model with both kinds are split between stages by these, the rest per layer.
+        self._stage_kind_fractions = _stage_kind_fractions(stage_layers, self.layer_kinds)
         self._launch_s_all_layers = hardware.kernel_launch_overhead_s * self._kernels_all_layers
         self._launch_s_outside_layers = hardware.kernel_launch_overhead_s * KERNELS_OUTSIDE_LAYERS
         self._send_latency_s, self._send_s_per_byte = (
@@ -277,13 +281,33 @@ class AnalyticalCostModel:
         if self.tensor_parallel_size > 1:
             send += self._gather_latency_s + f.num_tokens * self._gather_s_per_token
         fractions = self.stage_layer_fractions
-        times = [fraction * per_layer_work + send for fraction in fractions[:-1]]
-        times.append(fractions[-1] * per_layer_work + lm_head + sampling + self._launch_s_outside_layers
-                     + logits_gather)
+        if len(self.layer_kinds) == 1 or not all(count for count, _ in self.layer_kinds):
+            layer_work = [fraction * per_layer_work for fraction in fractions]
+        else:  # dense and MoE layers: each stage its own layers' MLPs, its share of the rest
+            mlp_times = self._mlp_times(f.num_tokens)
+            uniform = per_layer_work - sum(mlp_times)
+            layer_work = [fraction * uniform + sum(share * mlp for share, mlp in zip(shares, mlp_times))
+                          for fraction, shares in zip(fractions, self._stage_kind_fractions)]
+        times = [work + send for work in layer_work[:-1]]
+        times.append(layer_work[-1] + lm_head + sampling + self._launch_s_outside_layers + logits_gather)
         if f.num_encoder_tokens:
             # The encoder runs on the first stage before its layers (priced on one stage only: async scheduling's
             # single stage here; price_vision refuses more).
             times[0] += self._vision_time(f)
+        return times
+
+    def _mlp_times(self, tokens: int) -> list[float]:
+        """Each kind of layer's MLP seconds over all its layers (``layer_kinds``' order): projections, routed
+        experts, element-wise bytes, kernel launches. The same terms ``component_times`` sums with the rest."""
+        launch = self.hardware.kernel_launch_overhead_s
+        times = []
+        for (count, mlp), terms in zip(self.layer_kinds, self._mlp_linears_all_layers):
+            seconds = sum(max(tokens * compute, weight_read + tokens * activation)
+                          for compute, weight_read, activation in terms)
+            if mlp.routed_experts is not None:
+                seconds += self._experts_all_layers.time(tokens)
+            seconds += tokens * count * sum(mlp.elementwise_bytes_per_token.values()) / self._bandwidth
+            times.append(seconds + launch * count * mlp.kernels)
         return times
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
@@ -353,54 +377,24 @@ class AnalyticalCostModel:
         return times
 
     def describe(self) -> dict:
-        m, hw, dtype = self.model, self.hardware, self.dtype
-        weight_bytes = m.weight_bytes(dtype, self.quantization)
-        weight_bytes_per_gpu = self.shard.weight_bytes(dtype, self.quantization)
-        gemm_flops = hw.achievable_gemm_flops(dtype)
-        shard = self.shard
-        expert_weight_bytes = dtype_bytes(self.quantization or dtype)
-        idle_expert_bytes = shard.num_moe_layers * (shard.num_experts - shard.num_experts_per_token) \
-            * shard.expert_parameters * expert_weight_bytes
-        return {
-            "kind": "analytical",
-            "model": m.to_dict(),
-            "num_parameters": m.num_parameters,
-            # What one token computes with; less than num_parameters for a mixture of experts.
-            "active_parameters": m.active_parameters,
-            "num_experts": m.num_experts,
-            "num_experts_per_token": m.num_experts_per_token,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "pipeline_parallel_size": self.pipeline_parallel_size,
-            "pipeline_stage_layers": m.pipeline_stage_layers(self.pipeline_parallel_size),
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "quantization": self.quantization,
-            "hardware": hw.to_dict(),
-            "dtype": dtype,
-            "weight_bytes": weight_bytes,
-            "weight_bytes_per_gpu": weight_bytes_per_gpu,
-            "kv_bytes_per_token": m.kv_bytes_per_token(self.kv_cache_dtype),
-            "achievable_gemm_tflops": gemm_flops / 1e12,
-            "achievable_bandwidth_gbps": hw.achievable_bandwidth / 1e9,
-            # Tokens per step past which linear layers stop being bound by reading their weights.
-            "ridge_point_tokens": gemm_flops * self._element_bytes / (2 * hw.achievable_bandwidth),
-            # The floor of any step, before fixed costs: every weight of a GPU's shard read once (slightly
-            # high: the embedding table is only gathered row by row). For a mixture of experts, the floor
-            # of a step large enough to read every expert.
-            "weight_read_s": weight_bytes_per_gpu / hw.achievable_bandwidth,
-            # A one-token step's weights: a mixture of experts reads only the k experts the token is routed
-            # to (equal to weight_read_s for a dense model).
-            "weight_read_s_one_token": (weight_bytes_per_gpu - idle_expert_bytes) / hw.achievable_bandwidth,
-            "fixed_overhead_s": self._fixed_s,
-            "kernels_per_layer": self.kernels_per_layer,  # an MoE layer's for a mixture of experts
-            "kernels_all_layers": self._kernels_all_layers,
-            "attention": "multi-head latent" if m.is_mla else "grouped-query",
-            "num_dense_mlp_layers": m.num_dense_mlp_layers,
-            "sampling_passes_over_logits": SAMPLING_PASSES_OVER_LOGITS,
-            **({"lora": self.lora.describe()} if self.lora is not None else {}),
-            **({"vision_encoder": self.vision.describe()} if self.vision is not None else {}),
-        }
+        return describe_analytical(self)
 
     def step_flops_and_bytes(self, batch: StepBatch) -> tuple[float, float]:
         """Total FLOPs and HBM bytes of one step (sim/cost_models/step_physics.py), for checking predictions
         against datasheet peaks."""
         return step_flops_and_bytes(self.model, batch, self.dtype, self.kv_cache_dtype)
+
+
+def _stage_kind_fractions(stage_layers: list[int], layer_kinds) -> list[tuple[float, ...]]:
+    """Per pipeline stage, its share of each kind of layer: the first kind (dense MLPs) fills the first layers."""
+    dense_total = layer_kinds[0][0]
+    fractions, first = [], 0
+    for count in stage_layers:
+        dense = max(0, min(first + count, dense_total) - first)
+        shares = [dense / dense_total if dense_total else 0.0]
+        if len(layer_kinds) > 1:
+            moe_total = layer_kinds[1][0]
+            shares.append((count - dense) / moe_total if moe_total else 0.0)
+        fractions.append(tuple(shares))
+        first += count
+    return fractions

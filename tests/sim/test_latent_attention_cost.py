@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cost_models import AnalyticalCostModel, StepBatch
+from sim.cost_models import AnalyticalCostModel, StepBatch, step_features
 from sim.cost_models.attention_work import attention_work
 from sim.hardware import resolve_hardware
 from sim.model_presets import resolve_model
@@ -117,9 +117,42 @@ def test_no_prediction_beats_the_datasheet(tensor_parallel_size, model, requests
         assert cost_model.step_time(batch) >= bytes_moved / (spec.memory_bandwidth_gbps * GB)
 
 
-def test_pipeline_parallelism_with_dense_first_layers_is_refused_by_field():
-    with pytest.raises(ValueError, match=r"^engine.pipeline_parallel_size: 2 stages of 'deepseek-v3'"):
-        analytical("deepseek-v3", tensor_parallel_size=8, pipeline_parallel_size=2)
+@pytest.mark.parametrize("tokens, context", [(1, 1000), (64, 2000), (4096, 0)])
+def test_pipeline_stages_hold_their_own_layers_mlps(tokens, context):
+    """DeepSeek-V3 on 16 H100s, tensor parallel 8 and two stages: the first stage's 31 layers hold the three dense
+    ones, the second's 30 are all MoE. Each stage runs its share of the per-layer work and its own layers' MLPs;
+    together they are the one-stage step's work, plus the hand-over, less the engine's own overhead."""
+    one = analytical("deepseek-v3", "h100-sxm", tensor_parallel_size=8, quantization="fp8")
+    two = analytical("deepseek-v3", "h100-sxm", tensor_parallel_size=8, quantization="fp8", pipeline_parallel_size=2)
+    batch = StepBatch([1] * tokens, [context] * tokens) if tokens < 4096 else StepBatch([tokens], [context])
+    features = step_features(batch)
+    stages = two.pipeline_stage_times(features)
+    components = dict(zip(("linear", "elementwise", "decode", "prefill", "lm_head", "sampling", "fixed",
+                           "communication"), one.component_times(features)))
+    logits_gather = one._communication_parts(features)[1]
+    # What the layers do, whichever stage runs them.
+    per_layer_work = sum(components.values()) - one.hardware.step_overhead_s - components["lm_head"] \
+        - components["sampling"] - two._launch_s_outside_layers - logits_gather
+    hand_over = two._send_latency_s + features.num_tokens * two._send_bytes_per_token * two._send_s_per_byte \
+        + two._gather_latency_s + features.num_tokens * two._gather_s_per_token
+    last_stage_extra = components["lm_head"] + components["sampling"] + two._launch_s_outside_layers + logits_gather
+    assert sum(stages) == pytest.approx(per_layer_work + hand_over + last_stage_extra, rel=1e-9)
+    # The first stage: 31/61 of the per-layer work but the MLPs, the three dense MLPs and 28 of the 58 MoE ones.
+    (dense_count, _), (moe_count, _) = two.layer_kinds
+    dense_mlp, moe_mlp = two._mlp_times(features.num_tokens)
+    first = 31 / 61 * (per_layer_work - dense_mlp - moe_mlp) + dense_mlp + 28 / moe_count * moe_mlp
+    assert stages[0] - hand_over == pytest.approx(first, rel=1e-9)
+    if tokens >= 64:  # split by layer count alone, the first stage would take more: dense MLPs cost less there
+        assert stages[0] - hand_over < 31 / 61 * per_layer_work
+
+
+def test_deepseek_v3_runs_on_sixteen_h100s_in_two_stages(tmp_path):
+    from sim.run import main as sim_run_main
+
+    out = tmp_path / "pp"
+    assert sim_run_main(["deepseek", "--set", "sweep=null", "--set", "hardware=h100-sxm", "--set",
+                         "engine.pipeline_parallel_size=2", "--set", "workload.num_requests=40", "--out", str(out),
+                         "--no-progress", "--no-dashboard", "--quiet"]) == 0
 
 
 def test_the_deepseek_example_runs_and_an_fp8_cache_doubles_the_pool_and_ends_preemptions(tmp_path):
