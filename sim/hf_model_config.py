@@ -17,7 +17,7 @@ from sim.model_shapes import ModelShape
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM")
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
 # dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py).
 DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
@@ -27,12 +27,14 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "mixtral": "MixtralForCausalLM",
                                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                               "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                               "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                               "gpt_oss": "GptOssForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
-                          "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072}
+                          "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072,
+                          "GptOssForCausalLM": 131072}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -41,6 +43,8 @@ _MOE_KEYS = {
     "Qwen2MoeForCausalLM": (("num_experts", 60), ("num_experts_per_tok", 4), ("moe_intermediate_size", 1408),
                             ("shared_expert_intermediate_size", 5632)),
     "Qwen3MoeForCausalLM": (("num_experts", 128), ("num_experts_per_tok", 8), ("moe_intermediate_size", 768), None),
+    # gpt-oss: its experts are as wide as its intermediate_size (2,880, its hidden size too); no shared expert.
+    "GptOssForCausalLM": (("num_local_experts", 128), ("num_experts_per_tok", 4), ("intermediate_size", 2880), None),
 }
 
 
@@ -85,6 +89,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
     experts = _experts(config, architecture, path, key)
     if architecture == "Qwen2MoeForCausalLM":
         qkv_bias = bool(config.get("qkv_bias", True))  # transformers' Qwen2MoeConfig: a key, true by default
+    elif architecture == "GptOssForCausalLM":
+        qkv_bias = bool(config.get("attention_bias", True))  # gpt-oss's attention has biases by default
     else:
         qkv_bias = architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False))
     return ModelShape(
@@ -95,8 +101,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         num_kv_heads=key("num_key_value_heads", num_heads),
         # Qwen3's and Gemma 3's config classes have head_dim as a key of their own (128, 256 when left out); the
         # others divide.
-        head_dim=key("head_dim", {"Qwen3ForCausalLM": 128, "Gemma2ForCausalLM": 256,
-                                  "Gemma3ForCausalLM": 256}.get(architecture,
+        head_dim=key("head_dim", {"Qwen3ForCausalLM": 128, "Gemma2ForCausalLM": 256, "Gemma3ForCausalLM": 256,
+                                  "GptOssForCausalLM": 64}.get(architecture,
                                                                                           hidden_size // num_heads)),
         # An MoE config's dense width (Qwen's 6144 or 5632) prices nothing, but is kept as the config gives it
         # (left out: the experts' width).
@@ -126,6 +132,10 @@ def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
         # Gemma 2 alternates local and global layers; Gemma 3 has five local ones to a global one.
         pattern = 2 if architecture == "Gemma2ForCausalLM" else config.get("sliding_window_pattern") or 6
         default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
+    elif architecture == "GptOssForCausalLM":
+        # gpt-oss alternates 128-token windows and full attention, the first layer windowed.
+        window = _positive_window(config.get("sliding_window", 128), path)
+        default_types = ["sliding_attention" if (index + 1) % 2 else "full_attention" for index in range(num_layers)]
     elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and config.get("use_sliding_window"):
         window = _positive_window(config.get("sliding_window", 4096), path)
         first_sliding = config.get("max_window_layers")

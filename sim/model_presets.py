@@ -97,6 +97,15 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
            experts_per_token=8, expert_width=768),
     _shape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, qkv_bias=True, experts=60,
            experts_per_token=4, expert_width=1408, shared_expert_width=5632),
+    # OpenAI's gpt-oss (tests/sim/test_gpt_oss.py checks the counts): 128-token windows on every other layer, 128 or
+    # 32 experts of width 2,880, top-4, biases on q, k and v (the o, router and expert biases and the attention
+    # sinks, 0.01% of the weights, are not counted). Total / active: gpt-oss-120b 116.8B / 5.71B, gpt-oss-20b 20.9B /
+    # 4.19B with the embedding (the published 5.1B and 3.6B leave it out). Published in mxfp4 experts
+    # (engine.quantization: mxfp4).
+    _shape("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, qkv_bias=True, experts=128,
+           experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=18),
+    _shape("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, qkv_bias=True, experts=32,
+           experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=12),
     # DeepSeek's (sim/deepseek_config.py reads their config.json files; tests/sim/test_deepseek_shapes.py checks
     # the counts). Total and active parameters (the active count with the embedding, which published figures may
     # leave out): deepseek-v3 671.0B / 37.6B (DeepSeek-R1 has V3's shape; the 14B multi-token-prediction module is

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 from sim.latent_attention import (check_latent_attention, latent_attention_norm_parameters,
                                   latent_attention_projection_parameters, latent_kv_width)
+from sim.weight_quantization import quantized_parameters, weight_quantization
 
 GIB = 1024**3
 
@@ -285,12 +286,19 @@ class ModelShape:
         (vLLM's ``quantization: fp8``) stores in fewer bytes. Embedding, lm_head, norms, biases and routers stay."""
         return self._layers_parameters(self.num_dense_mlp_layers, self.num_moe_layers)[0]
 
-    def weight_bytes(self, dtype: str, quantization: str | None = None) -> int:
-        """Bytes of all weights in ``dtype``, the projections in ``quantization``'s type when given."""
-        if quantization is None:
-            return self.num_parameters * dtype_bytes(dtype)
-        return (self.num_parameters - self.linear_parameters) * dtype_bytes(dtype) \
-            + self.linear_parameters * dtype_bytes(quantization)
+    def weight_bytes(self, dtype: str, quantization: str | None = None) -> float:
+        """Bytes of all weights in ``dtype``, those ``quantization`` covers in its bytes when given
+        (sim/weight_quantization.py: fp8 every projection, mxfp4 the experts)."""
+        return self._weight_bytes(dtype, quantization, self.num_dense_mlp_layers, self.num_moe_layers,
+                                  self.num_parameters)
+
+    def _weight_bytes(self, dtype: str, quantization: str | None, num_dense_mlp_layers: int, num_moe_layers: int,
+                      num_parameters: int) -> float:
+        scheme = weight_quantization(quantization)
+        if scheme is None:
+            return num_parameters * dtype_bytes(dtype)
+        quantized = quantized_parameters(self, scheme, num_dense_mlp_layers, num_moe_layers)
+        return (num_parameters - quantized) * dtype_bytes(dtype) + quantized * scheme.bytes_per_weight
 
     # --- KV cache -----------------------------------------------------------------------------
     def kv_bytes_per_token_per_layer(self, dtype: str) -> int:
@@ -366,7 +374,7 @@ class ModelShape:
         return layers
 
     def pipeline_stage_weight_bytes(self, stage: int, pipeline_parallel_size: int, dtype: str,
-                                    quantization: str | None = None) -> int:
+                                    quantization: str | None = None) -> float:
         """Bytes of weights one GPU of pipeline ``stage`` holds: its layers, the embedding on the first stage,
         the final norm and lm_head on the last (both, tied or not, on a one-stage pipeline)."""
         stage_layers = self.pipeline_stage_layers(pipeline_parallel_size)
@@ -375,10 +383,9 @@ class ModelShape:
         first = sum(stage_layers[:stage])
         dense = max(0, min(first + stage_layers[stage], self.num_dense_mlp_layers) - first) if self.is_moe \
             else stage_layers[stage]
-        # Every expert of a layer counts, in fp8 when quantized.
-        linear, other = self._layers_parameters(dense, stage_layers[stage] - dense)
-        linear_bytes = element if quantization is None else dtype_bytes(quantization)
-        total = linear * linear_bytes + other * element
+        # Every expert of a layer counts, quantized as the scheme says.
+        total = self._weight_bytes(dtype, quantization, dense, stage_layers[stage] - dense,
+                                   sum(self._layers_parameters(dense, stage_layers[stage] - dense)))
         embedding = self.vocab_size * self.hidden_size * element
         last = stage == pipeline_parallel_size - 1
         if stage == 0:

@@ -64,6 +64,7 @@ from sim.cost_models.lora_cost import LoRACost
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.cost_models.step_physics import step_flops_and_bytes
 from sim.cost_models.vision_encoder_cost import VisionEncoderCost
+from sim.weight_quantization import weight_quantization
 from sim.hardware import HardwareSpec
 from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
 from sim.vision_encoders import VisionEncoderShape
@@ -98,10 +99,12 @@ class AnalyticalCostModel:
         self.model = model
         self.pipeline_parallel_size = pipeline_parallel_size
         stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
-        # fp8 weights (vLLM's quantization: fp8) in the four projections of every layer; embedding and
-        # lm_head stay in dtype. The products run at the device's fp8 rate, or at its 16-bit rate on
-        # one without fp8 tensor cores (weight-only: the weights are widened as they are read).
+        # Quantized weights (sim/weight_quantization.py): fp8 in every projection and expert, the products at
+        # the device's fp8 rate, or at its 16-bit rate on one without fp8 tensor cores (weight-only: the
+        # weights are widened as they are read); mxfp4 in the routed experts alone, weight-only everywhere.
+        # Embedding, lm_head and routers stay in dtype.
         self.quantization = quantization
+        scheme = self.weight_quantization = weight_quantization(quantization, model)
         self.hardware = hardware
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size
@@ -123,20 +126,23 @@ class AnalyticalCostModel:
         self._bandwidth = bandwidth
 
         def linear(name: str, in_features: int, out_features: int, quantized: bool = False) -> LinearCost:
-            weight_bytes = dtype_bytes(quantization) if quantized else element_bytes
-            flops = hardware.achievable_gemm_flops(dtype, quantization) if quantized else gemm_flops
+            weight_bytes = scheme.bytes_per_weight if quantized else element_bytes
+            fp8_products = quantized and scheme.fp8_tensor_cores and hardware.dense_fp8_tflops > 0
+            flops = hardware.achievable_gemm_flops(dtype, scheme.name) if fp8_products else gemm_flops
             row_bytes = (in_features + out_features) * element_bytes
-            if quantized and hardware.dense_fp8_tflops > 0:
+            if fp8_products:
                 # fp8 x fp8 products: each input row is first quantized (read in dtype, written in fp8),
                 # then read by the product in fp8.
-                row_bytes += 2 * in_features * dtype_bytes(quantization)
+                row_bytes += 2 * in_features * 1
             return LinearCost(name, in_features, out_features,
                               weight_read_s=in_features * out_features * weight_bytes / bandwidth,
                               compute_s_per_row=2 * in_features * out_features / flops,
                               activation_s_per_row=row_bytes / bandwidth)
 
         # --- one layer, operator by operator (the benchmark compares these with measured kernels) ---
-        quantized = quantization is not None
+        # Which projections the scheme covers: fp8 all of them, mxfp4 the routed experts alone.
+        quantized = scheme is not None and not scheme.experts_only
+        experts_quantized = scheme is not None
         attention = attention_work(model, element_bytes, kv_element_bytes)
         self.attention = attention
         attention_linears = tuple(linear(p.name, p.in_features, p.out_features, quantized)
@@ -146,7 +152,7 @@ class AnalyticalCostModel:
         self.context_linear = None if context is None else linear(context.name, context.in_features,
                                                                   context.out_features, quantized)
         dense_mlp = dense_mlp_cost(model, linear, quantized, element_bytes)
-        moe_mlp = moe_mlp_cost(model, linear, quantized, element_bytes) if model.is_moe else None
+        moe_mlp = moe_mlp_cost(model, linear, quantized, experts_quantized, element_bytes) if model.is_moe else None
         typical_mlp = moe_mlp or dense_mlp  # an MoE model's typical layer is an MoE layer
         self.routed_experts = typical_mlp.routed_experts
         self.layer_linears = attention_linears + typical_mlp.linears + (

@@ -17,7 +17,8 @@ def describe_analytical(cost_model: AnalyticalCostModel) -> dict:
     weight_bytes_per_gpu = cost_model.shard.weight_bytes(dtype, cost_model.quantization)
     gemm_flops = hw.achievable_gemm_flops(dtype)
     shard = cost_model.shard
-    expert_weight_bytes = dtype_bytes(cost_model.quantization or dtype)
+    scheme = cost_model.weight_quantization
+    expert_weight_bytes = scheme.bytes_per_weight if scheme is not None else dtype_bytes(dtype)
     idle_expert_bytes = shard.num_moe_layers * (shard.num_experts - shard.num_experts_per_token) \
         * shard.expert_parameters * expert_weight_bytes
     return {

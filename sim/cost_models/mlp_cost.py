@@ -44,14 +44,15 @@ def dense_mlp_cost(shard: ModelShape, linear: Callable[..., LinearCost], quantiz
         kernels=DENSE_MLP_KERNELS)
 
 
-def moe_mlp_cost(shard: ModelShape, linear: Callable[..., LinearCost], quantized: bool,
+def moe_mlp_cost(shard: ModelShape, linear: Callable[..., LinearCost], quantized: bool, experts_quantized: bool,
                  element_bytes: int) -> MLPCost:
-    """A mixture-of-experts layer's MLP for one GPU's ``shard`` (every expert cut to 1/tp of its width)."""
+    """A mixture-of-experts layer's MLP for one GPU's ``shard`` (every expert cut to 1/tp of its width);
+    ``experts_quantized`` the routed experts' weights, ``quantized`` the shared expert's."""
     h, k = shard.hidden_size, shard.num_experts_per_token
     width, shared_width = shard.moe_intermediate_size, shard.shared_expert_intermediate_size
     # One expert's two grouped GEMMs, priced row by row as dense projections are (fp8 included).
-    gate_up = linear("experts_gate_up", h, 2 * width, quantized)
-    down = linear("experts_down", width, h, quantized)
+    gate_up = linear("experts_gate_up", h, 2 * width, experts_quantized)
+    down = linear("experts_down", width, h, experts_quantized)
     routed = RoutedExpertsCost(
         num_experts=shard.num_experts, experts_per_token=k,
         expert_weight_read_s=gate_up.weight_read_s + down.weight_read_s,
