@@ -22,6 +22,7 @@ from sim.model_presets import resolve_model
 from sim.kv_cache_capacity import kv_cache_num_blocks
 from sim.model_shapes import ModelShape, kv_cache_storage_dtype
 from sim.mtp_draft import mtp_draft_shape
+from sim.data_parallel_setup import DataParallelError, check_data_parallel
 from sim.speculation import SpeculationSetup
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
@@ -106,6 +107,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         raise SetupError(f"engine.pipeline_parallel_size: {engine.pipeline_parallel_size} stages are not simulated in a "
                          f"disaggregated cluster (cluster.prefill_replicas {workload.cluster.prefill_replicas}); set "
                          "engine.pipeline_parallel_size=1 or cluster.prefill_replicas=0")
+    try:
+        data_parallel_size = check_data_parallel(workload, model)
+    except DataParallelError as error:
+        raise SetupError(str(error)) from None
     num_speculative_tokens, draft_model = _speculative_decoding(workload, model)
     groups = _hybrid_groups(workload, model, draft_model)
     if engine.num_gpu_blocks is not None:
@@ -118,10 +123,11 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
                 pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model,
                 draft_quantization=engine.quantization if _drafts_with_mtp(workload) else None,
+                data_parallel_size=data_parallel_size,
                 layers_per_block=None if groups is None else groups.layers_per_block)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
-    num_replicas = max(1, workload.cluster.num_replicas)
+    num_replicas = max(1, workload.cluster.num_replicas) * data_parallel_size  # every rank has its own pool
     replica_bytes = num_gpu_blocks * BYTES_PER_SIMULATED_BLOCK
     if replica_bytes * num_replicas > MAX_SIMULATED_POOL_BYTES:
         # Every block is a Python object in the core, made on first use; a run that reuses cached blocks only once
@@ -164,7 +170,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                                           .replace("cache.eviction_policy", "engine.prefix_cache_eviction_policy"))) from None
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
-                                     engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size)
+                                     engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size,
+                                     data_parallel_size)
     except (ValueError, OSError) as error:
         message = str(error)
         own_field = message.startswith(("engine.", "hardware."))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from sim.model_shapes import GIB, ModelShape, kv_cache_storage_dtype
+from sim.model_shapes import GIB, ModelShape, dtype_bytes, kv_cache_storage_dtype
+from sim.weight_quantization import weight_quantization
 
 if TYPE_CHECKING:  # only for the annotation; hardware.py does not import this module
     from sim.hardware import HardwareSpec
@@ -17,7 +18,7 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
                         kv_cache_dtype: str | None = None, tensor_parallel_size: int = 1,
                         quantization: str | None = None, pipeline_parallel_size: int = 1,
                         draft_model: ModelShape | None = None, layers_per_block: int | None = None,
-                        draft_quantization: str | None = None) -> int:
+                        draft_quantization: str | None = None, data_parallel_size: int = 1) -> int:
     """How many KV-cache blocks fit, the way vLLM sizes its pool at start-up.
 
     vLLM takes ``total memory * gpu_memory_utilization``, subtracts the weights and the peak memory of a
@@ -38,6 +39,9 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
 
     ``layers_per_block``: a hybrid KV cache's block holds one group's layers (sim/kv_cache_groups.py), not every
     layer (one pipeline stage, no draft model).
+
+    ``data_parallel_size`` ranks of a mixture of experts (sim/cost_models/expert_parallel.py): each rank's pool, on
+    GPUs that hold 1/D of the routed experts a rank alone would hold.
     """
     tensor_parallel_size = int(tensor_parallel_size)
     full_model = model
@@ -70,6 +74,13 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
             kv_cache_storage_dtype(dtype, kv_cache_dtype))
         stages = [(weights + draft.weight_bytes(dtype, draft_quantization),
                    block_bytes + draft.num_layers * draft_kv_bytes_per_layer)
+                  for weights, block_bytes in stages]
+    if data_parallel_size > 1:
+        # Data-parallel ranks spread the routed experts over all their GPUs: each GPU holds 1/D of its rank's share.
+        scheme = weight_quantization(quantization)
+        expert_bytes = model.num_moe_layers * model.num_experts * model.expert_parameters * (
+            scheme.bytes_per_weight if scheme is not None else dtype_bytes(dtype))
+        stages = [(weights - expert_bytes * (1 - 1 / data_parallel_size), block_bytes)
                   for weights, block_bytes in stages]
     weights, block_bytes = min(stages, key=lambda stage: (usable - stage[0] - reserve) / stage[1])
     free_for_kv = usable - weights - reserve

@@ -79,6 +79,9 @@ def _warm_up(llm) -> None:
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
                       dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
                       enforce_eager: bool = False) -> RealEngine:
+    if workload.engine.data_parallel_size > 1:
+        raise SetupError(f"engine.data_parallel_size: {workload.engine.data_parallel_size} ranks run in the simulator "
+                         "only; a real run uses one device (set engine.data_parallel_size=1)")
     if workload.engine.tensor_parallel_size > 1:
         raise SetupError(f"engine.tensor_parallel_size: {workload.engine.tensor_parallel_size} GPUs per engine run in "
                          "the simulator only; a real run uses one device (set engine.tensor_parallel_size=1)")

@@ -40,8 +40,11 @@ class RunResult:
 
 def simulate(setup: RunSetup, *, progress: bool = False, description: str = "simulating",
              fast_forward: bool = True) -> TraceRecorder | ClusterTrace:
-    """One engine, or a cluster of ``cluster.num_replicas`` identical ones behind its router."""
-    num_replicas = setup.workload.cluster.num_replicas
+    """One engine, or a cluster of ``cluster.num_replicas`` identical ones behind its router, or the
+    ``engine.data_parallel_size`` ranks of one data-parallel engine (one replica each, stepping in lockstep)."""
+    expert_parallel = getattr(setup.cost_model, "expert_parallel", None)
+    num_replicas = setup.workload.cluster.num_replicas if expert_parallel is None \
+        else expert_parallel.data_parallel_size
     engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config),
                           make_executor(setup.cost_model, setup.speculation))
                for _ in range(num_replicas)]
@@ -63,7 +66,8 @@ def simulate(setup: RunSetup, *, progress: bool = False, description: str = "sim
             router = make_router(setup.workload, loads)
     return Simulation(engines, setup.requests, router=router, loads=loads, progress=progress, description=description,
                       fast_forward=fast_forward, disaggregation=disaggregation, host_link=setup.host_link,
-                      max_concurrency=setup.workload.workload.max_concurrency, autoscaling=cluster.autoscaling).run()
+                      max_concurrency=setup.workload.workload.max_concurrency, autoscaling=cluster.autoscaling,
+                      expert_parallel=expert_parallel).run()
 
 
 def disaggregation_setup(setup: RunSetup, engines: list[EngineCore]) -> DisaggregationSetup:

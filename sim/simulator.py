@@ -34,6 +34,8 @@ where such a request may go to a replica in the middle of a stretch it planned, 
 
 An autoscaled cluster (``cluster.autoscaling``, sim/autoscaler.py) routes to its ready replicas only; the
 autoscaler's decisions read every replica's state, so a fast-forward stops at each.
+The ranks of a data-parallel mixture of experts (``engine.data_parallel_size`` > 1) are replicas that step in
+lockstep, in one loop (sim/data_parallel_loop.py), without the fast-forward.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from engine.core.decode_fast_forward import DecodeFastForward
 from sim.autoscaler import Autoscaler, AutoscalingStats
 from sim.client_concurrency import ConcurrencyLimit
 from sim.cluster_trace import ClusterTrace
+from sim.cost_models.expert_parallel import ExpertParallelMoE
+from sim.data_parallel_loop import data_parallel_loop
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
 from sim.fast_forward_steps import fast_forward, plan_durations
@@ -102,7 +106,8 @@ class Simulation:
                  router: Router | None = None, loads: ReplicaLoads | None = None, progress: bool = False,
                  description: str = "simulating", fast_forward: bool = True, record_schedule: bool = False,
                  disaggregation: DisaggregationSetup | None = None, host_link: HostLinkSetup | None = None,
-                 max_concurrency: int | None = None, autoscaling: AutoscalingSection | None = None) -> None:
+                 max_concurrency: int | None = None, autoscaling: AutoscalingSection | None = None,
+                 expert_parallel: ExpertParallelMoE | None = None) -> None:
         engines = [engine] if isinstance(engine, EngineCore) else list(engine)
         if not engines:
             raise ValueError("Simulation needs at least one engine")
@@ -148,7 +153,10 @@ class Simulation:
         # Not across replicas whose requests arrive at finishes (a session's next turn, a request the client held):
         # one replica's finish may send a request to another in the middle of its stretch, which it cannot foresee.
         finishes_send = self.later_turns is not None or self.client is not None
-        self.fast_forward = fast_forward and disaggregation is None and not (finishes_send and len(engines) > 1)
+        self.fast_forward = fast_forward and disaggregation is None and not (finishes_send and len(engines) > 1) \
+            and expert_parallel is None
+        # Data-parallel ranks in lockstep (sim/data_parallel_loop.py): one loop for all replicas; None: a loop each.
+        self.expert_parallel = expert_parallel
         for replica in self.replicas:
             if replica.engine.scheduler.kv_cache_manager.offload is not None:
                 if host_link is None or disaggregation is not None:
@@ -177,10 +185,13 @@ class Simulation:
             self.env.process(self._publish_loads())
         if self.autoscaler is not None:
             self.env.process(self.autoscaler.run(self._routing_done))
-        loops = [self.env.process(self._engine_loop(index, replica) if _batch_queue_depth(replica) == 1
-                                  else pipelined_engine_loop(self, replica, replica.executor.cost_model,
-                                                             _batch_queue_depth(replica)))
-                 for index, replica in enumerate(self.replicas)]
+        if self.expert_parallel is not None:
+            loops = [self.env.process(data_parallel_loop(self, self.replicas, self.expert_parallel))]
+        else:
+            loops = [self.env.process(self._engine_loop(index, replica) if _batch_queue_depth(replica) == 1
+                                      else pipelined_engine_loop(self, replica, replica.executor.cost_model,
+                                                                 _batch_queue_depth(replica)))
+                     for index, replica in enumerate(self.replicas)]
         self.env.run(until=simpy.AllOf(self.env, loops))
         if self.autoscaler is not None:
             self.autoscaling_stats = self.autoscaler.stats(self.env.now)

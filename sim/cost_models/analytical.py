@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from sim.cost_models.analytical_description import describe_analytical
 from sim.cost_models.attention_work import attention_work
+from sim.cost_models.expert_parallel import expert_parallel_moe
 from sim.cost_models.linear_cost import LinearCost
 from sim.cost_models.mlp_cost import dense_mlp_cost, moe_mlp_cost
 from sim.cost_models.lora_cost import LoRACost
@@ -95,7 +96,8 @@ class AnalyticalCostModel:
 
     def __init__(self, model: ModelShape, hardware: HardwareSpec, dtype: str = "bfloat16",
                  tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None,
-                 quantization: str | None = None, pipeline_parallel_size: int = 1) -> None:
+                 quantization: str | None = None, pipeline_parallel_size: int = 1,
+                 data_parallel_size: int = 1) -> None:
         self.model = model
         self.pipeline_parallel_size = pipeline_parallel_size
         stage_layers = model.pipeline_stage_layers(pipeline_parallel_size)
@@ -184,6 +186,17 @@ class AnalyticalCostModel:
             layers * self.context_linear.compute_s_per_row, layers * self.context_linear.weight_read_s,
             layers * self.context_linear.activation_s_per_row)
         self._experts_all_layers = moe_mlp.routed_experts.scaled(moe_layers) if moe_mlp else None
+        # Data-parallel ranks (sim/cost_models/expert_parallel.py): a rank's step is priced without the routed
+        # experts, which the lockstep step adds for all ranks' tokens.
+        self.expert_parallel = None
+        if data_parallel_size > 1:
+            if moe_mlp is None or pipeline_parallel_size > 1:
+                raise ValueError(f"engine.data_parallel_size: {data_parallel_size} ranks are priced for a mixture of "
+                                 "experts on one pipeline stage")
+            self.expert_parallel = expert_parallel_moe(
+                self._experts_all_layers, data_parallel_size, tensor_parallel_size, moe_layers,
+                model.num_experts_per_token, h * element_bytes, *hardware.send_coefficients())
+            self._experts_all_layers = None
         self._elementwise_s_per_token = (layers * common_elementwise_bytes + sum(
             count * sum(mlp.elementwise_bytes_per_token.values()) for count, mlp in self.layer_kinds)
             + outside_elementwise_bytes) / bandwidth

@@ -58,5 +58,7 @@ def describe_analytical(cost_model: AnalyticalCostModel) -> dict:
         "sampling_passes_over_logits": cost_model.sampling_passes_over_logits,
         **({"lora": cost_model.lora.describe()} if cost_model.lora is not None else {}),
         **({"vision_encoder": cost_model.vision.describe()} if cost_model.vision is not None else {}),
+        **({"expert_parallel": cost_model.expert_parallel.describe()}
+           if cost_model.expert_parallel is not None else {}),
     }
 

@@ -36,7 +36,8 @@ class CostModel(Protocol):
 
 def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: HardwareSpec, dtype: str,
                     tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
-                    quantization: str | None = None, pipeline_parallel_size: int = 1) -> CostModel:
+                    quantization: str | None = None, pipeline_parallel_size: int = 1,
+                    data_parallel_size: int = 1) -> CostModel:
     """``None`` or ``"analytical"``: the roofline model for ``model`` on ``hardware`` (on
     ``tensor_parallel_size`` of them). A path ending in ``.json``: a calibrated step profile (measured on
     one device, so refused with tensor parallelism). A mapping: ``{"kind": "analytical"}``,
@@ -49,7 +50,7 @@ def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: Hardwa
     hardware = resolve_hardware(hardware)
     if spec is None or spec == "analytical":
         return AnalyticalCostModel(model, hardware, dtype, tensor_parallel_size, kv_cache_dtype, quantization,
-                                   pipeline_parallel_size)
+                                   pipeline_parallel_size, data_parallel_size)
     if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".json")):
         calibrated = CalibratedCostModel.from_file(spec)
     elif isinstance(spec, str):
@@ -68,7 +69,7 @@ def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: Hardwa
                                      f"(keys: {', '.join(sorted(allowed))})")
             if kind == "analytical":
                 return AnalyticalCostModel(model, hardware, dtype, tensor_parallel_size, kv_cache_dtype, quantization,
-                                   pipeline_parallel_size)
+                                           pipeline_parallel_size, data_parallel_size)
             if not isinstance(spec.get("path"), str):
                 raise ValueError(f"cost_model.path must name a .json step profile, got {spec.get('path')!r}")
             calibrated = CalibratedCostModel.from_file(spec["path"])
@@ -82,6 +83,9 @@ def load_cost_model(spec: str | dict | None, model: ModelShape, hardware: Hardwa
     if pipeline_parallel_size != 1:
         raise ValueError(f"engine.pipeline_parallel_size: {pipeline_parallel_size} needs the analytical cost model; "
                          "a calibrated profile is measured on one device")
+    if data_parallel_size != 1:
+        raise ValueError(f"engine.data_parallel_size: {data_parallel_size} needs the analytical cost model; a "
+                         "calibrated profile is measured on one device")
     if quantization is not None:
         raise ValueError(f"engine.quantization: {quantization!r} needs the analytical cost model; a calibrated "
                          "profile is measured with the model's own weights")

@@ -1,0 +1,80 @@
+"""The engine loop of data-parallel ranks that step in lockstep (``engine.data_parallel_size`` > 1 with a mixture
+of experts: sim/cost_models/expert_parallel.py says why and what a step costs).
+
+Each rank is a replica of the simulation (its own EngineCore, scheduler, KV cache, traces), and the workload's
+router gives each arrival to one (vLLM's data-parallel load balancer: the least loaded rank by default). The ranks
+share one loop: every rank with work schedules and runs its step (its executor prices its own batch without the
+routed experts), the step lasts the slowest rank's time plus the experts' and the all-to-alls' for all the
+ranks' tokens, and every rank's tokens are stamped with its end. A rank without work sits the step out in the
+traces (vLLM runs it on an empty batch, which costs its GPUs only the experts' share, already counted). When no
+rank has work the loop sleeps until an arrival wakes any of them.
+
+Not run here: the decode fast-forward (each rank's stretch would have to match the others'), pipeline stages,
+async scheduling, speculative decoding, KV transfers and host loads (the setup refuses them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.cost_models.expert_parallel import ExpertParallelMoE
+from sim.livelock import check_preemptions
+
+if TYPE_CHECKING:  # the simulation imports this module
+    from sim.simulator import Replica, Simulation
+
+
+def data_parallel_loop(simulation: Simulation, replicas: list[Replica], expert_parallel: ExpertParallelMoE):
+    from sim.simulator import SchedulerStalledError
+
+    env = simulation.env
+    while True:
+        working = [replica for replica in replicas if replica.engine.has_work()]
+        if not working:
+            for replica in replicas:
+                simulation.on_replica_idle(replica)
+            if simulation.arrivals_done:
+                return
+            yield from _sleep_until_any_wakes(env, replicas)
+            continue
+        start = env.now
+        ran = []
+        for replica in working:
+            result = replica.engine.step()
+            scheduler_output = result.scheduler_output
+            scheduler = replica.engine.scheduler
+            if scheduler_output is not None and scheduler_output.preempted_req_ids:
+                check_preemptions(scheduler, scheduler_output, start)
+            if scheduler_output is None or scheduler_output.total_num_scheduled_tokens == 0:
+                replica.recorder.on_outputs(result.outputs, start)
+                simulation.count_finished(result.outputs, start)
+                if scheduler_output is not None and scheduler_output.preempted_req_ids:
+                    replica.recorder.on_empty_step(scheduler_output)
+                elif scheduler.has_unfinished_requests() and scheduler_output is not None:
+                    raise SchedulerStalledError(
+                        f"at t={start:.6f}s {len(scheduler.waiting)} requests wait and none was scheduled")
+                continue
+            ran.append((replica, result))
+        if not ran:
+            continue
+        tokens = [result.scheduler_output.total_num_scheduled_tokens for _, result in ran]
+        duration = max(replica.executor.last_duration for replica, _ in ran) \
+            + expert_parallel.time(sum(tokens), max(tokens))
+        for replica, result in ran:
+            replica.recorder.on_step(start, duration, result.scheduler_output, replica.executor.last_features,
+                                     replica.engine.scheduler)
+        yield env.timeout(duration)
+        now = env.now
+        for replica, result in ran:
+            replica.recorder.on_outputs(result.outputs, now)
+            simulation.count_finished(result.outputs, now)
+
+
+def _sleep_until_any_wakes(env, replicas: list[Replica]):
+    """One event for every rank: an arrival routed to any of them (``Replica.wake``) ends the wait."""
+    woken = env.event()
+    for replica in replicas:
+        replica.idle = woken
+    yield woken
+    for replica in replicas:
+        replica.idle = None

@@ -1,0 +1,39 @@
+"""``engine.data_parallel_size``: what the simulator runs with data-parallel ranks in lockstep, and what it
+refuses by name (sim/data_parallel_loop.py runs them; sim/cost_models/expert_parallel.py prices their steps)."""
+
+from __future__ import annotations
+
+from sim.model_shapes import ModelShape
+from workloads import WorkloadConfig
+
+
+class DataParallelError(ValueError):
+    """A data-parallel configuration the simulator does not run; the message names the field."""
+
+
+def check_data_parallel(workload: WorkloadConfig, model: ModelShape) -> int:
+    """The number of data-parallel ranks (1: off), refusing what the lockstep loop does not simulate."""
+    engine, cluster = workload.engine, workload.cluster
+    ranks = engine.data_parallel_size
+    if ranks == 1:
+        return 1
+    field = f"engine.data_parallel_size: {ranks} ranks"
+    if not model.is_moe:
+        raise DataParallelError(f"{field} of a dense model ({model.name!r}) never wait for one another: simulate them "
+                                f"as independent replicas (cluster.num_replicas={ranks})")
+    refusals = [
+        (cluster.num_replicas > 1, f"cluster.num_replicas {cluster.num_replicas} (replicas of data-parallel engines)"),
+        (cluster.disaggregated, f"cluster.prefill_replicas {cluster.prefill_replicas}"),
+        (cluster.autoscaling is not None, "cluster.autoscaling"),
+        (engine.pipeline_parallel_size > 1, f"engine.pipeline_parallel_size {engine.pipeline_parallel_size}"),
+        (engine.async_scheduling, "engine.async_scheduling: true"),
+        (engine.speculative_decoding is not None and engine.speculative_decoding.num_speculative_tokens > 0,
+         "engine.speculative_decoding"),
+        (engine.kv_offloading_size_gib > 0, f"engine.kv_offloading_size_gib {engine.kv_offloading_size_gib:g}"),
+        (workload.workload.lora is not None, "workload.lora"),
+        (workload.workload.images is not None, "workload.images"),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise DataParallelError(f"{field} are not simulated with {what}; set one of them back")
+    return ranks
