@@ -15,7 +15,7 @@ heads uncompressed. A layer's projections:
 Under tensor parallelism vLLM splits the heads (q_b_proj, kv_b_proj, o_proj) and copies the rest: the two
 down-projections and the latent cache are whole on every GPU (there is one latent per token, not one per head),
 so a GPU's KV cache per token does not shrink with more GPUs as grouped-query attention's does.
-``sim/cost_models/latent_attention_cost.py`` prices the two ways vLLM computes it (decodes in the latent space,
+``sim/cost_models/attention_work.py`` counts the two ways vLLM computes it (decodes in the latent space,
 prefills with the keys and values decompressed).
 """
 

@@ -73,7 +73,7 @@ class ModelShape:
     num_dense_layers: int = 0
     # Qwen2-MoE scales its shared expert by a sigmoid gate; DeepSeek's shared experts are added as they are.
     shared_expert_gate: bool = True
-    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; sim/attention_shapes.py says what it computes):
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; sim/latent_attention.py says what it computes):
     # keys and values are one compressed latent of ``kv_lora_rank`` per token plus a shared rotary key of
     # ``qk_rope_head_dim``, which is all the KV cache holds; each head's query and key are ``head_dim`` wide
     # (its ``head_dim - qk_rope_head_dim`` unrotated part comes from the latent) and its value ``v_head_dim``.

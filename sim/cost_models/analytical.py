@@ -38,7 +38,16 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   combined back, and top-k reads the router's logits. Routing is assumed uniform; real routers are skewed
   and touch fewer experts at mid batch sizes, so the model is pessimistic there (a skew parameter is future
   work). Tensor parallelism splits every expert's width (vLLM without expert parallelism), so the
-  all-reduces stay two per layer; fp8 applies to the experts and the shared expert, not the router.
+  all-reduces stay two per layer; fp8 applies to the experts and the shared expert, not the router, mxfp4 to
+  the routed experts alone (sim/weight_quantization.py). DeepSeek's first layers keep a dense MLP
+  (``layer_kinds``: each kind of layer priced over its own count).
+* multi-head latent attention (DeepSeek-V2/V3, Kimi K2: ``attention_work.py``) caches one latent per token and
+  layer, decodes in the latent space (every head scores the one latent: compute-bound with many heads) and
+  prefills with the keys and values decompressed, ``kv_b_proj`` running over every cached token a chunk
+  attends to as well as its own.
+* data-parallel ranks with expert parallelism (``data_parallel_size``: ``expert_parallel.py``) price a rank's
+  step without the routed experts; the lockstep step adds one GPU's share of them for all ranks' tokens and
+  the all-to-alls.
 * with pipeline parallelism (``pipeline_parallel_size`` stages, each of ``tensor_parallel_size`` GPUs),
   ``pipeline_stage_times`` splits a batch's GPU time by stage: each stage runs its layers' share of every
   per-layer cost (``ModelShape.pipeline_stage_layers``; the MLPs of a model with dense and MoE layers by
@@ -65,15 +74,16 @@ from sim.cost_models.lora_cost import LoRACost
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.cost_models.step_physics import step_flops_and_bytes
 from sim.cost_models.vision_encoder_cost import VisionEncoderCost
-from sim.weight_quantization import weight_quantization
 from sim.hardware import HardwareSpec
 from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
 from sim.vision_encoders import VisionEncoderShape
+from sim.weight_quantization import weight_quantization
 
 # Sampling converts the logits to FP32 and makes a few passes over them (temperature, softmax,
 # top-k/top-p, the draw). Four passes is between greedy (one argmax) and a full top-p sort.
 SAMPLING_PASSES_OVER_LOGITS = 4
 LOGIT_BYTES = 4
+FP8_BYTES = 1
 
 # Kernels a transformer layer launches besides its attention's (attention_work.py) and its MLP's (mlp_cost.py), in
 # the profiled (unfused) stack: input norm, residual add, post-attention norm, residual add. A Llama layer's total
@@ -135,7 +145,7 @@ class AnalyticalCostModel:
             if fp8_products:
                 # fp8 x fp8 products: each input row is first quantized (read in dtype, written in fp8),
                 # then read by the product in fp8.
-                row_bytes += 2 * in_features * 1
+                row_bytes += 2 * in_features * FP8_BYTES
             return LinearCost(name, in_features, out_features,
                               weight_read_s=in_features * out_features * weight_bytes / bandwidth,
                               compute_s_per_row=2 * in_features * out_features / flops,
@@ -174,6 +184,7 @@ class AnalyticalCostModel:
         layers, dense_layers, moe_layers = model.num_layers, model.num_dense_mlp_layers, model.num_moe_layers
         # (layers, their MLP) of each kind: dense MLPs (all of a dense model's layers), then the MoE layers.
         self.layer_kinds = ((dense_layers, dense_mlp),) + (((moe_layers, moe_mlp),) if moe_mlp else ())
+
         def all_layers(count: int, c: LinearCost) -> tuple[float, float, float]:
             return count * c.compute_s_per_row, count * c.weight_read_s, count * c.activation_s_per_row
 
@@ -323,7 +334,7 @@ class AnalyticalCostModel:
         for (count, mlp), terms in zip(self.layer_kinds, self._mlp_linears_all_layers):
             seconds = sum(max(tokens * compute, weight_read + tokens * activation)
                           for compute, weight_read, activation in terms)
-            if mlp.routed_experts is not None:
+            if mlp.routed_experts is not None and self._experts_all_layers is not None:
                 seconds += self._experts_all_layers.time(tokens)
             seconds += tokens * count * sum(mlp.elementwise_bytes_per_token.values()) / self._bandwidth
             times.append(seconds + launch * count * mlp.kernels)

@@ -14,13 +14,16 @@ if TYPE_CHECKING:  # analytical.py imports this module
 def describe_analytical(cost_model: AnalyticalCostModel) -> dict:
     m, hw, dtype = cost_model.model, cost_model.hardware, cost_model.dtype
     weight_bytes = m.weight_bytes(dtype, cost_model.quantization)
-    weight_bytes_per_gpu = cost_model.shard.weight_bytes(dtype, cost_model.quantization)
     gemm_flops = hw.achievable_gemm_flops(dtype)
     shard = cost_model.shard
     scheme = cost_model.weight_quantization
     expert_weight_bytes = scheme.bytes_per_weight if scheme is not None else dtype_bytes(dtype)
-    idle_expert_bytes = shard.num_moe_layers * (shard.num_experts - shard.num_experts_per_token) \
-        * shard.expert_parameters * expert_weight_bytes
+    # A GPU's routed experts: its tensor-parallel slice of every one, or with data-parallel ranks 1/D of those.
+    ranks = 1 if cost_model.expert_parallel is None else cost_model.expert_parallel.data_parallel_size
+    one_expert_bytes = shard.num_moe_layers * shard.expert_parameters * expert_weight_bytes
+    other_bytes = shard.weight_bytes(dtype, cost_model.quantization) - shard.num_experts * one_expert_bytes
+    weight_bytes_per_gpu = other_bytes + shard.num_experts * one_expert_bytes / ranks
+    one_token_bytes = other_bytes + shard.num_experts_per_token * one_expert_bytes / ranks
     return {
         "kind": "analytical",
         "model": m.to_dict(),
@@ -49,7 +52,7 @@ def describe_analytical(cost_model: AnalyticalCostModel) -> dict:
         "weight_read_s": weight_bytes_per_gpu / hw.achievable_bandwidth,
         # A one-token step's weights: a mixture of experts reads only the k experts the token is routed
         # to (equal to weight_read_s for a dense model).
-        "weight_read_s_one_token": (weight_bytes_per_gpu - idle_expert_bytes) / hw.achievable_bandwidth,
+        "weight_read_s_one_token": one_token_bytes / hw.achievable_bandwidth,
         "fixed_overhead_s": cost_model._fixed_s,
         "kernels_per_layer": cost_model.kernels_per_layer,  # an MoE layer's for a mixture of experts
         "kernels_all_layers": cost_model._kernels_all_layers,

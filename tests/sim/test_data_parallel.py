@@ -59,7 +59,14 @@ def test_a_ranks_step_leaves_the_routed_experts_to_the_lockstep_step():
     assert moe.time(256, 40) == pytest.approx(experts.time(256) / 8 + 2 * 58 * latency
                                               + 40 * 2 * 58 * 8 * 7168 * 2 * 7 / 8 * per_byte, rel=1e-12)
     assert moe.time(0, 0) == 0.0
-    assert rank.describe()["expert_parallel"]["data_parallel_size"] == 8
+    description = rank.describe()
+    assert description["expert_parallel"]["data_parallel_size"] == 8
+    # Each GPU holds 32 of a layer's 256 routed experts, and one token reads 8 of them across the 8 GPUs.
+    expert_bytes = 58 * 256 * model.expert_parameters
+    assert description["weight_bytes_per_gpu"] == pytest.approx(
+        model.weight_bytes("bfloat16", "fp8") - expert_bytes * 7 / 8, rel=1e-12)
+    one_token = model.weight_bytes("bfloat16", "fp8") - expert_bytes + 58 * 8 * model.expert_parameters / 8
+    assert description["weight_read_s_one_token"] == pytest.approx(one_token / h200.achievable_bandwidth, rel=1e-12)
 
 
 def test_the_ranks_step_in_lockstep_for_the_slowest_rank_plus_the_experts(monkeypatch):
