@@ -70,6 +70,7 @@ from sim.cost_models.attention_work import attention_work
 from sim.cost_models.expert_parallel import expert_parallel_moe
 from sim.cost_models.linear_cost import LinearCost
 from sim.cost_models.mlp_cost import dense_mlp_cost, moe_mlp_cost
+from sim.cost_models.pipeline_split import stage_kind_fractions, stage_layer_work
 from sim.cost_models.lora_cost import LoRACost
 from sim.cost_models.step_batch import StepBatch, StepFeatures, step_features
 from sim.cost_models.step_physics import step_flops_and_bytes
@@ -245,7 +246,7 @@ class AnalyticalCostModel:
         self.stage_layer_fractions = tuple(count / layers for count in stage_layers)
         # Each stage's share of each kind of layer (DeepSeek's dense layers are its first ones, on the first
         # stage): the MLPs of a model with both kinds are split between stages by these, the rest per layer.
-        self._stage_kind_fractions = _stage_kind_fractions(stage_layers, self.layer_kinds)
+        self._stage_kind_fractions = stage_kind_fractions(stage_layers, [count for count, _ in self.layer_kinds])
         self._launch_s_all_layers = hardware.kernel_launch_overhead_s * self._kernels_all_layers
         self._launch_s_outside_layers = hardware.kernel_launch_overhead_s * KERNELS_OUTSIDE_LAYERS
         self._send_latency_s, self._send_s_per_byte = (
@@ -310,14 +311,9 @@ class AnalyticalCostModel:
         send = self._send_latency_s + f.num_tokens * self._send_bytes_per_token * self._send_s_per_byte
         if self.tensor_parallel_size > 1:
             send += self._gather_latency_s + f.num_tokens * self._gather_s_per_token
-        fractions = self.stage_layer_fractions
-        if len(self.layer_kinds) == 1 or not all(count for count, _ in self.layer_kinds):
-            layer_work = [fraction * per_layer_work for fraction in fractions]
-        else:  # dense and MoE layers: each stage its own layers' MLPs, its share of the rest
-            mlp_times = self._mlp_times(f.num_tokens)
-            uniform = per_layer_work - sum(mlp_times)
-            layer_work = [fraction * uniform + sum(share * mlp for share, mlp in zip(shares, mlp_times))
-                          for fraction, shares in zip(fractions, self._stage_kind_fractions)]
+        both_kinds = len(self.layer_kinds) == 2 and all(count for count, _ in self.layer_kinds)
+        layer_work = stage_layer_work(per_layer_work, self.stage_layer_fractions, self._stage_kind_fractions,
+                                      self._mlp_times(f.num_tokens) if both_kinds else None)
         times = [work + send for work in layer_work[:-1]]
         times.append(layer_work[-1] + lm_head + sampling + self._launch_s_outside_layers + logits_gather)
         if f.num_encoder_tokens:
@@ -414,17 +410,3 @@ class AnalyticalCostModel:
         against datasheet peaks."""
         return step_flops_and_bytes(self.model, batch, self.dtype, self.kv_cache_dtype)
 
-
-def _stage_kind_fractions(stage_layers: list[int], layer_kinds) -> list[tuple[float, ...]]:
-    """Per pipeline stage, its share of each kind of layer: the first kind (dense MLPs) fills the first layers."""
-    dense_total = layer_kinds[0][0]
-    fractions, first = [], 0
-    for count in stage_layers:
-        dense = max(0, min(first + count, dense_total) - first)
-        shares = [dense / dense_total if dense_total else 0.0]
-        if len(layer_kinds) > 1:
-            moe_total = layer_kinds[1][0]
-            shares.append((count - dense) / moe_total if moe_total else 0.0)
-        fractions.append(tuple(shares))
-        first += count
-    return fractions
