@@ -257,7 +257,8 @@ def find_capacity(workload: WorkloadConfig, attainment_target: float = 0.9, tole
     slo = workload.slo.model_dump(exclude_none=True) if workload.slo is not None else {}
     result = CapacityResult(workload.name, slo, attainment_target, low, high, sorted(probes, key=lambda p: p.rate),
                             target_rate, replicas, cluster_size,
-                            workload.engine.tensor_parallel_size * workload.engine.pipeline_parallel_size,
+                            workload.engine.tensor_parallel_size * workload.engine.pipeline_parallel_size
+                            * workload.engine.data_parallel_size,  # a replica's GPUs: every rank's
                             prefill_replicas=workload.cluster.prefill_replicas)
     if replicas is not None:
         try:
