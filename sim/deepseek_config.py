@@ -1,6 +1,8 @@
 """Reading a DeepSeek-V2 / DeepSeek-V3 ``config.json`` (also DeepSeek-R1 and Kimi K2, which share V3's
 architecture) into a ``ModelShape``: multi-head latent attention (sim/latent_attention.py), dense MLPs in the
-first ``first_k_dense_replace`` layers, routed experts with ungated shared experts in the rest.
+first ``first_k_dense_replace`` layers, routed experts with ungated shared experts in the rest. GLM-4.5's
+(``Glm4MoeForCausalLM``) has the same mixture of experts with grouped-query attention (its q/k norms and half-width
+RoPE cost nothing the roofline sees).
 
 Read as transformers' DeepseekV2Config / DeepseekV3Config read them (a key left out takes those classes'
 default; V2's expert keys have none and must be there for a mixture of experts). Left out of the parameter
@@ -27,6 +29,9 @@ _DEFAULTS = {
                               "n_shared_experts": None, "first_k_dense_replace": 0, "kv_lora_rank": 512,
                               "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                               "v_head_dim": 128, "max_position_embeddings": 2048},
+    "Glm4MoeForCausalLM": {"n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
+                           "n_shared_experts": 1, "first_k_dense_replace": 1, "max_position_embeddings": 131072,
+                           "num_nextn_predict_layers": 1},
 }
 
 
@@ -37,7 +42,8 @@ def deepseek_shape(config: dict, architecture: str, path: Path, key: Callable[..
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; only a SiLU-gated MLP is "
                          "modelled")
-    if config.get("attention_bias"):
+    latent = architecture != "Glm4MoeForCausalLM"
+    if latent and config.get("attention_bias"):
         raise ValueError(f"model: {path}: key 'attention_bias' is true; latent attention is modelled without biases")
     frequency = config.get("moe_layer_freq", 1)
     if frequency != 1:
@@ -45,35 +51,39 @@ def deepseek_shape(config: dict, architecture: str, path: Path, key: Callable[..
                          "after the dense ones) is modelled")
     num_layers = key("num_hidden_layers")
     hidden_size = key("hidden_size")
-    # q_lora_rank null: one full-rank query projection (DeepSeek-V2-Lite).
-    q_lora_rank = 0 if "q_lora_rank" in config and config["q_lora_rank"] is None \
-        else key("q_lora_rank", defaults["q_lora_rank"])
-    rope = key("qk_rope_head_dim", defaults["qk_rope_head_dim"])
     heads = key("num_attention_heads")
     return ModelShape(
         name=str(config.get("_name_or_path") or path.parent.name or path.stem),
         num_layers=num_layers,
         hidden_size=hidden_size,
         num_attention_heads=heads,
-        num_kv_heads=heads,  # every head reads the one latent; the config's num_key_value_heads is not used
-        head_dim=key("qk_nope_head_dim", defaults["qk_nope_head_dim"]) + rope,
         intermediate_size=key("intermediate_size"),
         vocab_size=key("vocab_size"),
         max_position_embeddings=key("max_position_embeddings", defaults["max_position_embeddings"]),
         gated_mlp=True,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        kv_lora_rank=key("kv_lora_rank", defaults["kv_lora_rank"]),
-        q_lora_rank=q_lora_rank,
-        qk_rope_head_dim=rope,
-        v_head_dim=key("v_head_dim", defaults["v_head_dim"]),
-        num_mtp_layers=_mtp_layers(config, path),
+        num_mtp_layers=_mtp_layers(config, path, defaults.get("num_nextn_predict_layers", 0)),
+        **(_latent_attention(config, defaults, key, heads) if latent else {
+            "num_kv_heads": key("num_key_value_heads", heads), "head_dim": key("head_dim", hidden_size // heads),
+            "qkv_bias": bool(config.get("attention_bias", False))}),
         **_experts(config, architecture, path, key, num_layers),
     )
 
 
-def _mtp_layers(config: dict, path: Path) -> int:
-    """``num_nextn_predict_layers`` (0 when left out, as transformers' configs leave it)."""
-    layers = config.get("num_nextn_predict_layers", 0) or 0
+def _latent_attention(config: dict, defaults: dict, key: Callable[..., int], heads: int) -> dict:
+    rope = key("qk_rope_head_dim", defaults["qk_rope_head_dim"])
+    # q_lora_rank null: one full-rank query projection (DeepSeek-V2-Lite).
+    q_lora_rank = 0 if "q_lora_rank" in config and config["q_lora_rank"] is None \
+        else key("q_lora_rank", defaults["q_lora_rank"])
+    return {"num_kv_heads": heads,  # every head reads the one latent; the config's num_key_value_heads is not used
+            "head_dim": key("qk_nope_head_dim", defaults["qk_nope_head_dim"]) + rope,
+            "kv_lora_rank": key("kv_lora_rank", defaults["kv_lora_rank"]), "q_lora_rank": q_lora_rank,
+            "qk_rope_head_dim": rope, "v_head_dim": key("v_head_dim", defaults["v_head_dim"])}
+
+
+def _mtp_layers(config: dict, path: Path, default: int) -> int:
+    """``num_nextn_predict_layers`` (``default`` when left out: DeepSeek's config classes have none, GLM's one)."""
+    layers = config.get("num_nextn_predict_layers", default) or 0
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
         raise ValueError(f"model: {path}: key 'num_nextn_predict_layers' must be an integer >= 0, got {layers!r}")
     return layers

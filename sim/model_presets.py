@@ -87,7 +87,8 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("qwen2-vl-7b", 28, 3584, 28, 4, 18944, 152064, 32768, qkv_bias=True),
     # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
     # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,
-    # qwen1.5-moe-a2.7b 14.3B / 2.69B. Mixtral's experts are as wide as its config's intermediate_size;
+    # qwen1.5-moe-a2.7b 14.3B / 2.69B, qwen3-235b-a22b 235.1B / 22.2B. Mixtral's experts are as wide as its
+    # config's intermediate_size;
     # Qwen's intermediate_size is the config's dense width, which no layer of these models uses.
     _shape("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, experts=8, experts_per_token=2,
            expert_width=14336),
@@ -97,6 +98,20 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
            experts_per_token=8, expert_width=768),
     _shape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, qkv_bias=True, experts=60,
            experts_per_token=4, expert_width=1408, shared_expert_width=5632),
+    _shape("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 40960, head_dim=128, experts=128,
+           experts_per_token=8, expert_width=1536),
+    # Zhipu's GLM-4.5 and GLM-4.5-Air: DeepSeek's layout of experts (dense first layers, one ungated shared expert;
+    # sim/deepseek_config.py reads their config.json) with grouped-query attention and biases on q, k and v.
+    # Total / active with the embedding: glm-4.5 352.8B / 33.6B, glm-4.5-air 106.9B / 13.4B (the published 355B /
+    # 32B and 106B / 12B). One multi-token-prediction layer each (method mtp).
+    ModelShape(name="glm-4.5", num_layers=92, hidden_size=5120, num_attention_heads=96, num_kv_heads=8, head_dim=128,
+               intermediate_size=12288, vocab_size=151552, max_position_embeddings=131072, qkv_bias=True,
+               num_experts=160, num_experts_per_token=8, moe_intermediate_size=1536,
+               shared_expert_intermediate_size=1536, shared_expert_gate=False, num_dense_layers=3, num_mtp_layers=1),
+    ModelShape(name="glm-4.5-air", num_layers=46, hidden_size=4096, num_attention_heads=96, num_kv_heads=8,
+               head_dim=128, intermediate_size=10944, vocab_size=151552, max_position_embeddings=131072,
+               qkv_bias=True, num_experts=128, num_experts_per_token=8, moe_intermediate_size=1408,
+               shared_expert_intermediate_size=1408, shared_expert_gate=False, num_dense_layers=1, num_mtp_layers=1),
     # OpenAI's gpt-oss (tests/sim/test_gpt_oss.py checks the counts): 128-token windows on every other layer, 128 or
     # 32 experts of width 2,880, top-4, biases on q, k and v (the o, router and expert biases and the attention
     # sinks, 0.01% of the weights, are not counted). Total / active: gpt-oss-120b 116.8B / 5.71B, gpt-oss-20b 20.9B /

@@ -206,3 +206,38 @@ def test_an_inline_model_can_describe_latent_attention():
                            "max_position_embeddings": 4096, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
                            "v_head_dim": 32})
     assert isinstance(shape, ModelShape) and shape.kv_bytes_per_token("bfloat16") == 4 * 80 * 2
+
+
+# --- GLM-4.5 (DeepSeek's mixture of experts with grouped-query attention) and Qwen3-235B -----------------------
+
+# Published: GLM-4.5 355B total / 32B active, GLM-4.5-Air 106B / 12B (model cards; their totals add the
+# multi-token-prediction layer, their active counts leave the embedding out); Qwen3-235B-A22B 235B / 22B.
+@pytest.mark.parametrize("name, total_billions, active_billions", [
+    ("glm-4.5", 355.0, 32.0), ("glm-4.5-air", 106.0, 12.0), ("qwen3-235b-a22b", 235.0, 22.0)])
+def test_more_presets_have_their_published_parameter_counts(name, total_billions, active_billions):
+    model = resolve_model(name)
+    assert model.num_parameters / 1e9 == pytest.approx(total_billions, rel=0.02)
+    embedding = model.vocab_size * model.hidden_size
+    assert (model.active_parameters - embedding) / 1e9 == pytest.approx(active_billions, rel=0.07)
+
+
+GLM_4_5_AIR_CONFIG = {
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10944, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+    "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1,
+    "use_qk_norm": False, "vocab_size": 151552,
+}
+
+
+def test_a_glm_config_json_reads_as_its_preset_with_grouped_query_attention(tmp_path):
+    shape = model_from_hf_config(write_config(tmp_path, GLM_4_5_AIR_CONFIG))
+    assert replace(shape, name="glm-4.5-air") == resolve_model("glm-4.5-air")
+    assert not shape.is_mla and shape.num_dense_mlp_layers == 1 and shape.shared_expert_gate_parameters == 0
+    # GLM-4.5 (its own config: 92 layers, 160 experts, 3 dense layers, hidden 5120 with 128-wide heads).
+    glm = {**GLM_4_5_AIR_CONFIG, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+           "n_routed_experts": 160, "num_hidden_layers": 92, "first_k_dense_replace": 3}
+    path = write_config(tmp_path, glm, "glm-4.5")
+    assert replace(model_from_hf_config(path), name="glm-4.5") == resolve_model("glm-4.5")
