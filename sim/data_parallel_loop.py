@@ -2,8 +2,9 @@
 of experts: sim/cost_models/expert_parallel.py says why and what a step costs).
 
 Each rank is a replica of the simulation (its own EngineCore, scheduler, KV cache, traces), and the workload's
-router gives each arrival to one (vLLM's data-parallel load balancer: the least loaded rank by default). The ranks
-share one loop: every rank with work schedules and runs its step (its executor prices its own batch without the
+router gives each arrival to one (vLLM's data-parallel load balancer: the least loaded rank by default; with
+``cluster.num_replicas`` data-parallel engines, the least loaded rank of any). The ranks of one engine share one
+loop: every rank with work schedules and runs its step (its executor prices its own batch without the
 routed experts), the step lasts the slowest rank's time plus the experts' and the all-to-alls' for all the
 ranks' tokens, and every rank's tokens are stamped with its end. A rank without work sits the step out in the
 traces (vLLM runs it on an empty batch, which costs its GPUs only the experts' share, already counted). When no

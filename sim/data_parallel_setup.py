@@ -22,7 +22,6 @@ def check_data_parallel(workload: WorkloadConfig, model: ModelShape) -> int:
         raise DataParallelError(f"{field} of a dense model ({model.name!r}) never wait for one another: simulate them "
                                 f"as independent replicas (cluster.num_replicas={ranks})")
     refusals = [
-        (cluster.num_replicas > 1, f"cluster.num_replicas {cluster.num_replicas} (replicas of data-parallel engines)"),
         (cluster.disaggregated, f"cluster.prefill_replicas {cluster.prefill_replicas}"),
         (cluster.autoscaling is not None, "cluster.autoscaling"),
         (engine.pipeline_parallel_size > 1, f"engine.pipeline_parallel_size {engine.pipeline_parallel_size}"),

@@ -35,7 +35,7 @@ where such a request may go to a replica in the middle of a stretch it planned, 
 An autoscaled cluster (``cluster.autoscaling``, sim/autoscaler.py) routes to its ready replicas only; the
 autoscaler's decisions read every replica's state, so a fast-forward stops at each.
 The ranks of a data-parallel mixture of experts (``engine.data_parallel_size`` > 1) are replicas that step in
-lockstep, in one loop (sim/data_parallel_loop.py), without the fast-forward.
+lockstep, a loop for each data-parallel engine (sim/data_parallel_loop.py), without the fast-forward.
 """
 
 from __future__ import annotations
@@ -185,8 +185,11 @@ class Simulation:
             self.env.process(self._publish_loads())
         if self.autoscaler is not None:
             self.env.process(self.autoscaler.run(self._routing_done))
-        if self.expert_parallel is not None:
-            loops = [self.env.process(data_parallel_loop(self, self.replicas, self.expert_parallel))]
+        if self.expert_parallel is not None:  # each data-parallel engine's ranks: consecutive replicas
+            ranks = self.expert_parallel.data_parallel_size
+            loops = [self.env.process(data_parallel_loop(self, self.replicas[first:first + ranks],
+                                                         self.expert_parallel))
+                     for first in range(0, len(self.replicas), ranks)]
         else:
             loops = [self.env.process(self._engine_loop(index, replica) if _batch_queue_depth(replica) == 1
                                       else pipelined_engine_loop(self, replica, replica.executor.cost_model,

@@ -130,10 +130,22 @@ def test_the_example_runs_and_eight_ranks_hold_the_slo_where_one_engine_preempts
     assert data_parallel["output_token_throughput"] > tensor_parallel["output_token_throughput"]
 
 
+def test_replicas_of_data_parallel_engines_step_each_in_its_own_lockstep():
+    """Two engines of eight ranks (16 GPUs): 16 replicas in the traces, the router choosing among all the ranks,
+    each engine's ranks sharing their steps and the two engines stepping apart."""
+    setup = build_setup(example(*DP8[1:], "cluster.num_replicas=2", "workload.arrival.rate=8"))
+    steps = pd.DataFrame(simulate(setup).step_columns())
+    assert set(steps.replica) == set(range(16))
+    steps["engine"] = steps.replica // 8
+    assert steps.groupby(["engine", "start_time"]).duration.nunique().max() == 1
+    first, second = (set(steps[steps.engine == engine].start_time) for engine in (0, 1))
+    assert len(first & second) < 0.05 * min(len(first), len(second))
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["model=llama-3-70b"], "of a dense model ('llama-3-70b') never wait for one another: simulate them as "
                             "independent replicas (cluster.num_replicas=8)"),
-    (["cluster.num_replicas=2"], "cluster.num_replicas 2"),
+    (["cluster={num_replicas: 2, prefill_replicas: 1}"], "cluster.prefill_replicas 1"),
     (["engine.speculative_decoding={method: mtp, num_speculative_tokens: 1, acceptance_rate: 0.8}"],
      "engine.speculative_decoding"),
     (["engine.async_scheduling=true"], "engine.async_scheduling: true"),
