@@ -10,8 +10,11 @@ ranks' tokens, and every rank's tokens are stamped with its end. A rank without 
 traces (vLLM runs it on an empty batch, which costs its GPUs only the experts' share, already counted). When no
 rank has work the loop sleeps until an arrival wakes any of them.
 
-Not run here: the decode fast-forward (each rank's stretch would have to match the others'), pipeline stages,
-async scheduling, speculative decoding, KV transfers and host loads (the setup refuses them).
+Speculative decoding runs in each rank (its executor prices verification and proposing); with the model's MTP
+module as the proposer, the module's routed experts are spread over the ranks too, so the step adds them for all
+ranks' tokens as it adds the model's. Not run here: the decode fast-forward (each rank's stretch would have to
+match the others'), pipeline stages, async scheduling, a separate draft model, KV transfers and host loads (the
+setup refuses them).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def data_parallel_loop(simulation: Simulation, replicas: list[Replica], expert_p
             continue
         tokens = [result.scheduler_output.total_num_scheduled_tokens for _, result in ran]
         duration = max(replica.executor.last_duration for replica, _ in ran) \
-            + expert_parallel.time(sum(tokens), max(tokens))
+            + expert_parallel.time(sum(tokens), max(tokens)) + _draft_experts_time(ran, tokens)
         for replica, result in ran:
             replica.recorder.on_step(start, duration, result.scheduler_output, replica.executor.last_features,
                                      replica.engine.scheduler)
@@ -69,6 +72,22 @@ def data_parallel_loop(simulation: Simulation, replicas: list[Replica], expert_p
         for replica, result in ran:
             replica.recorder.on_outputs(result.outputs, now)
             simulation.count_finished(result.outputs, now)
+
+
+def _draft_experts_time(ran: list, tokens: list[int]) -> float:
+    """Speculative decoding with the model's MTP module: its MoE layer's routed experts and all-to-alls, for all
+    ranks' tokens in its first pass and all ranks' sampling requests in each later one (each rank's executor has
+    priced the rest of its passes); 0 without one."""
+    speculation = getattr(ran[0][0].executor, "speculation", None)
+    draft = None if speculation is None else speculation.draft_cost_model
+    if draft is None or draft.expert_parallel is None:
+        return 0.0
+    moe = draft.expert_parallel
+    seconds = moe.time(sum(tokens), max(tokens))
+    sampling = [replica.executor.last_num_sampling for replica, _ in ran]
+    if sum(sampling):
+        seconds += (speculation.num_speculative_tokens - 1) * moe.time(sum(sampling), max(sampling))
+    return seconds
 
 
 def _sleep_until_any_wakes(env, replicas: list[Replica]):

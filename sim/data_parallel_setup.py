@@ -26,8 +26,10 @@ def check_data_parallel(workload: WorkloadConfig, model: ModelShape) -> int:
         (cluster.autoscaling is not None, "cluster.autoscaling"),
         (engine.pipeline_parallel_size > 1, f"engine.pipeline_parallel_size {engine.pipeline_parallel_size}"),
         (engine.async_scheduling, "engine.async_scheduling: true"),
-        (engine.speculative_decoding is not None and engine.speculative_decoding.num_speculative_tokens > 0,
-         "engine.speculative_decoding"),
+        (engine.speculative_decoding is not None and engine.speculative_decoding.num_speculative_tokens > 0
+         and engine.speculative_decoding.method == "draft_model",
+         "engine.speculative_decoding.method draft_model (a separate draft's ranks are not modelled; mtp and ngram "
+         "are)"),
         (engine.kv_offloading_size_gib > 0, f"engine.kv_offloading_size_gib {engine.kv_offloading_size_gib:g}"),
         (workload.workload.lora is not None, "workload.lora"),
         (workload.workload.images is not None, "workload.images"),

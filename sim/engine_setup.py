@@ -190,7 +190,9 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         # The MTP module is the model's own layer, quantized as the model is; a separate draft model is not.
         draft_cost_model = None if draft_model is None else AnalyticalCostModel(
             draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype,
-            quantization=engine.quantization if section.method == "mtp" else None)
+            quantization=engine.quantization if section.method == "mtp" else None,
+            # The MTP module's experts are spread over the ranks' GPUs as the model's are.
+            data_parallel_size=data_parallel_size if section.method == "mtp" else 1)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
                                        workload.seed, draft_cost_model)
     lora = _lora(workload, model, hardware, cost_model)

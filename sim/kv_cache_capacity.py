@@ -76,10 +76,11 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
                    block_bytes + draft.num_layers * draft_kv_bytes_per_layer)
                   for weights, block_bytes in stages]
     if data_parallel_size > 1:
-        # Data-parallel ranks spread the routed experts over all their GPUs: each GPU holds 1/D of its rank's share.
-        scheme = weight_quantization(quantization)
-        expert_bytes = model.num_moe_layers * model.num_experts * model.expert_parameters * (
-            scheme.bytes_per_weight if scheme is not None else dtype_bytes(dtype))
+        # Data-parallel ranks spread the routed experts over all their GPUs: each GPU holds 1/D of its rank's share
+        # (of a draft's too: the MTP module's experts are spread as the model's are).
+        expert_bytes = _routed_expert_bytes(model, dtype, quantization)
+        if draft_model is not None:
+            expert_bytes += _routed_expert_bytes(draft_model.shard(tensor_parallel_size), dtype, draft_quantization)
         stages = [(weights - expert_bytes * (1 - 1 / data_parallel_size), block_bytes)
                   for weights, block_bytes in stages]
     weights, block_bytes = min(stages, key=lambda stage: (usable - stage[0] - reserve) / stage[1])
@@ -94,6 +95,13 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
             f"({block_bytes / 2**20:.2f} MiB). Use a larger device, more tensor or pipeline parallelism, a smaller "
             "model or a smaller dtype.")
     return math.floor(free_for_kv / block_bytes)
+
+
+def _routed_expert_bytes(shard: ModelShape, dtype: str, quantization: str | None) -> float:
+    """Bytes of every routed expert of ``shard`` (0 for a dense model), in ``quantization``'s bytes when given."""
+    scheme = weight_quantization(quantization)
+    return shard.num_moe_layers * shard.num_experts * shard.expert_parameters * (
+        scheme.bytes_per_weight if scheme is not None else dtype_bytes(dtype))
 
 
 def _per_gpu(tensor_parallel_size: int, pipeline_parallel_size: int) -> str:

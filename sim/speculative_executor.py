@@ -33,14 +33,16 @@ class SpeculatingExecutor(SimulatedExecutor):
         self.acceptances = AcceptanceDraws(speculation)
         # One list of drafts per token value, shared by every request proposing it (the core copies).
         self._drafts_of_token: dict[int, list[int]] = {}
-        # What proposing cost in the last step (part of last_duration).
+        # What proposing cost in the last step (part of last_duration), and for how many requests that sampled.
         self.last_proposer_s = 0.0
+        self.last_num_sampling = 0
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         output = super().execute_model(scheduler_output)
         if scheduler_output.finished_req_ids:
             self.acceptances.forget(scheduler_output.finished_req_ids)
         self.last_proposer_s = 0.0
+        self.last_num_sampling = 0
         if not scheduler_output.total_num_scheduled_tokens:
             return output
         rows = output.req_id_to_index
@@ -84,6 +86,7 @@ class SpeculatingExecutor(SimulatedExecutor):
             if proposal is None:
                 proposal = drafts_of_token[token] = [token] * num_speculative_tokens
             proposals[request_id] = proposal
+        self.last_num_sampling = len(proposals)
         self.last_proposer_s = proposer_seconds(self.speculation, self.last_features, len(proposals),
                                                 sequence_tokens, longest)
         self.last_duration += self.last_proposer_s

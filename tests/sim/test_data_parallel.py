@@ -37,6 +37,14 @@ def test_each_gpu_holds_an_eighth_of_the_experts_and_its_rank_its_own_pool():
     weights = model.weight_bytes("bfloat16", "fp8") - expert_bytes * 7 / 8
     budget = h200.memory_bytes * 0.9 - weights - h200.memory_bytes * 0.03
     assert rank == int(budget // (16 * model.kv_bytes_per_token("bfloat16")))
+    # With the MTP module as a draft: its weights (its experts spread the same way) and its layer's cache too.
+    from sim.mtp_draft import mtp_draft_shape
+
+    draft = mtp_draft_shape(model)
+    with_mtp = kv_cache_num_blocks(model, h200, "bfloat16", 16, 0.9, quantization="fp8", data_parallel_size=8,
+                                   draft_model=draft, draft_quantization="fp8")
+    draft_weights = draft.weight_bytes("bfloat16", "fp8") - 256 * draft.expert_parameters * 7 / 8
+    assert with_mtp == int((budget - draft_weights) // (16 * 62 * 576 * 2))
     # Eight ranks' pools hold about five times the tokens of one tensor-parallel engine's (the latent is copied
     # to each of its eight GPUs).
     tensor_parallel = kv_cache_num_blocks(model, h200, "bfloat16", 16, 0.9, quantization="fp8",
@@ -69,21 +77,29 @@ def test_a_ranks_step_leaves_the_routed_experts_to_the_lockstep_step():
     assert description["weight_read_s_one_token"] == pytest.approx(one_token / h200.achievable_bandwidth, rel=1e-12)
 
 
-def test_the_ranks_step_in_lockstep_for_the_slowest_rank_plus_the_experts(monkeypatch):
-    setup = build_setup(example(*DP8[1:], "workload.arrival.rate=4"))
+MTP = "engine.speculative_decoding={method: mtp, num_speculative_tokens: 2, acceptance_rate: [0.85, 0.7]}"
+
+
+@pytest.mark.parametrize("speculation", [None, MTP])
+def test_the_ranks_step_in_lockstep_for_the_slowest_rank_plus_the_experts(monkeypatch, speculation):
+    """Each lockstep step lasts its slowest rank's own time (its executor's: its batch without the routed experts,
+    and with MTP its drafts' passes without theirs) plus the routed experts and all-to-alls of every rank's tokens
+    (with MTP also the module's, in its first pass and, for each later draft, over the ranks' sampling requests)."""
+    setup = build_setup(example(*DP8[1:], "workload.arrival.rate=4", *([speculation] if speculation else [])))
     moe = setup.cost_model.expert_parallel
-    durations_by_start: dict[float, list[tuple[float, int]]] = defaultdict(list)
-    originals = {}
+    draft = setup.speculation.draft_cost_model.expert_parallel if speculation else None
+    ranks_by_start: dict[float, list[tuple[float, int, int]]] = defaultdict(list)
 
     def watch(simulation):  # each rank's own step time (its executor's) at each step start
         for replica in simulation.replicas:
             executor = replica.executor
-            original = originals.setdefault(id(executor), executor.execute_model)
+            original = executor.execute_model
 
             def execute(output, executor=executor, original=original, env=simulation.env):
                 result = original(output)
                 if output.total_num_scheduled_tokens:
-                    durations_by_start[env.now].append((executor.last_duration, output.total_num_scheduled_tokens))
+                    ranks_by_start[env.now].append((executor.last_duration, output.total_num_scheduled_tokens,
+                                                    getattr(executor, "last_num_sampling", 0)))
                 return result
             executor.execute_model = execute
 
@@ -95,21 +111,37 @@ def test_the_ranks_step_in_lockstep_for_the_slowest_rank_plus_the_experts(monkey
         watch(self)
 
     monkeypatch.setattr(Simulation, "__init__", watched_init)
-    traces = simulate(setup)
-    steps = pd.DataFrame(traces.step_columns())
+    steps = pd.DataFrame(simulate(setup).step_columns())
     assert set(steps.replica) == set(range(8))
     checked = 0
     for start, rows in steps.groupby("start_time"):
-        ranks = durations_by_start[start]
+        ranks = ranks_by_start[start]
         assert len(rows) == len(ranks) and rows.duration.nunique() == 1
-        tokens = [count for _, count in ranks]
-        expected = max(duration for duration, _ in ranks) + moe.time(sum(tokens), max(tokens))
+        tokens = [count for _, count, _ in ranks]
+        expected = max(duration for duration, _, _ in ranks) + moe.time(sum(tokens), max(tokens))
+        if draft is not None:
+            sampling = [count for _, _, count in ranks]
+            expected += draft.time(sum(tokens), max(tokens)) + draft.time(sum(sampling), max(sampling))
         assert rows.duration.iloc[0] == pytest.approx(expected, rel=1e-12)
         checked += 1
     assert checked > 100
     # One step at a time: the next starts when this one ends.
     starts = steps.groupby("start_time").duration.first().sort_index()
     assert (starts.index[1:] >= (starts.index[:-1] + starts.values[:-1]) - 1e-9).all()
+
+
+def test_mtp_drafts_speed_up_the_data_parallel_ranks(tmp_path):
+    import json
+
+    tpot = {}
+    for name, overrides in (("off", []), ("mtp", [MTP])):
+        out = tmp_path / name
+        arguments = ["deepseek_data_parallel", "--set", "sweep=null", "--set", "workload.num_requests=80"]
+        for override in [*DP8[1:], *overrides]:
+            arguments += ["--set", override]
+        assert sim_run_main([*arguments, "--out", str(out), "--no-progress", "--no-dashboard", "--quiet"]) == 0
+        tpot[name] = json.loads((out / "summary.json").read_text())["tpot_ms"]["p50"]
+    assert tpot["mtp"] < 0.8 * tpot["off"]
 
 
 def test_the_example_runs_and_eight_ranks_hold_the_slo_where_one_engine_preempts(tmp_path):
@@ -146,8 +178,8 @@ def test_replicas_of_data_parallel_engines_step_each_in_its_own_lockstep():
     (["model=llama-3-70b"], "of a dense model ('llama-3-70b') never wait for one another: simulate them as "
                             "independent replicas (cluster.num_replicas=8)"),
     (["cluster={num_replicas: 2, prefill_replicas: 1}"], "cluster.prefill_replicas 1"),
-    (["engine.speculative_decoding={method: mtp, num_speculative_tokens: 1, acceptance_rate: 0.8}"],
-     "engine.speculative_decoding"),
+    (["engine.speculative_decoding={method: draft_model, draft_model: llama-3.2-1b, num_speculative_tokens: 1, "
+      "acceptance_rate: 0.8}"], "engine.speculative_decoding.method draft_model"),
     (["engine.async_scheduling=true"], "engine.async_scheduling: true"),
     (["engine.kv_offloading_size_gib=64"], "engine.kv_offloading_size_gib 64"),
 ])
