@@ -1,5 +1,8 @@
-"""``engine.data_parallel_size``: what the simulator runs with data-parallel ranks in lockstep, and what it
-refuses by name (sim/data_parallel_loop.py runs them; sim/cost_models/expert_parallel.py prices their steps)."""
+"""``engine.data_parallel_size``: what the simulator runs with data-parallel ranks, and what it refuses by name.
+
+A mixture of experts' ranks step in lockstep (sim/data_parallel_loop.py runs them; sim/cost_models/expert_parallel.py
+prices their steps). A dense model's ranks never wait for one another: as in vLLM, they are independent engines
+behind one load balancer, simulated as replicas (each rank one, the cluster's router choosing among them)."""
 
 from __future__ import annotations
 
@@ -18,12 +21,21 @@ def check_data_parallel(workload: WorkloadConfig, model: ModelShape) -> int:
     if ranks == 1:
         return 1
     field = f"engine.data_parallel_size: {ranks} ranks"
-    if not model.is_moe:
-        raise DataParallelError(f"{field} of a dense model ({model.name!r}) never wait for one another: simulate them "
-                                f"as independent replicas (cluster.num_replicas={ranks})")
     refusals = [
         (cluster.disaggregated, f"cluster.prefill_replicas {cluster.prefill_replicas}"),
         (cluster.autoscaling is not None, "cluster.autoscaling"),
+    ]
+    if model.is_moe:  # the lockstep loop's own limits
+        refusals += _lockstep_refusals(workload)
+    for refused, what in refusals:
+        if refused:
+            raise DataParallelError(f"{field} are not simulated with {what}; set one of them back")
+    return ranks
+
+
+def _lockstep_refusals(workload: WorkloadConfig) -> list[tuple[bool, str]]:
+    engine = workload.engine
+    return [
         (engine.pipeline_parallel_size > 1, f"engine.pipeline_parallel_size {engine.pipeline_parallel_size}"),
         (engine.async_scheduling, "engine.async_scheduling: true"),
         (engine.speculative_decoding is not None and engine.speculative_decoding.num_speculative_tokens > 0
@@ -34,7 +46,3 @@ def check_data_parallel(workload: WorkloadConfig, model: ModelShape) -> int:
         (workload.workload.lora is not None, "workload.lora"),
         (workload.workload.images is not None, "workload.images"),
     ]
-    for refused, what in refusals:
-        if refused:
-            raise DataParallelError(f"{field} are not simulated with {what}; set one of them back")
-    return ranks

@@ -111,6 +111,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         data_parallel_size = check_data_parallel(workload, model)
     except DataParallelError as error:
         raise SetupError(str(error)) from None
+    # A mixture of experts' ranks spread the experts over their GPUs; a dense model's ranks are whole replicas.
+    expert_parallel_ranks = data_parallel_size if model.is_moe else 1
     num_speculative_tokens, draft_model = _speculative_decoding(workload, model)
     groups = _hybrid_groups(workload, model, draft_model)
     if engine.num_gpu_blocks is not None:
@@ -123,7 +125,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                 tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
                 pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model,
                 draft_quantization=engine.quantization if _drafts_with_mtp(workload) else None,
-                data_parallel_size=data_parallel_size,
+                data_parallel_size=expert_parallel_ranks,
                 layers_per_block=None if groups is None else groups.layers_per_block)
         except ValueError as error:
             raise _named("engine.gpu_memory_utilization", error) from None
@@ -171,7 +173,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
                                      engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size,
-                                     data_parallel_size)
+                                     expert_parallel_ranks)
     except (ValueError, OSError) as error:
         message = str(error)
         own_field = message.startswith(("engine.", "hardware."))
@@ -192,7 +194,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype,
             quantization=engine.quantization if section.method == "mtp" else None,
             # The MTP module's experts are spread over the ranks' GPUs as the model's are.
-            data_parallel_size=data_parallel_size if section.method == "mtp" else 1)
+            data_parallel_size=expert_parallel_ranks if section.method == "mtp" else 1)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
                                        workload.seed, draft_cost_model)
     lora = _lora(workload, model, hardware, cost_model)

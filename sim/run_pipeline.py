@@ -41,11 +41,10 @@ class RunResult:
 def simulate(setup: RunSetup, *, progress: bool = False, description: str = "simulating",
              fast_forward: bool = True) -> TraceRecorder | ClusterTrace:
     """One engine, or a cluster of ``cluster.num_replicas`` identical ones behind its router. With
-    ``engine.data_parallel_size`` D, each of them is D ranks (one replica each in the traces) stepping in lockstep,
-    and the router picks among all the ranks."""
+    ``engine.data_parallel_size`` D, each of them is D ranks (one replica each in the traces; a mixture of experts'
+    stepping in lockstep), and the router picks among all the ranks."""
     expert_parallel = getattr(setup.cost_model, "expert_parallel", None)
-    num_replicas = setup.workload.cluster.num_replicas * (1 if expert_parallel is None
-                                                          else expert_parallel.data_parallel_size)
+    num_replicas = setup.workload.cluster.num_replicas * setup.workload.engine.data_parallel_size
     engines = [EngineCore(Scheduler(setup.scheduler_config, setup.cache_config),
                           make_executor(setup.cost_model, setup.speculation))
                for _ in range(num_replicas)]

@@ -66,10 +66,10 @@ class EngineSection(SchemaModel):
     # Pipeline stages one engine splits the model's layers over, each on tensor_parallel_size GPUs
     # (simulated): up to this many batches are in flight, as vLLM's batch queue keeps them.
     pipeline_parallel_size: PositiveInt = 1
-    # Data-parallel ranks of a mixture of experts (simulated; vLLM's --data-parallel-size with
-    # --enable-expert-parallel): each rank its own scheduler and KV cache on tensor_parallel_size GPUs, the routed
-    # experts spread over all ranks' GPUs, the ranks stepping in lockstep (sim/data_parallel_loop.py). The
-    # cluster's router gives each request to a rank.
+    # Data-parallel ranks (simulated; vLLM's --data-parallel-size): each rank its own scheduler and KV cache on
+    # tensor_parallel_size GPUs, the cluster's router giving each request to one. A mixture of experts' routed
+    # experts are spread over all ranks' GPUs (--enable-expert-parallel) and its ranks step in lockstep
+    # (sim/data_parallel_loop.py); a dense model's ranks are independent replicas.
     data_parallel_size: int = Field(default=1, ge=1, le=256)
     # vLLM's async scheduling (simulated): the engine schedules the next step while the GPU runs this one,
     # so its own overhead hides behind the GPU's time. vLLM turns it on by default; this engine's real runner

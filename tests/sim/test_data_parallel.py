@@ -174,9 +174,17 @@ def test_replicas_of_data_parallel_engines_step_each_in_its_own_lockstep():
     assert len(first & second) < 0.05 * min(len(first), len(second))
 
 
+def test_a_dense_models_ranks_are_independent_replicas():
+    """vLLM's data parallelism for a dense model is independent engines behind one load balancer: the same run as a
+    cluster of that many replicas."""
+    chat = ["workload.num_requests=200", "workload.arrival.rate=40"]
+    ranks = simulate(build_setup(load_workload(example_path("chat"), overrides=[*chat, "engine.data_parallel_size=4"])))
+    replicas = simulate(build_setup(load_workload(example_path("chat"), overrides=[*chat, "cluster.num_replicas=4"])))
+    assert pd.DataFrame(ranks.step_columns()).equals(pd.DataFrame(replicas.step_columns()))
+    assert pd.DataFrame(ranks.request_columns()).equals(pd.DataFrame(replicas.request_columns()))
+
+
 @pytest.mark.parametrize("overrides, expected", [
-    (["model=llama-3-70b"], "of a dense model ('llama-3-70b') never wait for one another: simulate them as "
-                            "independent replicas (cluster.num_replicas=8)"),
     (["cluster={num_replicas: 2, prefill_replicas: 1}"], "cluster.prefill_replicas 1"),
     (["engine.speculative_decoding={method: draft_model, draft_model: llama-3.2-1b, num_speculative_tokens: 1, "
       "acceptance_rate: 0.8}"], "engine.speculative_decoding.method draft_model"),
