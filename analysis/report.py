@@ -187,6 +187,12 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
                          f"{autoscaling.get('peak_replicas')}; {format_number(autoscaling.get('replica_hours'), 2)} "
                          f"replica-hours, {format_percent(autoscaling.get('saved_fraction'))} fewer than all "
                          f"{format_number(autoscaling.get('static_replica_hours'), 2)} of the static cluster")
+    data_parallel = summary.get("data_parallel")
+    if data_parallel:
+        headline.add_row(f"data-parallel ranks ({data_parallel['engines']} x {data_parallel['ranks_per_engine']})",
+                         f"waiting for the slowest rank {format_percent(data_parallel.get('rank_wait_share'))} of "
+                         f"their time; routed experts {format_percent(data_parallel.get('routed_experts_share'))} "
+                         "of step time")
     if summary.get("by_replica"):
         headline.add_row("replicas (load imbalance)",
                          f"{len(summary['by_replica'])} ({format_number(summary.get('replica_load_imbalance'), 2)})")

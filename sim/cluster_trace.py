@@ -31,6 +31,8 @@ class ClusterTrace:
         self.replica_of_request = replica_of_request
         self.disaggregation = disaggregation
         self.autoscaling = autoscaling
+        # Data-parallel ranks in lockstep: what waiting for the slowest rank cost (sim/data_parallel_loop.py).
+        self.lockstep = None
 
     def request_columns(self) -> dict[str, list]:
         per_replica = [recorder.request_columns() for recorder in self.recorders]

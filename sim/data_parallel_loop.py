@@ -19,6 +19,7 @@ setup refuses them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.cost_models.expert_parallel import ExpertParallelMoE
@@ -28,7 +29,37 @@ if TYPE_CHECKING:  # the simulation imports this module
     from sim.simulator import Replica, Simulation
 
 
-def data_parallel_loop(simulation: Simulation, replicas: list[Replica], expert_parallel: ExpertParallelMoE):
+@dataclass
+class LockstepStats:
+    """What lockstep cost the ranks, over every data-parallel engine's steps: each step holds every rank of its
+    engine for its duration; a rank's own work is its executor's time (its batch without the routed experts), and
+    the rest of the step's non-expert part it spends waiting for the slowest rank (all of it for a rank without
+    work)."""
+    ranks_per_engine: int
+    num_steps: int = 0
+    step_s: float = 0.0          # summed step durations, each once per engine step
+    experts_s: float = 0.0       # their routed experts' and all-to-alls' part
+    rank_s: float = 0.0          # ranks x the non-expert part of each step
+    waited_s: float = 0.0        # of rank_s, the ranks' time waiting for their engine's slowest rank
+
+    def add(self, own_times: list[float], experts_s: float) -> None:
+        slowest = max(own_times)
+        self.num_steps += 1
+        self.step_s += slowest + experts_s
+        self.experts_s += experts_s
+        self.rank_s += self.ranks_per_engine * slowest
+        self.waited_s += self.ranks_per_engine * slowest - sum(own_times)
+
+    def summary(self, num_engines: int) -> dict:
+        return {"ranks_per_engine": self.ranks_per_engine, "engines": num_engines, "lockstep_steps": self.num_steps,
+                # The share of the ranks' non-expert step time spent waiting for the slowest rank.
+                "rank_wait_share": self.waited_s / self.rank_s if self.rank_s else 0.0,
+                # The share of step time in the routed experts and their all-to-alls (every rank's tokens).
+                "routed_experts_share": self.experts_s / self.step_s if self.step_s else 0.0}
+
+
+def data_parallel_loop(simulation: Simulation, replicas: list[Replica], expert_parallel: ExpertParallelMoE,
+                       stats: LockstepStats | None = None):
     from sim.simulator import SchedulerStalledError
 
     env = simulation.env
@@ -62,8 +93,11 @@ def data_parallel_loop(simulation: Simulation, replicas: list[Replica], expert_p
         if not ran:
             continue
         tokens = [result.scheduler_output.total_num_scheduled_tokens for _, result in ran]
-        duration = max(replica.executor.last_duration for replica, _ in ran) \
-            + expert_parallel.time(sum(tokens), max(tokens)) + _draft_experts_time(ran, tokens)
+        own_times = [replica.executor.last_duration for replica, _ in ran]
+        experts_s = expert_parallel.time(sum(tokens), max(tokens)) + _draft_experts_time(ran, tokens)
+        duration = max(own_times) + experts_s
+        if stats is not None:  # ranks without a step wait it out whole
+            stats.add(own_times + [0.0] * (len(replicas) - len(ran)), experts_s)
         for replica, result in ran:
             replica.recorder.on_step(start, duration, result.scheduler_output, replica.executor.last_features,
                                      replica.engine.scheduler)

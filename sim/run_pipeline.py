@@ -131,6 +131,9 @@ def run_simulation(workload: WorkloadConfig, out_dir: str | Path | None, *, cost
         # Busy time over the mean replica's says how evenly a router shared the load among replicas that all
         # served throughout; replicas that were off for part of the run make it say nothing.
         summary["replica_load_imbalance"] = None
+    lockstep = getattr(recorder, "lockstep", None)
+    if lockstep is not None:
+        summary["data_parallel"] = lockstep.summary(workload.cluster.num_replicas)
     extrapolation = cost_model_extrapolation(setup.cost_model, steps)
     if extrapolation is not None:
         summary["cost_model_extrapolation"] = extrapolation

@@ -52,7 +52,7 @@ from sim.autoscaler import Autoscaler, AutoscalingStats
 from sim.client_concurrency import ConcurrencyLimit
 from sim.cluster_trace import ClusterTrace
 from sim.cost_models.expert_parallel import ExpertParallelMoE
-from sim.data_parallel_loop import data_parallel_loop
+from sim.data_parallel_loop import LockstepStats, data_parallel_loop
 from sim.disaggregation import Disaggregation, DisaggregationSetup
 from sim.engine_requests import make_request
 from sim.fast_forward_steps import fast_forward, plan_durations
@@ -155,8 +155,10 @@ class Simulation:
         finishes_send = self.later_turns is not None or self.client is not None
         self.fast_forward = fast_forward and disaggregation is None and not (finishes_send and len(engines) > 1) \
             and expert_parallel is None
-        # Data-parallel ranks in lockstep (sim/data_parallel_loop.py): one loop for all replicas; None: a loop each.
+        # Data-parallel ranks in lockstep (sim/data_parallel_loop.py): a loop for each engine's ranks, and what the
+        # lockstep cost them; None: a loop for each replica.
         self.expert_parallel = expert_parallel
+        self.lockstep_stats: LockstepStats | None = None
         for replica in self.replicas:
             if replica.engine.scheduler.kv_cache_manager.offload is not None:
                 if host_link is None or disaggregation is not None:
@@ -187,8 +189,9 @@ class Simulation:
             self.env.process(self.autoscaler.run(self._routing_done))
         if self.expert_parallel is not None:  # each data-parallel engine's ranks: consecutive replicas
             ranks = self.expert_parallel.data_parallel_size
+            self.lockstep_stats = LockstepStats(ranks)
             loops = [self.env.process(data_parallel_loop(self, self.replicas[first:first + ranks],
-                                                         self.expert_parallel))
+                                                         self.expert_parallel, self.lockstep_stats))
                      for first in range(0, len(self.replicas), ranks)]
         else:
             loops = [self.env.process(self._engine_loop(index, replica) if _batch_queue_depth(replica) == 1
@@ -207,8 +210,10 @@ class Simulation:
             decode_replica_of = self.disaggregation.decode_replica_of
             replica_of_request = {request_id: decode_replica_of.get(request_id, prefill)
                                   for request_id, prefill in replica_of_request.items()}
-        return ClusterTrace([replica.recorder for replica in self.replicas], replica_of_request, self.disaggregation,
+        trace = ClusterTrace([replica.recorder for replica in self.replicas], replica_of_request, self.disaggregation,
                             self.autoscaling_stats)
+        trace.lockstep = self.lockstep_stats
+        return trace
 
     def _published_loads(self) -> list[ReplicaLoads]:
         """The loads that publish every stats_interval_s (none when they are read live)."""

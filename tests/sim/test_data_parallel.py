@@ -111,20 +111,30 @@ def test_the_ranks_step_in_lockstep_for_the_slowest_rank_plus_the_experts(monkey
         watch(self)
 
     monkeypatch.setattr(Simulation, "__init__", watched_init)
-    steps = pd.DataFrame(simulate(setup).step_columns())
+    traces = simulate(setup)
+    steps = pd.DataFrame(traces.step_columns())
     assert set(steps.replica) == set(range(8))
-    checked = 0
+    checked, waited, rank_s, experts_s, step_s = 0, 0.0, 0.0, 0.0, 0.0
     for start, rows in steps.groupby("start_time"):
         ranks = ranks_by_start[start]
         assert len(rows) == len(ranks) and rows.duration.nunique() == 1
         tokens = [count for _, count, _ in ranks]
-        expected = max(duration for duration, _, _ in ranks) + moe.time(sum(tokens), max(tokens))
+        slowest = max(duration for duration, _, _ in ranks)
+        experts = moe.time(sum(tokens), max(tokens))
         if draft is not None:
             sampling = [count for _, _, count in ranks]
-            expected += draft.time(sum(tokens), max(tokens)) + draft.time(sum(sampling), max(sampling))
-        assert rows.duration.iloc[0] == pytest.approx(expected, rel=1e-12)
+            experts += draft.time(sum(tokens), max(tokens)) + draft.time(sum(sampling), max(sampling))
+        assert rows.duration.iloc[0] == pytest.approx(slowest + experts, rel=1e-12)
         checked += 1
+        waited += 8 * slowest - sum(duration for duration, _, _ in ranks)
+        rank_s, experts_s, step_s = rank_s + 8 * slowest, experts_s + experts, step_s + slowest + experts
     assert checked > 100
+    # The summary's account of the lockstep: the ranks' time waiting for the slowest, the experts' share.
+    lockstep = traces.lockstep.summary(1)
+    assert lockstep["lockstep_steps"] == checked
+    assert lockstep["rank_wait_share"] == pytest.approx(waited / rank_s, rel=1e-9)
+    assert lockstep["routed_experts_share"] == pytest.approx(experts_s / step_s, rel=1e-9)
+    assert 0 < lockstep["rank_wait_share"] < 1
     # One step at a time: the next starts when this one ends.
     starts = steps.groupby("start_time").duration.first().sort_index()
     assert (starts.index[1:] >= (starts.index[:-1] + starts.values[:-1]) - 1e-9).all()
