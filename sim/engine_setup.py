@@ -23,6 +23,7 @@ from sim.kv_cache_capacity import kv_cache_num_blocks
 from sim.model_shapes import ModelShape, kv_cache_storage_dtype
 from sim.mtp_draft import mtp_draft_shape
 from sim.data_parallel_setup import DataParallelError, check_data_parallel
+from sim.expert_popularity import price_expert_popularity
 from sim.speculation import SpeculationSetup
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
@@ -197,6 +198,11 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             data_parallel_size=expert_parallel_ranks if section.method == "mtp" else 1)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
                                        workload.seed, draft_cost_model)
+    try:
+        price_expert_popularity(workload, model, [cost_model] + (
+            [speculation.draft_cost_model] if speculation is not None and speculation.method == "mtp" else []))
+    except ValueError as error:
+        raise SetupError(str(error)) from None
     lora = _lora(workload, model, hardware, cost_model)
     try:
         vision = vision_setup(workload, model, cost_model)

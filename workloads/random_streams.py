@@ -46,6 +46,8 @@ class Stream(enum.IntEnum):
     # Which requests show images, how many, which images and their sizes (workload.images; workloads/images.py).
     IMAGES = 20
     IMAGE_SIZES = 21
+    # Which experts a mixture of experts' router favours (workload.expert_popularity; sim/expert_popularity.py).
+    EXPERT_POPULARITY = 22
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

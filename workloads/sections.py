@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from workloads.errors import problems_error
+from workloads.popularity import parse_popularity
 from workloads.lora_section import LORA_RANKS
 from workloads.schema_base import SchemaModel
 from workloads.speculative_decoding_section import SpeculativeDecodingSection
@@ -71,6 +72,12 @@ class EngineSection(SchemaModel):
     # experts are spread over all ranks' GPUs (--enable-expert-parallel) and its ranks step in lockstep
     # (sim/data_parallel_loop.py); a dense model's ranks are independent replicas.
     data_parallel_size: int = Field(default=1, ge=1, le=256)
+    # How often a mixture of experts' router picks each expert (simulated; sim/expert_popularity.py): uniform, or
+    # {zipf: s} over the experts in a random order. A property of the model on this traffic, not of vLLM.
+    expert_popularity: Literal["uniform"] | dict[str, float] = "uniform"
+    # vLLM's expert-parallel load balancer (--enable-eplb, simulated): with data-parallel ranks, hot experts are
+    # replicated and moved until every GPU has the same share of the rows.
+    enable_eplb: bool = False
     # vLLM's async scheduling (simulated): the engine schedules the next step while the GPU runs this one,
     # so its own overhead hides behind the GPU's time. vLLM turns it on by default; this engine's real runner
     # runs one step at a time, so it is off here unless asked for.
@@ -102,6 +109,11 @@ class EngineSection(SchemaModel):
     max_num_encoder_input_tokens: PositiveInt | None = None
     encoder_cache_size: PositiveInt | None = None
     disable_chunked_mm_input: bool = False
+
+    @field_validator("expert_popularity", mode="before")
+    @classmethod
+    def _expert_popularity(cls, value):
+        return parse_popularity(value, ("uniform",), "expert i picked")
 
     @field_validator("scheduling_policy")
     @classmethod

@@ -41,13 +41,9 @@ slower of the two: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth).
   all-reduces stay two per layer; fp8 applies to the experts and the shared expert, not the router, mxfp4 to
   the routed experts alone (sim/weight_quantization.py). DeepSeek's first layers keep a dense MLP
   (``layer_kinds``: each kind of layer priced over its own count).
-* multi-head latent attention (DeepSeek-V2/V3, Kimi K2: ``attention_work.py``) caches one latent per token and
-  layer, decodes in the latent space (every head scores the one latent: compute-bound with many heads) and
-  prefills with the keys and values decompressed, ``kv_b_proj`` running over every cached token a chunk
-  attends to as well as its own.
-* data-parallel ranks with expert parallelism (``data_parallel_size``: ``expert_parallel.py``) price a rank's
-  step without the routed experts; the lockstep step adds one GPU's share of them for all ranks' tokens and
-  the all-to-alls.
+* multi-head latent attention (DeepSeek, Kimi K2; ``attention_work.py``: decode in the latent space, prefill
+  decompressed) and data-parallel ranks with expert parallelism (``expert_parallel.py``: a rank's step without
+  the routed experts, which the lockstep adds for all ranks' tokens); sim/cost_models/README.md has the figures.
 * with pipeline parallelism (``pipeline_parallel_size`` stages, each of ``tensor_parallel_size`` GPUs),
   ``pipeline_stage_times`` splits a batch's GPU time by stage: each stage runs its layers' share of every
   per-layer cost (``ModelShape.pipeline_stage_layers``; the MLPs of a model with dense and MoE layers by
@@ -65,6 +61,9 @@ are computed once here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from sim.cost_models.analytical_description import describe_analytical
 from sim.cost_models.attention_work import attention_work
 from sim.cost_models.expert_parallel import expert_parallel_moe
@@ -79,6 +78,9 @@ from sim.hardware import HardwareSpec
 from sim.model_shapes import ModelShape, dtype_bytes, kv_cache_storage_dtype
 from sim.vision_encoders import VisionEncoderShape
 from sim.weight_quantization import weight_quantization
+
+if TYPE_CHECKING:
+    from sim.expert_popularity import ExpertPopularity
 
 # Sampling converts the logits to FP32 and makes a few passes over them (temperature, softmax,
 # top-k/top-p, the draw). Four passes is between greedy (one argmax) and a full top-p sort.
@@ -289,6 +291,17 @@ class AnalyticalCostModel:
         if self.pipeline_parallel_size > 1:
             raise ValueError("a vision encoder is priced on one pipeline stage only")
         self.vision = VisionEncoderCost(encoder, self.hardware, self.dtype, self.tensor_parallel_size)
+
+    def price_expert_popularity(self, popularity: ExpertPopularity | None, eplb: bool) -> None:
+        """A router that favours some experts (sim/expert_popularity.py; None: uniform), and, with data-parallel
+        ranks, whether EPLB balances the GPUs. Steps of a model without experts are unchanged."""
+        if self.routed_experts is None:
+            raise ValueError(f"workload.expert_popularity: {self.model.name!r} has no experts to route to")
+        self.routed_experts = replace(self.routed_experts, popularity=popularity)
+        if self._experts_all_layers is not None:
+            self._experts_all_layers = replace(self._experts_all_layers, popularity=popularity)
+        if self.expert_parallel is not None:
+            self.expert_parallel = self.expert_parallel.with_popularity(popularity, eplb)
 
     def _vision_time(self, f: StepFeatures) -> float:
         if self.vision is None:

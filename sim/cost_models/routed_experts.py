@@ -17,9 +17,8 @@ MoE decode cheap (batch 1 reads only k experts' weights, like a dense model of t
 what makes it lose that advantage as the batch grows (more experts wake up each step, until the step
 reads all of them and pays for the total size, with only T * k rows of compute to show for it).
 
-Routing is assumed uniform and independent across tokens. Real routers are skewed (some experts are
-popular), which touches fewer distinct experts at mid batch sizes than this formula, so the model is
-pessimistic there; a skew parameter is future work. Each expert's rows are also padded to the kernel's
+Routing is assumed uniform and independent across tokens unless ``workload.expert_popularity`` skews it
+(sim/expert_popularity.py: then the distinct experts are ``sum_e 1 - (1 - p_e) ** T``, fewer at mid batch sizes). Each expert's rows are also padded to the kernel's
 tile (16-64 rows) in the real kernel, wasted compute that matters only where the step is bytes-bound
 anyway, so it is left out.
 """
@@ -27,6 +26,10 @@ anyway, so it is left out.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.expert_popularity import ExpertPopularity
 
 
 def expected_distinct_experts(num_tokens: int, num_experts: int, experts_per_token: int) -> float:
@@ -51,10 +54,17 @@ class RoutedExpertsCost:
     expert_weight_read_s: float
     compute_s_per_row: float
     activation_s_per_row: float
+    # A router that favours some experts (workload.expert_popularity); None: uniform routing.
+    popularity: ExpertPopularity | None = None
+
+    def distinct_experts(self, num_tokens: int) -> float:
+        if self.popularity is not None:
+            return self.popularity.distinct_experts(num_tokens)
+        return expected_distinct_experts(num_tokens, self.num_experts, self.experts_per_token)
 
     def time(self, num_tokens: int) -> float:
         rows = num_tokens * self.experts_per_token
-        distinct = expected_distinct_experts(num_tokens, self.num_experts, self.experts_per_token)
+        distinct = self.distinct_experts(num_tokens)
         return max(rows * self.compute_s_per_row,
                    distinct * self.expert_weight_read_s + rows * self.activation_s_per_row)
 
