@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 from sim.cost_models.analytical_description import describe_analytical
 from sim.cost_models.attention_work import attention_work
 from sim.cost_models.expert_parallel import expert_parallel_moe
-from sim.cost_models.linear_cost import LinearCost
+from sim.cost_models.linear_cost import LinearCost, linear_costs
 from sim.cost_models.mlp_cost import dense_mlp_cost, moe_mlp_cost
 from sim.cost_models.pipeline_split import stage_kind_fractions, stage_layer_work
 from sim.cost_models.lora_cost import LoRACost
@@ -86,7 +86,6 @@ if TYPE_CHECKING:
 # top-k/top-p, the draw). Four passes is between greedy (one argmax) and a full top-p sort.
 SAMPLING_PASSES_OVER_LOGITS = 4
 LOGIT_BYTES = 4
-FP8_BYTES = 1
 
 # Kernels a transformer layer launches besides its attention's (attention_work.py) and its MLP's (mlp_cost.py), in
 # the profiled (unfused) stack: input norm, residual add, post-attention norm, residual add. A Llama layer's total
@@ -133,27 +132,13 @@ class AnalyticalCostModel:
         self._allreduce_latency_s, self._allreduce_s_per_byte = (
             hardware.allreduce_coefficients(tensor_parallel_size) if tensor_parallel_size > 1 else (0.0, 0.0))
         element_bytes = dtype_bytes(dtype)
-        gemm_flops = hardware.achievable_gemm_flops(dtype)
         attention_flops = hardware.achievable_attention_flops(dtype)
         bandwidth = hardware.achievable_bandwidth
         h = model.hidden_size
         self._element_bytes = element_bytes
         self._bandwidth = bandwidth
 
-        def linear(name: str, in_features: int, out_features: int, quantized: bool = False) -> LinearCost:
-            weight_bytes = scheme.bytes_per_weight if quantized else element_bytes
-            fp8_products = quantized and scheme.fp8_tensor_cores and hardware.dense_fp8_tflops > 0
-            flops = hardware.achievable_gemm_flops(dtype, scheme.name) if fp8_products else gemm_flops
-            row_bytes = (in_features + out_features) * element_bytes
-            if fp8_products:
-                # fp8 x fp8 products: each input row is first quantized (read in dtype, written in fp8),
-                # then read by the product in fp8.
-                row_bytes += 2 * in_features * FP8_BYTES
-            return LinearCost(name, in_features, out_features,
-                              weight_read_s=in_features * out_features * weight_bytes / bandwidth,
-                              compute_s_per_row=2 * in_features * out_features / flops,
-                              activation_s_per_row=row_bytes / bandwidth)
-
+        linear = linear_costs(hardware, dtype, scheme)
         # --- one layer, operator by operator (the benchmark compares these with measured kernels) ---
         # Which projections the scheme covers: fp8 all of them, mxfp4 the routed experts alone.
         quantized = scheme is not None and not scheme.experts_only
