@@ -16,9 +16,15 @@ counted).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from workloads.random_streams import Stream, random_stream
+
+if TYPE_CHECKING:
+    from sim.model_shapes import ModelShape
+    from workloads import WorkloadConfig
 
 
 class ExpertPopularity:
@@ -27,7 +33,9 @@ class ExpertPopularity:
     def __init__(self, inclusion: np.ndarray, experts_per_token: int) -> None:
         self.inclusion = np.asarray(inclusion, dtype=np.float64)
         self.experts_per_token = experts_per_token
+        # Per step on the simulator's hot path: each answer computed once per token count.
         self._distinct: dict[int, float] = {}
+        self._busiest: dict[tuple[int, int], tuple[float, float]] = {}
 
     @classmethod
     def from_weights(cls, weights: np.ndarray, experts_per_token: int) -> ExpertPopularity:
@@ -68,6 +76,12 @@ class ExpertPopularity:
     def busiest_gpu(self, num_gpus: int, num_tokens: int) -> tuple[float, float]:
         """With the experts placed in ``num_gpus`` contiguous blocks: the largest share of the step's rows one GPU
         gets, and the most distinct experts one GPU reads, for a step of ``num_tokens`` tokens."""
+        key = (num_gpus, num_tokens)
+        if key not in self._busiest:
+            self._busiest[key] = self._busiest_gpu(num_gpus, num_tokens)
+        return self._busiest[key]
+
+    def _busiest_gpu(self, num_gpus: int, num_tokens: int) -> tuple[float, float]:
         blocks = self.inclusion.reshape(num_gpus, -1)
         share = float(blocks.sum(axis=1).max()) / self.experts_per_token
         if num_tokens <= 0:
@@ -75,7 +89,7 @@ class ExpertPopularity:
         return share, float((1.0 - (1.0 - blocks) ** num_tokens).sum(axis=1).max())
 
 
-def price_expert_popularity(workload, model, cost_models: list) -> None:
+def price_expert_popularity(workload: WorkloadConfig, model: ModelShape, cost_models: list) -> None:
     """Apply ``engine.expert_popularity`` and ``engine.enable_eplb`` to the analytical ``cost_models`` of a run (the
     model's, and an MTP draft's whose experts follow the same router); ValueError naming the field for what does not
     apply."""
