@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting, MLAConfig, parse_deepseek_moe,
+                                           parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 
 # transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
@@ -49,6 +51,12 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True,
                     "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
                     "sliding_window": 4096, "num_key_value_heads": 4, "head_dim": 256},
+    # DeepSeek-V2/V3 and Kimi K2 (a DeepSeek-V3): multi-head latent attention; deepseek_config.py reads the rest.
+    **{model_type: {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                    "attention_bias": False, "mlp_bias": False,
+                    "max_position_embeddings": 2048 if model_type == "deepseek_v2" else 4096,
+                    "sliding_window": None, "num_key_value_heads": None}
+       for model_type in DEEPSEEK_MODEL_TYPES},
 }
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
@@ -73,6 +81,9 @@ class MoEConfig:
     routing_weights_in_float32: bool
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (the Qwen mixtures' mlp_only_layers, sparse step)
+    # DeepSeek's router (sigmoid or softmax scores, expert groups, a scaling factor) and ungated shared experts;
+    # None: the softmax router above.
+    deepseek_routing: DeepseekRouting | None = None
 
 
 @dataclass
@@ -106,6 +117,9 @@ class ModelConfig:
     # Each layer's attention window (None: the full context), as transformers' model of this type reads the
     # config: every layer of a Mistral or Mixtral with a sliding_window; Qwen2's and Qwen3's layer_types.
     layer_sliding_windows: tuple[int | None, ...] = ()
+    # Multi-head latent attention (DeepSeek-V2/V3, deepseek_config.py); None: every head caches its keys and
+    # values. With MLA, num_key_value_heads is 1 and head_dim the cached latent's width (the cache's shape).
+    mla: MLAConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_sliding_windows:
@@ -124,6 +138,12 @@ class ModelConfig:
         if self.sliding_window is None:
             return 1.0
         return sum(window == self.sliding_window for window in self.layer_sliding_windows) / len(self.layer_sliding_windows)
+
+    @property
+    def value_head_dim(self) -> int:
+        """Features a cached value head holds: ``head_dim``, or 0 under MLA, whose values are read from the cached
+        latent (the key) and have no tensor of their own."""
+        return 0 if self.mla is not None else self.head_dim
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -179,6 +199,9 @@ class ModelConfig:
         else:
             rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
             local_rope_theta = None
+        if rope_scaling is not None and rope_scaling.get("original_max_position_embeddings", 0) is None:
+            # No max_position_embeddings key: transformers' default for the model type is the original context.
+            rope_scaling["original_max_position_embeddings"] = int(get("max_position_embeddings"))
         num_layers = int(raw["num_hidden_layers"])
         sliding_window = raw["sliding_window"] if "sliding_window" in raw else defaults["sliding_window"]
         if sliding_window is not None and (not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
@@ -197,6 +220,9 @@ class ModelConfig:
         sliding_window = next((window for window in layer_windows if window is not None), None)
         dtype = raw.get("torch_dtype", raw.get("dtype"))
         moe = _parse_moe(raw, model_type, int(raw["num_hidden_layers"]))
+        mla = parse_mla(raw, model_type, rope_scaling) if model_type in DEEPSEEK_MODEL_TYPES else None
+        if mla is not None:  # the cache's view: one latent "head" (module docstring of deepseek_config.py)
+            num_kv_heads, head_dim = 1, mla.cache_width
         return cls(
             architecture=architectures[0],
             model_type=model_type,
@@ -228,6 +254,7 @@ class ModelConfig:
             torch_dtype=dtype if dtype in _DTYPE_NAMES else None,
             moe=moe,
             raw=raw,
+            mla=mla,
         )
 
 
@@ -240,6 +267,8 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
                          num_experts_per_token=_top_k(raw, num_experts, 2),
                          expert_intermediate_size=_positive(raw, "intermediate_size", None),
                          normalize_top_k=True, routing_weights_in_float32=True)
+    if model_type in DEEPSEEK_MODEL_TYPES:
+        return MoEConfig(**parse_deepseek_moe(raw, model_type, num_layers))
     if model_type not in ("qwen2_moe", "qwen3_moe"):
         return None
     name = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE"}[model_type]
@@ -325,11 +354,12 @@ def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[
     merged.pop("rope_theta", None)
     # The keys transformers requires of each scaling it validates: a missing one is refused by name, not
     # defaulted (a guessed low_freq_factor is another model) nor left to fail later as a KeyError.
-    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(rope_type, ())
+    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+                "yarn": ("factor",)}.get(rope_type, ())
     missing = [key for key in required if merged.get(key) is None]
     if missing:
         raise ValueError(f"config.json: rope scaling of type {rope_type!r} needs {', '.join(map(repr, missing))} "
                          "(in rope_scaling or rope_parameters)")
-    if rope_type == "llama3":
+    if rope_type in ("llama3", "yarn"):
         merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
     return float(theta), merged

@@ -47,7 +47,15 @@ _ARCHITECTURES = {
     "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", "deepseek_v2"),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
 }
+
+# A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
+_DEEPSEEK_TEST_CONFIG: dict[str, Any] = dict(
+    q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+    num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=4, topk_group=2,
+    first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True)
 
 
 def cache_root() -> Path:
@@ -101,13 +109,16 @@ def make_test_model(
     norm_topk_prob: bool = False,
     seed: int = 0,
     with_tokenizer: bool = False,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a small random checkpoint of the given architecture ("llama", "qwen2", "qwen3", "mistral", and
     the mixtures of experts "mixtral", "qwen2_moe" and "qwen3_moe") to ``path``. The expert arguments apply
     to the latter three (Mixtral's experts are ``intermediate_size`` wide; the Qwen mixtures' experts
     ``moe_intermediate_size``, and Qwen2-MoE's shared expert ``shared_expert_intermediate_size``). Qwen3's
     per-head q and k norms get weights drawn around 1, so that a mix-up of the two shows. ``head_dim``
-    defaults to hidden_size / num_attention_heads (Qwen3's checkpoints set it apart).
+    defaults to hidden_size / num_attention_heads (Qwen3's checkpoints set it apart). "deepseek_v2" and
+    "deepseek_v3" take their latent-attention and expert keys from ``_DEEPSEEK_TEST_CONFIG``; ``config_overrides``
+    (any architecture) replaces config.json keys last.
 
     Deterministic: the same arguments give byte-identical weight files in any process. The tokenizer
     (BPE training, about a second for a 512 vocabulary) is written only when asked for.
@@ -160,6 +171,12 @@ def make_test_model(
         config.update(num_experts=num_experts, num_experts_per_tok=num_experts_per_token,
                       moe_intermediate_size=moe_intermediate_size, norm_topk_prob=norm_topk_prob,
                       decoder_sparse_step=1, mlp_only_layers=[])
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        config.update(_DEEPSEEK_TEST_CONFIG)
+        config["topk_method"] = "group_limited_greedy" if model_type == "deepseek_v2" else "noaux_tc"
+        del config["head_dim"]  # DeepSeek's configs have none (transformers reads it as the RoPE width)
+        config["num_key_value_heads"] = num_attention_heads  # every head has its own key and value, from the latent
+    config.update(config_overrides or {})
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -175,6 +192,8 @@ def make_test_model(
 
 def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Hugging Face parameter names and shapes of a Llama-family checkpoint."""
+    if config["model_type"].startswith("deepseek"):
+        return _deepseek_weight_shapes(config)
     hidden = config["hidden_size"]
     q_size = config["num_attention_heads"] * config["head_dim"]
     kv_size = config["num_key_value_heads"] * config["head_dim"]
@@ -231,6 +250,43 @@ def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[i
             shapes.update(swiglu(f"{prefix}.mlp.shared_expert", config["shared_expert_intermediate_size"]))
         return shapes
     return swiglu(f"{prefix}.mlp", config["intermediate_size"])
+
+
+def _deepseek_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A DeepSeek checkpoint's names and shapes (engine/models/deepseek.py): latent attention, then a dense MLP
+    for the first first_k_dense_replace layers and routed plus shared experts for the others."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    qk_head_dim = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    rank, width = config["kv_lora_rank"], config["moe_intermediate_size"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden),
+                                          "model.norm.weight": (hidden,)}
+    for i in range(config["num_hidden_layers"]):
+        attention, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = (hidden,)
+        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
+        if config.get("q_lora_rank") is None:
+            shapes[f"{attention}.q_proj.weight"] = (heads * qk_head_dim, hidden)
+        else:
+            shapes[f"{attention}.q_a_proj.weight"] = (config["q_lora_rank"], hidden)
+            shapes[f"{attention}.q_a_layernorm.weight"] = (config["q_lora_rank"],)
+            shapes[f"{attention}.q_b_proj.weight"] = (heads * qk_head_dim, config["q_lora_rank"])
+        shapes[f"{attention}.kv_a_proj_with_mqa.weight"] = (rank + config["qk_rope_head_dim"], hidden)
+        shapes[f"{attention}.kv_a_layernorm.weight"] = (rank,)
+        shapes[f"{attention}.kv_b_proj.weight"] = (heads * (config["qk_nope_head_dim"] + config["v_head_dim"]), rank)
+        shapes[f"{attention}.o_proj.weight"] = (hidden, heads * config["v_head_dim"])
+        mlps = {mlp: config["intermediate_size"]} if i < config["first_k_dense_replace"] else {
+            **{f"{mlp}.experts.{e}": width for e in range(config["n_routed_experts"])},
+            f"{mlp}.shared_experts": width * config["n_shared_experts"]}
+        for module, size in mlps.items():
+            shapes.update({f"{module}.gate_proj.weight": (size, hidden), f"{module}.up_proj.weight": (size, hidden),
+                           f"{module}.down_proj.weight": (hidden, size)})
+        if i >= config["first_k_dense_replace"]:
+            shapes[f"{mlp}.gate.weight"] = (config["n_routed_experts"], hidden)
+            if config["model_type"] == "deepseek_v3":
+                shapes[f"{mlp}.gate.e_score_correction_bias"] = (config["n_routed_experts"],)
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    return shapes
 
 
 def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:

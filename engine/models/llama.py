@@ -112,6 +112,9 @@ class LlamaForCausalLM(nn.Module):
     cuda_graph_unsafe_reason: str | None = None
     # Whether q and k are RMS-normalized per head before RoPE (Qwen3's q_norm and k_norm).
     qk_norm: bool = False
+    # Parameters (by name suffix) kept in float32 whatever the model's dtype (DeepSeek's router); the loader
+    # allocates them so.
+    float32_parameters: tuple[str, ...] = ()
 
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         super().__init__()

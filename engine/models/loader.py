@@ -101,6 +101,10 @@ def load_model(
     with torch.device("meta"):
         model = model_class(config, attention_backend=attention_backend)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
+    if model.float32_parameters:
+        for name, parameter in model.named_parameters():
+            if name.endswith(model.float32_parameters):
+                parameter.data = torch.empty_like(parameter.data, dtype=torch.float32)
 
     weights = iterate_weights(safetensors_files(path))
     if is_base_model(config.architecture):

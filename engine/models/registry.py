@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.models.config import ModelConfig
+from engine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -21,6 +22,8 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,

@@ -1,8 +1,9 @@
 """Rotary position embedding (RoPE) in the "rotate half" convention of Hugging Face Llama checkpoints.
 
 The inverse frequencies follow the checkpoint's ``rope_scaling``: none (plain RoPE), ``linear``
-(positions divided by ``factor``, implemented as frequencies divided by it) or ``llama3`` (Llama 3.1's
-wavelength-dependent scaling). cos/sin are computed per step from the positions rather than from a
+(positions divided by ``factor``, implemented as frequencies divided by it), ``llama3`` (Llama 3.1's
+wavelength-dependent scaling) or ``yarn`` (YaRN: high frequencies kept, low ones divided by ``factor``, a linear
+ramp between, and cos/sin scaled by an attention factor; DeepSeek-V3, Kimi K2, Qwen long-context configs). cos/sin are computed per step from the positions rather than from a
 precomputed table: the cost is one [num_tokens, head_dim / 2] product per forward, and it stays exact
 for any position with no table-size limit.
 """
@@ -27,7 +28,50 @@ def compute_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict[str, A
         return inv_freq / float(rope_scaling["factor"])
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope_scaling)
-    raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3")
+    if rope_type == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, rope_theta, rope_scaling)
+    raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3, yarn")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched ``factor`` times (1 when not stretched)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(rope_scaling: dict[str, Any] | None) -> float:
+    """What cos and sin are multiplied by: 1, except under YaRN, whose ``attention_factor`` (given, or derived
+    from ``factor``, ``mscale`` and ``mscale_all_dim`` as transformers derives it) scales both q and k."""
+    if (rope_scaling or {}).get("rope_type") != "yarn":
+        return 1.0
+    if rope_scaling.get("attention_factor") is not None:
+        return float(rope_scaling["attention_factor"])
+    factor, mscale, mscale_all_dim = (float(rope_scaling["factor"]), rope_scaling.get("mscale"),
+                                      rope_scaling.get("mscale_all_dim"))
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(mscale_all_dim))
+    return yarn_mscale(factor)
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, rope_theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN: the dimensions that turn more than ``beta_fast`` times over the original context keep their
+    frequency, those that turn fewer than ``beta_slow`` times are divided by ``factor``, and a linear ramp over
+    the dimensions between blends the two."""
+    factor = float(scaling["factor"])
+    original_context = float(scaling["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def dimension_of(rotations: float) -> float:  # the dimension whose wavelength fits ``rotations`` times
+        return head_dim * math.log(original_context / (rotations * 2 * math.pi)) / (2 * math.log(rope_theta))
+
+    low, high = dimension_of(beta_fast), dimension_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of zero width would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # 1: the dimension's own frequency (extrapolated); 0: divided by factor (interpolated)
+    return inv_freq / factor * (1 - kept) + inv_freq * kept
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -59,6 +103,7 @@ class RotaryEmbedding(nn.Module):
         # the meta-device construction the loader uses.
         self._inv_freq_cpu = compute_inv_freq(head_dim, rope_theta, rope_scaling)
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+        self.attention_factor = rope_attention_factor(rope_scaling)
 
     def _inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq_by_device:
@@ -69,6 +114,8 @@ class RotaryEmbedding(nn.Module):
         """cos, sin of shape [num_tokens, 1, head_dim] (broadcast over heads), computed in float32."""
         freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        if self.attention_factor != 1.0:
+            return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     @staticmethod

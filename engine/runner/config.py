@@ -96,7 +96,14 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_attention_backend(name: str | None, device: torch.device) -> str:
+def resolve_attention_backend(name: str | None, device: torch.device, latent_attention: bool = False) -> str:
+    """``latent_attention``: the model caches one latent per token (DeepSeek's MLA), which only the torch backend
+    attends."""
+    if latent_attention:
+        if name not in (None, "torch"):
+            from engine.models.deepseek import latent_attention_backend_error
+            raise ValueError(latent_attention_backend_error(name))
+        return "torch"
     if name is not None:
         from engine.runner.attention import available_attention_backends
 

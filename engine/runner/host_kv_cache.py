@@ -26,14 +26,18 @@ from engine.runner.attention.kv_cache import KVCache, allocate_kv_caches
 
 class HostKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, value_head_size: int | None = None) -> None:
+        """``value_head_size`` as for ``allocate_kv_caches`` (0: a layer's one tensor serves keys and values)."""
         if device.type == "cuda":
             # Allocated pinned at once (pinning a pageable tensor would copy it, doubling the peak).
             shape = (num_blocks, block_size, num_kv_heads, head_size)
-            caches = [(torch.zeros(shape, dtype=dtype, pin_memory=True), torch.zeros(shape, dtype=dtype, pin_memory=True))
-                      for _ in range(num_layers)]
+            def pinned() -> torch.Tensor:
+                return torch.zeros(shape, dtype=dtype, pin_memory=True)
+            caches = [(key, key) if value_head_size == 0 else (key, pinned())
+                      for key in (pinned() for _ in range(num_layers))]
         else:
-            caches = allocate_kv_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype, "cpu")
+            caches = allocate_kv_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype, "cpu",
+                                        value_head_size=value_head_size)
         self.caches: list[KVCache] = caches
         self.num_blocks = num_blocks
         self.device = device

@@ -50,7 +50,8 @@ def determine_num_gpu_blocks(
     if num_gpu_blocks is not None:
         return num_gpu_blocks
     bytes_per_block = kv_cache_bytes_per_block(layers_per_block or model_config.num_hidden_layers, block_size,
-                                               model_config.num_key_value_heads, model_config.head_dim, dtype)
+                                               model_config.num_key_value_heads, model_config.head_dim, dtype,
+                                               model_config.value_head_dim)
     cap = None
     if kv_cache_memory_bytes is not None:
         budget = kv_cache_memory_bytes

@@ -56,8 +56,9 @@ class ModelRunner:
     def __init__(self, config: RunnerConfig, tokenizer=None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        self.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
         model_config = ModelConfig.from_pretrained(config.model)
+        self.attention_backend = resolve_attention_backend(config.attention_backend, self.device,
+                                                           latent_attention=model_config.mla is not None)
         self.dtype = resolve_runtime_dtype(config.dtype, resolve_dtype(config.dtype, model_config),
                                            self.attention_backend)
         self.model, self.model_config = load_model(config.model, self.dtype, self.device,
@@ -130,7 +131,8 @@ class ModelRunner:
         """Blocks of this model's KV (every layer) that ``size_gib`` of host memory holds."""
         model_config = self.model_config
         block_bytes = kv_cache_bytes_per_block(model_config.num_hidden_layers, self.block_size,
-                                               model_config.num_key_value_heads, model_config.head_dim, self.dtype)
+                                               model_config.num_key_value_heads, model_config.head_dim, self.dtype,
+                                               model_config.value_head_dim)
         return int(size_gib * 2**30 // block_bytes)
 
     def initialize_kv_cache(self, num_gpu_blocks: int, num_offload_blocks: int = 0,
@@ -141,20 +143,21 @@ class ModelRunner:
         if grouping is None:
             self.kv_caches = allocate_kv_caches(model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
                                                 model_config.num_key_value_heads, model_config.head_dim, self.dtype,
-                                                self.device)
+                                                self.device, value_head_size=model_config.value_head_dim)
         else:
             if num_offload_blocks:
                 raise ValueError("KV offloading is not supported with a hybrid KV cache")
             self.kv_caches = allocate_grouped_kv_caches(
                 grouping, model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
-                model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device)
+                model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device,
+                value_head_size=model_config.value_head_dim)
             self.input_batch.use_block_table_per_group(len(grouping.windows))
         self.kv_cache_grouping = grouping
         self.num_gpu_blocks = num_gpu_blocks
         if num_offload_blocks:
             self.host_kv_cache = HostKVCache(model_config.num_hidden_layers, num_offload_blocks, self.block_size,
                                              model_config.num_key_value_heads, model_config.head_dim, self.dtype,
-                                             self.device)
+                                             self.device, value_head_size=model_config.value_head_dim)
         if self.device.type == "cuda":
             runs = warm_up_shapes(self.model, self.kv_caches, self.device,
                                   max_num_tokens=self.config.max_num_batched_tokens,

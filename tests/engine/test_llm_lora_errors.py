@@ -175,3 +175,11 @@ def test_chat_takes_a_lora_request(llm, adapter):
     direct = llm.generate([prompt], PARAMS, use_tqdm=False, lora_request=lora)[0]
     base = llm.generate([prompt], PARAMS, use_tqdm=False)[0]
     assert adapted.outputs[0].token_ids == direct.outputs[0].token_ids != base.outputs[0].token_ids
+
+
+def test_a_latent_attention_model_is_refused_at_start(tmp_path):
+    # Every layer dense, so what is refused is the attention (DeepSeek's MLA has no q/k/v projections).
+    path = make_test_model(tmp_path / "deepseek", "deepseek_v3", seed=0, config_overrides={"first_k_dense_replace": 2})
+    with pytest.raises(ValueError, match=r"enable_lora is not supported for DeepseekV3ForCausalLM: layer 0's "
+                                         r"attention is MultiHeadLatentAttention"):
+        LLM(model=str(path), enable_lora=True, num_gpu_blocks=32, skip_tokenizer_init=True)

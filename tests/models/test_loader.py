@@ -87,11 +87,11 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     config = json.loads((qwen_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM"):
         load_model(tmp_path)
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
-    assert supported_architectures() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
+    assert supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
@@ -132,8 +132,13 @@ def test_config_accepts_both_rope_spellings():
     plain = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
     assert plain.rope_scaling is None and plain.rope_theta == 1e6
     assert (plain.num_key_value_heads, plain.head_dim) == (2, 4)
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
-        LlamaForCausalLM(ModelConfig.from_dict({**base, "rope_scaling": {"type": "yarn", "factor": 2.0}}))
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'longrope'"):
+        LlamaForCausalLM(ModelConfig.from_dict({**base, "rope_scaling": {"type": "longrope", "factor": 2.0}}))
+    # YaRN's original context defaults to max_position_embeddings (the model type's default when absent).
+    yarn = ModelConfig.from_dict({**base, "rope_scaling": {"type": "yarn", "factor": 2.0}})
+    assert yarn.rope_scaling == {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048}
+    with pytest.raises(ValueError, match="rope scaling of type 'yarn' needs 'factor'"):
+        ModelConfig.from_dict({**base, "rope_scaling": {"type": "yarn"}})
     with pytest.raises(ValueError, match="missing required field 'vocab_size'"):
         ModelConfig.from_dict({k: v for k, v in base.items() if k != "vocab_size"})
 

@@ -23,7 +23,8 @@ class PagedSession:
     def __init__(self, model, config, num_blocks=64, block_size=BLOCK_SIZE, seed=0):
         self.model, self.block_size = model, block_size
         self.kv_caches = allocate_kv_caches(config.num_hidden_layers, num_blocks, block_size,
-                                            config.num_key_value_heads, config.head_dim, torch.float32, "cpu")
+                                            config.num_key_value_heads, config.head_dim, torch.float32, "cpu",
+                                            value_head_size=config.value_head_dim)
         for key_cache, value_cache in self.kv_caches:  # unwritten slots must never matter
             key_cache.fill_(float("nan"))
             value_cache.fill_(float("nan"))
@@ -80,6 +81,17 @@ def _variants():
         # Qwen3: per-head q/k norms (weights drawn apart from 1), heads wider than hidden_size / num_heads.
         "qwen3": dict(architecture="qwen3", head_dim=32),
         "qwen3_moe": dict(architecture="qwen3_moe", norm_topk_prob=True, num_experts=8, num_experts_per_token=3),
+        "yarn_rope": dict(architecture="qwen2", rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                              "original_max_position_embeddings": 32}),
+        # Multi-head latent attention over one cached latent, absorbed (transformers expands it per head), and
+        # DeepSeek's routers: V3's sigmoid with a correction bias and groups, V2's softmax with groups.
+        "deepseek_v3": dict(architecture="deepseek_v3"),
+        "deepseek_v2": dict(architecture="deepseek_v2"),
+        # Queries from one projection (V2-Lite), YaRN with DeepSeek's softmax-scale correction, rotate-half RoPE.
+        "deepseek_v3_yarn": dict(architecture="deepseek_v3", config_overrides={
+            "q_lora_rank": None, "rope_interleave": False,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 1.0,
+                             "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}}),
     }
 
 

@@ -2,7 +2,7 @@
 becomes a LoRALinear around the same nn.Linear (its weights untouched, never merged with an adapter's).
 
 Mixtures of experts are refused: their experts are not one gate_up_proj per layer, and vLLM's expert LoRA
-is not reproduced here. The check runs when the engine starts, before any request.
+is not reproduced here; so is latent attention (DeepSeek), which has no q/k/v projections. The check runs when the engine starts, before any request.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ def check_lora_support(model: nn.Module) -> None:
     architecture = type(model).__name__
     for index, layer in enumerate(model.model.layers):
         mlp = layer.mlp
+        if not hasattr(layer.self_attn, "qkv_proj"):
+            raise ValueError(f"enable_lora is not supported for {architecture}: layer {index}'s attention is "
+                             f"{type(layer.self_attn).__name__}, without the q/k/v projections adapters target; run "
+                             "it without LoRA")
         if not (hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj")):
             raise ValueError(f"enable_lora is not supported for mixture-of-experts models ({architecture}: layer "
                              f"{index}'s MLP is {type(mlp).__name__}); run it without LoRA")
