@@ -16,6 +16,7 @@ from typing import Any
 from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting, MLAConfig, parse_deepseek_moe,
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
+from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
 # transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
 # "num_key_value_heads" apply only when the key is absent: an explicit null means "none" (full
@@ -57,6 +58,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 2048 if model_type == "deepseek_v2" else 4096,
                     "sliding_window": None, "num_key_value_heads": None}
        for model_type in DEEPSEEK_MODEL_TYPES},
+    # gpt-oss: biased attention with sinks, every other layer windowed, YaRN by default (gpt_oss_config.py).
+    "gpt_oss": {"rms_norm_eps": 1e-5, "rope_theta": 150000.0, "tie_word_embeddings": False,
+                "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 131072,
+                "sliding_window": 128, "num_key_value_heads": 8, "head_dim": 64},
 }
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
@@ -197,6 +202,8 @@ class ModelConfig:
             # The global layers' RoPE here; the local layers' base is Gemma's own (gemma_config.py).
             rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, _parse_rope)
         else:
+            if model_type == "gpt_oss" and not raw.get("rope_scaling") and not raw.get("rope_parameters"):
+                raw = {**raw, "rope_scaling": dict(GPT_OSS_DEFAULT_ROPE)}  # transformers' default: YaRN
             rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
             local_rope_theta = None
         if rope_scaling is not None and rope_scaling.get("original_max_position_embeddings", 0) is None:
@@ -213,6 +220,8 @@ class ModelConfig:
             layer_windows = _qwen2_layer_windows(raw, sliding_window, num_layers)
         elif model_type in ("gemma2", "gemma3_text"):
             layer_windows = gemma_layer_windows(raw, model_type, sliding_window, num_layers)
+        elif model_type == "gpt_oss":
+            layer_windows = gpt_oss_layer_windows(raw, sliding_window, num_layers)
         else:
             # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
             # whose layers slide).
@@ -269,6 +278,9 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
                          normalize_top_k=True, routing_weights_in_float32=True)
     if model_type in DEEPSEEK_MODEL_TYPES:
         return MoEConfig(**parse_deepseek_moe(raw, model_type, num_layers))
+    if model_type == "gpt_oss":
+        num_experts = _positive(raw, "num_local_experts", 128)
+        return MoEConfig(**gpt_oss_moe(raw, num_experts, _top_k(raw, num_experts, 4)))
     if model_type not in ("qwen2_moe", "qwen3_moe"):
         return None
     name = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE"}[model_type]

@@ -111,13 +111,15 @@ class DeepseekModel(LlamaModel):
 class DeepseekV2ForCausalLM(MoeForCausalLM):
     # Only the MLPs' gate and up are fused; DeepSeek's q_proj (without q_lora_rank) is a projection of its own.
     stacked_params = {"gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+    torch_attention_only = ("multi-head latent attention (DeepSeek-V2/V3: one cached latent per token, "
+                            "kv_lora_rank + qk_rope_head_dim wide, serves as keys and values)")
     float32_parameters = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
 
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         nn.Module.__init__(self)
         self.check_config(config)
         self.config = config
-        backend = _latent_attention_backend(attention_backend)
+        backend = get_attention_backend(attention_backend, self.torch_attention_only)
         self.model = DeepseekModel(config, backend, lambda layer_index: self.make_mlp(config, layer_index))
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                           bias=False)
@@ -133,9 +135,6 @@ class DeepseekV2ForCausalLM(MoeForCausalLM):
         if layer_index in config.moe.dense_layers:
             return SwiGLUMLP(config.hidden_size, config.intermediate_size, False, config.hidden_act)
         return DeepseekMoeBlock(config.hidden_size, config.moe, config.hidden_act)
-
-    def set_attention_backend(self, attention_backend: str | AttentionBackend) -> None:
-        super().set_attention_backend(_latent_attention_backend(attention_backend))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Layers past num_hidden_layers are the multi-token-prediction module (module docstring): skipped.
@@ -153,16 +152,3 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     """DeepSeek-V3 / R1 / Kimi K2: V2's layout with the sigmoid router and its correction bias (deepseek_config.py
     tells them apart by model_type)."""
 
-
-def _latent_attention_backend(attention_backend: str | AttentionBackend) -> AttentionBackend:
-    """The torch backend, the one that attends latents; refused by name before another backend is built."""
-    name = attention_backend if isinstance(attention_backend, str) else attention_backend.name
-    if name != "torch":
-        raise ValueError(latent_attention_backend_error(name))
-    return get_attention_backend(attention_backend)
-
-
-def latent_attention_backend_error(name: str) -> str:
-    return (f"attention_backend {name!r} cannot run multi-head latent attention (DeepSeek-V2/V3): its cached head is "
-            "kv_lora_rank + qk_rope_head_dim wide (576 for DeepSeek-V3) and serves as keys and values; use "
-            "attention_backend 'torch'")

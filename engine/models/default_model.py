@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from engine.models.checkpoint_shapes import checkpoint_shapes
 from engine.models.synthetic_tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_RECIPE_VERSION,
                                                save_tokenizer)
 
@@ -49,6 +50,7 @@ _ARCHITECTURES = {
     "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "deepseek_v2": ("DeepseekV2ForCausalLM", "deepseek_v2"),
     "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
+    "gpt_oss": ("GptOssForCausalLM", "gpt_oss"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -176,6 +178,12 @@ def make_test_model(
         config["topk_method"] = "group_limited_greedy" if model_type == "deepseek_v2" else "noaux_tc"
         del config["head_dim"]  # DeepSeek's configs have none (transformers reads it as the RoPE width)
         config["num_key_value_heads"] = num_attention_heads  # every head has its own key and value, from the latent
+    if model_type == "gpt_oss":
+        # Every other layer windowed (a short window, so that tests reach past it), sinks, biased experts.
+        config.update(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_token, sliding_window=8,
+                      layer_types=["sliding_attention" if index % 2 == 0 else "full_attention"
+                                   for index in range(num_hidden_layers)],
+                      swiglu_limit=7.0, attention_bias=True)
     config.update(config_overrides or {})
 
     folder = Path(path)
@@ -190,112 +198,15 @@ def make_test_model(
     return folder
 
 
-def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Hugging Face parameter names and shapes of a Llama-family checkpoint."""
-    if config["model_type"].startswith("deepseek"):
-        return _deepseek_weight_shapes(config)
-    hidden = config["hidden_size"]
-    q_size = config["num_attention_heads"] * config["head_dim"]
-    kv_size = config["num_key_value_heads"] * config["head_dim"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
-    for i in range(config["num_hidden_layers"]):
-        prefix = f"model.layers.{i}"
-        shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
-        shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
-        shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_size, hidden)
-        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_size, hidden)
-        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_size, hidden)
-        shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_size)
-        if config.get("attention_bias", config.get("qkv_bias")):
-            shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
-            shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
-            shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
-        if _has_qk_norm(config):
-            shapes[f"{prefix}.self_attn.q_norm.weight"] = (config["head_dim"],)
-            shapes[f"{prefix}.self_attn.k_norm.weight"] = (config["head_dim"],)
-        shapes.update(_mlp_weight_shapes(config, prefix))
-    shapes["model.norm.weight"] = (hidden,)
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-    return shapes
-
-
-def _has_qk_norm(config: dict[str, Any]) -> bool:
-    """Whether the architecture's model class normalizes each head of q and k (Qwen3): the class says so."""
-    from engine.models.registry import MODEL_REGISTRY  # the model classes, not needed to write weights otherwise
-    return MODEL_REGISTRY[config["architectures"][0]].qk_norm
-
-
-def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
-    """One layer's MLP tensors, named as each architecture's checkpoints name them."""
-    hidden = config["hidden_size"]
-
-    def swiglu(module: str, width: int, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
-        gate, up, down = names
-        return {f"{module}.{gate}.weight": (width, hidden), f"{module}.{up}.weight": (width, hidden),
-                f"{module}.{down}.weight": (hidden, width)}
-
-    if config["model_type"] == "mixtral":
-        shapes = {f"{prefix}.block_sparse_moe.gate.weight": (config["num_local_experts"], hidden)}
-        for expert in range(config["num_local_experts"]):
-            shapes.update(swiglu(f"{prefix}.block_sparse_moe.experts.{expert}", config["intermediate_size"],
-                                 ("w1", "w3", "w2")))
-        return shapes
-    if config["model_type"] in ("qwen2_moe", "qwen3_moe"):
-        shapes = {f"{prefix}.mlp.gate.weight": (config["num_experts"], hidden)}
-        for expert in range(config["num_experts"]):
-            shapes.update(swiglu(f"{prefix}.mlp.experts.{expert}", config["moe_intermediate_size"]))
-        if config["model_type"] == "qwen2_moe":
-            shapes[f"{prefix}.mlp.shared_expert_gate.weight"] = (1, hidden)
-            shapes.update(swiglu(f"{prefix}.mlp.shared_expert", config["shared_expert_intermediate_size"]))
-        return shapes
-    return swiglu(f"{prefix}.mlp", config["intermediate_size"])
-
-
-def _deepseek_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """A DeepSeek checkpoint's names and shapes (engine/models/deepseek.py): latent attention, then a dense MLP
-    for the first first_k_dense_replace layers and routed plus shared experts for the others."""
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    qk_head_dim = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
-    rank, width = config["kv_lora_rank"], config["moe_intermediate_size"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden),
-                                          "model.norm.weight": (hidden,)}
-    for i in range(config["num_hidden_layers"]):
-        attention, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        shapes[f"model.layers.{i}.input_layernorm.weight"] = (hidden,)
-        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
-        if config.get("q_lora_rank") is None:
-            shapes[f"{attention}.q_proj.weight"] = (heads * qk_head_dim, hidden)
-        else:
-            shapes[f"{attention}.q_a_proj.weight"] = (config["q_lora_rank"], hidden)
-            shapes[f"{attention}.q_a_layernorm.weight"] = (config["q_lora_rank"],)
-            shapes[f"{attention}.q_b_proj.weight"] = (heads * qk_head_dim, config["q_lora_rank"])
-        shapes[f"{attention}.kv_a_proj_with_mqa.weight"] = (rank + config["qk_rope_head_dim"], hidden)
-        shapes[f"{attention}.kv_a_layernorm.weight"] = (rank,)
-        shapes[f"{attention}.kv_b_proj.weight"] = (heads * (config["qk_nope_head_dim"] + config["v_head_dim"]), rank)
-        shapes[f"{attention}.o_proj.weight"] = (hidden, heads * config["v_head_dim"])
-        mlps = {mlp: config["intermediate_size"]} if i < config["first_k_dense_replace"] else {
-            **{f"{mlp}.experts.{e}": width for e in range(config["n_routed_experts"])},
-            f"{mlp}.shared_experts": width * config["n_shared_experts"]}
-        for module, size in mlps.items():
-            shapes.update({f"{module}.gate_proj.weight": (size, hidden), f"{module}.up_proj.weight": (size, hidden),
-                           f"{module}.down_proj.weight": (hidden, size)})
-        if i >= config["first_k_dense_replace"]:
-            shapes[f"{mlp}.gate.weight"] = (config["n_routed_experts"], hidden)
-            if config["model_type"] == "deepseek_v3":
-                shapes[f"{mlp}.gate.e_score_correction_bias"] = (config["n_routed_experts"],)
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-    return shapes
-
-
 def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     # Drawn in sorted-name order from one CPU generator: the order, and so every value, is fixed.
     generator = torch.Generator(device="cpu").manual_seed(seed)
     weights = {}
-    for name, shape in sorted(_weight_shapes(config).items()):
+    for name, shape in sorted(checkpoint_shapes(config).items()):
         if name.endswith(("q_norm.weight", "k_norm.weight")):
             weights[name] = 1.0 + torch.empty(shape).normal_(0.0, 0.2, generator=generator)
+        elif name.endswith(".sinks"):  # far apart between heads, so that a mix-up of heads shows
+            weights[name] = torch.empty(shape).normal_(0.0, 1.0, generator=generator)
         elif name.endswith("norm.weight"):
             weights[name] = torch.ones(shape)
         else:

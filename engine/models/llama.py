@@ -41,6 +41,8 @@ class LlamaAttention(nn.Module):
         # Qwen3: an RMSNorm over each head's head_dim features of q and of k, before RoPE.
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        # gpt-oss's attention sinks, one logit per head (gpt_oss.py makes them a parameter); None: none.
+        self.sinks: nn.Parameter | None = None
         self.backend = backend
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
@@ -55,7 +57,7 @@ class LlamaAttention(nn.Module):
         k = RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window,
-                                   self.logits_soft_cap)
+                                   self.logits_soft_cap, self.sinks)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -112,6 +114,9 @@ class LlamaForCausalLM(nn.Module):
     cuda_graph_unsafe_reason: str | None = None
     # Whether q and k are RMS-normalized per head before RoPE (Qwen3's q_norm and k_norm).
     qk_norm: bool = False
+    # What of this model only the torch attention backend computes (e.g. DeepSeek's latent attention); None: any
+    # backend runs it. Other backends are refused by name (get_attention_backend).
+    torch_attention_only: str | None = None
     # Parameters (by name suffix) kept in float32 whatever the model's dtype (DeepSeek's router); the loader
     # allocates them so.
     float32_parameters: tuple[str, ...] = ()
@@ -120,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.check_config(config)
         self.config = config
-        backend = get_attention_backend(attention_backend)
+        backend = get_attention_backend(attention_backend, self.torch_attention_only)
         self.model = LlamaModel(config, backend, *self.attention_biases(config),
                                 make_mlp=lambda layer_index: self.make_mlp(config, layer_index),
                                 qk_norm=self.qk_norm)
@@ -153,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model.layers[0].self_attn.backend
 
     def set_attention_backend(self, attention_backend: str | AttentionBackend) -> None:
-        backend = get_attention_backend(attention_backend)
+        backend = get_attention_backend(attention_backend, self.torch_attention_only)
         for layer in self.model.layers:
             layer.self_attn.backend = backend
 

@@ -96,13 +96,13 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_attention_backend(name: str | None, device: torch.device, latent_attention: bool = False) -> str:
-    """``latent_attention``: the model caches one latent per token (DeepSeek's MLA), which only the torch backend
-    attends."""
-    if latent_attention:
+def resolve_attention_backend(name: str | None, device: torch.device, torch_only: str | None = None) -> str:
+    """``torch_only``: what of the model only the torch backend computes (its class's ``torch_attention_only``:
+    DeepSeek's latent attention, gpt-oss's sinks); that backend is then the default, and the only one accepted."""
+    if torch_only is not None:
         if name not in (None, "torch"):
-            from engine.models.deepseek import latent_attention_backend_error
-            raise ValueError(latent_attention_backend_error(name))
+            from engine.runner.attention.registry import torch_only_error
+            raise ValueError(torch_only_error(name, torch_only))
         return "torch"
     if name is not None:
         from engine.runner.attention import available_attention_backends

@@ -27,6 +27,7 @@ from engine.core.scheduler_output import SchedulerOutput
 from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_dtype
+from engine.models.registry import get_model_class
 from engine.runner.attention import allocate_kv_caches
 from engine.runner.attention.kv_cache import allocate_grouped_kv_caches, kv_cache_bytes_per_block
 from engine.runner.host_kv_cache import HostKVCache
@@ -58,7 +59,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         model_config = ModelConfig.from_pretrained(config.model)
         self.attention_backend = resolve_attention_backend(config.attention_backend, self.device,
-                                                           latent_attention=model_config.mla is not None)
+                                                           get_model_class(model_config).torch_attention_only)
         self.dtype = resolve_runtime_dtype(config.dtype, resolve_dtype(config.dtype, model_config),
                                            self.attention_backend)
         self.model, self.model_config = load_model(config.model, self.dtype, self.device,

@@ -91,7 +91,9 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
         load_model(tmp_path)
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
-    assert supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
+    assert supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
+                                         "Gemma3ForCausalLM", "GptOssForCausalLM", "LlamaForCausalLM",
+                                         "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",

@@ -92,6 +92,9 @@ def _variants():
             "q_lora_rank": None, "rope_interleave": False,
             "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 1.0,
                              "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}}),
+        # gpt-oss: attention sinks, every other layer in an 8-token window, biased clamped-SwiGLU experts, and its
+        # default YaRN (not truncated).
+        "gpt_oss": dict(architecture="gpt_oss"),
     }
 
 

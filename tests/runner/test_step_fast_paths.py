@@ -28,10 +28,11 @@ def test_graphs_only_where_capture_is_safe():
     for backend in ("torch", "flash_attn"):
         assert repr(backend) in cuda_graphs_unavailable_reason(cuda, backend, enforce_eager=False)
     # A mixture of experts sizes its expert matmuls on the host: its decode steps stay eager.
+    from engine.models.gpt_oss import GptOssForCausalLM
     from engine.models.moe_model import MoeForCausalLM
     from engine.models.registry import MODEL_REGISTRY
-    mixtures = [c for c in MODEL_REGISTRY.values() if issubclass(c, MoeForCausalLM)]
-    assert len(mixtures) == 5  # Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2, DeepSeek-V3
+    mixtures = [c for c in MODEL_REGISTRY.values() if issubclass(c, (MoeForCausalLM, GptOssForCausalLM))]
+    assert len(mixtures) == 6  # Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2, DeepSeek-V3, gpt-oss
     for model_class in mixtures:
         reason = cuda_graphs_unavailable_reason(cuda, "triton", False, model_class.cuda_graph_unsafe_reason)
         assert "row counts are read on the host" in reason

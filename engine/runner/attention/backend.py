@@ -31,6 +31,8 @@ class GroupKVCache(tuple):
 
 class AttentionBackend(ABC):
     name: str = "abstract"
+    # Whether ``attend`` takes attention sinks (gpt-oss); forward refuses them by name otherwise.
+    supports_sinks: bool = False
 
     def forward(
         self,
@@ -42,6 +44,7 @@ class AttentionBackend(ABC):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D] -> output [T, Hq, D].
 
@@ -53,7 +56,13 @@ class AttentionBackend(ABC):
         may have handed their blocks back (their block-table entries then point at the null block).
         ``logits_soft_cap`` (Gemma 2's ``attn_logit_softcapping``, None: none): each score ``s = scale * q.k``
         becomes ``cap * tanh(s / cap)`` before the mask and the softmax.
+        ``sinks`` (gpt-oss: one learned logit per query head, [Hq], None: none): each head's softmax has one more
+        term, ``exp(sink)``, in its denominator, attending no value: the head may give a token little attention
+        in total.
         """
+        if sinks is not None and not self.supports_sinks:
+            raise ValueError(f"attention backend {self.name!r} does not support attention sinks (gpt-oss); use "
+                             "attention_backend 'torch'")
         if metadata.groups is not None:  # a hybrid KV cache: this layer's group's block table and slots
             metadata = metadata.groups[kv_cache.group]
         key_cache, value_cache = kv_cache
@@ -63,7 +72,8 @@ class AttentionBackend(ABC):
         self.write_kv_cache(key, value, key_cache, value_cache, metadata)
         output = torch.zeros_like(query)
         if metadata.num_actual_tokens > 0:
-            self.attend(query, key_cache, value_cache, metadata, scale, output, sliding_window, logits_soft_cap)
+            self.attend(query, key_cache, value_cache, metadata, scale, output, sliding_window, logits_soft_cap,
+                        sinks)
         return output
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -73,6 +83,7 @@ class AttentionBackend(ABC):
     @abstractmethod
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-               sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+               sliding_window: int | None = None, logits_soft_cap: float | None = None,
+               sinks: torch.Tensor | None = None) -> None:
         """Fill ``output[:num_actual_tokens]`` reading keys and values only from the caches (and, with a
         ``sliding_window``, only the keys inside each query's window: see ``forward``)."""

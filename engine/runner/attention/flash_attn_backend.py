@@ -45,7 +45,8 @@ class FlashAttentionBackend(AttentionBackend):
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-               sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+               sliding_window: int | None = None, logits_soft_cap: float | None = None,
+               sinks: torch.Tensor | None = None) -> None:
         if not query.is_cuda:
             raise RuntimeError("attention backend 'flash_attn' got CPU tensors; use attention backend 'torch'")
         if query.dtype not in (torch.float16, torch.bfloat16):

@@ -33,8 +33,18 @@ def available_attention_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def get_attention_backend(name: str | AttentionBackend) -> AttentionBackend:
-    """The backend called ``name`` ('torch', 'flash_attn' or 'triton'); an instance is passed through."""
+def torch_only_error(name: str, feature: str) -> str:
+    return f"attention_backend {name!r} cannot run {feature}; use attention_backend 'torch'"
+
+
+def get_attention_backend(name: str | AttentionBackend, torch_only: str | None = None) -> AttentionBackend:
+    """The backend called ``name`` ('torch', 'flash_attn' or 'triton'); an instance is passed through.
+    ``torch_only``: what of the model only the torch backend computes (a model class's
+    ``torch_attention_only``); another backend is then refused by name before it is built."""
+    if torch_only is not None:
+        requested = name if isinstance(name, str) else name.name
+        if requested != "torch":
+            raise ValueError(torch_only_error(requested, torch_only))
     if isinstance(name, AttentionBackend):
         return name
     try:

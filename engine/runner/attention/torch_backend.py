@@ -44,6 +44,7 @@ PREFILL_QUERY_SLICE = 128
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    supports_sinks = True
 
     def __init__(self) -> None:
         # Scratch for the gathered decode keys/values, reused by every layer and step: allocating tens
@@ -53,14 +54,15 @@ class TorchAttentionBackend(AttentionBackend):
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-               sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+               sliding_window: int | None = None, logits_soft_cap: float | None = None,
+               sinks: torch.Tensor | None = None) -> None:
         split = metadata.split
         if split.decode_req_indices:
             self._attend_decodes(query, key_cache, value_cache, metadata, scale, output, sliding_window,
-                                 logits_soft_cap)
+                                 logits_soft_cap, sinks)
         for req in split.prefill_req_indices:
             self._attend_prefill(req, query, key_cache, value_cache, metadata, scale, output, sliding_window,
-                                 logits_soft_cap)
+                                 logits_soft_cap, sinks)
 
     def _scratch(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         numel = math.prod(shape)
@@ -72,7 +74,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _attend_decodes(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-                        sliding_window: int | None, logits_soft_cap: float | None) -> None:
+                        sliding_window: int | None, logits_soft_cap: float | None,
+                        sinks: torch.Tensor | None) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         group_size = query.shape[1] // num_kv_heads
         # Gathered keys and values of one group: at most GROUP_GATHER_BYTES (see decode_groups.py).
@@ -94,13 +97,16 @@ class TorchAttentionBackend(AttentionBackend):
             keys = keys.view(num_decodes, max_len, num_kv_heads, head_size).transpose(1, 2)  # [B, Hkv, L, D]
             values = values.view(num_decodes, max_len, num_kv_heads, head_size).transpose(1, 2)
             q = query[group.token_indices].view(num_decodes, num_kv_heads, group_size, head_size)
+            # A query row here is one head: head kv * group_size + g sits at [kv, g].
             out = scaled_dot_product(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=group.attn_mask, scale=scale,
-                                     soft_cap=logits_soft_cap)
+                                     soft_cap=logits_soft_cap,
+                                     sinks=None if sinks is None else sinks.view(num_kv_heads, group_size, 1))
             output[group.token_indices] = out.reshape(num_decodes, num_kv_heads * group_size, head_size)
 
     def _attend_prefill(self, req: int, query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
-                        output: torch.Tensor, sliding_window: int | None, logits_soft_cap: float | None) -> None:
+                        output: torch.Tensor, sliding_window: int | None, logits_soft_cap: float | None,
+                        sinks: torch.Tensor | None) -> None:
         num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
         start, end = metadata.query_start_loc_cpu[req], metadata.query_start_loc_cpu[req + 1]
         query_len, seq_len = end - start, metadata.seq_lens_cpu[req]
@@ -134,7 +140,8 @@ class TorchAttentionBackend(AttentionBackend):
                 q = query[start:start + rows].transpose(0, 1)  # [Hq, rows, D]
                 out = scaled_dot_product(q, keys[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
                                          values[:rows].repeat_interleave(group_size, dim=1).transpose(0, 1),
-                                         is_causal=True, scale=scale, soft_cap=logits_soft_cap)
+                                         is_causal=True, scale=scale, soft_cap=logits_soft_cap,
+                                         sinks=None if sinks is None else sinks.view(num_heads, 1, 1))
                 output[start:start + rows] = out.transpose(0, 1)
                 continue
             if keys_by_head is None:
@@ -147,25 +154,36 @@ class TorchAttentionBackend(AttentionBackend):
             # [rows, Hq, D] -> [Hkv, group * rows, D]: query head h reads KV head h // group_size.
             q = (query[start + slice_start:start + slice_end].view(rows, num_kv_heads, group_size, head_size)
                  .permute(1, 2, 0, 3).reshape(num_kv_heads, group_size * rows, head_size))
+            # Row g * rows + r of KV head kv is query head kv * group_size + g.
+            slice_sinks = None if sinks is None else (
+                sinks.view(num_kv_heads, group_size, 1, 1).expand(-1, -1, rows, -1).reshape(num_kv_heads, -1, 1))
             out = scaled_dot_product(q, keys_by_head[:, first_key:last_key], values_by_head[:, first_key:last_key],
-                                     attn_mask=mask.repeat(group_size, 1), scale=scale, soft_cap=logits_soft_cap)
+                                     attn_mask=mask.repeat(group_size, 1), scale=scale, soft_cap=logits_soft_cap,
+                                     sinks=slice_sinks)
             output[start + slice_start:start + slice_end] = (
                 out.view(num_kv_heads, group_size, rows, head_size).permute(2, 0, 1, 3).reshape(rows, num_heads, head_size))
 
 
 def scaled_dot_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                        attn_mask: torch.Tensor | None = None, is_causal: bool = False, scale: float,
-                       soft_cap: float | None = None) -> torch.Tensor:
-    """SDPA (``attn_mask``: True = attend; ``is_causal`` for square score matrices only), or with ``soft_cap``
-    the same attention written out, because SDPA cannot cap scores: ``cap * tanh(scale * q.k / cap)``, then
-    the mask, then a float32 softmax, as transformers' Gemma 2 computes it."""
-    if soft_cap is None:
+                       soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA (``attn_mask``: True = attend; ``is_causal`` for square score matrices only), or with ``soft_cap`` or
+    ``sinks`` the same attention written out, because SDPA can do neither: ``cap * tanh(scale * q.k / cap)``, then
+    the mask, then a float32 softmax, as transformers' Gemma 2 computes it; ``sinks`` (one logit per query row,
+    shaped like the scores' [..., :1]) join each row's softmax as a column of their own, then are dropped, as in
+    transformers' gpt-oss."""
+    if soft_cap is None and sinks is None:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / soft_cap) * soft_cap
+    if soft_cap is not None:
+        scores = torch.tanh(scores / soft_cap) * soft_cap
     if is_causal:
         attn_mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat((scores, sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)), dim=-1)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if sinks is not None:
+        weights = weights[..., :-1]
     return torch.matmul(weights, value)

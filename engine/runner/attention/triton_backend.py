@@ -44,7 +44,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                metadata: AttentionMetadata, scale: float, output: torch.Tensor,
-               sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+               sliding_window: int | None = None, logits_soft_cap: float | None = None,
+               sinks: torch.Tensor | None = None) -> None:
         # Rows past the requests' tokens are left as the caller's zeros: the kernel only writes rows that
         # a request owns, and reads the device tensors only (no host sync, graph-capturable).
         self._paged_attention(query, key_cache, value_cache, output, metadata.query_start_loc, metadata.seq_lens,

@@ -1,0 +1,115 @@
+"""The tensor names and shapes of each architecture's Hugging Face checkpoints, as the test models
+(default_model.make_test_model) write them and transformers reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Hugging Face parameter names and shapes of a Llama-family checkpoint."""
+    if config["model_type"].startswith("deepseek"):
+        return _deepseek_shapes(config)
+    hidden = config["hidden_size"]
+    q_size = config["num_attention_heads"] * config["head_dim"]
+    kv_size = config["num_key_value_heads"] * config["head_dim"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
+    for i in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{i}"
+        shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
+        shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
+        shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_size, hidden)
+        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_size, hidden)
+        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_size, hidden)
+        shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_size)
+        if config.get("attention_bias", config.get("qkv_bias")):
+            shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
+            shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
+            shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
+        if config["model_type"] == "gpt_oss":  # the output projection's bias and the heads' sinks
+            shapes[f"{prefix}.self_attn.o_proj.bias"] = (hidden,)
+            shapes[f"{prefix}.self_attn.sinks"] = (config["num_attention_heads"],)
+        if _has_qk_norm(config):
+            shapes[f"{prefix}.self_attn.q_norm.weight"] = (config["head_dim"],)
+            shapes[f"{prefix}.self_attn.k_norm.weight"] = (config["head_dim"],)
+        shapes.update(_mlp_weight_shapes(config, prefix))
+    shapes["model.norm.weight"] = (hidden,)
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    return shapes
+
+
+def _has_qk_norm(config: dict[str, Any]) -> bool:
+    """Whether the architecture's model class normalizes each head of q and k (Qwen3): the class says so."""
+    from engine.models.registry import MODEL_REGISTRY  # the model classes, not needed to write weights otherwise
+    return MODEL_REGISTRY[config["architectures"][0]].qk_norm
+
+
+def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
+    """One layer's MLP tensors, named as each architecture's checkpoints name them."""
+    hidden = config["hidden_size"]
+
+    def swiglu(module: str, width: int, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
+        gate, up, down = names
+        return {f"{module}.{gate}.weight": (width, hidden), f"{module}.{up}.weight": (width, hidden),
+                f"{module}.{down}.weight": (hidden, width)}
+
+    if config["model_type"] == "mixtral":
+        shapes = {f"{prefix}.block_sparse_moe.gate.weight": (config["num_local_experts"], hidden)}
+        for expert in range(config["num_local_experts"]):
+            shapes.update(swiglu(f"{prefix}.block_sparse_moe.experts.{expert}", config["intermediate_size"],
+                                 ("w1", "w3", "w2")))
+        return shapes
+    if config["model_type"] in ("qwen2_moe", "qwen3_moe"):
+        shapes = {f"{prefix}.mlp.gate.weight": (config["num_experts"], hidden)}
+        for expert in range(config["num_experts"]):
+            shapes.update(swiglu(f"{prefix}.mlp.experts.{expert}", config["moe_intermediate_size"]))
+        if config["model_type"] == "qwen2_moe":
+            shapes[f"{prefix}.mlp.shared_expert_gate.weight"] = (1, hidden)
+            shapes.update(swiglu(f"{prefix}.mlp.shared_expert", config["shared_expert_intermediate_size"]))
+        return shapes
+    if config["model_type"] == "gpt_oss":  # transformers' stacked layout (engine/models/gpt_oss.py)
+        experts, width = config["num_local_experts"], config["intermediate_size"]
+        return {f"{prefix}.mlp.router.weight": (experts, hidden), f"{prefix}.mlp.router.bias": (experts,),
+                f"{prefix}.mlp.experts.gate_up_proj": (experts, hidden, 2 * width),
+                f"{prefix}.mlp.experts.gate_up_proj_bias": (experts, 2 * width),
+                f"{prefix}.mlp.experts.down_proj": (experts, width, hidden),
+                f"{prefix}.mlp.experts.down_proj_bias": (experts, hidden)}
+    return swiglu(f"{prefix}.mlp", config["intermediate_size"])
+
+
+def _deepseek_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A DeepSeek checkpoint's names and shapes (engine/models/deepseek.py): latent attention, then a dense MLP
+    for the first first_k_dense_replace layers and routed plus shared experts for the others."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    qk_head_dim = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    rank, width = config["kv_lora_rank"], config["moe_intermediate_size"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden),
+                                          "model.norm.weight": (hidden,)}
+    for i in range(config["num_hidden_layers"]):
+        attention, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = (hidden,)
+        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
+        if config.get("q_lora_rank") is None:
+            shapes[f"{attention}.q_proj.weight"] = (heads * qk_head_dim, hidden)
+        else:
+            shapes[f"{attention}.q_a_proj.weight"] = (config["q_lora_rank"], hidden)
+            shapes[f"{attention}.q_a_layernorm.weight"] = (config["q_lora_rank"],)
+            shapes[f"{attention}.q_b_proj.weight"] = (heads * qk_head_dim, config["q_lora_rank"])
+        shapes[f"{attention}.kv_a_proj_with_mqa.weight"] = (rank + config["qk_rope_head_dim"], hidden)
+        shapes[f"{attention}.kv_a_layernorm.weight"] = (rank,)
+        shapes[f"{attention}.kv_b_proj.weight"] = (heads * (config["qk_nope_head_dim"] + config["v_head_dim"]), rank)
+        shapes[f"{attention}.o_proj.weight"] = (hidden, heads * config["v_head_dim"])
+        mlps = {mlp: config["intermediate_size"]} if i < config["first_k_dense_replace"] else {
+            **{f"{mlp}.experts.{e}": width for e in range(config["n_routed_experts"])},
+            f"{mlp}.shared_experts": width * config["n_shared_experts"]}
+        for module, size in mlps.items():
+            shapes.update({f"{module}.gate_proj.weight": (size, hidden), f"{module}.up_proj.weight": (size, hidden),
+                           f"{module}.down_proj.weight": (hidden, size)})
+        if i >= config["first_k_dense_replace"]:
+            shapes[f"{mlp}.gate.weight"] = (config["n_routed_experts"], hidden)
+            if config["model_type"] == "deepseek_v3":
+                shapes[f"{mlp}.gate.e_score_correction_bias"] = (config["n_routed_experts"],)
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    return shapes

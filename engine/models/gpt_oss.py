@@ -1,0 +1,101 @@
+"""gpt-oss (``GptOssForCausalLM``: gpt-oss-20b and gpt-oss-120b, as bfloat16 or float32 checkpoints).
+
+On the Llama skeleton (fused, biased q/k/v; RoPE in halves; pre-norm residual layers), with:
+
+* **attention sinks**: each head has a learned logit ``sinks[h]`` that joins its softmax's denominator and attends
+  nothing, so a head can give the context little weight in total (the torch backend applies them; others refuse);
+* every other layer attends a sliding window (128 tokens), the rest the full context: vLLM's hybrid KV cache
+  (engine/core/kv_cache_grouping.py) gives each kind its own blocks, the windowed ones handed back;
+* an MoE MLP in every layer: a biased router whose top-k logits are softmaxed into the weights, and experts
+  stored as transformers holds them: ``gate_up_proj`` [E, hidden, 2 * I] with gate and up interleaved by column,
+  ``down_proj`` [E, I, hidden], each with a bias; the activation is ``(clamp(up, -L, L) + 1) * g * sigmoid(alpha *
+  g)`` with ``g = min(gate, L)`` (``swiglu_limit`` L = 7, ``swiglu_alpha`` 1.702).
+
+OpenAI's published checkpoints store the experts in MXFP4 (``quantization_config`` quant_method mxfp4); like any
+quantized checkpoint they are refused by name at load (config.py). A bfloat16 copy loads (transformers dequantizes
+them the same way when it saves one).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.config import ModelConfig, MoEConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.runner.attention import AttentionBackend
+
+
+class GptOssExperts(nn.Module):
+    """``num_experts`` clamped-SwiGLU experts in transformers' layout (module docstring), each run once on the rows
+    routed to it."""
+
+    def __init__(self, moe: MoEConfig, hidden_size: int, swiglu_limit: float, swiglu_alpha: float) -> None:
+        super().__init__()
+        experts, width = moe.num_experts, moe.expert_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, hidden_size, 2 * width))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * width))
+        self.down_proj = nn.Parameter(torch.empty(experts, width, hidden_size))
+        self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden_size))
+        self.limit, self.alpha = swiglu_limit, swiglu_alpha
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate = gate_up[..., 0::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def forward(self, hidden_states: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        top_k = expert_ids.shape[1]
+        flat_ids = expert_ids.reshape(-1)
+        # Pairs (token, slot) grouped by expert, a token's pairs in token order; experts visited in increasing id,
+        # as transformers visits them, so the sums round the same way.
+        order = torch.sort(flat_ids, stable=True).indices
+        rows_per_expert = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
+        token_of_pair, weight_of_pair = order // top_k, weights.reshape(-1)[order]
+        output = torch.zeros_like(hidden_states)
+        start = 0
+        for expert, rows in enumerate(rows_per_expert):
+            if rows == 0:
+                continue
+            tokens = token_of_pair[start:start + rows]
+            gate_up = hidden_states[tokens] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
+            expert_output = self.activation(gate_up) @ self.down_proj[expert] + self.down_proj_bias[expert]
+            output.index_add_(0, tokens, (expert_output * weight_of_pair[start:start + rows, None]).to(output.dtype))
+            start += rows
+        return output
+
+
+class GptOssMoeBlock(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        moe = config.moe
+        self.top_k = moe.num_experts_per_token
+        self.router = nn.Linear(config.hidden_size, moe.num_experts, bias=True)
+        self.experts = GptOssExperts(moe, config.hidden_size, float(config.raw.get("swiglu_limit", 7.0)),
+                                     float(config.raw.get("swiglu_alpha", 1.702)))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        top_logits, expert_ids = self.router(hidden_states).topk(self.top_k, dim=-1)
+        weights = F.softmax(top_logits, dim=-1, dtype=top_logits.dtype)  # over the chosen experts only
+        return self.experts(hidden_states, expert_ids, weights)
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    # The experts' row counts are read on the host, as for the other mixtures (moe_model.py).
+    cuda_graph_unsafe_reason = "the experts' row counts are read on the host (data-dependent shapes)"
+    torch_attention_only = "attention sinks (gpt-oss)"
+
+    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
+        super().__init__(config, attention_backend)
+        for layer in self.model.layers:
+            layer.self_attn.sinks = nn.Parameter(torch.empty(config.num_attention_heads))
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        if config.model_type != "gpt_oss" or config.moe is None:
+            raise ValueError(f"GptOssForCausalLM needs a gpt_oss config, got model_type {config.model_type!r}")
+
+    @classmethod
+    def make_mlp(cls, config: ModelConfig, layer_index: int) -> nn.Module:
+        return GptOssMoeBlock(config)

@@ -1,0 +1,103 @@
+"""gpt-oss checkpoints: config parsing and its errors, the experts' clamped activation, attention sinks in each of
+the torch backend's paths, the torch-only backend rule, and the engine end to end on vLLM's hybrid KV cache.
+Logit equality with transformers is in test_models_vs_transformers.py."""
+
+import random
+
+import pytest
+import torch
+
+from engine.models import load_model, make_test_model
+from engine.models.config import ModelConfig
+from engine.models.gpt_oss import GptOssForCausalLM
+from engine.runner.attention.torch_backend import scaled_dot_product
+
+BASE = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 16}
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_path(tmp_path_factory):
+    return make_test_model(tmp_path_factory.mktemp("gpt_oss"), "gpt_oss", num_hidden_layers=4, seed=6)
+
+
+def test_configs_take_transformers_defaults():
+    config = ModelConfig.from_dict(BASE)
+    assert config.layer_sliding_windows == (128, None, 128, None)  # even layers windowed
+    assert config.rope_scaling["rope_type"] == "yarn" and config.rope_scaling["truncate"] is False
+    assert (config.rope_theta, config.num_key_value_heads, config.head_dim, config.attention_bias) == (150000.0, 8, 64, True)
+    moe = config.moe
+    assert (moe.num_experts, moe.num_experts_per_token, moe.expert_intermediate_size, moe.normalize_top_k) == (128, 4, 32, True)
+    listed = ModelConfig.from_dict({**BASE, "sliding_window": 16,
+                                    "layer_types": ["full_attention", "sliding_attention"] * 2})
+    assert listed.layer_sliding_windows == (None, 16, None, 16)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"layer_types": ["full_attention"]}, "layer_types must list 'full_attention' or 'sliding_attention' for each of "
+                                          "the 4 layers"),
+    ({"sliding_window": None}, "layer_types has sliding_attention layers but sliding_window is null"),
+    ({"swiglu_limit": 0}, "swiglu_limit must be a positive number, got 0"),
+    ({"num_experts_per_tok": 200}, "num_experts_per_tok=200 exceeds the 128 experts"),
+    ({"quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
+])
+def test_impossible_gpt_oss_configs_are_refused_by_key(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict({**BASE, **changes})
+
+
+def test_the_experts_clamp_their_gate_and_up(gpt_oss_path):
+    model, _ = load_model(gpt_oss_path, torch.float32)
+    experts = model.model.layers[0].mlp.experts
+    # Columns alternate gate, up: gate 10 is capped at 7, up -9 at -7; gate -2 and up 3 pass as they are.
+    gate_up = torch.tensor([[10.0, -9.0, -2.0, 3.0]])
+    gates, ups = torch.tensor([7.0, -2.0]), torch.tensor([-7.0, 3.0])
+    expected = (ups + 1) * gates * torch.sigmoid(1.702 * gates)
+    torch.testing.assert_close(experts.activation(gate_up), expected[None])
+
+
+def test_a_sink_takes_its_share_of_each_heads_attention():
+    """The written-out softmax with a sink column: a sink of log(n) beside n equal scores halves each weight."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.zeros(2, 1, 8)  # two heads, one query: every score 0
+    key, value = torch.randn(2, 4, 8, generator=generator), torch.randn(2, 4, 8, generator=generator)
+    sinks = torch.tensor([float("-inf"), torch.log(torch.tensor(4.0)).item()]).view(2, 1, 1)
+    out = scaled_dot_product(query, key, value, scale=1.0, sinks=sinks)
+    torch.testing.assert_close(out[0], value[0].mean(0, keepdim=True))  # no sink: plain attention
+    torch.testing.assert_close(out[1], value[1].mean(0, keepdim=True) / 2)
+
+
+def test_only_the_torch_backend_runs_sinks(gpt_oss_path):
+    from engine.runner.config import resolve_attention_backend
+
+    with pytest.raises(ValueError, match="attention_backend 'triton' cannot run attention sinks"):
+        resolve_attention_backend("triton", torch.device("cpu"), GptOssForCausalLM.torch_attention_only)
+    model, _ = load_model(gpt_oss_path, torch.float32)
+    with pytest.raises(ValueError, match="attention_backend 'flash_attn' cannot run attention sinks"):
+        model.set_attention_backend("flash_attn")
+
+
+def test_the_engine_generates_what_transformers_generates(gpt_oss_path):
+    """Through the scheduler on the hybrid KV cache (windowed layers' blocks handed back): chunked prefill, prefix
+    caching and preemption leave greedy tokens as transformers' generate gives them, and no block leaks."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+
+    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
+    prompts.append(prompts[0][:32] + [7, 8, 9])  # shares two blocks with the first
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm = LLM(model=str(gpt_oss_path), skip_tokenizer_init=True, max_num_batched_tokens=24, num_gpu_blocks=14,
+              max_model_len=64)
+    assert isinstance(llm.model_runner.model, GptOssForCausalLM)
+    assert llm.model_runner.kv_cache_grouping is not None  # windowed and full layers: the hybrid cache
+    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
+    assert llm.scheduler.num_preemptions_total > 0
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+    hf = AutoModelForCausalLM.from_pretrained(str(gpt_oss_path), dtype=torch.float32, attn_implementation="eager")
+    for prompt, tokens in zip(prompts, outputs):
+        with torch.no_grad():
+            expected = hf.eval().generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                                          pad_token_id=0)[0, len(prompt):]
+        assert list(tokens) == expected.tolist()
