@@ -183,6 +183,8 @@ class ModelConfig:
             if raw.get(required) is None:
                 raise ValueError(f"config.json is missing required field {required!r}")
         quantization = raw.get("quantization_config")
+        if model_type == "gpt_oss" and isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4":
+            quantization = None  # gpt-oss's MXFP4 experts are dequantized at load (gpt_oss.py, mxfp4.py)
         if quantization:
             # Quantized weights (fp8 with scales, GPTQ, AWQ, ...) read as plain floats give a different
             # model; the loader must not run one silently.

@@ -11,12 +11,15 @@ On the Llama skeleton (fused, biased q/k/v; RoPE in halves; pre-norm residual la
   ``down_proj`` [E, I, hidden], each with a bias; the activation is ``(clamp(up, -L, L) + 1) * g * sigmoid(alpha *
   g)`` with ``g = min(gate, L)`` (``swiglu_limit`` L = 7, ``swiglu_alpha`` 1.702).
 
-OpenAI's published checkpoints store the experts in MXFP4 (``quantization_config`` quant_method mxfp4); like any
-quantized checkpoint they are refused by name at load (config.py). A bfloat16 copy loads (transformers dequantizes
-them the same way when it saves one).
+OpenAI's published checkpoints store the experts in MXFP4 (``quantization_config`` quant_method mxfp4:
+``experts.gate_up_proj_blocks`` and ``_scales`` [E, 2 * I, hidden / 32, 16] and [E, 2 * I, hidden / 32], likewise
+``down_proj``); they are dequantized at load into the layout above (mxfp4.py), so the model is the quantized one,
+run in 16 or 32 bits. bfloat16 copies load as they are.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +27,10 @@ from torch import nn
 
 from engine.models.config import ModelConfig, MoEConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.mxfp4 import dequantize_mxfp4
 from engine.runner.attention import AttentionBackend
+
+_MXFP4_PARTS = ("_blocks", "_scales")
 
 
 class GptOssExperts(nn.Module):
@@ -99,3 +105,29 @@ class GptOssForCausalLM(LlamaForCausalLM):
     @classmethod
     def make_mlp(cls, config: ModelConfig, layer_index: int) -> nn.Module:
         return GptOssMoeBlock(config)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(self._dequantized(weights))
+
+    def _dequantized(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors, each MXFP4 pair (``X_blocks``, ``X_scales``) replaced by ``X`` in the model's
+        dtype once both have been read; a part whose partner never comes is reported missing by its name."""
+        dtype = self.model.embed_tokens.weight.dtype
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in weights:
+            part = next((part for part in _MXFP4_PARTS if name.endswith(part)), None)
+            if part is None:
+                yield name, tensor
+                continue
+            parts = pending.setdefault(name[:-len(part)], {})
+            parts[part] = tensor
+            if len(parts) == 2:
+                target = name[:-len(part)]
+                del pending[target]
+                # [E, out, G, 16] -> [E, out, in] -> transformers' [E, in, out].
+                yield target, dequantize_mxfp4(parts["_blocks"], parts["_scales"], dtype).transpose(1, 2)
+        if pending:
+            target, parts = next(iter(pending.items()))
+            missing = next(part for part in _MXFP4_PARTS if part not in parts)
+            raise ValueError(f"checkpoint has {target}{next(iter(parts))} but not {target}{missing} (MXFP4 weights "
+                             "come as blocks and scales)")

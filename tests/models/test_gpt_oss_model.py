@@ -2,14 +2,17 @@
 the torch backend's paths, the torch-only backend rule, and the engine end to end on vLLM's hybrid KV cache.
 Logit equality with transformers is in test_models_vs_transformers.py."""
 
+import json
 import random
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from engine.models import load_model, make_test_model
 from engine.models.config import ModelConfig
 from engine.models.gpt_oss import GptOssForCausalLM
+from engine.models.mxfp4 import dequantize_mxfp4
 from engine.runner.attention.torch_backend import scaled_dot_product
 
 BASE = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 100, "hidden_size": 64,
@@ -18,7 +21,9 @@ BASE = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_
 
 @pytest.fixture(scope="module")
 def gpt_oss_path(tmp_path_factory):
-    return make_test_model(tmp_path_factory.mktemp("gpt_oss"), "gpt_oss", num_hidden_layers=4, seed=6)
+    # Expert widths that are whole MXFP4 blocks of 32, as gpt-oss's 2880 are.
+    return make_test_model(tmp_path_factory.mktemp("gpt_oss"), "gpt_oss", num_hidden_layers=4, intermediate_size=64,
+                           seed=6)
 
 
 def test_configs_take_transformers_defaults():
@@ -39,7 +44,7 @@ def test_configs_take_transformers_defaults():
     ({"sliding_window": None}, "layer_types has sliding_attention layers but sliding_window is null"),
     ({"swiglu_limit": 0}, "swiglu_limit must be a positive number, got 0"),
     ({"num_experts_per_tok": 200}, "num_experts_per_tok=200 exceeds the 128 experts"),
-    ({"quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quant_method 'fp8'"),
 ])
 def test_impossible_gpt_oss_configs_are_refused_by_key(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -101,3 +106,57 @@ def test_the_engine_generates_what_transformers_generates(gpt_oss_path):
             expected = hf.eval().generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
                                           pad_token_id=0)[0, len(prompt):]
         assert list(tokens) == expected.tolist()
+
+
+def test_mxfp4_dequantizes_as_transformers_does():
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 10, 4, 16), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(100, 150, (3, 10, 4), dtype=torch.uint8, generator=generator)
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = dequantize_mxfp4(blocks, scales, dtype).transpose(1, 2)
+        assert torch.equal(ours, convert_moe_packed_tensors(blocks, scales, dtype=dtype))
+    # Code 0x21: low nibble 1 (0.5) first, then 2 (1.0); scale 128 doubles them.
+    assert dequantize_mxfp4(torch.tensor([[0x21] * 16], dtype=torch.uint8), torch.tensor([128], dtype=torch.uint8),
+                            torch.float32)[:2].tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="need scales of shape"):
+        dequantize_mxfp4(blocks, scales[..., :2], torch.float32)
+
+
+def test_an_mxfp4_checkpoint_is_its_dequantized_model(gpt_oss_path, tmp_path):
+    """OpenAI's layout: experts as MXFP4 blocks and scales under quantization_config; the engine's model equals one
+    loaded from the same weights dequantized by transformers' converter and stored in float32."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from tests.models.test_models_vs_transformers import PagedSession
+
+    config = json.loads((gpt_oss_path / "config.json").read_text())
+    weights = load_file(gpt_oss_path / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    quantized, dequantized = dict(weights), dict(weights)
+    for name in [name for name in weights if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, inputs, outputs = weights[name].shape
+        blocks = torch.randint(0, 256, (experts, outputs, inputs // 32, 16), dtype=torch.uint8, generator=generator)
+        scales = torch.randint(118, 124, (experts, outputs, inputs // 32), dtype=torch.uint8, generator=generator)
+        del quantized[name]
+        quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
+        dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    for folder, tensors, extra in ((tmp_path / "mxfp4", quantized, {"quantization_config": {"quant_method": "mxfp4"}}),
+                                   (tmp_path / "float32", dequantized, {})):
+        folder.mkdir()
+        save_file(tensors, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+    mxfp4_model, model_config = load_model(tmp_path / "mxfp4", torch.float32)
+    reference, _ = load_model(tmp_path / "float32", torch.float32)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(mxfp4_model.state_dict()[name], tensor), name
+    tokens = [random.Random(3).randrange(4, 500) for _ in range(20)]
+    torch.testing.assert_close(PagedSession(mxfp4_model, model_config).step({"r": tokens})["r"],
+                               PagedSession(reference, model_config).step({"r": tokens})["r"], atol=0, rtol=0)
+    # A blocks tensor without its scales is named.
+    del quantized["model.layers.0.mlp.experts.down_proj_scales"]
+    save_file(quantized, str(tmp_path / "mxfp4" / "model.safetensors"))
+    with pytest.raises(ValueError, match="has model.layers.0.mlp.experts.down_proj_blocks but not "
+                                         "model.layers.0.mlp.experts.down_proj_scales"):
+        load_model(tmp_path / "mxfp4", torch.float32)
