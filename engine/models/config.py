@@ -69,7 +69,8 @@ _DTYPE_NAMES = {"float32", "float16", "bfloat16"}
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """The sparse MLP of a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE).
+    """The sparse MLP of a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE; DeepSeek's router and
+    gpt-oss's experts differ as ``deepseek_routing`` and gpt_oss.py say).
 
     Every token's hidden state goes to ``num_experts_per_token`` of ``num_experts`` SwiGLU experts, chosen by
     a router (a [num_experts, hidden] projection, softmax in float32, top-k); their outputs are summed with

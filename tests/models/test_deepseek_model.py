@@ -215,3 +215,18 @@ def test_latents_offloaded_to_the_host_come_back_as_they_were(v3_path):
     for (tokens, logprobs), (expected_tokens, expected_logprobs) in zip(got, expected):
         assert tokens == expected_tokens
         assert logprobs == pytest.approx(expected_logprobs, abs=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_engine_generates_the_cpu_tokens(v3_path):
+    """On a GPU the torch backend is chosen (the only one that runs this model) and the tokens are the CPU's."""
+    from engine import LLM, SamplingParams
+
+    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    options = dict(model=str(v3_path), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
+    cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
+    gpu_engine = LLM(**options, device="cuda")
+    assert gpu_engine.model_runner.attention_backend == "torch"
+    gpu = gpu_engine.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]

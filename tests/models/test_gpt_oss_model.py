@@ -160,3 +160,18 @@ def test_an_mxfp4_checkpoint_is_its_dequantized_model(gpt_oss_path, tmp_path):
     with pytest.raises(ValueError, match="has model.layers.0.mlp.experts.down_proj_blocks but not "
                                          "model.layers.0.mlp.experts.down_proj_scales"):
         load_model(tmp_path / "mxfp4", torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_engine_generates_the_cpu_tokens(gpt_oss_path):
+    """On a GPU the torch backend is chosen (the only one that runs this model) and the tokens are the CPU's."""
+    from engine import LLM, SamplingParams
+
+    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    options = dict(model=str(gpt_oss_path), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
+    cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
+    gpu_engine = LLM(**options, device="cuda")
+    assert gpu_engine.model_runner.attention_backend == "torch"
+    gpu = gpu_engine.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
