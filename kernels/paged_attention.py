@@ -19,6 +19,10 @@ Logit soft-capping (``logits_soft_cap=C``, Gemma 2's ``attn_logit_softcapping``)
 window mask (as transformers' Gemma 2 eager attention orders it; capping after the mask would turn a
 masked ``-inf`` into a finite ``-C``), then softmax. ``None`` leaves the scores as they are.
 
+Attention sinks (``sinks``, gpt-oss's: one logit per query head, [num_heads]): head ``h``'s softmax gets one more
+term, ``exp(sinks[h])``, in its denominator, for a "key" with no value, so the weights on real keys sum to less
+than 1. ``None``: no sinks.
+
 Requests with ``query_len == 0`` (padding up to a captured batch size) produce nothing, and rows of
 ``output`` that belong to no request are left untouched.
 
@@ -48,11 +52,13 @@ def paged_attention_reference(
     v_scale: Scale = 1.0,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """query/output [num_tokens, num_heads, head_size]; caches [num_blocks, block_size, num_kv_heads, head_size].
 
     An fp8 cache is read as ``stored * k_scale`` / ``stored * v_scale``; other caches ignore the scales.
-    ``sliding_window``, ``logits_soft_cap``: see the module docstring (None: full causal attention, no cap).
+    ``sliding_window``, ``logits_soft_cap``, ``sinks``: see the module docstring (None: full causal attention, no
+    cap, no sinks).
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
     check_sliding_window(sliding_window)
@@ -85,7 +91,12 @@ def paged_attention_reference(
         if sliding_window is not None:
             visible &= positions[None, :] > query_positions - sliding_window
         scores = scores.masked_fill(~visible, float("-inf"))
-        output[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).to(output.dtype)
+        if sinks is not None:  # a column per head that takes its share of the softmax, then is dropped
+            sink_column = sinks.float()[:, None, None].expand(-1, query_len, 1)
+            weights = torch.cat((scores, sink_column), dim=-1).softmax(-1)[..., :-1]
+        else:
+            weights = scores.softmax(-1)
+        output[start:end] = torch.einsum("hqk,khd->qhd", weights, values).to(output.dtype)
 
 
 def check_sliding_window(sliding_window: int | None) -> None:

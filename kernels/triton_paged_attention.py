@@ -101,14 +101,14 @@ def _tanh(x):
 def _paged_attention_kernel(
     output_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    partial_out_ptr, partial_max_ptr, partial_sum_ptr,
+    partial_out_ptr, partial_max_ptr, partial_sum_ptr, sinks_ptr,
     softmax_scale_log2, v_scale, num_reqs, head_size, sliding_window, soft_cap_log2,
     query_stride_token, query_stride_head, output_stride_token, output_stride_head,
     cache_stride_block, cache_stride_offset, cache_stride_head, block_table_stride,
     GROUP: tl.constexpr, GROUP_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_PADDED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     query_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -200,6 +200,10 @@ def _paged_attention_kernel(
         running_max = new_max
 
     accumulator = accumulator * v_scale
+    if HAS_SINKS and NUM_SPLITS == 1:
+        # The sink joins the denominator once, in the running max's base-2 units (with splits: in the combine).
+        sink = tl.load(sinks_ptr + query_head, mask=row_valid, other=0.0)  # float32, base-2 units
+        running_sum = running_sum + tl.exp2(sink - running_max)
     if HAS_WINDOW:
         # A masked row past the chunk may have no key in its window (its position is past seq_len); a
         # sum of 1 keeps its never-stored result finite instead of 0 / 0.
@@ -220,9 +224,9 @@ def _paged_attention_kernel(
 
 @triton.jit(do_not_specialize=["num_reqs"])
 def _combine_splits_kernel(
-    output_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, query_start_loc_ptr,
+    output_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, query_start_loc_ptr, sinks_ptr,
     num_reqs, head_size, output_stride_token, output_stride_head,
-    NUM_SPLITS: tl.constexpr, SPLITS_PADDED: tl.constexpr, HEAD_PADDED: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PADDED: tl.constexpr, HEAD_PADDED: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -240,7 +244,10 @@ def _combine_splits_kernel(
     dims = tl.arange(0, HEAD_PADDED)
     partial = tl.load(partial_out_ptr + row[:, None] * HEAD_PADDED + dims[None, :], mask=split_valid[:, None],
                       other=0.0)
-    result = tl.sum(partial * weight[:, None], 0) / tl.sum(split_sum * weight, 0)
+    total = tl.sum(split_sum * weight, 0)
+    if HAS_SINKS:  # once per row, against the overall max
+        total += tl.exp2(tl.load(sinks_ptr + head) - overall_max)
+    result = tl.sum(partial * weight[:, None], 0) / total
     tl.store(output_ptr + token * output_stride_token + head * output_stride_head + dims,
              result.to(output_ptr.dtype.element_ty), mask=dims < head_size)
 
@@ -260,13 +267,15 @@ def triton_paged_attention(
     num_kv_splits: int | None = None,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Fill the rows of ``output`` owned by requests, as ``paged_attention_reference`` does.
 
     ``max_query_len`` (a host int, an upper bound is fine) picks the query-block size; ``num_kv_splits``
     overrides the split-KV choice (None: one split unless a decode-only step leaves the GPU idle).
     ``sliding_window``: as in the reference (None: full causal attention); tiles before a query block's
-    window are skipped, not just masked. ``logits_soft_cap``: as in the reference (None: no cap).
+    window are skipped, not just masked. ``logits_soft_cap``, ``sinks`` ([num_heads]): as in the reference (None:
+    no cap, no sinks).
     Nothing here reads device memory on the host, so the call can be captured in a CUDA graph.
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
@@ -287,6 +296,9 @@ def triton_paged_attention(
     query_start_loc, seq_lens, block_table = (t.contiguous() for t in (query_start_loc, seq_lens, block_table))
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads, num_reqs = key_cache.shape[2], seq_lens.shape[0]
+    if sinks is not None and (sinks.shape != (num_heads,) or sinks.device != query.device):
+        raise ValueError(f"sinks must be one logit per query head, [{num_heads}] on {query.device}, got "
+                         f"{tuple(sinks.shape)} on {sinks.device}")
     if num_tokens == 0 or num_reqs == 0:
         return
     group = num_heads // num_kv_heads
@@ -304,9 +316,11 @@ def triton_paged_attention(
         partial_sum = torch.empty_like(partial_max)
         partial_out = torch.empty(num_tokens, num_heads, splits, head_padded, dtype=torch.float32,
                                   device=query.device)
+    # The sinks in the scores' base-2 units, float32; the placeholder is never read without sinks.
+    sinks_or_placeholder = output if sinks is None else (sinks.float() * LOG2_E).contiguous()
     _paged_attention_kernel[(num_query_blocks, num_kv_heads, splits)](
         output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        partial_out, partial_max, partial_sum,
+        partial_out, partial_max, partial_sum, sinks_or_placeholder,
         scale * float(k_scale) * LOG2_E, float(v_scale), num_reqs, head_size, sliding_window or 0,
         # The cap in the scores' base-2 units; 1.0 is a placeholder that no uncapped variant reads.
         float(logits_soft_cap) * LOG2_E if logits_soft_cap is not None else 1.0,
@@ -321,13 +335,15 @@ def triton_paged_attention(
         DOT_IN_FP32=INTERPRETED and query.dtype == torch.bfloat16,
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFT_CAP=logits_soft_cap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     if splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
-            output, partial_out, partial_max, partial_sum, query_start_loc,
+            output, partial_out, partial_max, partial_sum, query_start_loc, sinks_or_placeholder,
             num_reqs, head_size, output.stride(0), output.stride(1),
             NUM_SPLITS=splits, SPLITS_PADDED=next_power_of_2(splits), HEAD_PADDED=head_padded,
+            HAS_SINKS=sinks is not None,
             num_warps=1 if head_padded <= 64 else 2,
         )
 

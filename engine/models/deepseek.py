@@ -111,15 +111,16 @@ class DeepseekModel(LlamaModel):
 class DeepseekV2ForCausalLM(MoeForCausalLM):
     # Only the MLPs' gate and up are fused; DeepSeek's q_proj (without q_lora_rank) is a projection of its own.
     stacked_params = {"gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
-    torch_attention_only = ("multi-head latent attention (DeepSeek-V2/V3: one cached latent per token, "
-                            "kv_lora_rank + qk_rope_head_dim wide, serves as keys and values)")
+    unsupported_attention_backends = dict.fromkeys(
+        ("flash_attn", "triton"), "multi-head latent attention (DeepSeek-V2/V3: one cached latent per token, "
+        "kv_lora_rank + qk_rope_head_dim wide, serves as keys and values)")
     float32_parameters = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
 
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         nn.Module.__init__(self)
         self.check_config(config)
         self.config = config
-        backend = get_attention_backend(attention_backend, self.torch_attention_only)
+        backend = get_attention_backend(attention_backend, self.unsupported_attention_backends)
         self.model = DeepseekModel(config, backend, lambda layer_index: self.make_mlp(config, layer_index))
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                           bias=False)

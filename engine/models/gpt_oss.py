@@ -3,7 +3,8 @@
 On the Llama skeleton (fused, biased q/k/v; RoPE in halves; pre-norm residual layers), with:
 
 * **attention sinks**: each head has a learned logit ``sinks[h]`` that joins its softmax's denominator and attends
-  nothing, so a head can give the context little weight in total (the torch backend applies them; others refuse);
+  nothing, so a head can give the context little weight in total (the torch and triton backends apply them;
+  flash-attn 2 has none and is refused);
 * every other layer attends a sliding window (128 tokens), the rest the full context: vLLM's hybrid KV cache
   (engine/core/kv_cache_grouping.py) gives each kind its own blocks, the windowed ones handed back;
 * an MoE MLP in every layer: a biased router whose top-k logits are softmaxed into the weights, and experts
@@ -90,7 +91,7 @@ class GptOssMoeBlock(nn.Module):
 class GptOssForCausalLM(LlamaForCausalLM):
     # The experts' row counts are read on the host, as for the other mixtures (moe_model.py).
     cuda_graph_unsafe_reason = "the experts' row counts are read on the host (data-dependent shapes)"
-    torch_attention_only = "attention sinks (gpt-oss)"
+    unsupported_attention_backends = {"flash_attn": "attention sinks (gpt-oss; flash-attn 2 has none)"}
 
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         super().__init__(config, attention_backend)

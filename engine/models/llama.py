@@ -114,9 +114,9 @@ class LlamaForCausalLM(nn.Module):
     cuda_graph_unsafe_reason: str | None = None
     # Whether q and k are RMS-normalized per head before RoPE (Qwen3's q_norm and k_norm).
     qk_norm: bool = False
-    # What of this model only the torch attention backend computes (e.g. DeepSeek's latent attention); None: any
-    # backend runs it. Other backends are refused by name (get_attention_backend).
-    torch_attention_only: str | None = None
+    # Attention backends that cannot run this model -> what of it they cannot run (DeepSeek's latent attention,
+    # gpt-oss's sinks); they are refused by name (get_attention_backend) and never chosen by default.
+    unsupported_attention_backends: dict[str, str] = {}
     # Parameters (by name suffix) kept in float32 whatever the model's dtype (DeepSeek's router); the loader
     # allocates them so.
     float32_parameters: tuple[str, ...] = ()
@@ -125,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.check_config(config)
         self.config = config
-        backend = get_attention_backend(attention_backend, self.torch_attention_only)
+        backend = get_attention_backend(attention_backend, self.unsupported_attention_backends)
         self.model = LlamaModel(config, backend, *self.attention_biases(config),
                                 make_mlp=lambda layer_index: self.make_mlp(config, layer_index),
                                 qk_norm=self.qk_norm)
@@ -158,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model.layers[0].self_attn.backend
 
     def set_attention_backend(self, attention_backend: str | AttentionBackend) -> None:
-        backend = get_attention_backend(attention_backend, self.torch_attention_only)
+        backend = get_attention_backend(attention_backend, self.unsupported_attention_backends)
         for layer in self.model.layers:
             layer.self_attn.backend = backend
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,15 +97,14 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_attention_backend(name: str | None, device: torch.device, torch_only: str | None = None) -> str:
-    """``torch_only``: what of the model only the torch backend computes (its class's ``torch_attention_only``:
-    DeepSeek's latent attention, gpt-oss's sinks); that backend is then the default, and the only one accepted."""
-    if torch_only is not None:
-        if name not in (None, "torch"):
-            from engine.runner.attention.registry import torch_only_error
-            raise ValueError(torch_only_error(name, torch_only))
-        return "torch"
+def resolve_attention_backend(name: str | None, device: torch.device,
+                              unsupported: Mapping[str, str] | None = None) -> str:
+    """``unsupported``: the model class's ``unsupported_attention_backends`` (DeepSeek's latent attention runs on
+    'torch' only, gpt-oss's sinks not on 'flash_attn'): refused when asked for, skipped by the default choice."""
+    unsupported = unsupported or {}
     if name is not None:
+        from engine.runner.attention.registry import check_backend_supports_model
+        check_backend_supports_model(name, unsupported)
         from engine.runner.attention import available_attention_backends
 
         if name not in available_attention_backends():
@@ -123,14 +123,18 @@ def resolve_attention_backend(name: str | None, device: torch.device, torch_only
         return name
     if device.type != "cuda":
         return "torch"
-    if flash_attn_importable():
+    if flash_attn_importable() and "flash_attn" not in unsupported:
         return "flash_attn"
     from kernels.triton_support import triton_unavailable_reason
 
     reason = triton_unavailable_reason()
-    if reason is None:
-        logger.info("flash-attn is not installed; using the triton attention backend on CUDA")
+    if reason is None and "triton" not in unsupported:
+        logger.info("using the triton attention backend on CUDA (flash-attn is not installed or cannot run the "
+                    "model)")
         return "triton"
+    if "triton" in unsupported:
+        logger.info("using the torch attention backend on CUDA: %s", unsupported["triton"])
+        return "torch"
     logger.warning("neither flash-attn nor triton can run here (%s); using the (slower) torch attention backend "
                    "on CUDA", reason)
     return "torch"

@@ -58,8 +58,9 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         model_config = ModelConfig.from_pretrained(config.model)
+        model_class = get_model_class(model_config)
         self.attention_backend = resolve_attention_backend(config.attention_backend, self.device,
-                                                           get_model_class(model_config).torch_attention_only)
+                                                           model_class.unsupported_attention_backends)
         self.dtype = resolve_runtime_dtype(config.dtype, resolve_dtype(config.dtype, model_config),
                                            self.attention_backend)
         self.model, self.model_config = load_model(config.model, self.dtype, self.device,

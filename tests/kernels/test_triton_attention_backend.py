@@ -36,7 +36,8 @@ DEVICE = "cpu" if interpreter_enabled() else "cuda"
 
 
 def _compare_with_torch_backend(shapes, block_size, num_heads, num_kv_heads, head_size=16, seed=0,
-                                shared_prefix_blocks=0, num_padded_tokens=None, dtype=torch.float32, atol=1e-5):
+                                shared_prefix_blocks=0, num_padded_tokens=None, dtype=torch.float32, atol=1e-5,
+                                sinks=None):
     """Both backends from identical caches; request 1 may share request 0's first blocks (written now)."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -58,8 +59,9 @@ def _compare_with_torch_backend(shapes, block_size, num_heads, num_kv_heads, hea
     scale = 1 / math.sqrt(head_size)
 
     caches = (key_cache.clone(), value_cache.clone())
-    expected = get_attention_backend("torch").forward(query, key, value, caches, metadata, scale)
-    output = get_attention_backend("triton").forward(query, key, value, (key_cache, value_cache), metadata, scale)
+    expected = get_attention_backend("torch").forward(query, key, value, caches, metadata, scale, sinks=sinks)
+    output = get_attention_backend("triton").forward(query, key, value, (key_cache, value_cache), metadata, scale,
+                                                     sinks=sinks)
 
     assert torch.equal(key_cache.cpu(), caches[0].cpu()) and torch.equal(value_cache.cpu(), caches[1].cpu())
     torch.testing.assert_close(output.float().cpu(), expected.float().cpu(), atol=atol, rtol=atol)
@@ -71,6 +73,14 @@ def _compare_with_torch_backend(shapes, block_size, num_heads, num_kv_heads, hea
 def test_mixed_batch_matches_torch_backend(block_size):
     _compare_with_torch_backend([(37, 1), (0, 23), (33, 9), (block_size, 1), (0, 1)], block_size, 4, 2,
                                 seed=block_size)
+
+
+@requires_triton
+def test_sinks_match_the_torch_backend():
+    # gpt-oss's sinks through both backends: the torch backend's decode, fresh-prompt and masked-chunk paths (a
+    # prompt past 128 rows is sliced) against the kernel; sinks from well below to well above the scores.
+    sinks = torch.tensor([-3.0, 0.0, 1.5, 4.0], device=DEVICE)
+    _compare_with_torch_backend([(37, 1), (0, 23), (33, 9), (0, 140), (0, 1)], 16, 4, 2, seed=7, sinks=sinks)
 
 
 @requires_triton

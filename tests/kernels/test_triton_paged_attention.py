@@ -135,10 +135,11 @@ WINDOWED = [(70, 1), (0, 23), (45, 9), (50, 40), (32, 1), (0, 1)]
 WINDOWS = [1, 5, 16, 35, 1000]
 
 
-def _dense_windowed_attention(batch, scale, window, logits_soft_cap=None):
+def _dense_windowed_attention(batch, scale, window, logits_soft_cap=None, sinks=None):
     """Independent of both implementations: every request's whole sequence gathered densely (all of it
     still valid here), then in float64 transformers' Gemma 2 order: the soft cap ``C * tanh(s / C)`` on
-    the scaled scores, then the mask ``q - window < k <= q`` (``k <= q`` where ``window`` is None)."""
+    the scaled scores, then the mask ``q - window < k <= q`` (``k <= q`` where ``window`` is None); with
+    ``sinks``, transformers' gpt-oss softmax: a column of each head's sink logit, dropped after it."""
     block_size = batch.key_cache.shape[1]
     group = batch.query.shape[1] // batch.key_cache.shape[2]
     output = torch.full(batch.query.shape, float("nan"), dtype=torch.float64)
@@ -156,7 +157,13 @@ def _dense_windowed_attention(batch, scale, window, logits_soft_cap=None):
         scores = torch.einsum("qhd,khd->hqk", batch.query[start:end].cpu().double(), keys) * scale
         if logits_soft_cap is not None:
             scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
-        output[start:end] = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), values)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is None:
+            weights = scores.softmax(-1)
+        else:
+            sink_column = sinks.cpu().double()[:, None, None].expand(-1, end - start, 1)
+            weights = torch.cat((scores, sink_column), dim=-1).softmax(-1)[..., :-1]
+        output[start:end] = torch.einsum("hqk,khd->qhd", weights, values)
     return output
 
 
@@ -176,7 +183,7 @@ def _free_keys_before_windows(batch, window):
         batch.block_table[req, :first_key // block_size] = nan_block
 
 
-def _windowed_outputs(batch, scale, window, num_kv_splits=None, logits_soft_cap=None):
+def _windowed_outputs(batch, scale, window, num_kv_splits=None, logits_soft_cap=None, sinks=None):
     """(kernel, reference) outputs, reading a cache whose out-of-window keys are NaN (with a window)."""
     if window is not None:
         _free_keys_before_windows(batch, window)
@@ -186,8 +193,9 @@ def _windowed_outputs(batch, scale, window, num_kv_splits=None, logits_soft_cap=
     expected = torch.full_like(batch.query, float("nan"))
     triton_module.triton_paged_attention(*args, output, *tables, scale, batch.max_query_len,
                                          num_kv_splits=num_kv_splits, sliding_window=window,
-                                         logits_soft_cap=logits_soft_cap)
-    paged_attention_reference(*args, expected, *tables, scale, sliding_window=window, logits_soft_cap=logits_soft_cap)
+                                         logits_soft_cap=logits_soft_cap, sinks=sinks)
+    paged_attention_reference(*args, expected, *tables, scale, sliding_window=window, logits_soft_cap=logits_soft_cap,
+                              sinks=sinks)
     return output.cpu(), expected.cpu()
 
 
@@ -301,3 +309,31 @@ def test_soft_cap_must_be_a_finite_positive_number(cap):
         paged_attention_reference(*args, logits_soft_cap=cap)
     with pytest.raises(ValueError, match=f"logits_soft_cap .*{cap!r}"):
         triton_module.triton_paged_attention(*args, 2, logits_soft_cap=cap)
+
+
+# Attention sinks (gpt-oss): one logit per query head joins its softmax and attends nothing. Heads 0..3 get
+# sinks from well below to well above their scores, so some heads lose most of their weight to the sink.
+SINKS = torch.tensor([-3.0, 0.0, 1.5, 4.0])
+
+
+@pytest.mark.parametrize("num_kv_splits", [None, 3])
+def test_sinks_reference_and_kernel_match_dense_attention(num_kv_splits):
+    pristine = make_paged_batch([(70, 1), (0, 23), (19, 9), (2, 1), (33, 1)], 16, 4, 2, 16, device=DEVICE,
+                                generator=torch.Generator().manual_seed(60))
+    reshape_and_cache(pristine.key, pristine.value, pristine.key_cache, pristine.value_cache, pristine.slot_mapping)
+    num_tokens, sinks = pristine.num_actual_tokens, SINKS.to(DEVICE)
+    for window in (None, 8):
+        dense = _dense_windowed_attention(pristine, 0.25, window, sinks=sinks)
+        assert (dense - _dense_windowed_attention(pristine, 0.25, window))[:num_tokens].abs().max() > 0.1  # it bites
+        output, expected = _windowed_outputs(copy.deepcopy(pristine), 0.25, window, num_kv_splits=num_kv_splits,
+                                             sinks=sinks)
+        _assert_close(expected, dense.float(), num_tokens, atol=1e-5)
+        _assert_close(output, expected, num_tokens, atol=1e-5)
+
+
+def test_sinks_must_be_one_per_query_head():
+    batch = make_paged_batch([(3, 2)], 16, 4, 2, 16, device=DEVICE, generator=torch.Generator().manual_seed(0))
+    args = (batch.query, batch.key_cache, batch.value_cache, batch.query.clone(), batch.query_start_loc,
+            batch.seq_lens, batch.block_table, 1.0, 2)
+    with pytest.raises(ValueError, match=r"sinks must be one logit per query head, \[4\]"):
+        triton_module.triton_paged_attention(*args, sinks=SINKS[:2].to(DEVICE))

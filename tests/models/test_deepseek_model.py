@@ -158,10 +158,11 @@ def test_half_precision_tracks_float32(v3_path):
 def test_only_the_torch_backend_attends_latents(v3_path):
     from engine.runner.config import resolve_attention_backend
 
-    feature = DeepseekV3ForCausalLM.torch_attention_only
-    with pytest.raises(ValueError, match="attention_backend 'triton' cannot run multi-head latent attention"):
-        resolve_attention_backend("triton", torch.device("cpu"), feature)
-    assert resolve_attention_backend(None, torch.device("cuda"), feature) == "torch"
+    unsupported = DeepseekV3ForCausalLM.unsupported_attention_backends
+    with pytest.raises(ValueError, match="attention_backend 'triton' cannot run multi-head latent attention .*; use "
+                                         "attention_backend 'torch'$"):
+        resolve_attention_backend("triton", torch.device("cpu"), unsupported)
+    assert resolve_attention_backend(None, torch.device("cuda"), unsupported) == "torch"
     model, _ = load_model(v3_path, torch.float32)
     with pytest.raises(ValueError, match="attention_backend 'flash_attn' cannot run"):
         model.set_attention_backend("flash_attn")

@@ -72,11 +72,17 @@ def test_a_sink_takes_its_share_of_each_heads_attention():
     torch.testing.assert_close(out[1], value[1].mean(0, keepdim=True) / 2)
 
 
-def test_only_the_torch_backend_runs_sinks(gpt_oss_path):
+def test_flash_attn_is_refused_for_sinks(gpt_oss_path, monkeypatch):
+    import engine.runner.config as runner_config
     from engine.runner.config import resolve_attention_backend
 
-    with pytest.raises(ValueError, match="attention_backend 'triton' cannot run attention sinks"):
-        resolve_attention_backend("triton", torch.device("cpu"), GptOssForCausalLM.torch_attention_only)
+    unsupported = GptOssForCausalLM.unsupported_attention_backends
+    with pytest.raises(ValueError, match="attention_backend 'flash_attn' cannot run attention sinks .*; use "
+                                         "attention_backend 'triton' or 'torch'"):
+        resolve_attention_backend("flash_attn", torch.device("cuda"), unsupported)
+    # On CUDA with flash-attn installed, the default skips it.
+    monkeypatch.setattr(runner_config, "flash_attn_importable", lambda: True)
+    assert resolve_attention_backend(None, torch.device("cuda"), unsupported) in ("triton", "torch")
     model, _ = load_model(gpt_oss_path, torch.float32)
     with pytest.raises(ValueError, match="attention_backend 'flash_attn' cannot run attention sinks"):
         model.set_attention_backend("flash_attn")
@@ -164,7 +170,7 @@ def test_an_mxfp4_checkpoint_is_its_dequantized_model(gpt_oss_path, tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_engine_generates_the_cpu_tokens(gpt_oss_path):
-    """On a GPU the torch backend is chosen (the only one that runs this model) and the tokens are the CPU's."""
+    """On a GPU a backend with sinks is chosen and the tokens are the CPU's."""
     from engine import LLM, SamplingParams
 
     prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
@@ -172,6 +178,6 @@ def test_on_cuda_the_engine_generates_the_cpu_tokens(gpt_oss_path):
     options = dict(model=str(gpt_oss_path), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
     cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
     gpu_engine = LLM(**options, device="cuda")
-    assert gpu_engine.model_runner.attention_backend == "torch"
+    assert gpu_engine.model_runner.attention_backend in ("triton", "torch")
     gpu = gpu_engine.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from engine.runner.attention.backend import AttentionBackend
 
@@ -33,18 +33,19 @@ def available_attention_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def torch_only_error(name: str, feature: str) -> str:
-    return f"attention_backend {name!r} cannot run {feature}; use attention_backend 'torch'"
+def check_backend_supports_model(name: str, unsupported: Mapping[str, str]) -> None:
+    """``unsupported``: a model class's ``unsupported_attention_backends`` (backend -> what of the model it cannot
+    run); ``name`` among them is refused by name, with the backends that can run the model."""
+    if name in unsupported:
+        others = " or ".join(repr(other) for other in sorted(_BACKENDS, reverse=True) if other not in unsupported)
+        raise ValueError(f"attention_backend {name!r} cannot run {unsupported[name]}; use attention_backend {others}")
 
 
-def get_attention_backend(name: str | AttentionBackend, torch_only: str | None = None) -> AttentionBackend:
+def get_attention_backend(name: str | AttentionBackend,
+                          unsupported: Mapping[str, str] | None = None) -> AttentionBackend:
     """The backend called ``name`` ('torch', 'flash_attn' or 'triton'); an instance is passed through.
-    ``torch_only``: what of the model only the torch backend computes (a model class's
-    ``torch_attention_only``); another backend is then refused by name before it is built."""
-    if torch_only is not None:
-        requested = name if isinstance(name, str) else name.name
-        if requested != "torch":
-            raise ValueError(torch_only_error(requested, torch_only))
+    ``unsupported``: as for ``check_backend_supports_model``, checked before the backend is built."""
+    check_backend_supports_model(name if isinstance(name, str) else name.name, unsupported or {})
     if isinstance(name, AttentionBackend):
         return name
     try:

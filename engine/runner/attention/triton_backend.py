@@ -24,6 +24,7 @@ from kernels.triton_support import triton_unavailable_reason
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_sinks = True
 
     def __init__(self, k_scale: Scale = 1.0, v_scale: Scale = 1.0) -> None:
         """``k_scale``/``v_scale`` apply to an fp8 (float8_e4m3fn) cache only; see ``kernels/fp8.py``."""
@@ -50,4 +51,4 @@ class TritonAttentionBackend(AttentionBackend):
         # a request owns, and reads the device tensors only (no host sync, graph-capturable).
         self._paged_attention(query, key_cache, value_cache, output, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_table, scale, metadata.max_query_len, self.k_scale, self.v_scale,
-                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, sinks=sinks)
