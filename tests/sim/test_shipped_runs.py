@@ -171,3 +171,22 @@ def test_a_shipped_real_run_of_sessions_replays_exactly(recording):
     assert (real["turn"] > 1).sum() == 125
     assert real["num_cached_tokens"].tolist() == replayed["num_cached_tokens"].tolist()
     assert real["num_prompt_tokens"].tolist() == replayed["num_prompt_tokens"].tolist()
+
+
+def test_the_xeon_campaign_reproduces_its_table(capsys, tmp_path):
+    """Another CPU (2026-12-02-xeon): a profile refitted on its three calibration recordings, then the table of
+    docs/fidelity.md's "Another CPU" section (worst latency error against the mean of three recordings)."""
+    from benchmarks.fidelity_table import main as fidelity_main
+
+    campaign = DATA / "runs" / "cpu-small-float32" / "2026-12-02-xeon"
+    profile = tmp_path / "xeon.json"
+    assert calibrate_main([str(campaign / f"cpu-calibrate-{n}") for n in (2, 3, 4)] + ["-o", str(profile)]) == 0
+    fit = json.loads(profile.read_text())["provenance"]
+    assert round(100 * fit["fit_error"]["median_ape"], 1) == 3.7 and fit["hardware"].startswith("Intel(R) Xeon(R)")
+    capsys.readouterr()
+    assert fidelity_main(["--runs", str(campaign), "--profile", str(profile)]) == 0
+    worst = {}
+    for line in capsys.readouterr().out.splitlines():
+        if ": simulated vs mean of 3 recordings |" in line:
+            worst[line.split(":")[0].strip("| ")] = float(line.split("|")[-3].strip().rstrip("%"))
+    assert worst == {"cpu-chat": 7.9, "cpu-overload": 2.7, "cpu-long-prompts": 20.1, "cpu-shared-prefix": 22.3}
