@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.models.block_fp8 import parse_block_fp8
 from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting, MLAConfig, parse_deepseek_moe,
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
@@ -126,6 +127,8 @@ class ModelConfig:
     # Multi-head latent attention (DeepSeek-V2/V3, deepseek_config.py); None: every head caches its keys and
     # values. With MLA, num_key_value_heads is 1 and head_dim the cached latent's width (the cache's shape).
     mla: MLAConfig | None = None
+    # Block-scaled FP8 weights (bn, bk), dequantized at load (block_fp8.py); None: weights stored as they run.
+    weight_block_fp8: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_sliding_windows:
@@ -186,12 +189,16 @@ class ModelConfig:
         quantization = raw.get("quantization_config")
         if model_type == "gpt_oss" and isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4":
             quantization = None  # gpt-oss's MXFP4 experts are dequantized at load (gpt_oss.py, mxfp4.py)
+        weight_block_fp8 = parse_block_fp8(quantization) if isinstance(quantization, dict) else None
+        if weight_block_fp8 is not None:
+            quantization = None  # dequantized at load (block_fp8.py)
         if quantization:
-            # Quantized weights (fp8 with scales, GPTQ, AWQ, ...) read as plain floats give a different
+            # Other quantized weights (per-tensor fp8, GPTQ, AWQ, ...) read as plain floats give a different
             # model; the loader must not run one silently.
             method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
             raise ValueError(f"config.json: quantization_config (quant_method {method!r}) is not supported; this "
-                             "engine runs unquantized float32, float16 or bfloat16 checkpoints")
+                             "engine runs float32, float16 and bfloat16 checkpoints, and dequantizes block-scaled "
+                             "FP8 ones (quant_method fp8 with weight_block_size) and gpt-oss's MXFP4 experts")
         num_heads = int(raw["num_attention_heads"])
         num_kv_heads = raw["num_key_value_heads"] if "num_key_value_heads" in raw else defaults["num_key_value_heads"]
         num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
@@ -267,6 +274,7 @@ class ModelConfig:
             moe=moe,
             raw=raw,
             mla=mla,
+            weight_block_fp8=weight_block_fp8,
         )
 
 

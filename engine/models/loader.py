@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.models.block_fp8 import dequantized_weights
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import get_model_class, is_base_model
@@ -107,6 +108,8 @@ def load_model(
                 parameter.data = torch.empty_like(parameter.data, dtype=torch.float32)
 
     weights = iterate_weights(safetensors_files(path))
+    if config.weight_block_fp8 is not None:
+        weights = dequantized_weights(weights, config.weight_block_fp8, torch_dtype)
     if is_base_model(config.architecture):
         weights = ((name if name.startswith("model.") else f"model.{name}", tensor) for name, tensor in weights)
     loaded = model.load_weights(weights)
