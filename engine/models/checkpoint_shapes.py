@@ -18,6 +18,13 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         prefix = f"model.layers.{i}"
         shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
         shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
+        if config["model_type"] == "phi3":  # stored fused: [q; k; v] and [gate; up]
+            width = config["intermediate_size"]
+            shapes.update({f"{prefix}.self_attn.qkv_proj.weight": (q_size + 2 * kv_size, hidden),
+                           f"{prefix}.self_attn.o_proj.weight": (hidden, q_size),
+                           f"{prefix}.mlp.gate_up_proj.weight": (2 * width, hidden),
+                           f"{prefix}.mlp.down_proj.weight": (hidden, width)})
+            continue
         shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_size, hidden)
         shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_size, hidden)
         shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_size, hidden)

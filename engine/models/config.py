@@ -59,6 +59,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 2048 if model_type == "deepseek_v2" else 4096,
                     "sliding_window": None, "num_key_value_heads": None}
        for model_type in DEEPSEEK_MODEL_TYPES},
+    # Phi-3 and Phi-4: Llama's layers with q/k/v and gate/up fused in the checkpoint too (phi3.py).
+    "phi3": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+             "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096,
+             "sliding_window": None, "num_key_value_heads": None},
     # gpt-oss: biased attention with sinks, every other layer windowed, YaRN by default (gpt_oss_config.py).
     "gpt_oss": {"rms_norm_eps": 1e-5, "rope_theta": 150000.0, "tie_word_embeddings": False,
                 "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 131072,
@@ -129,6 +133,8 @@ class ModelConfig:
     mla: MLAConfig | None = None
     # Block-scaled FP8 weights (bn, bk), dequantized at load (block_fp8.py); None: weights stored as they run.
     weight_block_fp8: tuple[int, int] | None = None
+    # The share of each head's features that RoPE turns (Phi-4-mini: 0.75); the rest carry no position.
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.layer_sliding_windows:
@@ -147,6 +153,11 @@ class ModelConfig:
         if self.sliding_window is None:
             return 1.0
         return sum(window == self.sliding_window for window in self.layer_sliding_windows) / len(self.layer_sliding_windows)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features of each head that RoPE turns: the first ``partial_rotary_factor`` of ``head_dim``."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def value_head_dim(self) -> int:
@@ -224,7 +235,7 @@ class ModelConfig:
         if sliding_window is not None and (not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
                                            or sliding_window < 1):
             raise ValueError(f"config.json: sliding_window must be a positive integer or null, got {sliding_window!r}")
-        if model_type in ("mistral", "mixtral"):
+        if model_type in ("mistral", "mixtral", "phi3"):
             layer_windows = (sliding_window,) * num_layers  # transformers applies the window to every layer
         elif model_type in ("qwen2", "qwen3"):
             layer_windows = _qwen2_layer_windows(raw, sliding_window, num_layers)
@@ -275,6 +286,7 @@ class ModelConfig:
             raw=raw,
             mla=mla,
             weight_block_fp8=weight_block_fp8,
+            partial_rotary_factor=_partial_rotary_factor(raw, head_dim),
         )
 
 
@@ -319,6 +331,18 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
                      shared_expert_intermediate_size=0 if qwen3 else int(
                          raw.get("shared_expert_intermediate_size", 5632) or 0),
                      dense_layers=dense)
+
+
+def _partial_rotary_factor(raw: dict[str, Any], head_dim: int) -> float:
+    """``partial_rotary_factor`` (top level, or in rope_parameters as transformers 5 writes it): in (0, 1], turning
+    an even number of features."""
+    factor = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ValueError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}")
+    if int(head_dim * factor) % 2:
+        raise ValueError(f"config.json: partial_rotary_factor={factor} turns {int(head_dim * factor)} of "
+                         f"head_dim={head_dim} features; RoPE turns pairs, so it must be even")
+    return float(factor)
 
 
 def _positive(raw: dict[str, Any], key: str, default: int | None) -> int:

@@ -51,6 +51,7 @@ _ARCHITECTURES = {
     "deepseek_v2": ("DeepseekV2ForCausalLM", "deepseek_v2"),
     "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
     "gpt_oss": ("GptOssForCausalLM", "gpt_oss"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -156,7 +157,7 @@ def make_test_model(
     }
     if architecture == "llama":
         config["mlp_bias"] = False
-    if architecture in ("qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"):
+    if architecture in ("qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"):
         config["sliding_window"] = None
     if architecture in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         config["use_sliding_window"] = False

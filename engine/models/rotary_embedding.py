@@ -120,5 +120,10 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [num_tokens, num_heads, head_dim] rotated by its token's angle."""
-        return x * cos + rotate_half(x) * sin
+        """x [num_tokens, num_heads, head_dim] rotated by its token's angle. With cos/sin narrower than the head
+        (partial RoPE), only the first features turn; the rest pass as they are."""
+        rotary = cos.shape[-1]
+        if rotary == x.shape[-1]:
+            return x * cos + rotate_half(x) * sin
+        turned = x[..., :rotary]
+        return torch.cat((turned * cos + rotate_half(turned) * sin, x[..., rotary:]), dim=-1)

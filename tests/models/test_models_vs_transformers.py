@@ -95,6 +95,10 @@ def _variants():
         # gpt-oss: attention sinks, every other layer in an 8-token window, biased clamped-SwiGLU experts, and its
         # default YaRN (not truncated).
         "gpt_oss": dict(architecture="gpt_oss"),
+        # Phi-3/Phi-4: q/k/v and gate/up stored fused; a window on every layer and RoPE on half of each head.
+        "phi3": dict(architecture="phi3"),
+        "phi3_partial_rope_window": dict(architecture="phi3", config_overrides={"sliding_window": 12,
+                                                                                "partial_rotary_factor": 0.5}),
     }
 
 

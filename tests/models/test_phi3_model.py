@@ -1,0 +1,65 @@
+"""Phi-3 / Phi-4 checkpoints: config parsing (a window on every layer, partial RoPE) and its errors, and the engine
+end to end. Logit equality with transformers is in test_models_vs_transformers.py."""
+
+import random
+
+import pytest
+import torch
+
+from engine.models import load_model, make_test_model
+from engine.models.config import ModelConfig
+from engine.models.phi3 import Phi3ForCausalLM
+
+BASE = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+def test_configs_read_the_window_and_partial_rope_as_transformers_does():
+    phi4 = ModelConfig.from_dict({**BASE, "sliding_window": None, "rope_theta": 250000.0})
+    assert phi4.layer_sliding_windows == (None, None) and phi4.rotary_dim == 16 and phi4.rope_theta == 250000.0
+    mini = ModelConfig.from_dict({**BASE, "sliding_window": 2047, "partial_rotary_factor": 0.75})
+    assert mini.layer_sliding_windows == (2047, 2047) and mini.rotary_dim == 12
+    # transformers 5 writes the factor into rope_parameters.
+    assert ModelConfig.from_dict({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                              "partial_rotary_factor": 0.5}}).rotary_dim == 8
+
+
+@pytest.mark.parametrize("factor, message", [
+    (1.5, "partial_rotary_factor must be in \\(0, 1\\], got 1.5"),
+    (0.1875, "turns 3 of head_dim=16 features; RoPE turns pairs"),  # 16 * 0.1875 = 3
+])
+def test_impossible_partial_rope_is_refused(factor, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict({**BASE, "partial_rotary_factor": factor})
+    assert ModelConfig.from_dict({**BASE, "partial_rotary_factor": 0.3}).rotary_dim == 4  # int(4.8), as transformers
+
+
+def test_longrope_is_refused_by_name():
+    config = ModelConfig.from_dict({**BASE, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
+                                                             "long_factor": [2.0] * 8}})
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'longrope'"):
+        Phi3ForCausalLM(config)
+
+
+def test_the_engine_generates_what_transformers_generates(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+
+    path = make_test_model(tmp_path / "phi3", "phi3", seed=2, config_overrides={"sliding_window": 12,
+                                                                                 "partial_rotary_factor": 0.5})
+    model, _ = load_model(path, torch.float32)
+    assert isinstance(model, Phi3ForCausalLM)
+    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(30)] for seed in range(3)]
+    llm = LLM(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=16, num_gpu_blocks=12,
+              max_model_len=64)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt, tokens in zip(prompts, outputs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                                   pad_token_id=0)[0, len(prompt):]
+        assert list(tokens) == expected.tolist()
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
