@@ -17,6 +17,7 @@ from engine.models.block_fp8 import parse_block_fp8
 from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting, MLAConfig, parse_deepseek_moe,
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
+from engine.models.granite_config import granite_multipliers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
 # transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
@@ -59,6 +60,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 2048 if model_type == "deepseek_v2" else 4096,
                     "sliding_window": None, "num_key_value_heads": None}
        for model_type in DEEPSEEK_MODEL_TYPES},
+    # Granite 3.x: Llama's layers with four multipliers (granite.py).
+    "granite": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
+                "sliding_window": None, "num_key_value_heads": None},
     # Phi-3 and Phi-4: Llama's layers with q/k/v and gate/up fused in the checkpoint too (phi3.py).
     "phi3": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096,
@@ -219,6 +224,8 @@ class ModelConfig:
         head_dim = int(get("head_dim", raw["hidden_size"] // num_heads))
         if model_type in ("gemma2", "gemma3_text"):
             check_gemma(raw)
+        if model_type == "granite":
+            granite_multipliers(raw)  # refused here, by key, rather than when the model is built
         if model_type == "gemma3_text":
             # The global layers' RoPE here; the local layers' base is Gemma's own (gemma_config.py).
             rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, _parse_rope)
@@ -272,7 +279,7 @@ class ModelConfig:
             # Qwen2-MoE spells its q/k/v bias "qkv_bias" (transformers 5; absent before: true).
             attention_bias=(bool(raw.get("qkv_bias", True)) if model_type == "qwen2_moe"
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
-            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama",),  # only Llama's MLP reads the key
+            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama", "granite"),  # only these MLPs read the key
             # Gemma names its activation hidden_activation (gelu_pytorch_tanh).
             hidden_act=str(raw.get("hidden_activation", "gelu_pytorch_tanh") if model_type in ("gemma2", "gemma3_text")
                            else raw.get("hidden_act", "silu")),

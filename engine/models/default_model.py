@@ -52,6 +52,7 @@ _ARCHITECTURES = {
     "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
     "gpt_oss": ("GptOssForCausalLM", "gpt_oss"),
     "phi3": ("Phi3ForCausalLM", "phi3"),
+    "granite": ("GraniteForCausalLM", "granite"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -155,8 +156,11 @@ def make_test_model(
         "torch_dtype": "float32",
         "use_cache": True,
     }
-    if architecture == "llama":
+    if architecture in ("llama", "granite"):
         config["mlp_bias"] = False
+    if architecture == "granite":  # granite-3.x-8b's scalars
+        config.update(embedding_multiplier=12.0, attention_multiplier=0.0078125, residual_multiplier=0.22,
+                      logits_scaling=16.0)
     if architecture in ("qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"):
         config["sliding_window"] = None
     if architecture in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):

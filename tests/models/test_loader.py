@@ -92,7 +92,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
     assert supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
-                                         "Gemma3ForCausalLM", "GptOssForCausalLM", "LlamaForCausalLM",
+                                         "Gemma3ForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",

@@ -99,6 +99,8 @@ def _variants():
         "phi3": dict(architecture="phi3"),
         "phi3_partial_rope_window": dict(architecture="phi3", config_overrides={"sliding_window": 12,
                                                                                 "partial_rotary_factor": 0.5}),
+        # Granite: scaled embeddings, residual branches and logits; its own attention scale.
+        "granite": dict(architecture="granite"),
     }
 
 

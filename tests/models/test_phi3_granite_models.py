@@ -1,5 +1,6 @@
-"""Phi-3 / Phi-4 checkpoints: config parsing (a window on every layer, partial RoPE) and its errors, and the engine
-end to end. Logit equality with transformers is in test_models_vs_transformers.py."""
+"""Phi-3 / Phi-4 and Granite checkpoints: config parsing (a window on every layer, partial RoPE; Granite's
+multipliers) and its errors, and the engine end to end. Logit equality with transformers is in
+test_models_vs_transformers.py."""
 
 import random
 
@@ -63,3 +64,12 @@ def test_the_engine_generates_what_transformers_generates(tmp_path):
         assert list(tokens) == expected.tolist()
     manager = llm.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+@pytest.mark.parametrize("key", ["embedding_multiplier", "attention_multiplier", "residual_multiplier",
+                                 "logits_scaling"])
+def test_granite_multipliers_are_checked_by_key(key):
+    base = {**BASE, "architectures": ["GraniteForCausalLM"], "model_type": "granite"}
+    assert ModelConfig.from_dict(base).model_type == "granite"  # each absent: 1.0, as transformers
+    with pytest.raises(ValueError, match=f"config.json: {key} must be a positive number, got -2"):
+        ModelConfig.from_dict({**base, key: -2})
