@@ -18,6 +18,10 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         prefix = f"model.layers.{i}"
         shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
         shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
+        if config["model_type"] == "olmo2":  # norms after the blocks, none before; q and k normalized whole
+            del shapes[f"{prefix}.input_layernorm.weight"]
+            shapes.update({f"{prefix}.post_feedforward_layernorm.weight": (hidden,),
+                           f"{prefix}.self_attn.q_norm.weight": (q_size,), f"{prefix}.self_attn.k_norm.weight": (kv_size,)})
         if config["model_type"] == "phi3":  # stored fused: [q; k; v] and [gate; up]
             width = config["intermediate_size"]
             shapes.update({f"{prefix}.self_attn.qkv_proj.weight": (q_size + 2 * kv_size, hidden),

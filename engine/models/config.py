@@ -64,6 +64,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "granite": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
                 "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
                 "sliding_window": None, "num_key_value_heads": None},
+    # OLMo 2: Llama's projections with the norms after each block and over whole q and k (olmo2.py).
+    "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
+              "sliding_window": None, "num_key_value_heads": None},
     # Phi-3 and Phi-4: Llama's layers with q/k/v and gate/up fused in the checkpoint too (phi3.py).
     "phi3": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096,

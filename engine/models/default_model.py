@@ -53,6 +53,7 @@ _ARCHITECTURES = {
     "gpt_oss": ("GptOssForCausalLM", "gpt_oss"),
     "phi3": ("Phi3ForCausalLM", "phi3"),
     "granite": ("GraniteForCausalLM", "granite"),
+    "olmo2": ("Olmo2ForCausalLM", "olmo2"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.

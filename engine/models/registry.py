@@ -10,6 +10,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
@@ -30,6 +31,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "GptOssForCausalLM": GptOssForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,

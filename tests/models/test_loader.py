@@ -95,7 +95,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Gemma3ForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
-                                         "MixtralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
+                                         "MixtralForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
                                          "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
                                          "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM"]

@@ -101,6 +101,8 @@ def _variants():
                                                                                 "partial_rotary_factor": 0.5}),
         # Granite: scaled embeddings, residual branches and logits; its own attention scale.
         "granite": dict(architecture="granite"),
+        # OLMo 2: norms after each block, q and k normalized over the whole projection (weights drawn apart from 1).
+        "olmo2": dict(architecture="olmo2"),
     }
 
 
