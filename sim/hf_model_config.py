@@ -12,11 +12,13 @@ from sim.hf_config_file import read_config_json
 from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
 from sim.model_shapes import ModelShape
 
-# Architectures whose config.json maps onto ModelShape one to one (all: RMSNorm, RoPE, a gated MLP of three
+# Architectures whose config.json maps onto ModelShape one to one (Phi-3, Granite and OLMo 2 differ from Llama in
+# norms, fused checkpoint tensors and scalar multipliers, not in matmuls; all: RMSNorm, RoPE, a gated MLP of three
 # matmuls, SiLU or Gemma's tanh-GELU; the mixtures of experts: SwiGLU experts in every layer, a softmax router
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                       "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+                       "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
+                       "Olmo2ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
 # dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py); GLM-4.5
@@ -29,13 +31,15 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                               "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
+                               "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+                               "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
                           "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072,
-                          "GptOssForCausalLM": 131072}
+                          "GptOssForCausalLM": 131072, "Phi3ForCausalLM": 4096, "GraniteForCausalLM": 2048,
+                          "Olmo2ForCausalLM": 2048}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -124,7 +128,7 @@ def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
     again): Mistral's window on every layer, Qwen2/Qwen3's from ``max_window_layers`` on with
     ``use_sliding_window``, Gemma 3's five local layers of every six; ``layer_types`` wins where given."""
     num_layers = config["num_hidden_layers"]
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         default = 4096 if architecture == "MistralForCausalLM" else None
         window = _positive_window(config["sliding_window"] if "sliding_window" in config else default, path)
         return {"sliding_window": window}

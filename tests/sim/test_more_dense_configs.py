@@ -1,0 +1,24 @@
+"""The simulator reads Phi-3/Phi-4, Granite and OLMo 2 config.json files as the dense shapes they are: the parameter
+count it prices is the real engine's model's, within the few norm weights the shape leaves out, and Phi-3's window
+applies to every layer as the engine applies it."""
+
+import pytest
+import torch
+
+from engine.models import load_model, make_test_model
+from sim.hf_model_config import model_from_hf_config
+
+
+@pytest.mark.parametrize("architecture, overrides", [("phi3", {"sliding_window": 12}), ("granite", {}),
+                                                      ("olmo2", {})])
+def test_the_simulator_prices_the_engines_model(tmp_path, architecture, overrides):
+    path = make_test_model(tmp_path / architecture, architecture, seed=0, config_overrides=overrides)
+    shape = model_from_hf_config(path / "config.json")
+    model, config = load_model(path, torch.float32)
+    engine_parameters = sum(parameter.numel() for parameter in model.parameters())
+    # Norm weights (a few per layer: OLMo 2's whole-projection q/k norms) are outside the priced matmuls.
+    assert shape.num_parameters == pytest.approx(engine_parameters, rel=0.01)
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (config.num_hidden_layers,
+                                                                      config.num_key_value_heads, config.head_dim)
+    if architecture == "phi3":
+        assert shape.sliding_window == 12 and shape.num_sliding_layers is None  # every layer
