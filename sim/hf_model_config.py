@@ -12,13 +12,13 @@ from sim.hf_config_file import read_config_json
 from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
 from sim.model_shapes import ModelShape
 
-# Architectures whose config.json maps onto ModelShape one to one (Phi-3, Granite and OLMo 2 differ from Llama in
-# norms, fused checkpoint tensors and scalar multipliers, not in matmuls; all: RMSNorm, RoPE, a gated MLP of three
+# Architectures whose config.json maps onto ModelShape one to one (Phi-3, Granite, OLMo 2 and Cohere differ from
+# Llama in norms, fused checkpoint tensors, scalar multipliers and Cohere's parallel blocks, not in matmuls; all: RMSNorm, RoPE, a gated MLP of three
 # matmuls, SiLU or Gemma's tanh-GELU; the mixtures of experts: SwiGLU experts in every layer, a softmax router
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-                       "Olmo2ForCausalLM")
+                       "Olmo2ForCausalLM", "CohereForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
 # dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py); GLM-4.5
@@ -32,14 +32,15 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-                               "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+                               "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                               "cohere": "CohereForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
                           "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072,
                           "GptOssForCausalLM": 131072, "Phi3ForCausalLM": 4096, "GraniteForCausalLM": 2048,
-                          "Olmo2ForCausalLM": 2048}
+                          "Olmo2ForCausalLM": 2048, "CohereForCausalLM": 8192}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -115,7 +116,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         vocab_size=key("vocab_size"),
         max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
         gated_mlp=True,
-        tied_embeddings=bool(config.get("tie_word_embeddings", gemma)),  # Gemma ties by default
+        # Gemma and Cohere tie by default.
+        tied_embeddings=bool(config.get("tie_word_embeddings", gemma or architecture == "CohereForCausalLM")),
         qkv_bias=qkv_bias,
         **_sliding_layers(config, architecture, path),
         **experts,

@@ -18,6 +18,13 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         prefix = f"model.layers.{i}"
         shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
         shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
+        if config["model_type"] == "cohere":  # one LayerNorm feeds attention and the MLP; q/k norms per head
+            del shapes[f"{prefix}.post_attention_layernorm.weight"]
+            if config.get("use_qk_norm"):
+                heads, kv_heads, head_dim = (config["num_attention_heads"], config["num_key_value_heads"],
+                                             config["head_dim"])
+                shapes.update({f"{prefix}.self_attn.q_norm.weight": (heads, head_dim),
+                               f"{prefix}.self_attn.k_norm.weight": (kv_heads, head_dim)})
         if config["model_type"] == "olmo2":  # norms after the blocks, none before; q and k normalized whole
             del shapes[f"{prefix}.input_layernorm.weight"]
             shapes.update({f"{prefix}.post_feedforward_layernorm.weight": (hidden,),

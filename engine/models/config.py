@@ -64,6 +64,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "granite": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
                 "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
                 "sliding_window": None, "num_key_value_heads": None},
+    # Cohere Command-R: LayerNorm, parallel attention and MLP, interleaved RoPE, scaled logits (cohere.py).
+    "cohere": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 8192,
+               "sliding_window": None, "num_key_value_heads": None},
     # OLMo 2: Llama's projections with the norms after each block and over whole q and k (olmo2.py).
     "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,

@@ -54,6 +54,7 @@ _ARCHITECTURES = {
     "phi3": ("Phi3ForCausalLM", "phi3"),
     "granite": ("GraniteForCausalLM", "granite"),
     "olmo2": ("Olmo2ForCausalLM", "olmo2"),
+    "cohere": ("CohereForCausalLM", "cohere"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -184,6 +185,8 @@ def make_test_model(
         config["topk_method"] = "group_limited_greedy" if model_type == "deepseek_v2" else "noaux_tc"
         del config["head_dim"]  # DeepSeek's configs have none (transformers reads it as the RoPE width)
         config["num_key_value_heads"] = num_attention_heads  # every head has its own key and value, from the latent
+    if model_type == "cohere":
+        config.update(logit_scale=0.25, layer_norm_eps=1e-5, use_qk_norm=False)
     if model_type == "gpt_oss":
         # Every other layer windowed (a short window, so that tests reach past it), sinks, biased experts.
         config.update(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_token, sliding_window=8,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.models.config import ModelConfig
+from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
@@ -32,6 +33,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "CohereForCausalLM": CohereForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,

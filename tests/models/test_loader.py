@@ -87,11 +87,11 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     config = json.loads((qwen_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*CohereForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM"):
         load_model(tmp_path)
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
-    assert supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
+    assert supported_architectures() == ["CohereForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
                                          "Gemma3ForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",

@@ -103,6 +103,9 @@ def _variants():
         "granite": dict(architecture="granite"),
         # OLMo 2: norms after each block, q and k normalized over the whole projection (weights drawn apart from 1).
         "olmo2": dict(architecture="olmo2"),
+        # Cohere: LayerNorm, parallel attention + MLP, interleaved RoPE, scaled logits; and Command-R+'s q/k norms.
+        "cohere": dict(architecture="cohere"),
+        "cohere_qk_norm": dict(architecture="cohere", tie_word_embeddings=True, config_overrides={"use_qk_norm": True}),
     }
 
 

@@ -1,4 +1,4 @@
-"""The simulator reads Phi-3/Phi-4, Granite and OLMo 2 config.json files as the dense shapes they are: the parameter
+"""The simulator reads Phi-3/Phi-4, Granite, OLMo 2 and Cohere config.json files as the dense shapes they are: the parameter
 count it prices is the real engine's model's, within the few norm weights the shape leaves out, and Phi-3's window
 applies to every layer as the engine applies it."""
 
@@ -10,7 +10,7 @@ from sim.hf_model_config import model_from_hf_config
 
 
 @pytest.mark.parametrize("architecture, overrides", [("phi3", {"sliding_window": 12}), ("granite", {}),
-                                                      ("olmo2", {})])
+                                                      ("olmo2", {}), ("cohere", {"use_qk_norm": True})])
 def test_the_simulator_prices_the_engines_model(tmp_path, architecture, overrides):
     path = make_test_model(tmp_path / architecture, architecture, seed=0, config_overrides=overrides)
     shape = model_from_hf_config(path / "config.json")
