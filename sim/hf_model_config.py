@@ -18,7 +18,7 @@ from sim.model_shapes import ModelShape
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-                       "Olmo2ForCausalLM", "CohereForCausalLM")
+                       "Olmo2ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
 # dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py); GLM-4.5
@@ -33,14 +33,16 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                               "cohere": "CohereForCausalLM"}
+                               "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
+                               "smollm3": "SmolLM3ForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
                           "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072,
                           "GptOssForCausalLM": 131072, "Phi3ForCausalLM": 4096, "GraniteForCausalLM": 2048,
-                          "Olmo2ForCausalLM": 2048, "CohereForCausalLM": 8192}
+                          "Olmo2ForCausalLM": 2048, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
+                          "SmolLM3ForCausalLM": 32768}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -117,7 +119,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
         gated_mlp=True,
         # Gemma and Cohere tie by default.
-        tied_embeddings=bool(config.get("tie_word_embeddings", gemma or architecture == "CohereForCausalLM")),
+        tied_embeddings=bool(config.get("tie_word_embeddings", gemma or architecture in (
+            "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM"))),
         qkv_bias=qkv_bias,
         **_sliding_layers(config, architecture, path),
         **experts,
@@ -139,6 +142,17 @@ def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
         # Gemma 2 alternates local and global layers; Gemma 3 has five local ones to a global one.
         pattern = 2 if architecture == "Gemma2ForCausalLM" else config.get("sliding_window_pattern") or 6
         default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
+    elif architecture == "Cohere2ForCausalLM":
+        # Three windowed layers to one full (sliding_window_pattern), as transformers' Cohere2Config derives them.
+        window = _positive_window(config.get("sliding_window", 4096), path)
+        pattern = config.get("sliding_window_pattern") or 4
+        default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
+    elif architecture == "SmolLM3ForCausalLM" and config.get("use_sliding_window"):
+        # The layers without RoPE (every fourth, or no_rope_layers' zeros) slide.
+        window = _positive_window(config.get("sliding_window"), path)
+        interval = config.get("no_rope_layer_interval") or 4
+        uses_rope = config.get("no_rope_layers") or [int((index + 1) % interval != 0) for index in range(num_layers)]
+        default_types = ["full_attention" if rope else "sliding_attention" for rope in uses_rope]
     elif architecture == "GptOssForCausalLM":
         # gpt-oss alternates 128-token windows and full attention, the first layer windowed.
         window = _positive_window(config.get("sliding_window", 128), path)

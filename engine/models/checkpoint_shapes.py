@@ -18,7 +18,7 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         prefix = f"model.layers.{i}"
         shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
         shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
-        if config["model_type"] == "cohere":  # one LayerNorm feeds attention and the MLP; q/k norms per head
+        if config["model_type"] in ("cohere", "cohere2"):  # one LayerNorm feeds attention and the MLP; q/k norms per head
             del shapes[f"{prefix}.post_attention_layernorm.weight"]
             if config.get("use_qk_norm"):
                 heads, kv_heads, head_dim = (config["num_attention_heads"], config["num_key_value_heads"],

@@ -58,7 +58,8 @@ class CohereAttention(LlamaAttention):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        if self.use_rope:  # Cohere2's full-attention layers have none
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         out = self.backend.forward(q, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), kv_cache,
                                    attn_metadata, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -88,9 +89,14 @@ class CohereModel(LlamaModel):
                                     for index in range(config.num_hidden_layers))
         self.norm = CohereLayerNorm(config.hidden_size, eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+        for layer, uses_rope, window in zip(self.layers, config.layer_uses_rope, config.layer_sliding_windows):
+            layer.self_attn.use_rope, layer.self_attn.sliding_window = uses_rope, window
 
 
 class CohereForCausalLM(LlamaForCausalLM):
+    """Command-R; and Command-R7B / Command-A (``Cohere2ForCausalLM``), whose windowed layers alone use RoPE
+    (``ModelConfig.layer_uses_rope``, nope_layers.py)."""
+
     def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
         nn.Module.__init__(self)
         self.check_config(config)
@@ -105,3 +111,7 @@ class CohereForCausalLM(LlamaForCausalLM):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return super().compute_logits(hidden_states) * self.logit_scale
+
+
+class Cohere2ForCausalLM(CohereForCausalLM):
+    pass

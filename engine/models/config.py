@@ -18,6 +18,7 @@ from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 from engine.models.granite_config import granite_multipliers
+from engine.models.nope_layers import cohere2_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
 # transformers' per-model defaults for keys a config.json may omit. "sliding_window" and
@@ -68,6 +69,14 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "cohere": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 8192,
                "sliding_window": None, "num_key_value_heads": None},
+    # Cohere2 (Command-R7B, Command-A): Cohere's block, windowed layers with RoPE, full ones without (nope_layers.py).
+    "cohere2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 8192,
+                "sliding_window": 4096, "num_key_value_heads": None},
+    # SmolLM3: Llama with every fourth layer without RoPE (nope_layers.py).
+    "smollm3": {"rms_norm_eps": 1e-6, "rope_theta": 2000000.0, "tie_word_embeddings": True,
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
+                "sliding_window": None, "num_key_value_heads": 4},
     # OLMo 2: Llama's projections with the norms after each block and over whole q and k (olmo2.py).
     "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
@@ -148,10 +157,14 @@ class ModelConfig:
     weight_block_fp8: tuple[int, int] | None = None
     # The share of each head's features that RoPE turns (Phi-4-mini: 0.75); the rest carry no position.
     partial_rotary_factor: float = 1.0
+    # Whether each layer applies RoPE (Cohere2's full layers and SmolLM3's every fourth have none); () : all do.
+    layer_uses_rope: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layer_sliding_windows:
             self.layer_sliding_windows = (self.sliding_window,) * self.num_hidden_layers
+        if not self.layer_uses_rope:
+            self.layer_uses_rope = (True,) * self.num_hidden_layers
 
     @property
     def max_model_len_limit(self) -> int:
@@ -258,10 +271,15 @@ class ModelConfig:
             layer_windows = gemma_layer_windows(raw, model_type, sliding_window, num_layers)
         elif model_type == "gpt_oss":
             layer_windows = gpt_oss_layer_windows(raw, sliding_window, num_layers)
+        elif model_type in ("cohere2", "smollm3"):
+            layer_windows, layer_uses_rope = (cohere2_layers if model_type == "cohere2" else smollm3_layers)(
+                raw, sliding_window, num_layers)
         else:
             # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
             # whose layers slide).
             layer_windows = (None,) * num_layers
+        if model_type not in ("cohere2", "smollm3"):
+            layer_uses_rope = (True,) * num_layers
         sliding_window = next((window for window in layer_windows if window is not None), None)
         dtype = raw.get("torch_dtype", raw.get("dtype"))
         moe = _parse_moe(raw, model_type, int(raw["num_hidden_layers"]))
@@ -287,7 +305,7 @@ class ModelConfig:
             # Qwen2-MoE spells its q/k/v bias "qkv_bias" (transformers 5; absent before: true).
             attention_bias=(bool(raw.get("qkv_bias", True)) if model_type == "qwen2_moe"
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
-            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama", "granite"),  # only these MLPs read the key
+            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama", "granite", "smollm3"),  # only these read it
             # Gemma names its activation hidden_activation (gelu_pytorch_tanh).
             hidden_act=str(raw.get("hidden_activation", "gelu_pytorch_tanh") if model_type in ("gemma2", "gemma3_text")
                            else raw.get("hidden_act", "silu")),
@@ -302,6 +320,7 @@ class ModelConfig:
             mla=mla,
             weight_block_fp8=weight_block_fp8,
             partial_rotary_factor=_partial_rotary_factor(raw, head_dim),
+            layer_uses_rope=layer_uses_rope,
         )
 
 

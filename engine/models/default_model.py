@@ -55,6 +55,8 @@ _ARCHITECTURES = {
     "granite": ("GraniteForCausalLM", "granite"),
     "olmo2": ("Olmo2ForCausalLM", "olmo2"),
     "cohere": ("CohereForCausalLM", "cohere"),
+    "cohere2": ("Cohere2ForCausalLM", "cohere2"),
+    "smollm3": ("SmolLM3ForCausalLM", "smollm3"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -187,6 +189,10 @@ def make_test_model(
         config["num_key_value_heads"] = num_attention_heads  # every head has its own key and value, from the latent
     if model_type == "cohere":
         config.update(logit_scale=0.25, layer_norm_eps=1e-5, use_qk_norm=False)
+    if model_type == "cohere2":  # an 8-token window on three layers of four, the fourth without RoPE
+        config.update(logit_scale=0.25, layer_norm_eps=1e-5, sliding_window=8, sliding_window_pattern=4)
+    if model_type == "smollm3":
+        config.update(mlp_bias=False, use_sliding_window=False, sliding_window=None, no_rope_layer_interval=4)
     if model_type == "gpt_oss":
         # Every other layer windowed (a short window, so that tests reach past it), sinks, biased experts.
         config.update(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_token, sliding_window=8,

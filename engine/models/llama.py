@@ -43,6 +43,8 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         # gpt-oss's attention sinks, one logit per head (gpt_oss.py makes them a parameter); None: none.
         self.sinks: nn.Parameter | None = None
+        # False for a layer without RoPE (ModelConfig.layer_uses_rope): its keys and queries carry no position.
+        self.use_rope = True
         self.backend = backend
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
@@ -53,8 +55,9 @@ class LlamaAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = RotaryEmbedding.apply(q, cos, sin)
-        k = RotaryEmbedding.apply(k, cos, sin)
+        if self.use_rope:
+            q = RotaryEmbedding.apply(q, cos, sin)
+            k = RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window,
                                    self.logits_soft_cap, self.sinks)
@@ -87,6 +90,8 @@ class LlamaModel(nn.Module):
                                     for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+        for layer, uses_rope in zip(self.layers, config.layer_uses_rope):
+            layer.self_attn.use_rope = uses_rope
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
                 attn_metadata: AttentionMetadata) -> torch.Tensor:

@@ -87,18 +87,19 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     config = json.loads((qwen_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*CohereForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*Cohere2ForCausalLM, CohereForCausalLM, DeepseekV2ForCausalLM"):
         load_model(tmp_path)
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
-    assert supported_architectures() == ["CohereForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
+    assert supported_architectures() == ["Cohere2ForCausalLM", "CohereForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
                                          "Gemma3ForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
                                          "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
-                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM"]
+                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM",
+                                         "SmolLM3ForCausalLM"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "bf16"])

@@ -106,6 +106,12 @@ def _variants():
         # Cohere: LayerNorm, parallel attention + MLP, interleaved RoPE, scaled logits; and Command-R+'s q/k norms.
         "cohere": dict(architecture="cohere"),
         "cohere_qk_norm": dict(architecture="cohere", tie_word_embeddings=True, config_overrides={"use_qk_norm": True}),
+        # Layers without RoPE: Cohere2's full-attention layer among windowed ones; SmolLM3's every fourth, and with
+        # use_sliding_window its NoPE layers windowed.
+        "cohere2": dict(architecture="cohere2", num_hidden_layers=4),
+        "smollm3": dict(architecture="smollm3", num_hidden_layers=4),
+        "smollm3_windows": dict(architecture="smollm3", num_hidden_layers=4,
+                                config_overrides={"use_sliding_window": True, "sliding_window": 8}),
     }
 
 

@@ -1,4 +1,4 @@
-"""The simulator reads Phi-3/Phi-4, Granite, OLMo 2 and Cohere config.json files as the dense shapes they are: the parameter
+"""The simulator reads Phi-3/Phi-4, Granite, OLMo 2, Cohere, Cohere2 and SmolLM3 config.json files as the dense shapes they are: the parameter
 count it prices is the real engine's model's, within the few norm weights the shape leaves out, and Phi-3's window
 applies to every layer as the engine applies it."""
 
@@ -10,9 +10,12 @@ from sim.hf_model_config import model_from_hf_config
 
 
 @pytest.mark.parametrize("architecture, overrides", [("phi3", {"sliding_window": 12}), ("granite", {}),
-                                                      ("olmo2", {}), ("cohere", {"use_qk_norm": True})])
+                                                      ("olmo2", {}), ("cohere", {"use_qk_norm": True}),
+                                                      ("cohere2", {}), ("smollm3", {"use_sliding_window": True,
+                                                                                    "sliding_window": 8})])
 def test_the_simulator_prices_the_engines_model(tmp_path, architecture, overrides):
-    path = make_test_model(tmp_path / architecture, architecture, seed=0, config_overrides=overrides)
+    path = make_test_model(tmp_path / architecture, architecture, seed=0, num_hidden_layers=4,
+                           config_overrides=overrides)
     shape = model_from_hf_config(path / "config.json")
     model, config = load_model(path, torch.float32)
     engine_parameters = sum(parameter.numel() for parameter in model.parameters())
@@ -22,3 +25,6 @@ def test_the_simulator_prices_the_engines_model(tmp_path, architecture, override
                                                                       config.num_key_value_heads, config.head_dim)
     if architecture == "phi3":
         assert shape.sliding_window == 12 and shape.num_sliding_layers is None  # every layer
+    windowed = sum(window is not None for window in config.layer_sliding_windows)
+    if architecture in ("cohere2", "smollm3"):  # as many windowed layers as the engine's model has
+        assert shape.sliding_window == config.sliding_window and shape.num_sliding_layers == windowed

@@ -1,5 +1,5 @@
-"""Phi-3 / Phi-4 and Granite checkpoints: config parsing (a window on every layer, partial RoPE; Granite's
-multipliers) and its errors, and the engine end to end. Logit equality with transformers is in
+"""Llama-family variants (Phi-3 / Phi-4, Granite, Cohere2): config parsing (a window on every layer, partial RoPE;
+Granite's multipliers) and its errors, and the engine end to end. Logit equality with transformers is in
 test_models_vs_transformers.py."""
 
 import random
@@ -73,3 +73,27 @@ def test_granite_multipliers_are_checked_by_key(key):
     assert ModelConfig.from_dict(base).model_type == "granite"  # each absent: 1.0, as transformers
     with pytest.raises(ValueError, match=f"config.json: {key} must be a positive number, got -2"):
         ModelConfig.from_dict({**base, key: -2})
+
+
+def test_cohere2_runs_on_the_hybrid_cache_as_transformers_generates(tmp_path):
+    """Command-R7B's layout: three windowed layers with RoPE to a full one without; the engine's hybrid KV cache
+    hands the windowed layers' blocks back, and greedy tokens stay transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+
+    path = make_test_model(tmp_path / "cohere2", "cohere2", num_hidden_layers=4, seed=4)
+    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(30)] for seed in range(3)]
+    llm = LLM(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=16, num_gpu_blocks=16,
+              max_model_len=64)
+    assert llm.model_runner.kv_cache_grouping is not None
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt, tokens in zip(prompts, outputs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                                   pad_token_id=0)[0, len(prompt):]
+        assert list(tokens) == expected.tolist()
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
