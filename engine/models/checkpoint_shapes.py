@@ -25,6 +25,18 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                                              config["head_dim"])
                 shapes.update({f"{prefix}.self_attn.q_norm.weight": (heads, head_dim),
                                f"{prefix}.self_attn.k_norm.weight": (kv_heads, head_dim)})
+        if config["model_type"] == "glm4_moe":  # biases on q, k, v only; per-head q/k norms; DeepSeek's MLP
+            shapes.update({f"{prefix}.self_attn.q_proj.weight": (q_size, hidden),
+                           f"{prefix}.self_attn.k_proj.weight": (kv_size, hidden),
+                           f"{prefix}.self_attn.v_proj.weight": (kv_size, hidden),
+                           f"{prefix}.self_attn.o_proj.weight": (hidden, q_size), **deepseek_mlp_shapes(config, i)})
+            if config.get("attention_bias"):
+                shapes.update({f"{prefix}.self_attn.q_proj.bias": (q_size,), f"{prefix}.self_attn.k_proj.bias": (kv_size,),
+                               f"{prefix}.self_attn.v_proj.bias": (kv_size,)})
+            if config.get("use_qk_norm"):
+                shapes.update({f"{prefix}.self_attn.q_norm.weight": (config["head_dim"],),
+                               f"{prefix}.self_attn.k_norm.weight": (config["head_dim"],)})
+            continue
         if config["model_type"] == "olmo2":  # norms after the blocks, none before; q and k normalized whole
             del shapes[f"{prefix}.input_layernorm.weight"]
             shapes.update({f"{prefix}.post_feedforward_layernorm.weight": (hidden,),
@@ -101,11 +113,11 @@ def _deepseek_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     for the first first_k_dense_replace layers and routed plus shared experts for the others."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     qk_head_dim = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
-    rank, width = config["kv_lora_rank"], config["moe_intermediate_size"]
+    rank = config["kv_lora_rank"]
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden),
                                           "model.norm.weight": (hidden,)}
     for i in range(config["num_hidden_layers"]):
-        attention, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        attention = f"model.layers.{i}.self_attn"
         shapes[f"model.layers.{i}.input_layernorm.weight"] = (hidden,)
         shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
         if config.get("q_lora_rank") is None:
@@ -118,16 +130,25 @@ def _deepseek_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes[f"{attention}.kv_a_layernorm.weight"] = (rank,)
         shapes[f"{attention}.kv_b_proj.weight"] = (heads * (config["qk_nope_head_dim"] + config["v_head_dim"]), rank)
         shapes[f"{attention}.o_proj.weight"] = (hidden, heads * config["v_head_dim"])
-        mlps = {mlp: config["intermediate_size"]} if i < config["first_k_dense_replace"] else {
-            **{f"{mlp}.experts.{e}": width for e in range(config["n_routed_experts"])},
-            f"{mlp}.shared_experts": width * config["n_shared_experts"]}
-        for module, size in mlps.items():
-            shapes.update({f"{module}.gate_proj.weight": (size, hidden), f"{module}.up_proj.weight": (size, hidden),
-                           f"{module}.down_proj.weight": (hidden, size)})
-        if i >= config["first_k_dense_replace"]:
-            shapes[f"{mlp}.gate.weight"] = (config["n_routed_experts"], hidden)
-            if config["model_type"] == "deepseek_v3":
-                shapes[f"{mlp}.gate.e_score_correction_bias"] = (config["n_routed_experts"],)
+        shapes.update(deepseek_mlp_shapes(config, i))
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    return shapes
+
+
+def deepseek_mlp_shapes(config: dict[str, Any], i: int) -> dict[str, tuple[int, ...]]:
+    """Layer ``i``'s MLP in DeepSeek's layout (GLM-4.5's too): dense for the first first_k_dense_replace layers,
+    else routed experts, shared experts and the router (with V3's correction bias)."""
+    hidden, width, mlp = config["hidden_size"], config["moe_intermediate_size"], f"model.layers.{i}.mlp"
+    shapes: dict[str, tuple[int, ...]] = {}
+    mlps = {mlp: config["intermediate_size"]} if i < config["first_k_dense_replace"] else {
+        **{f"{mlp}.experts.{e}": width for e in range(config["n_routed_experts"])},
+        f"{mlp}.shared_experts": width * config["n_shared_experts"]}
+    for module, size in mlps.items():
+        shapes.update({f"{module}.gate_proj.weight": (size, hidden), f"{module}.up_proj.weight": (size, hidden),
+                       f"{module}.down_proj.weight": (hidden, size)})
+    if i >= config["first_k_dense_replace"]:
+        shapes[f"{mlp}.gate.weight"] = (config["n_routed_experts"], hidden)
+        if config["model_type"] in ("deepseek_v3", "glm4_moe"):
+            shapes[f"{mlp}.gate.e_score_correction_bias"] = (config["n_routed_experts"],)
     return shapes

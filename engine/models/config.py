@@ -77,6 +77,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "smollm3": {"rms_norm_eps": 1e-6, "rope_theta": 2000000.0, "tie_word_embeddings": True,
                 "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
                 "sliding_window": None, "num_key_value_heads": 4},
+    # GLM-4.5 / 4.5-Air: grouped-query attention with RoPE on half of each head, DeepSeek-V3's experts (glm4_moe.py).
+    "glm4_moe": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                 "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
+                 "sliding_window": None, "num_key_value_heads": 8},
     # OLMo 2: Llama's projections with the norms after each block and over whole q and k (olmo2.py).
     "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
@@ -319,7 +323,8 @@ class ModelConfig:
             raw=raw,
             mla=mla,
             weight_block_fp8=weight_block_fp8,
-            partial_rotary_factor=_partial_rotary_factor(raw, head_dim),
+            # GLM-4.5 turns half of each head unless the config says otherwise (transformers' default).
+            partial_rotary_factor=_partial_rotary_factor(raw, head_dim, 0.5 if model_type == "glm4_moe" else 1.0),
             layer_uses_rope=layer_uses_rope,
         )
 
@@ -333,7 +338,7 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
                          num_experts_per_token=_top_k(raw, num_experts, 2),
                          expert_intermediate_size=_positive(raw, "intermediate_size", None),
                          normalize_top_k=True, routing_weights_in_float32=True)
-    if model_type in DEEPSEEK_MODEL_TYPES:
+    if model_type in (*DEEPSEEK_MODEL_TYPES, "glm4_moe"):
         return MoEConfig(**parse_deepseek_moe(raw, model_type, num_layers))
     if model_type == "gpt_oss":
         num_experts = _positive(raw, "num_local_experts", 128)
@@ -367,10 +372,10 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
                      dense_layers=dense)
 
 
-def _partial_rotary_factor(raw: dict[str, Any], head_dim: int) -> float:
+def _partial_rotary_factor(raw: dict[str, Any], head_dim: int, default: float = 1.0) -> float:
     """``partial_rotary_factor`` (top level, or in rope_parameters as transformers 5 writes it): in (0, 1], turning
     an even number of features."""
-    factor = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    factor = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", default))
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise ValueError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}")
     if int(head_dim * factor) % 2:

@@ -35,7 +35,10 @@ _V2 = dict(n_routed_experts=64, num_experts_per_tok=None, moe_intermediate_size=
            routed_scaling_factor=1.0, n_group=None, topk_group=None, first_k_dense_replace=0, norm_topk_prob=False,
            kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
            topk_method="greedy", rope_interleave=True)
-_DEFAULTS = {"deepseek_v2": _V2, "deepseek_v3": _V3, "kimi_k2": _V3}
+# GLM-4.5's experts are DeepSeek-V3's (transformers' Glm4MoeConfig defaults); its attention is grouped-query.
+_GLM4_MOE = dict(_V3, n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408, n_shared_experts=1,
+                 routed_scaling_factor=1.0, n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True)
+_DEFAULTS = {"deepseek_v2": _V2, "deepseek_v3": _V3, "kimi_k2": _V3, "glm4_moe": _GLM4_MOE}
 _TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 

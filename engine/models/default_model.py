@@ -57,6 +57,7 @@ _ARCHITECTURES = {
     "cohere": ("CohereForCausalLM", "cohere"),
     "cohere2": ("Cohere2ForCausalLM", "cohere2"),
     "smollm3": ("SmolLM3ForCausalLM", "smollm3"),
+    "glm4_moe": ("Glm4MoeForCausalLM", "glm4_moe"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -187,6 +188,11 @@ def make_test_model(
         config["topk_method"] = "group_limited_greedy" if model_type == "deepseek_v2" else "noaux_tc"
         del config["head_dim"]  # DeepSeek's configs have none (transformers reads it as the RoPE width)
         config["num_key_value_heads"] = num_attention_heads  # every head has its own key and value, from the latent
+    if model_type == "glm4_moe":  # DeepSeek's expert keys, GQA with q/k/v biases, RoPE on half of each head
+        config.update({key: value for key, value in _DEEPSEEK_TEST_CONFIG.items()
+                       if key not in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                      "v_head_dim")}, attention_bias=True, partial_rotary_factor=0.5,
+                      use_qk_norm=False)
     if model_type == "cohere":
         config.update(logit_scale=0.25, layer_norm_eps=1e-5, use_qk_norm=False)
     if model_type == "cohere2":  # an 8-token window on three layers of four, the fourth without RoPE

@@ -231,3 +231,27 @@ def test_on_cuda_the_engine_generates_the_cpu_tokens(v3_path):
     assert gpu_engine.model_runner.attention_backend == "torch"
     gpu = gpu_engine.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
+
+
+def test_glm_4_5_runs_deepseeks_experts_behind_grouped_query_attention(tmp_path):
+    """GLM-4.5 (Glm4MoeForCausalLM): V3's router and experts, Llama's attention with RoPE on half of each head;
+    any backend may run it, and the engine's greedy tokens are transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+    from engine.models.glm4_moe import Glm4MoeForCausalLM
+
+    path = make_test_model(tmp_path / "glm", "glm4_moe", num_hidden_layers=3, seed=8)
+    config = ModelConfig.from_pretrained(path)
+    assert config.mla is None and config.rotary_dim == config.head_dim // 2 and config.moe.dense_layers == (0,)
+    assert config.moe.deepseek_routing.score_correction_bias and Glm4MoeForCausalLM.unsupported_attention_backends == {}
+    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(30)] for seed in range(3)]
+    llm = LLM(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=16, num_gpu_blocks=12, max_model_len=64)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt, tokens in zip(prompts, outputs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                                   pad_token_id=0)[0, len(prompt):]
+        assert list(tokens) == expected.tolist()

@@ -112,6 +112,9 @@ def _variants():
         "smollm3": dict(architecture="smollm3", num_hidden_layers=4),
         "smollm3_windows": dict(architecture="smollm3", num_hidden_layers=4,
                                 config_overrides={"use_sliding_window": True, "sliding_window": 8}),
+        # GLM-4.5: grouped-query attention with RoPE on half of each head, DeepSeek-V3's experts; with q/k norms.
+        "glm4_moe": dict(architecture="glm4_moe", num_hidden_layers=3),
+        "glm4_moe_qk_norm": dict(architecture="glm4_moe", num_hidden_layers=3, config_overrides={"use_qk_norm": True}),
     }
 
 
