@@ -68,6 +68,10 @@ ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     "glm4_moe": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
                  "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
                  "sliding_window": None, "num_key_value_heads": 8},
+    # StarCoder2: biased projections, LayerNorms, a plain GELU MLP (starcoder2.py).
+    "starcoder2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+                   "attention_bias": True, "mlp_bias": True, "max_position_embeddings": 4096,
+                   "sliding_window": None, "num_key_value_heads": 2},
     # OLMo 2: Llama's projections with the norms after each block and over whole q and k (olmo2.py).
     "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,

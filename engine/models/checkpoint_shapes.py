@@ -25,6 +25,15 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                                              config["head_dim"])
                 shapes.update({f"{prefix}.self_attn.q_norm.weight": (heads, head_dim),
                                f"{prefix}.self_attn.k_norm.weight": (kv_heads, head_dim)})
+        if config["model_type"] == "starcoder2":  # biases everywhere, LayerNorms with biases, a plain MLP
+            width = config["intermediate_size"]
+            for name, shape in (("self_attn.q_proj", (q_size, hidden)), ("self_attn.k_proj", (kv_size, hidden)),
+                                ("self_attn.v_proj", (kv_size, hidden)), ("self_attn.o_proj", (hidden, q_size)),
+                                ("mlp.c_fc", (width, hidden)), ("mlp.c_proj", (hidden, width))):
+                shapes[f"{prefix}.{name}.weight"], shapes[f"{prefix}.{name}.bias"] = shape, shape[:1]
+            shapes[f"{prefix}.input_layernorm.bias"] = shapes[f"{prefix}.post_attention_layernorm.bias"] = (hidden,)
+            shapes["model.norm.bias"] = (hidden,)
+            continue
         if config["model_type"] == "glm4_moe":  # biases on q, k, v only; per-head q/k norms; DeepSeek's MLP
             shapes.update({f"{prefix}.self_attn.q_proj.weight": (q_size, hidden),
                            f"{prefix}.self_attn.k_proj.weight": (kv_size, hidden),

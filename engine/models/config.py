@@ -195,7 +195,7 @@ class ModelConfig:
         if sliding_window is not None and (not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
                                            or sliding_window < 1):
             raise ValueError(f"config.json: sliding_window must be a positive integer or null, got {sliding_window!r}")
-        if model_type in ("mistral", "mixtral", "phi3"):
+        if model_type in ("mistral", "mixtral", "phi3", "starcoder2"):
             layer_windows = (sliding_window,) * num_layers  # transformers applies the window to every layer
         elif model_type in ("qwen2", "qwen3"):
             layer_windows = _qwen2_layer_windows(raw, sliding_window, num_layers)

@@ -58,6 +58,7 @@ _ARCHITECTURES = {
     "cohere2": ("Cohere2ForCausalLM", "cohere2"),
     "smollm3": ("SmolLM3ForCausalLM", "smollm3"),
     "glm4_moe": ("Glm4MoeForCausalLM", "glm4_moe"),
+    "starcoder2": ("Starcoder2ForCausalLM", "starcoder2"),
 }
 
 # A small DeepSeek's own keys (latent attention, expert groups, a dense first layer); config_overrides changes them.
@@ -193,6 +194,8 @@ def make_test_model(
                        if key not in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                       "v_head_dim")}, attention_bias=True, partial_rotary_factor=0.5,
                       use_qk_norm=False)
+    if model_type == "starcoder2":
+        config.update(use_bias=True, norm_epsilon=1e-5, hidden_act="gelu_pytorch_tanh", sliding_window=None)
     if model_type == "cohere":
         config.update(logit_scale=0.25, layer_norm_eps=1e-5, use_qk_norm=False)
     if model_type == "cohere2":  # an 8-token window on three layers of four, the fourth without RoPE

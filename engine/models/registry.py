@@ -18,6 +18,7 @@ from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.sequence_classification import sequence_classifier
 from engine.models.smollm3 import SmolLM3ForCausalLM
+from engine.models.starcoder2 import Starcoder2ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -39,6 +40,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "CohereForCausalLM": CohereForCausalLM,
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,

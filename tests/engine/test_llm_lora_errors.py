@@ -183,3 +183,10 @@ def test_a_latent_attention_model_is_refused_at_start(tmp_path):
     with pytest.raises(ValueError, match=r"enable_lora is not supported for DeepseekV3ForCausalLM: layer 0's "
                                          r"attention is MultiHeadLatentAttention"):
         LLM(model=str(path), enable_lora=True, num_gpu_blocks=32, skip_tokenizer_init=True)
+
+
+def test_a_plain_mlp_model_is_refused_at_start(tmp_path):
+    path = make_test_model(tmp_path / "starcoder2", "starcoder2", seed=0)
+    with pytest.raises(ValueError, match=r"enable_lora is not supported for Starcoder2ForCausalLM: layer 0's MLP is "
+                                         r"Starcoder2MLP, not the gated"):
+        LLM(model=str(path), enable_lora=True, num_gpu_blocks=32, skip_tokenizer_init=True)

@@ -99,7 +99,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
                                          "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM",
-                                         "SmolLM3ForCausalLM"]
+                                         "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "bf16"])

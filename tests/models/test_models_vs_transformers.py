@@ -115,6 +115,9 @@ def _variants():
         # GLM-4.5: grouped-query attention with RoPE on half of each head, DeepSeek-V3's experts; with q/k norms.
         "glm4_moe": dict(architecture="glm4_moe", num_hidden_layers=3),
         "glm4_moe_qk_norm": dict(architecture="glm4_moe", num_hidden_layers=3, config_overrides={"use_qk_norm": True}),
+        # StarCoder2: biases everywhere, LayerNorms, a plain tanh-GELU MLP; a window on every layer.
+        "starcoder2": dict(architecture="starcoder2", tie_word_embeddings=True),
+        "starcoder2_window": dict(architecture="starcoder2", config_overrides={"sliding_window": 12}),
     }
 
 

@@ -22,9 +22,12 @@ def check_lora_support(model: nn.Module) -> None:
             raise ValueError(f"enable_lora is not supported for {architecture}: layer {index}'s attention is "
                              f"{type(layer.self_attn).__name__}, without the q/k/v projections adapters target; run "
                              "it without LoRA")
-        if not (hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj")):
+        if hasattr(mlp, "experts"):
             raise ValueError(f"enable_lora is not supported for mixture-of-experts models ({architecture}: layer "
                              f"{index}'s MLP is {type(mlp).__name__}); run it without LoRA")
+        if not (hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj")):
+            raise ValueError(f"enable_lora is not supported for {architecture}: layer {index}'s MLP is "
+                             f"{type(mlp).__name__}, not the gated gate/up/down MLP adapters target; run it without LoRA")
 
 
 def target_shapes(model: nn.Module) -> LoRATargetShapes:
