@@ -18,7 +18,8 @@ from sim.model_shapes import ModelShape
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-                       "Olmo2ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM")
+                       "Olmo2ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM",
+                       "Starcoder2ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
 # dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py); GLM-4.5
@@ -34,7 +35,7 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                                "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
-                               "smollm3": "SmolLM3ForCausalLM"}
+                               "smollm3": "SmolLM3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
@@ -42,7 +43,7 @@ _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 *
                           "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072,
                           "GptOssForCausalLM": 131072, "Phi3ForCausalLM": 4096, "GraniteForCausalLM": 2048,
                           "Olmo2ForCausalLM": 2048, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
-                          "SmolLM3ForCausalLM": 32768}
+                          "SmolLM3ForCausalLM": 32768, "Starcoder2ForCausalLM": 4096}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
 _MOE_KEYS = {
@@ -87,7 +88,12 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
     hidden_size = key("hidden_size")
     num_heads = key("num_attention_heads")
     gemma = architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-    if gemma:
+    starcoder = architecture == "Starcoder2ForCausalLM"  # a plain (not gated) tanh-GELU MLP, biases everywhere
+    if starcoder:
+        if config.get("hidden_act", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh", "gelu"):
+            raise ValueError(f"model: {path}: key 'hidden_act' is {config['hidden_act']!r}; StarCoder2's GELU MLP is "
+                             "modelled")
+    elif gemma:
         if config.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ValueError(f"model: {path}: key 'hidden_activation' is {config['hidden_activation']!r}; Gemma 3's "
                              "tanh-GELU-gated MLP is modelled")  # Gemma 2's too
@@ -99,6 +105,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         qkv_bias = bool(config.get("qkv_bias", True))  # transformers' Qwen2MoeConfig: a key, true by default
     elif architecture == "GptOssForCausalLM":
         qkv_bias = bool(config.get("attention_bias", True))  # gpt-oss's attention has biases by default
+    elif starcoder:
+        qkv_bias = bool(config.get("use_bias", True))
     else:
         qkv_bias = architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False))
     return ModelShape(
@@ -117,10 +125,10 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         intermediate_size=key("intermediate_size", experts.get("moe_intermediate_size")),
         vocab_size=key("vocab_size"),
         max_position_embeddings=key("max_position_embeddings", _DEFAULT_MAX_POSITIONS[architecture]),
-        gated_mlp=True,
+        gated_mlp=not starcoder,
         # Gemma and Cohere tie by default.
         tied_embeddings=bool(config.get("tie_word_embeddings", gemma or architecture in (
-            "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM"))),
+            "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"))),
         qkv_bias=qkv_bias,
         **_sliding_layers(config, architecture, path),
         **experts,
@@ -133,7 +141,7 @@ def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
     again): Mistral's window on every layer, Qwen2/Qwen3's from ``max_window_layers`` on with
     ``use_sliding_window``, Gemma 3's five local layers of every six; ``layer_types`` wins where given."""
     num_layers = config["num_hidden_layers"]
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Starcoder2ForCausalLM"):
         default = 4096 if architecture == "MistralForCausalLM" else None
         window = _positive_window(config["sliding_window"] if "sliding_window" in config else default, path)
         return {"sliding_window": window}
