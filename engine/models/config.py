@@ -19,6 +19,7 @@ from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 from engine.models.granite_config import granite_multipliers
+from engine.models.layer_types import checked_layer_types, windows_of
 from engine.models.nope_layers import cohere2_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
@@ -332,17 +333,12 @@ def _qwen2_layer_windows(raw: dict[str, Any], sliding_window: int | None, num_la
     the layers from ``max_window_layers`` (default 28) on, so a model with no more layers than that attends
     over the full context in every layer."""
     window = sliding_window if raw.get("use_sliding_window", False) else None
-    layer_types = raw.get("layer_types")
-    if layer_types:
-        if len(layer_types) != num_layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-            raise ValueError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each "
-                             f"of the {num_layers} layers, got {layer_types!r}")
-        if "sliding_attention" in layer_types and window is None:
-            # transformers drops the window without use_sliding_window, and its sliding layers then have none
-            # to apply: refuse rather than guess which model was meant.
-            raise ValueError("config.json: layer_types has sliding_attention layers but use_sliding_window is not "
-                             f"true (sliding_window={sliding_window!r}); set use_sliding_window and sliding_window")
-        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    if raw.get("layer_types"):
+        # transformers drops the window without use_sliding_window, and its sliding layers then have none to apply:
+        # refuse rather than guess which model was meant.
+        return windows_of(checked_layer_types(raw, num_layers), window,
+                          "layer_types has sliding_attention layers but use_sliding_window is not true "
+                          f"(sliding_window={sliding_window!r}); set use_sliding_window and sliding_window")
     max_window_layers = raw.get("max_window_layers")
     max_window_layers = 28 if max_window_layers is None else int(max_window_layers)
     return tuple(window if index >= max_window_layers else None for index in range(num_layers))

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from engine.models.layer_types import checked_layer_types, windows_of
+
 GLOBAL_ROPE_THETA = 1_000_000.0
 LOCAL_ROPE_THETA = 10_000.0
 # Every pattern-th layer is global: Gemma 2 alternates, Gemma 3 has five local layers to one global.
@@ -25,17 +27,12 @@ SLIDING_WINDOW_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 def gemma_layer_windows(raw: dict[str, Any], model_type: str, sliding_window: int | None,
                         num_layers: int) -> tuple[int | None, ...]:
     """Each layer's window: ``sliding_window`` for local layers, None for global ones."""
-    layer_types = raw.get("layer_types")
-    if not layer_types:
-        pattern = (raw.get("sliding_window_pattern") if model_type == "gemma3_text" else None) \
-            or SLIDING_WINDOW_PATTERN[model_type]
-        layer_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
-    if len(layer_types) != num_layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-        raise ValueError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each of the "
-                         f"{num_layers} layers, got {layer_types!r}")
-    if "sliding_attention" in layer_types and sliding_window is None:
-        raise ValueError("config.json: a Gemma config with sliding_attention layers needs a sliding_window, got null")
-    return tuple(sliding_window if kind == "sliding_attention" else None for kind in layer_types)
+    pattern = (raw.get("sliding_window_pattern") if model_type == "gemma3_text" else None) \
+        or SLIDING_WINDOW_PATTERN[model_type]
+    layer_types = checked_layer_types(raw, num_layers, ["sliding_attention" if (index + 1) % pattern
+                                                        else "full_attention" for index in range(num_layers)])
+    return windows_of(layer_types, sliding_window,
+                      "a Gemma config with sliding_attention layers needs a sliding_window, got null")
 
 
 def gemma3_rope(raw: dict[str, Any], parse_rope: Callable[[dict[str, Any], float], tuple[float, dict | None]]

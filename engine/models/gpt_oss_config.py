@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.models.layer_types import checked_layer_types, windows_of
+
 GPT_OSS_DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                         "original_max_position_embeddings": 4096}
 
 
 def gpt_oss_layer_windows(raw: dict[str, Any], sliding_window: int | None, num_layers: int) -> tuple[int | None, ...]:
-    layer_types = raw.get("layer_types") or ["sliding_attention" if index % 2 == 0 else "full_attention"
-                                             for index in range(num_layers)]
-    if len(layer_types) != num_layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-        raise ValueError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each of "
-                         f"the {num_layers} layers, got {layer_types!r}")
-    if "sliding_attention" in layer_types and sliding_window is None:
-        raise ValueError("config.json: layer_types has sliding_attention layers but sliding_window is null")
-    return tuple(sliding_window if kind == "sliding_attention" else None for kind in layer_types)
+    layer_types = checked_layer_types(raw, num_layers, ["sliding_attention" if index % 2 == 0 else "full_attention"
+                                                        for index in range(num_layers)])
+    return windows_of(layer_types, sliding_window)
 
 
 def gpt_oss_moe(raw: dict[str, Any], num_experts: int, top_k: int) -> dict[str, Any]:

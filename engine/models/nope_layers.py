@@ -11,27 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-_KINDS = {"full_attention", "sliding_attention"}
-
-
-def _layer_types(raw: dict[str, Any], num_layers: int, default: list[str]) -> list[str]:
-    layer_types = raw.get("layer_types") or default
-    if len(layer_types) != num_layers or not set(layer_types) <= _KINDS:
-        raise ValueError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each of the "
-                         f"{num_layers} layers, got {layer_types!r}")
-    return layer_types
+from engine.models.layer_types import checked_layer_types, windows_of
 
 
 def cohere2_layers(raw: dict[str, Any], sliding_window: int | None, num_layers: int
                    ) -> tuple[tuple[int | None, ...], tuple[bool, ...]]:
     """(each layer's window, whether it uses RoPE)."""
     pattern = raw.get("sliding_window_pattern") or 4
-    layer_types = _layer_types(raw, num_layers, ["sliding_attention" if (index + 1) % pattern else "full_attention"
-                                                 for index in range(num_layers)])
-    if "sliding_attention" in layer_types and sliding_window is None:
-        raise ValueError("config.json: layer_types has sliding_attention layers but sliding_window is null")
-    sliding = [kind == "sliding_attention" for kind in layer_types]
-    return tuple(sliding_window if slides else None for slides in sliding), tuple(sliding)
+    layer_types = checked_layer_types(raw, num_layers, ["sliding_attention" if (index + 1) % pattern
+                                                        else "full_attention" for index in range(num_layers)])
+    return windows_of(layer_types, sliding_window), tuple(kind == "sliding_attention" for kind in layer_types)
 
 
 def smollm3_layers(raw: dict[str, Any], sliding_window: int | None, num_layers: int
@@ -44,6 +33,6 @@ def smollm3_layers(raw: dict[str, Any], sliding_window: int | None, num_layers: 
     uses_rope = tuple(bool(flag) for flag in uses_rope)
     if not raw.get("use_sliding_window") or sliding_window is None:
         return (None,) * num_layers, uses_rope
-    layer_types = _layer_types(raw, num_layers, ["full_attention" if rope else "sliding_attention"
-                                                 for rope in uses_rope])
-    return tuple(sliding_window if kind == "sliding_attention" else None for kind in layer_types), uses_rope
+    layer_types = checked_layer_types(raw, num_layers, ["full_attention" if rope else "sliding_attention"
+                                                        for rope in uses_rope])
+    return windows_of(layer_types, sliding_window), uses_rope
