@@ -50,19 +50,8 @@ class CohereAttention(LlamaAttention):
             self.q_norm = CohereLayerNorm((self.num_heads, self.head_dim), eps)
             self.k_norm = CohereLayerNorm((self.num_kv_heads, self.head_dim), eps)
 
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
-        num_tokens = hidden_states.shape[0]
-        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.use_rope:  # Cohere2's full-attention layers have none
-            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
-        out = self.backend.forward(q, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), kv_cache,
-                                   attn_metadata, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return rotate_pairs(x, cos, sin)  # Llama's forward; Cohere2's full-attention layers skip it (use_rope)
 
 
 class CohereDecoderLayer(nn.Module):

@@ -47,6 +47,10 @@ class LlamaAttention(nn.Module):
         self.use_rope = True
         self.backend = backend
 
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """RoPE on [num_tokens, heads, head_dim] (rotate-half pairs; Cohere turns interleaved pairs instead)."""
+        return RotaryEmbedding.apply(x, cos, sin)
+
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden_states.shape[0]
@@ -56,8 +60,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
-            q = RotaryEmbedding.apply(q, cos, sin)
-            k = RotaryEmbedding.apply(k, cos, sin)
+            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window,
                                    self.logits_soft_cap, self.sinks)

@@ -28,8 +28,8 @@ class Olmo2Attention(LlamaAttention):
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden_states.shape[0]
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(self.q_norm(q).view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(self.k_norm(k).view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = self.rotate(self.q_norm(q).view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = self.rotate(self.k_norm(k).view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
