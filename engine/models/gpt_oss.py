@@ -28,6 +28,7 @@ from torch import nn
 
 from engine.models.config import ModelConfig, MoEConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.moe import rows_by_expert
 from engine.models.mxfp4 import dequantize_mxfp4
 from engine.runner.attention import AttentionBackend
 
@@ -53,23 +54,12 @@ class GptOssExperts(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
     def forward(self, hidden_states: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        top_k = expert_ids.shape[1]
-        flat_ids = expert_ids.reshape(-1)
-        # Pairs (token, slot) grouped by expert, a token's pairs in token order; experts visited in increasing id,
-        # as transformers visits them, so the sums round the same way.
-        order = torch.sort(flat_ids, stable=True).indices
-        rows_per_expert = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
-        token_of_pair, weight_of_pair = order // top_k, weights.reshape(-1)[order]
+        # Experts in increasing id, as transformers visits them, so the sums round the same way.
         output = torch.zeros_like(hidden_states)
-        start = 0
-        for expert, rows in enumerate(rows_per_expert):
-            if rows == 0:
-                continue
-            tokens = token_of_pair[start:start + rows]
+        for expert, tokens, token_weights in rows_by_expert(expert_ids, weights, self.gate_up_proj.shape[0]):
             gate_up = hidden_states[tokens] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
             expert_output = self.activation(gate_up) @ self.down_proj[expert] + self.down_proj_bias[expert]
-            output.index_add_(0, tokens, (expert_output * weight_of_pair[start:start + rows, None]).to(output.dtype))
-            start += rows
+            output.index_add_(0, tokens, (expert_output * token_weights[:, None]).to(output.dtype))
         return output
 
 

@@ -14,6 +14,8 @@ order, as transformers adds them, so the float32 sums round the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,23 +69,28 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
     def forward(self, hidden_states: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        num_tokens, top_k = expert_ids.shape
-        flat_ids = expert_ids.reshape(-1)
-        # Pair p = token * top_k + slot; a stable sort keeps each expert's pairs in token order.
-        order = torch.sort(flat_ids, stable=True).indices
-        rows_per_expert = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
-        token_of_pair = order // top_k
-        weight_of_pair = weights.reshape(-1)[order]
         output = torch.zeros_like(hidden_states)
-        start = 0
-        for expert, rows in enumerate(rows_per_expert):
-            if rows == 0:
-                continue
-            tokens = token_of_pair[start:start + rows]
+        for expert, tokens, token_weights in rows_by_expert(expert_ids, weights, self.gate_up_proj.shape[0]):
             gate, up = F.linear(hidden_states[tokens], self.gate_up_proj[expert]).split(self.intermediate_size, dim=-1)
             expert_output = F.linear(F.silu(gate) * up, self.down_proj[expert])
             # The weight may be float32 (Mixtral): the product is then float32, cast back as it is added.
-            weighted = expert_output * weight_of_pair[start:start + rows, None]
-            output.index_add_(0, tokens, weighted.to(output.dtype))
-            start += rows
+            output.index_add_(0, tokens, (expert_output * token_weights[:, None]).to(output.dtype))
         return output
+
+
+def rows_by_expert(expert_ids: torch.Tensor, weights: torch.Tensor, num_experts: int
+                   ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """For each expert that received rows, in increasing id: (expert, its tokens [n], their routing weights [n]).
+
+    ``expert_ids``/``weights`` [T, k]. Pair p = token * k + slot; one stable sort of the flat ids groups the pairs
+    by expert with each expert's tokens in order, so every expert runs once on all of its rows."""
+    top_k = expert_ids.shape[1]
+    flat_ids = expert_ids.reshape(-1)
+    order = torch.sort(flat_ids, stable=True).indices
+    rows_per_expert = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    token_of_pair, weight_of_pair = order // top_k, weights.reshape(-1)[order]
+    start = 0
+    for expert, rows in enumerate(rows_per_expert):
+        if rows:
+            yield expert, token_of_pair[start:start + rows], weight_of_pair[start:start + rows]
+            start += rows
