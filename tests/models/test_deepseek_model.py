@@ -14,6 +14,8 @@ from engine.models import load_model, make_test_model
 from engine.models.config import ModelConfig
 from engine.models.deepseek import DeepseekV3ForCausalLM
 from engine.runner.attention import allocate_kv_caches, kv_cache_bytes_per_block
+from tests.models.engine_generation import (assert_cuda_generates_the_cpu_tokens,
+                                           assert_engine_generates_as_transformers, prompts)
 
 BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4}
@@ -171,26 +173,14 @@ def test_only_the_torch_backend_attends_latents(v3_path):
 def test_the_engine_generates_what_transformers_generates(v3_path):
     """Through the scheduler: chunked prefill, prefix caching and preemption (few blocks) leave greedy tokens as
     transformers' generate gives them, and the KV pool is counted in latent blocks."""
-    from transformers import AutoModelForCausalLM
-
-    from engine import LLM, SamplingParams
-
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
-    prompts.append(prompts[0][:32] + [7, 8, 9])  # shares two blocks with the first
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    llm = LLM(model=str(v3_path), skip_tokenizer_init=True, max_num_batched_tokens=24, num_gpu_blocks=9,
-              max_model_len=64)
+    token_prompts = prompts(length=40)
+    token_prompts.append(token_prompts[0][:32] + [7, 8, 9])  # shares two blocks with the first
+    llm = assert_engine_generates_as_transformers(v3_path, token_prompts, max_num_batched_tokens=24, num_gpu_blocks=9,
+                                                  max_model_len=64)
     assert isinstance(llm.model_runner.model, DeepseekV3ForCausalLM)
-    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
     assert llm.scheduler.num_preemptions_total > 0
     manager = llm.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks  # none leaked
-    hf = AutoModelForCausalLM.from_pretrained(str(v3_path), dtype=torch.float32, attn_implementation="eager").eval()
-    for prompt, tokens in zip(prompts, outputs):
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
-                                   pad_token_id=0)[0, len(prompt):]
-        assert list(tokens) == expected.tolist()
     key, value = llm.model_runner.kv_caches[0]
     assert key is value and key.shape[2:] == (1, 32 + 8)
 
@@ -221,37 +211,17 @@ def test_latents_offloaded_to_the_host_come_back_as_they_were(v3_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_engine_generates_the_cpu_tokens(v3_path):
     """On a GPU the torch backend is chosen (the only one that runs this model) and the tokens are the CPU's."""
-    from engine import LLM, SamplingParams
-
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    options = dict(model=str(v3_path), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
-    cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
-    gpu_engine = LLM(**options, device="cuda")
-    assert gpu_engine.model_runner.attention_backend == "torch"
-    gpu = gpu_engine.generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
+    assert assert_cuda_generates_the_cpu_tokens(v3_path).model_runner.attention_backend == "torch"
 
 
 def test_glm_4_5_runs_deepseeks_experts_behind_grouped_query_attention(tmp_path):
     """GLM-4.5 (Glm4MoeForCausalLM): V3's router and experts, Llama's attention with RoPE on half of each head;
     any backend may run it, and the engine's greedy tokens are transformers'."""
-    from transformers import AutoModelForCausalLM
-
-    from engine import LLM, SamplingParams
     from engine.models.glm4_moe import Glm4MoeForCausalLM
 
     path = make_test_model(tmp_path / "glm", "glm4_moe", num_hidden_layers=3, seed=8)
     config = ModelConfig.from_pretrained(path)
     assert config.mla is None and config.rotary_dim == config.head_dim // 2 and config.moe.dense_layers == (0,)
     assert config.moe.deepseek_routing.score_correction_bias and Glm4MoeForCausalLM.unsupported_attention_backends == {}
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(30)] for seed in range(3)]
-    llm = LLM(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=16, num_gpu_blocks=12, max_model_len=64)
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    for prompt, tokens in zip(prompts, outputs):
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
-                                   pad_token_id=0)[0, len(prompt):]
-        assert list(tokens) == expected.tolist()
+    assert_engine_generates_as_transformers(path, prompts(), max_num_batched_tokens=16, num_gpu_blocks=12,
+                                            max_model_len=64)

@@ -14,6 +14,8 @@ from engine.models.config import ModelConfig
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.mxfp4 import dequantize_mxfp4
 from engine.runner.attention.torch_backend import scaled_dot_product
+from tests.models.engine_generation import (assert_cuda_generates_the_cpu_tokens,
+                                           assert_engine_generates_as_transformers, prompts)
 
 BASE = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 100, "hidden_size": 64,
         "intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 16}
@@ -91,27 +93,15 @@ def test_flash_attn_is_refused_for_sinks(gpt_oss_path, monkeypatch):
 def test_the_engine_generates_what_transformers_generates(gpt_oss_path):
     """Through the scheduler on the hybrid KV cache (windowed layers' blocks handed back): chunked prefill, prefix
     caching and preemption leave greedy tokens as transformers' generate gives them, and no block leaks."""
-    from transformers import AutoModelForCausalLM
-
-    from engine import LLM, SamplingParams
-
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
-    prompts.append(prompts[0][:32] + [7, 8, 9])  # shares two blocks with the first
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    llm = LLM(model=str(gpt_oss_path), skip_tokenizer_init=True, max_num_batched_tokens=24, num_gpu_blocks=14,
-              max_model_len=64)
+    token_prompts = prompts(length=40)
+    token_prompts.append(token_prompts[0][:32] + [7, 8, 9])  # shares two blocks with the first
+    llm = assert_engine_generates_as_transformers(gpt_oss_path, token_prompts, max_num_batched_tokens=24,
+                                                  num_gpu_blocks=14, max_model_len=64)
     assert isinstance(llm.model_runner.model, GptOssForCausalLM)
     assert llm.model_runner.kv_cache_grouping is not None  # windowed and full layers: the hybrid cache
-    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
     assert llm.scheduler.num_preemptions_total > 0
     manager = llm.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
-    hf = AutoModelForCausalLM.from_pretrained(str(gpt_oss_path), dtype=torch.float32, attn_implementation="eager")
-    for prompt, tokens in zip(prompts, outputs):
-        with torch.no_grad():
-            expected = hf.eval().generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
-                                          pad_token_id=0)[0, len(prompt):]
-        assert list(tokens) == expected.tolist()
 
 
 def test_mxfp4_dequantizes_as_transformers_does():
@@ -171,13 +161,4 @@ def test_an_mxfp4_checkpoint_is_its_dequantized_model(gpt_oss_path, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_engine_generates_the_cpu_tokens(gpt_oss_path):
     """On a GPU a backend with sinks is chosen and the tokens are the CPU's."""
-    from engine import LLM, SamplingParams
-
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(40)] for seed in range(3)]
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    options = dict(model=str(gpt_oss_path), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
-    cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
-    gpu_engine = LLM(**options, device="cuda")
-    assert gpu_engine.model_runner.attention_backend in ("triton", "torch")
-    gpu = gpu_engine.generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
+    assert assert_cuda_generates_the_cpu_tokens(gpt_oss_path).model_runner.attention_backend in ("triton", "torch")

@@ -2,7 +2,6 @@
 Granite's multipliers) and its errors, and the engine end to end. Logit equality with transformers is in
 test_models_vs_transformers.py."""
 
-import random
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch
 from engine.models import load_model, make_test_model
 from engine.models.config import ModelConfig
 from engine.models.phi3 import Phi3ForCausalLM
+from tests.models.engine_generation import assert_engine_generates_as_transformers, prompts
 
 BASE = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 100, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
@@ -43,25 +43,12 @@ def test_longrope_is_refused_by_name():
 
 
 def test_the_engine_generates_what_transformers_generates(tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from engine import LLM, SamplingParams
-
     path = make_test_model(tmp_path / "phi3", "phi3", seed=2, config_overrides={"sliding_window": 12,
                                                                                  "partial_rotary_factor": 0.5})
     model, _ = load_model(path, torch.float32)
     assert isinstance(model, Phi3ForCausalLM)
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(30)] for seed in range(3)]
-    llm = LLM(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=16, num_gpu_blocks=12,
-              max_model_len=64)
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    for prompt, tokens in zip(prompts, outputs):
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
-                                   pad_token_id=0)[0, len(prompt):]
-        assert list(tokens) == expected.tolist()
+    llm = assert_engine_generates_as_transformers(path, prompts(), max_num_batched_tokens=16, num_gpu_blocks=12,
+                                                  max_model_len=64)
     manager = llm.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
 
@@ -78,22 +65,9 @@ def test_granite_multipliers_are_checked_by_key(key):
 def test_cohere2_runs_on_the_hybrid_cache_as_transformers_generates(tmp_path):
     """Command-R7B's layout: three windowed layers with RoPE to a full one without; the engine's hybrid KV cache
     hands the windowed layers' blocks back, and greedy tokens stay transformers'."""
-    from transformers import AutoModelForCausalLM
-
-    from engine import LLM, SamplingParams
-
     path = make_test_model(tmp_path / "cohere2", "cohere2", num_hidden_layers=4, seed=4)
-    prompts = [[random.Random(seed).randrange(4, 500) for _ in range(30)] for seed in range(3)]
-    llm = LLM(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=16, num_gpu_blocks=16,
-              max_model_len=64)
+    llm = assert_engine_generates_as_transformers(path, prompts(), max_num_batched_tokens=16, num_gpu_blocks=16,
+                                                  max_model_len=64)
     assert llm.model_runner.kv_cache_grouping is not None
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    outputs = [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    for prompt, tokens in zip(prompts, outputs):
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
-                                   pad_token_id=0)[0, len(prompt):]
-        assert list(tokens) == expected.tolist()
     manager = llm.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks

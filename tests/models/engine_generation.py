@@ -1,0 +1,43 @@
+"""Shared by the model tests: the engine's greedy tokens through the scheduler against transformers' generate on
+the same checkpoint, and a CUDA engine's tokens against the CPU's."""
+
+import random
+
+import torch
+
+
+def prompts(count: int = 3, length: int = 30) -> list[list[int]]:
+    return [[random.Random(seed).randrange(4, 500) for _ in range(length)] for seed in range(count)]
+
+
+def assert_engine_generates_as_transformers(path, token_prompts: list[list[int]], max_tokens: int = 8, **llm_options):
+    """Greedy tokens of ``LLM(model=path, **llm_options)`` equal transformers' ``generate``; the engine is returned
+    for the caller's own checks (preemptions, blocks)."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model=str(path), skip_tokenizer_init=True, **llm_options)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outputs = [output.outputs[0].token_ids for output in llm.generate(token_prompts, params, use_tqdm=False)]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt, tokens in zip(token_prompts, outputs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                                   min_new_tokens=max_tokens, pad_token_id=0)[0, len(prompt):]
+        assert list(tokens) == expected.tolist()
+    return llm
+
+
+def assert_cuda_generates_the_cpu_tokens(path):
+    """A CUDA engine's greedy tokens equal a CPU engine's; the CUDA engine is returned."""
+    from engine import LLM, SamplingParams
+
+    token_prompts = prompts(length=40)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    options = dict(model=str(path), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
+    cpu = LLM(**options, device="cpu").generate(token_prompts, params, use_tqdm=False)
+    gpu_engine = LLM(**options, device="cuda")
+    gpu = gpu_engine.generate(token_prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
+    return gpu_engine
