@@ -20,6 +20,7 @@ from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 from engine.models.granite_config import granite_multipliers
 from engine.models.layer_types import checked_layer_types, windows_of
+from engine.models.long_rope import LONGROPE_TYPES, parse_longrope
 from engine.models.nope_layers import cohere2_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
@@ -362,6 +363,8 @@ def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[
     merged["rope_type"] = rope_type
     merged.pop("type", None)
     merged.pop("rope_theta", None)
+    if rope_type in LONGROPE_TYPES:
+        return float(theta), parse_longrope(merged, raw)
     # The keys transformers requires of each scaling it validates: a missing one is refused by name, not
     # defaulted (a guessed low_freq_factor is another model) nor left to fail later as a KeyError.
     required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),

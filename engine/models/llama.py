@@ -161,6 +161,13 @@ class LlamaForCausalLM(nn.Module):
         """The longest sequence this implementation computes exactly (``ModelConfig.max_model_len_limit``)."""
         return self.config.max_model_len_limit
 
+    def fit_context(self, max_model_len: int) -> None:
+        """Tell every RoPE the engine's ``max_model_len`` before the first step (LongRoPE chooses its factors by
+        it; long_rope.py)."""
+        for module in self.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.fit_context(max_model_len)
+
     @property
     def attention_backend(self) -> AttentionBackend:
         return self.model.layers[0].self_attn.backend

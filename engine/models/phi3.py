@@ -4,7 +4,7 @@ A Phi-3 checkpoint stores ``self_attn.qkv_proj`` ([q; k; v] rows) and ``mlp.gate
 single tensors, the very layout of our fused parameters, so they load whole. A ``sliding_window`` applies to
 every layer, as transformers applies it (Phi-3-mini-4k's 2047); ``partial_rotary_factor`` turns only the first
 features of each head (``ModelConfig.rotary_dim``). LongRoPE (``rope_scaling`` type ``longrope``: the 128k
-Phi-3 and Phi-3.5/Phi-4-mini checkpoints) is refused by name when the model is built.
+Phi-3 and Phi-3.5/Phi-4-mini checkpoints) takes its short or long factors by the engine's context (long_rope.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The inverse frequencies follow the checkpoint's ``rope_scaling``: none (plain RoPE), ``linear``
 (positions divided by ``factor``, implemented as frequencies divided by it), ``llama3`` (Llama 3.1's
 wavelength-dependent scaling) or ``yarn`` (YaRN: high frequencies kept, low ones divided by ``factor``, a linear
-ramp between, and cos/sin scaled by an attention factor; DeepSeek-V3, Kimi K2, Qwen long-context configs). cos/sin are computed per step from the positions rather than from a
+ramp between, and cos/sin scaled by an attention factor; DeepSeek-V3, Kimi K2, Qwen long-context configs) or
+``longrope`` (Phi-3-128k, Phi-3.5/Phi-4-mini: per-pair factors, short or long by the engine's context,
+long_rope.py). cos/sin are computed per step from the positions rather than from a
 precomputed table: the cost is one [num_tokens, head_dim / 2] product per forward, and it stays exact
 for any position with no table-size limit.
 """
@@ -15,6 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from engine.models.long_rope import check_longrope_factors, longrope_inv_freq, uses_long_factors
 
 
 def compute_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -30,7 +34,11 @@ def compute_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict[str, A
         return _llama3_inv_freq(inv_freq, rope_scaling)
     if rope_type == "yarn":
         return _yarn_inv_freq(inv_freq, head_dim, rope_theta, rope_scaling)
-    raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3, yarn")
+    if rope_type == "longrope":  # until the engine's context is known, the checkpoint's whole context
+        check_longrope_factors(rope_scaling, head_dim)
+        return longrope_inv_freq(head_dim, rope_theta, rope_scaling, long_context=True)
+    raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3, yarn, "
+                     "longrope")
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -40,8 +48,12 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 def rope_attention_factor(rope_scaling: dict[str, Any] | None) -> float:
     """What cos and sin are multiplied by: 1, except under YaRN, whose ``attention_factor`` (given, or derived
-    from ``factor``, ``mscale`` and ``mscale_all_dim`` as transformers derives it) scales both q and k."""
-    if (rope_scaling or {}).get("rope_type") != "yarn":
+    from ``factor``, ``mscale`` and ``mscale_all_dim`` as transformers derives it) scales both q and k, and under
+    LongRoPE (resolved when the config is parsed, long_rope.py)."""
+    rope_type = (rope_scaling or {}).get("rope_type")
+    if rope_type == "longrope":
+        return float(rope_scaling["attention_factor"])
+    if rope_type != "yarn":
         return 1.0
     if rope_scaling.get("attention_factor") is not None:
         return float(rope_scaling["attention_factor"])
@@ -104,6 +116,16 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq_cpu = compute_inv_freq(head_dim, rope_theta, rope_scaling)
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
         self.attention_factor = rope_attention_factor(rope_scaling)
+        self._rope_theta, self._rope_scaling = rope_theta, rope_scaling
+
+    def fit_context(self, max_model_len: int) -> None:
+        """Called once the engine's ``max_model_len`` is known, before any step: LongRoPE takes its short factors
+        when no sequence can outgrow the pretraining context (long_rope.py). Other scalings do not depend on it."""
+        if (self._rope_scaling or {}).get("rope_type") != "longrope":
+            return
+        long_context = uses_long_factors(self._rope_scaling, max_model_len)
+        self._inv_freq_cpu = longrope_inv_freq(self.head_dim, self._rope_theta, self._rope_scaling, long_context)
+        self._inv_freq_by_device.clear()
 
     def _inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq_by_device:

@@ -74,6 +74,7 @@ class ModelRunner:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what model {str(config.model)!r} "
                              f"supports ({limit})")
         self.max_model_len = config.max_model_len or limit
+        self.model.fit_context(self.max_model_len)
         self.block_size = config.block_size
         self.max_num_reqs = config.max_num_seqs
         self.vocab_size = self.model_config.vocab_size

@@ -1,6 +1,6 @@
 """Llama-family variants (Phi-3 / Phi-4, Granite, Cohere2): config parsing (a window on every layer, partial RoPE;
 Granite's multipliers) and its errors, and the engine end to end. Logit equality with transformers is in
-test_models_vs_transformers.py."""
+test_models_vs_transformers.py; LongRoPE in test_long_rope.py."""
 
 
 import pytest
@@ -33,13 +33,6 @@ def test_impossible_partial_rope_is_refused(factor, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_dict({**BASE, "partial_rotary_factor": factor})
     assert ModelConfig.from_dict({**BASE, "partial_rotary_factor": 0.3}).rotary_dim == 4  # int(4.8), as transformers
-
-
-def test_longrope_is_refused_by_name():
-    config = ModelConfig.from_dict({**BASE, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
-                                                             "long_factor": [2.0] * 8}})
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'longrope'"):
-        Phi3ForCausalLM(config)
 
 
 def test_the_engine_generates_what_transformers_generates(tmp_path):

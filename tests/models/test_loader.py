@@ -136,8 +136,8 @@ def test_config_accepts_both_rope_spellings():
     plain = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
     assert plain.rope_scaling is None and plain.rope_theta == 1e6
     assert (plain.num_key_value_heads, plain.head_dim) == (2, 4)
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'longrope'"):
-        LlamaForCausalLM(ModelConfig.from_dict({**base, "rope_scaling": {"type": "longrope", "factor": 2.0}}))
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'dynamic'"):
+        LlamaForCausalLM(ModelConfig.from_dict({**base, "rope_scaling": {"type": "dynamic", "factor": 2.0}}))
     # YaRN's original context defaults to max_position_embeddings (the model type's default when absent).
     yarn = ModelConfig.from_dict({**base, "rope_scaling": {"type": "yarn", "factor": 2.0}})
     assert yarn.rope_scaling == {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048}
