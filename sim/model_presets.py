@@ -80,6 +80,16 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, head_dim=128, tied=True, sliding_window=1024,
            sliding_layers=52),
     _shape("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128),
+    # More dense families the engine runs (tests/sim/test_presets.py checks the counts): Phi-4 14.7B, Phi-4-mini
+    # 3.84B (RoPE on 3/4 of each head and LongRoPE cost what RoPE does), Phi-3.5-mini 3.82B, Granite-3.1-8B 8.17B,
+    # OLMo-2-1124-7B 7.30B, Command-R (c4ai-command-r-v01, no grouped-query attention) 35.0B, SmolLM3-3B 3.08B.
+    _shape("phi-4", 40, 5120, 40, 10, 17920, 100352, 16384),
+    _shape("phi-4-mini", 32, 3072, 24, 8, 8192, 200064, 131072, tied=True),
+    _shape("phi-3.5-mini", 32, 3072, 32, 32, 8192, 32064, 131072),
+    _shape("granite-3.1-8b", 40, 4096, 32, 8, 12800, 49155, 131072, tied=True),
+    _shape("olmo-2-7b", 32, 4096, 32, 32, 11008, 100352, 4096),
+    _shape("command-r", 40, 8192, 64, 64, 22528, 256000, 8192, tied=True),
+    _shape("smollm3-3b", 36, 2048, 16, 4, 11008, 128256, 65536, tied=True),
     # Multimodal models' language models (text_config); their vision encoders are in sim/vision_encoders.py.
     # LLaVA-1.5-7B: Llama-2-7B with 64 more vocabulary rows (<image>, <pad>, padding to 64); Qwen2-VL-7B: Qwen2-7B
     # with a 32k context (its M-RoPE positions cost what RoPE does).
