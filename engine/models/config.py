@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.models.architecture_defaults import ARCHITECTURE_DEFAULTS
 from engine.models.block_fp8 import parse_block_fp8
+from engine.models.compressed_tensors import CompressedTensorsConfig, parse_compressed_tensors
 from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting, MLAConfig, parse_deepseek_moe,
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
@@ -89,6 +90,8 @@ class ModelConfig:
     mla: MLAConfig | None = None
     # Block-scaled FP8 weights (bn, bk), dequantized at load (block_fp8.py); None: weights stored as they run.
     weight_block_fp8: tuple[int, int] | None = None
+    # The weight schemes of a compressed-tensors checkpoint, dequantized at load (compressed_tensors.py).
+    compressed_tensors: CompressedTensorsConfig | None = None
     # The share of each head's features that RoPE turns (Phi-4-mini: 0.75); the rest carry no position.
     partial_rotary_factor: float = 1.0
     # Whether each layer applies RoPE (Cohere2's full layers and SmolLM3's every fourth have none); () : all do.
@@ -161,15 +164,17 @@ class ModelConfig:
         if model_type == "gpt_oss" and isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4":
             quantization = None  # gpt-oss's MXFP4 experts are dequantized at load (gpt_oss.py, mxfp4.py)
         weight_block_fp8 = parse_block_fp8(quantization) if isinstance(quantization, dict) else None
-        if weight_block_fp8 is not None:
-            quantization = None  # dequantized at load (block_fp8.py)
+        compressed = parse_compressed_tensors(quantization) if isinstance(quantization, dict) else None
+        if weight_block_fp8 is not None or compressed is not None:
+            quantization = None  # dequantized at load (block_fp8.py, compressed_tensors.py)
         if quantization:
             # Other quantized weights (per-tensor fp8, GPTQ, AWQ, ...) read as plain floats give a different
             # model; the loader must not run one silently.
             method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
             raise ValueError(f"config.json: quantization_config (quant_method {method!r}) is not supported; this "
                              "engine runs float32, float16 and bfloat16 checkpoints, and dequantizes block-scaled "
-                             "FP8 ones (quant_method fp8 with weight_block_size) and gpt-oss's MXFP4 experts")
+                             "FP8 ones (quant_method fp8 with weight_block_size), compressed-tensors ones (int 2/4/8-bit "
+                             "and FP8 weights) and gpt-oss's MXFP4 experts")
         num_heads = int(raw["num_attention_heads"])
         num_kv_heads = raw["num_key_value_heads"] if "num_key_value_heads" in raw else defaults["num_key_value_heads"]
         num_kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
@@ -253,6 +258,7 @@ class ModelConfig:
             raw=raw,
             mla=mla,
             weight_block_fp8=weight_block_fp8,
+            compressed_tensors=compressed,
             # GLM-4.5 turns half of each head unless the config says otherwise (transformers' default).
             partial_rotary_factor=_partial_rotary_factor(raw, head_dim, 0.5 if model_type == "glm4_moe" else 1.0),
             layer_uses_rope=layer_uses_rope,

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.block_fp8 import dequantized_weights
+from engine.models.compressed_tensors import dequantized_compressed_weights
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import get_model_class, is_base_model
@@ -110,6 +111,8 @@ def load_model(
     weights = iterate_weights(safetensors_files(path))
     if config.weight_block_fp8 is not None:
         weights = dequantized_weights(weights, config.weight_block_fp8, torch_dtype)
+    if config.compressed_tensors is not None:
+        weights = dequantized_compressed_weights(weights, config.compressed_tensors, torch_dtype)
     if is_base_model(config.architecture):
         weights = ((name if name.startswith("model.") else f"model.{name}", tensor) for name, tensor in weights)
     loaded = model.load_weights(weights)

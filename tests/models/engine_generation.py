@@ -10,9 +10,10 @@ def prompts(count: int = 3, length: int = 30) -> list[list[int]]:
     return [[random.Random(seed).randrange(4, 500) for _ in range(length)] for seed in range(count)]
 
 
-def assert_engine_generates_as_transformers(path, token_prompts: list[list[int]], max_tokens: int = 8, **llm_options):
-    """Greedy tokens of ``LLM(model=path, **llm_options)`` equal transformers' ``generate``; the engine is returned
-    for the caller's own checks (preemptions, blocks)."""
+def assert_engine_generates_as_transformers(path, token_prompts: list[list[int]], max_tokens: int = 8,
+                                            hf_options: dict | None = None, **llm_options):
+    """Greedy tokens of ``LLM(model=path, **llm_options)`` equal transformers' ``generate`` (its model loaded with
+    ``hf_options`` besides); the engine is returned for the caller's own checks (preemptions, blocks)."""
     from transformers import AutoModelForCausalLM
 
     from engine import LLM, SamplingParams
@@ -20,7 +21,8 @@ def assert_engine_generates_as_transformers(path, token_prompts: list[list[int]]
     llm = LLM(model=str(path), skip_tokenizer_init=True, **llm_options)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs = [output.outputs[0].token_ids for output in llm.generate(token_prompts, params, use_tqdm=False)]
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager",
+                                              **(hf_options or {})).eval()
     for prompt, tokens in zip(token_prompts, outputs):
         with torch.no_grad():
             expected = hf.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
