@@ -93,7 +93,7 @@ def kv_cache_num_blocks(model: ModelShape, hardware: HardwareSpec, dtype: str, b
             f"gpu_memory_utilization {gpu_memory_utilization} offers {usable / GIB:.2f} GiB, of which "
             f"{reserve / GIB:.2f} GiB is reserved for activations: no room for even one KV block "
             f"({block_bytes / 2**20:.2f} MiB). Use a larger device, more tensor or pipeline parallelism, a smaller "
-            "model or a smaller dtype.")
+            "model, a smaller dtype or quantized weights (engine.quantization: fp8, w8a16, w4a16).")
     return math.floor(free_for_kv / block_bytes)
 
 

@@ -9,6 +9,10 @@ bytes each then takes, and whether the products run at a faster tensor-core rate
   runs them weight-only on Hopper and earlier (Marlin / Triton kernels widen them to 16 bits in the GEMM), which
   is how they are priced here on every device: fewer bytes, the 16-bit rate (no FP4 tensor-core rate is
   modelled, a pessimistic figure for Blackwell).
+* ``w4a16`` / ``w8a16`` (llm-compressor's and GPTQ/AWQ's weight-only integers; the real engine loads such
+  compressed-tensors checkpoints): every projection and expert in 4 bits plus a 16-bit scale per group of 128
+  (4.125 bits, 0.515625 bytes), or in 8 bits (a scale per row, negligible); multiplied at the 16-bit rate, as
+  vLLM's Marlin / Machete kernels widen them on the way into the product.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class WeightQuantization:
 SCHEMES = {
     "fp8": WeightQuantization("fp8", 1.0, experts_only=False, fp8_tensor_cores=True),
     "mxfp4": WeightQuantization("mxfp4", 4.25 / 8, experts_only=True, fp8_tensor_cores=False),
+    "w4a16": WeightQuantization("w4a16", (4 + 16 / 128) / 8, experts_only=False, fp8_tensor_cores=False),
+    "w8a16": WeightQuantization("w8a16", 1.0, experts_only=False, fp8_tensor_cores=False),
 }
 
 

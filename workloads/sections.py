@@ -87,8 +87,9 @@ class EngineSection(SchemaModel):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     # Weight quantization (simulated; sim/weight_quantization.py): fp8, the layers' projections and experts in
     # one byte at the fp8 tensor-core rate where the hardware has one; mxfp4, a mixture of experts' routed
-    # experts in 4.25 bits, weight-only. null: the model's dtype.
-    quantization: Literal["fp8", "mxfp4"] | None = None
+    # experts in 4.25 bits, weight-only; w4a16 / w8a16, every projection in 4.125 or 8 bits, weight-only. null: the
+    # model's dtype.
+    quantization: Literal["fp8", "mxfp4", "w4a16", "w8a16"] | None = None
     # vLLM's KV offloading (--kv-offloading-size, simulated): GiB of host memory that keeps computed KV blocks
     # as a second tier of the prefix cache; a prefix the GPU's cache lost is loaded from there over the host
     # link instead of recomputed (sim/kv_offload_loads.py). 0: off. Needs prefix caching.
