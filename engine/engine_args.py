@@ -8,6 +8,8 @@ resolved by the runner and passed in when the core's configs are created.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +58,8 @@ class EngineArgs:
     # (engine/core/hybrid_kv_cache_manager.py). KV offloading turns the hybrid cache off, as vLLM's connectors do.
     disable_hybrid_kv_cache_manager: bool = False
     # vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
-    # "prompt_lookup_max": ...} (a dict, its JSON text, or a SpeculativeConfig); None: off.
+    # "prompt_lookup_max": ...} or {"method": "draft_model", "model": PATH, "num_speculative_tokens": k} (a dict,
+    # its JSON text, or a SpeculativeConfig); None: off.
     speculative_config: SpeculativeConfig | dict | str | None = None
     # Multi-LoRA serving (vLLM's names and defaults): requests may name a PEFT adapter (LoRARequest); at most
     # max_loras adapters run at once, each of rank <= max_lora_rank; max_cpu_loras loaded ones stay in host
@@ -73,6 +76,10 @@ class EngineArgs:
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.speculative_config is not None and self.speculative_config.method == "draft_model" \
+                and self.kv_offloading_size_gib:
+            # The host tier copies the target's KV only; a block loaded back would hold no draft KV.
+            raise ValueError("speculative_config with a draft model does not run with kv_offloading_size_gib > 0")
         if not isinstance(self.enable_lora, bool):
             raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
         self.check_runner()
@@ -131,8 +138,20 @@ class EngineArgs:
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             num_gpu_blocks=self.num_gpu_blocks, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed, enforce_eager=self.enforce_eager,
-            speculative_config=self.speculative_config, lora_config=self.create_lora_config(),
+            speculative_config=self.resolved_speculative_config(), lora_config=self.create_lora_config(),
             pooling=self.is_pooling)
+
+    def resolved_speculative_config(self) -> SpeculativeConfig | None:
+        """The speculative config with its draft model's folder found (a generated default by name)."""
+        speculative = self.speculative_config
+        if speculative is None or speculative.model is None:
+            return speculative
+        if speculative.model in DEFAULT_MODEL_NAMES:
+            return dataclasses.replace(speculative, model=str(default_model_path(speculative.model)))
+        if not (Path(speculative.model) / "config.json").is_file():
+            raise ValueError(f"speculative_config.model must be one of {DEFAULT_MODEL_NAMES} or a local checkpoint "
+                             f"folder with a config.json, got {speculative.model!r}")
+        return speculative
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(
@@ -140,6 +159,8 @@ class EngineArgs:
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy,
             num_speculative_tokens=self.speculative_config.num_speculative_tokens
+            if self.speculative_config is not None else 0,
+            num_lookahead_tokens=self.speculative_config.num_lookahead_tokens
             if self.speculative_config is not None else 0,
             max_loras=self.max_loras if self.enable_lora else 0)
 

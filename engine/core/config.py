@@ -108,6 +108,10 @@ class SchedulerConfig:
     # Speculative decoding: up to this many draft tokens per decode, proposed by the executor and verified
     # in the next step (engine/core/spec_decode.py). 0: off.
     num_speculative_tokens: int = 0
+    # KV slots held past each scheduled chunk (vLLM's num_lookahead_tokens): a proposer that runs a model (a draft
+    # model) writes its KV for the token just sampled and for its drafts before the next step schedules them, so
+    # it needs that many slots beyond the chunk. num_speculative_tokens with a draft model, else 0.
+    num_lookahead_tokens: int = 0
     # Multi-LoRA serving: the running requests use at most this many distinct adapters (the runner's slots on
     # the device; engine/core/lora.py). 0: LoRA off, and a request naming an adapter is refused.
     max_loras: int = 0
@@ -146,6 +150,10 @@ class SchedulerConfig:
                  self.disable_chunked_mm_input, "true or false")
         # A batch in flight would sample before its drafts were verified: the next batch could not know which
         # positions hold real tokens (vLLM added the combination later, with its own bookkeeping).
+        _require(isinstance(self.num_lookahead_tokens, int) and not isinstance(self.num_lookahead_tokens, bool)
+                 and 0 <= self.num_lookahead_tokens <= self.num_speculative_tokens, "scheduler",
+                 "num_lookahead_tokens", self.num_lookahead_tokens,
+                 f"an integer in [0, num_speculative_tokens={self.num_speculative_tokens}]")
         _require(self.num_speculative_tokens == 0 or not self.async_scheduling, "scheduler", "num_speculative_tokens",
                  self.num_speculative_tokens, "0 with async_scheduling")
 

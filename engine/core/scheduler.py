@@ -23,6 +23,7 @@ running requests <= ``max_num_seqs``; every scheduled request holds blocks for
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterable
 
 from engine.core.batches_in_flight import BatchesInFlight
@@ -91,6 +92,10 @@ class Scheduler:
                 sliding_window=cache_config.sliding_window if cache_config.frees_out_of_window_blocks else None,
                 num_rollback_tokens=scheduler_config.num_speculative_tokens,
                 eviction_policy=cache_config.eviction_policy)
+        # Every chunk's slots plus the lookahead a draft model writes into (config.py): the same call, with it bound.
+        self.allocate_slots = self.kv_cache_manager.allocate_slots if not scheduler_config.num_lookahead_tokens \
+            else partial(self.kv_cache_manager.allocate_slots,
+                         num_lookahead_tokens=scheduler_config.num_lookahead_tokens)
         self.block_hasher = make_block_hasher(cache_config.block_size) if cache_config.enable_prefix_caching else None
         # Disaggregated prefill and decode: loads and sends in flight (engine/core/kv_transfer.py).
         self.kv_transfers = KVTransfers(self.kv_cache_manager)
@@ -186,7 +191,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         kv_cache_manager = self.kv_cache_manager
-        allocate_slots = kv_cache_manager.allocate_slots
+        allocate_slots = self.allocate_slots
         running = self.running
         token_budget = self.max_num_batched_tokens
         threshold = self.long_prefill_token_threshold
@@ -210,6 +215,7 @@ class Scheduler:
         running_computed_before: list[int] = []
         req_index = 0
         async_scheduling = self.async_scheduling
+        lookahead = self.scheduler_config.num_lookahead_tokens
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
             num_computed = request.num_computed_tokens
@@ -228,10 +234,10 @@ class Scheduler:
                 num_new_tokens += len(spec_token_ids)
             if num_new_tokens == 1:
                 # The decode fast path (allocate_slots' own fast path, inlined because it runs for every
-                # running request): the last block has room and no block fills, so nothing is allocated (nor
-                # encoded: the last prompt token may start an item).
+                # running request): the last block has room (for the lookahead too) and no block fills, so nothing
+                # is allocated (nor encoded: the last prompt token may start an item).
                 request_id = request.request_id
-                if num_computed < len(req_to_blocks[request_id]) * block_size and (
+                if num_computed + lookahead < len(req_to_blocks[request_id]) * block_size and (
                         not caching or request.num_tokens // block_size == num_cached_block[request_id]) and (
                         not request.mm_features or num_computed >= request.num_prompt_tokens):
                     scheduled_running.append(request)

@@ -58,7 +58,7 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
     ``partial_prefill_req_ids`` the chunks that end before their prompt does)."""
     admissions = Admissions()
     kv_cache_manager = scheduler.kv_cache_manager
-    allocate_slots = kv_cache_manager.allocate_slots
+    allocate_slots = scheduler.allocate_slots
     waiting, running = scheduler.waiting, scheduler.running
     max_num_seqs = scheduler.max_num_seqs
     threshold = scheduler.long_prefill_token_threshold
@@ -106,7 +106,10 @@ def admit_waiting(scheduler: Scheduler, token_budget: int, num_scheduled_tokens:
                 break
             kv_transfers.take(request)
             waiting.remove_request(request)
-            if allocate_slots(request, num_new_tokens) is None:
+            # Its loaded blocks hold its prompt; a draft model's lookahead, when the pool has no room for it, waits
+            # for the next step (nothing runs a draft model beside KV transfers).
+            if allocate_slots(request, num_new_tokens) is None \
+                    and kv_cache_manager.allocate_slots(request, num_new_tokens) is None:
                 raise RuntimeError(f"{request}: its loaded blocks hold no slot for the rest of its prompt")
             admit(request, num_new_tokens)
             token_budget -= num_new_tokens

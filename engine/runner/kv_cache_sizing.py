@@ -44,14 +44,16 @@ def determine_num_gpu_blocks(
     gpu_memory_utilization: float = 0.9,
     num_kv_cache_groups: int = 1,
     layers_per_block: int | None = None,
+    extra_bytes_per_block: int = 0,
 ) -> int:
     """``layers_per_block`` and ``num_kv_cache_groups``: a hybrid KV cache's block holds one group's layers
-    (engine/core/kv_cache_grouping.py), and a request holds a block per group for each block of tokens."""
+    (engine/core/kv_cache_grouping.py), and a request holds a block per group for each block of tokens.
+    ``extra_bytes_per_block``: what else each block id holds (a draft model's KV beside the target's)."""
     if num_gpu_blocks is not None:
         return num_gpu_blocks
     bytes_per_block = kv_cache_bytes_per_block(layers_per_block or model_config.num_hidden_layers, block_size,
                                                model_config.num_key_value_heads, model_config.head_dim, dtype,
-                                               model_config.value_head_dim)
+                                               model_config.value_head_dim) + extra_bytes_per_block
     cap = None
     if kv_cache_memory_bytes is not None:
         budget = kv_cache_memory_bytes

@@ -45,6 +45,7 @@ from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_lo
 from engine.runner.request_state import CachedRequestState, copy_block_ids, extend_block_ids
 from engine.runner.sampler import Sampler, make_generator
 from engine.runner.sampling_batch import SamplingMetadataCache
+from engine.runner.spec_decode.draft_model import DraftModelProposer
 from engine.runner.spec_decode.runner_step import SpeculativeStep
 from engine.runner.structured_output import StructuredOutputs
 from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION
@@ -99,7 +100,7 @@ class ModelRunner:
         # labels' probabilities (engine/models/sequence_classification.py).
         self.pooling = PoolingCollector(getattr(self.model, "classify", None))
         # Speculative decoding (engine/runner/spec_decode/): drafts proposed after each step, verified in the next.
-        self.speculative = SpeculativeStep(config.speculative_config, self.vocab_size) \
+        self.speculative = SpeculativeStep(config.speculative_config, self.vocab_size, self._draft_model()) \
             if config.speculative_config is not None else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_gpu_blocks = 0
@@ -117,6 +118,18 @@ class ModelRunner:
         self.last_step_duration_s = 0.0
         self.num_steps = 0
 
+    def _draft_model(self) -> DraftModelProposer | None:
+        speculative = self.config.speculative_config
+        if speculative.method != "draft_model":
+            return None
+        return DraftModelProposer(speculative.model, speculative.num_speculative_tokens,
+                                  dtype=self.dtype, device=self.device, attention_backend=self.attention_backend,
+                                  target_vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+
+    @property
+    def draft_model(self) -> DraftModelProposer | None:
+        return None if self.speculative is None else self.speculative.draft_model
+
     # ------------------------------------------------------------------ KV cache
 
     def determine_num_gpu_blocks(self, max_num_batched_tokens: int, grouping: KVCacheGrouping | None = None) -> int:
@@ -128,7 +141,8 @@ class ModelRunner:
             max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=config.num_gpu_blocks,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
             num_kv_cache_groups=1 if grouping is None else len(grouping.windows),
-            layers_per_block=None if grouping is None else grouping.layers_per_block)
+            layers_per_block=None if grouping is None else grouping.layers_per_block,
+            extra_bytes_per_block=0 if self.draft_model is None else self.draft_model.bytes_per_block(self.block_size))
 
     def determine_num_offload_blocks(self, size_gib: float) -> int:
         """Blocks of this model's KV (every layer) that ``size_gib`` of host memory holds."""
@@ -150,6 +164,9 @@ class ModelRunner:
         else:
             if num_offload_blocks:
                 raise ValueError("KV offloading is not supported with a hybrid KV cache")
+            if self.draft_model is not None:
+                raise ValueError("speculative_config with a draft model does not run on a hybrid KV cache (one block "
+                                 "table per group of layers); pass disable_hybrid_kv_cache_manager=True")
             self.kv_caches = allocate_grouped_kv_caches(
                 grouping, model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
                 model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device,
@@ -157,6 +174,10 @@ class ModelRunner:
             self.input_batch.use_block_table_per_group(len(grouping.windows))
         self.kv_cache_grouping = grouping
         self.num_gpu_blocks = num_gpu_blocks
+        if self.draft_model is not None:
+            if num_offload_blocks:
+                raise ValueError("speculative_config with a draft model does not run with KV offloading")
+            self.draft_model.allocate(num_gpu_blocks, self.block_size)
         if num_offload_blocks:
             self.host_kv_cache = HostKVCache(model_config.num_hidden_layers, num_offload_blocks, self.block_size,
                                              model_config.num_key_value_heads, model_config.head_dim, self.dtype,
@@ -186,6 +207,8 @@ class ModelRunner:
         for key_cache, value_cache in self.kv_caches:
             key_cache.index_fill_(0, index, 0)
             value_cache.index_fill_(0, index, 0)
+        if self.draft_model is not None:
+            self.draft_model.zero_blocks(index)
 
     # ------------------------------------------------------------------ state sync
 
@@ -198,6 +221,8 @@ class ModelRunner:
             batch.remove_request(req_id)
             self.prompt_logprobs.forget(req_id)
             self.pooling.forget(req_id)
+            if self.draft_model is not None:
+                self.draft_model.forget(req_id)
         for req_id in scheduler_output.preempted_req_ids:
             batch.remove_request(req_id)
         if scheduler_output.new_block_ids_to_zero and self.kv_caches:
@@ -229,6 +254,8 @@ class ModelRunner:
             )
             requests[new_request.req_id] = state
             batch.add_request(state)
+            if self.draft_model is not None:
+                self.draft_model.start(new_request.req_id, new_request.num_computed_tokens)
 
         cached = scheduler_output.scheduled_cached_reqs
         for index, req_id in enumerate(cached.req_ids):
@@ -244,6 +271,8 @@ class ModelRunner:
                     state.grammar.sync(state.output_token_ids)
                 batch.remove_request(req_id)
                 batch.add_request(state)
+                if self.draft_model is not None:
+                    self.draft_model.start(req_id, num_computed_tokens)
                 continue
             if new_block_ids:
                 extend_block_ids(state.block_ids, new_block_ids)
@@ -393,8 +422,9 @@ class ModelRunner:
             for row, token in zip(sampled_rows.tolist(), tokens):
                 states[row].output_token_ids.append(token)
                 sampled_token_ids[row] = [token]
-        spec_token_ids = self.speculative.propose(batch, sampled_rows.tolist()) \
-            if self.speculative is not None and len(sampled_rows) else {}
+        spec_token_ids = {}
+        if self.speculative is not None and (len(sampled_rows) or self.draft_model is not None):
+            spec_token_ids = self.speculative.propose(batch, sampled_rows.tolist(), prepared, self.metadata_builder)
 
         self.num_steps += 1
         self.last_step_duration_s = time.perf_counter() - started

@@ -13,7 +13,7 @@ from engine.core.request import RequestStatus
 def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
               max_model_len=8192, enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
               enable_prefix_caching=True, enable_kv_cache_events=False, eos_probability=0.0, seed=0,
-              async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0,
+              async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0, num_lookahead_tokens=0,
               draft_acceptance=0.7, max_loras=0, sliding_window=None, kv_cache_groups=None,
               max_num_encoder_input_tokens=None, encoder_cache_size=None, disable_chunked_mm_input=False,
               eviction_policy="lru") -> EngineCore:
@@ -22,7 +22,7 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                         long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
                         async_scheduling=async_scheduling, num_speculative_tokens=num_speculative_tokens,
-                        max_loras=max_loras, max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+                        num_lookahead_tokens=num_lookahead_tokens, max_loras=max_loras, max_num_encoder_input_tokens=max_num_encoder_input_tokens,
                         encoder_cache_size=encoder_cache_size, disable_chunked_mm_input=disable_chunked_mm_input),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks,
@@ -146,6 +146,10 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         assert request.status == RequestStatus.RUNNING
         held = len(manager.req_to_blocks[request.request_id]) * manager.block_size
         assert held >= request.num_computed_tokens, f"{request} holds only {held} slots"
+        # A draft model's lookahead: slots for its writes past what the request has computed (config.py).
+        lookahead = scheduler.scheduler_config.num_lookahead_tokens
+        assert held >= min(request.num_computed_tokens + lookahead, scheduler.max_model_len), \
+            f"{request} holds {held} slots, short of its lookahead of {lookahead}"
         if request.spec_token_ids:
             # Drafts follow a decode's last token, within what it may still produce (engine/core/spec_decode.py).
             assert len(request.spec_token_ids) <= scheduler.num_speculative_tokens

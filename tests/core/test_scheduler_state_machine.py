@@ -75,6 +75,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_in_flight=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans(),
         eos_probability=st.sampled_from([0.0, 0.0, 0.05]), offload_blocks=st.sampled_from([0, 0, 3, 12, 200]),
         speculative_tokens=st.sampled_from([0, 0, 1, 3]), draft_acceptance=st.sampled_from([0.3, 0.8]),
+        lookahead=st.booleans(),
         max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]),
         kv_cache_groups=st.sampled_from([None] * 5 + [(None, 5), (7, None, 7), (None, 24, 24), (1, None)]),
         encoder_budget=st.sampled_from([None, 6, 30, 47]), encoder_cache=st.sampled_from([None, 30, 35, 64]),
@@ -83,7 +84,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
               speculative_tokens, draft_acceptance, max_loras, sliding_window, kv_cache_groups, encoder_budget,
-              encoder_cache, disable_chunked_mm_input, eviction_policy="lru"):
+              encoder_cache, disable_chunked_mm_input, eviction_policy="lru", lookahead=False):
         # A window hands back blocks and has the executor check every key read (a remote load's KV counts as
         # computed once finish_load delivers it); offloading is refused with one, so it is not drawn with it.
         # A hybrid KV cache (one table per group, the windowed ones handing blocks back) has the executor check
@@ -92,6 +93,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             sliding_window, offload_blocks = None, 0
         self.sliding_window = sliding_window
         self.hybrid = kv_cache_groups is not None
+        # A draft model's lookahead is not drawn with KV transfers (the engines run neither beside the other).
+        self.lookahead = lookahead and speculative_tokens > 0 and not async_scheduling
         self.core = make_core(num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
@@ -100,6 +103,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                               num_offload_blocks=offload_blocks if caching and sliding_window is None else 0,
                               sliding_window=sliding_window,
                               num_speculative_tokens=0 if async_scheduling else speculative_tokens,
+                              # A draft model's lookahead slots (draft_model.py), as many as its drafts.
+                              num_lookahead_tokens=speculative_tokens if self.lookahead else 0,
                               draft_acceptance=draft_acceptance, max_loras=max_loras, kv_cache_groups=kv_cache_groups,
                               max_num_encoder_input_tokens=encoder_budget, encoder_cache_size=encoder_cache,
                               disable_chunked_mm_input=disable_chunked_mm_input, eviction_policy=eviction_policy)
@@ -122,6 +127,8 @@ class SchedulerMachine(RuleBasedStateMachine):
           lora_id=st.sampled_from([0, 0, 1, 2, 3]),
           images=st.lists(st.tuples(st.sampled_from(sorted(IMAGES)), st.sampled_from([0, 3, 20])), max_size=3))
     def add_request(self, prefix, suffix_len, max_tokens, priority, transfer, lora_id, images):
+        if self.lookahead:
+            transfer = "none"
         self.counter += 1
         self.time += 0.25
         request_id = f"r{self.counter}"

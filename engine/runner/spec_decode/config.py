@@ -1,8 +1,8 @@
 """vLLM's ``speculative_config`` for the real engine: which proposer, how many drafts, its settings.
 
-Only the n-gram proposer ("prompt lookup decoding") runs here: it needs no second model. A draft model
-or EAGLE head would be a second forward per step, which this runner does not have; the simulator prices
-those (``engine.speculative_decoding.method: draft_model``).
+Two proposers run here: ``ngram`` (prompt lookup decoding: no second model) and ``draft_model`` (a smaller
+checkpoint of the same vocabulary, ``model``: draft_model.py). As in vLLM, giving ``model`` without ``method``
+means ``draft_model``. EAGLE heads and MTP modules are priced by the simulator only.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from typing import Any
 
 from engine.core.json_options import json_object_option
 
-METHODS = ("ngram",)
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+METHODS = ("ngram", "draft_model")
+_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     num_speculative_tokens: int
     method: str = "ngram"
+    # The draft model's checkpoint folder (or "tiny" / "small", the generated defaults), for method draft_model.
+    model: str | None = None
     # The n-gram lengths tried, longest first: the last n tokens are looked up earlier in the sequence.
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
@@ -32,8 +34,11 @@ class SpeculativeConfig:
         def positive(value: object) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-        require(self.method in METHODS, "method", f"one of {', '.join(METHODS)} (the real engine has no draft "
-                                                  "model or EAGLE head)")
+        require(self.method in METHODS, "method", f"one of {', '.join(METHODS)} (the real engine has no EAGLE "
+                                                  "head or MTP module)")
+        require((self.model is not None) == (self.method == "draft_model"), "model",
+                "a draft model's checkpoint for method draft_model, and nothing for ngram")
+        require(self.model is None or isinstance(self.model, str) and self.model, "model", "a path")
         require(positive(self.num_speculative_tokens), "num_speculative_tokens", "an integer >= 1")
         require(positive(self.prompt_lookup_min), "prompt_lookup_min", "an integer >= 1")
         require(positive(self.prompt_lookup_max) and self.prompt_lookup_max >= self.prompt_lookup_min,
@@ -47,4 +52,11 @@ class SpeculativeConfig:
         value = json_object_option(value, "speculative_config", _KEYS)
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config needs num_speculative_tokens")
+        if value.get("model") is not None and "method" not in value:
+            value = {**value, "method": "draft_model"}  # vLLM's reading of a bare model
         return cls(**value)
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots past each chunk the proposer writes into before the next step (draft_model.py)."""
+        return self.num_speculative_tokens if self.method == "draft_model" else 0

@@ -16,16 +16,20 @@ import torch
 from engine.runner.input_batch import InputBatch
 from engine.runner.prepare_inputs import PreparedInputs
 from engine.runner.spec_decode.config import SpeculativeConfig
+from engine.runner.spec_decode.draft_model import DraftModelProposer
 from engine.runner.spec_decode.ngram_proposer import NgramProposer
 from engine.runner.spec_decode.verification import can_speculate, logprobs_of_tokens, verify_drafts
 
 
 class SpeculativeStep:
-    def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
+    def __init__(self, config: SpeculativeConfig, vocab_size: int,
+                 draft_model: DraftModelProposer | None = None) -> None:
         self.config = config
         self.vocab_size = vocab_size
         self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                       config.prompt_lookup_max)
+        # The draft model's proposer (method draft_model); None: n-gram drafts.
+        self.draft_model = draft_model
 
     @staticmethod
     def write_drafts(batch: InputBatch, scheduled_drafts: Mapping[str, list[int]]) -> dict[int, list[int]]:
@@ -72,14 +76,21 @@ class SpeculativeStep:
                 logprobs[state.req_id] = entries
         return tokens, logprobs
 
-    def propose(self, batch: InputBatch, rows: list[int]) -> dict[str, list[int]]:
-        """Drafts for each of ``rows`` (requests that just sampled) whose sampling allows speculation."""
+    def propose(self, batch: InputBatch, rows: list[int], prepared: PreparedInputs | None = None,
+                metadata_builder=None) -> dict[str, list[int]]:
+        """Drafts for each of ``rows`` (requests that just sampled) whose sampling allows speculation. A draft model
+        also catches up on every row's newly known tokens (``prepared``: the step's inputs), drafting or not."""
+        speculating = [row for row in rows if can_speculate(batch.request_states[row].sampling_params,
+                                                            len(batch.request_states[row].output_token_ids))]
+        if self.draft_model is not None:
+            # Known after this step: a sampled row's every token, another row's computed chunk.
+            known_ends = prepared.common.seq_lens.astype(np.int64)
+            known_ends[rows] = batch.num_tokens[rows]
+            drafts = self.draft_model.propose(batch, known_ends, speculating, metadata_builder)
+            return {batch.req_ids[row]: row_drafts for row, row_drafts in drafts.items()}
         proposals = {}
-        for row in rows:
-            state = batch.request_states[row]
-            if not can_speculate(state.sampling_params, len(state.output_token_ids)):
-                continue
+        for row in speculating:
             drafts = self.proposer.propose(batch.token_ids_cpu[row, :batch.num_tokens[row]])
             if drafts:
-                proposals[state.req_id] = drafts
+                proposals[batch.request_states[row].req_id] = drafts
         return proposals

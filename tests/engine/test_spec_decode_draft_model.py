@@ -1,0 +1,147 @@
+"""Speculative decoding with a draft model (speculative_config={"method": "draft_model", "model": PATH, ...}).
+
+Greedy requests produce exactly the tokens of decoding one token per step, whatever the draft proposes, through
+chunked prefill, preemption and the prefix cache. A draft equal to the target has every draft accepted: it proves
+that the draft's KV cache, kept block for block beside the target's, holds the right keys at every position it
+reads (after a prefix-cache hit, after a preemption, after rejected drafts).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from engine import LLM, SamplingParams
+from engine.core import CacheConfig, Request, Scheduler, SchedulerConfig
+from engine.core.sampling_params import SamplingParams as CoreSamplingParams
+from engine.models import make_test_model
+from engine.runner.spec_decode import SpeculativeConfig
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_test_model(tmp_path_factory.mktemp("target"), "llama", seed=1, num_hidden_layers=3)
+
+
+def _copy_with_layers(target, path, num_layers):
+    """The target's first ``num_layers`` layers, embedding and head: a draft that agrees with it part of the time
+    (all of the time with every layer)."""
+    shutil.copytree(target, path)
+    config = json.loads((path / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = load_file(path / "model.safetensors")
+    kept = {name: tensor for name, tensor in tensors.items()
+            if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < num_layers}
+    save_file(kept, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def shallow_draft(target, tmp_path_factory):
+    return _copy_with_layers(target, tmp_path_factory.mktemp("shallow") / "draft", 1)
+
+
+@pytest.fixture(scope="module")
+def identical_draft(target, tmp_path_factory):
+    return _copy_with_layers(target, tmp_path_factory.mktemp("identical") / "draft", 3)
+
+
+def _prompts(count, length=30, seed=0):
+    return [[random.Random(seed + index).randrange(4, 500) for _ in range(length)] for index in range(count)]
+
+
+def _generate(llm, prompts, params):
+    return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _draft(path, k=3):
+    return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    {},
+    {"max_num_batched_tokens": 7},  # chunked prompts, and a budget that cuts drafts
+    {"num_gpu_blocks": 14, "max_num_seqs": 4},  # a pool small enough to preempt
+    {"enable_prefix_caching": False},
+])
+def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, shallow_draft, engine_kwargs):
+    prompts = _prompts(5)
+    prompts.append(prompts[0][:20] + [5, 6])  # shares a block with the first
+    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
+    llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft), **engine_kwargs)
+    assert _generate(llm, prompts, GREEDY) == expected
+    stats = llm.engine_core.scheduler.make_stats().spec_decoding
+    assert stats["num_drafts"] > 0 and 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+def test_a_draft_equal_to_the_target_has_every_draft_accepted(target, identical_draft):
+    llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(identical_draft, 4),
+              num_gpu_blocks=10, max_num_seqs=4, max_num_batched_tokens=24, max_model_len=128)
+    prompts = _prompts(6, length=40)
+    assert _generate(llm, prompts, GREEDY) == _generate(LLM(model=str(target), skip_tokenizer_init=True), prompts,
+                                                       GREEDY)
+    scheduler = llm.scheduler
+    assert scheduler.num_preemptions_total > 0  # resumed requests' draft KV came back with them
+    stats = scheduler.make_stats().spec_decoding
+    assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"]
+    # A later request hits the first one's cached blocks: the draft's KV is in them too.
+    roomy = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(identical_draft, 4))
+    _generate(roomy, prompts[:1], GREEDY)
+    _generate(roomy, [prompts[0][:32] + [7, 8, 9]], GREEDY)
+    assert roomy.scheduler.kv_cache_manager.prefix_cache_stats.hits >= 32
+    stats = roomy.scheduler.make_stats().spec_decoding
+    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
+
+
+def test_random_sampling_runs_and_greedy_rows_beside_it_keep_their_tokens(target, shallow_draft):
+    prompts = _prompts(4, seed=30)
+    params = [GREEDY, SamplingParams(temperature=0.8, top_k=20, max_tokens=30, ignore_eos=True, seed=3)] * 2
+    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True), prompts, params)
+    llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft))
+    got = _generate(llm, prompts, params)
+    assert got[0] == expected[0] and got[2] == expected[2]
+    assert all(len(tokens) == 30 for tokens in got)
+    again = _generate(LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft)),
+                      prompts, params)
+    assert again == got  # seeded: the same draws again
+
+
+def test_the_scheduler_holds_slots_for_the_drafts_writes():
+    """num_lookahead_tokens: a chunk's blocks reach num_speculative_tokens past it (the draft writes the sampled
+    token's KV and its drafts' before the next step schedules them)."""
+    def blocks_after_prefill(lookahead):
+        scheduler = Scheduler(SchedulerConfig(max_model_len=256, num_speculative_tokens=3,
+                                              num_lookahead_tokens=lookahead),
+                              CacheConfig(block_size=16, num_gpu_blocks=64))
+        scheduler.add_request(Request("r", list(range(4, 36)), CoreSamplingParams(max_tokens=8)))
+        scheduler.schedule()
+        return len(scheduler.kv_cache_manager.req_to_blocks["r"])
+
+    assert (blocks_after_prefill(0), blocks_after_prefill(3)) == (2, 3)  # 32 tokens; 35 slots need a third block
+    with pytest.raises(ValueError, match="num_lookahead_tokens must be an integer in \\[0, num_speculative_tokens=3\\]"):
+        SchedulerConfig(num_speculative_tokens=3, num_lookahead_tokens=4)
+    assert SpeculativeConfig.parse({"model": "tiny", "num_speculative_tokens": 2}).num_lookahead_tokens == 2
+    assert SpeculativeConfig.parse({"num_speculative_tokens": 2}).num_lookahead_tokens == 0  # n-gram writes none
+
+
+def test_bad_draft_models_are_refused_by_key(target, tmp_path):
+    other_vocabulary = make_test_model(tmp_path / "other", "llama", vocab_size=256)
+    with pytest.raises(ValueError, match="speculative_config.model .* has vocab_size 256, the target 512"):
+        LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(other_vocabulary))
+    with pytest.raises(ValueError, match="speculative_config.model must be one of .* got '/no/such/folder'"):
+        LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft("/no/such/folder"))
+    with pytest.raises(ValueError, match="speculative_config.model must be a draft model's checkpoint for method "
+                                         "draft_model"):
+        SpeculativeConfig.parse({"method": "draft_model", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="does not run with kv_offloading_size_gib"):
+        LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(target), kv_offloading_size_gib=1)
