@@ -1,6 +1,7 @@
-"""Speculative decoding with the n-gram proposer against plain decoding, on the same engine and requests.
+"""Speculative decoding (n-gram proposer, or a draft model) against plain decoding, on the same engine and requests.
 
     python -m benchmarks.spec_decode [--model small] [--num-requests 8] [--max-tokens 128] [--repeats 3]
+                                     [--draft-layers N | --draft-model PATH]
 
 Greedy requests whose prompts repeat text (a passage quoted twice, as in summarising or editing, where
 prompt lookup pays off) run through ``engine.LLM`` with ``speculative_config`` = n-gram at 1, 3 and 5 draft
@@ -8,6 +9,8 @@ tokens and without it, in one process with one torch thread, alternating, the me
 The generated default model has random weights, so its greedy outputs repeat themselves after a while, and
 the proposer finds them too. Both runs produce the same tokens (checked); the columns are output tokens per
 second, the ratio to plain decoding, the acceptance rate and the tokens a verified draft produced on average.
+``--draft-layers N`` adds a draft model cut from the target's first N layers (engine/models/layer_skip_draft.py) at
+1, 3 and 5 drafts; ``--draft-model PATH`` one of the same vocabulary.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=8, help="the engine's batch (decode steps run this many)")
     parser.add_argument("--repeats", type=int, default=3)
+    drafts = parser.add_mutually_exclusive_group()
+    drafts.add_argument("--draft-layers", type=int, help="also draft with the target's first N layers")
+    drafts.add_argument("--draft-model", help="also draft with this checkpoint (the target's vocabulary)")
     args = parser.parse_args(argv)
 
     import torch
@@ -43,6 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     for drafts in (1, 3, 5):
         settings[f"ngram k={drafts}"] = {"method": "ngram", "num_speculative_tokens": drafts,
                                           "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    draft_model = args.draft_model
+    if args.draft_layers is not None:
+        import tempfile
+
+        from engine.engine_args import EngineArgs
+        from engine.models.layer_skip_draft import write_layer_skip_draft
+
+        target = EngineArgs(model=args.model).resolve_model_path()
+        draft_model = str(write_layer_skip_draft(target, tempfile.mkdtemp() + "/draft", args.draft_layers))
+    if draft_model is not None:
+        for drafts in (1, 3, 5):
+            settings[f"draft k={drafts}"] = {"method": "draft_model", "model": draft_model,
+                                             "num_speculative_tokens": drafts}
     engines = {name: LLM(model=args.model, skip_tokenizer_init=True, max_num_seqs=args.max_num_seqs,
                          speculative_config=config) for name, config in settings.items()}
     times: dict[str, list[float]] = {name: [] for name in settings}

@@ -166,6 +166,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             max_model_len=max_model_len, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold, policy=engine.scheduling_policy,
             async_scheduling=engine.async_scheduling, num_speculative_tokens=num_speculative_tokens,
+            # A proposer with a model writes its KV past the chunk before the next step (vLLM's lookahead slots;
+            # engine/runner/spec_decode/draft_model.py), so its requests hold that many more slots.
+            num_lookahead_tokens=num_speculative_tokens if num_speculative_tokens and
+            engine.speculative_decoding.method in ("draft_model", "mtp") else 0,
             max_loras=engine.max_loras)
     except ValueError as error:
         # The one scheduler field the workload spells differently (vLLM's engine argument's name).

@@ -76,6 +76,24 @@ def _warm_up(llm) -> None:
     llm.engine_core.scheduler.num_preemptions_total = 0
 
 
+def real_draft_model(value: str) -> str:
+    """The checkpoint a real run drafts with, from ``engine.speculative_decoding.draft_model``: the generated default
+    models by name (``tiny``, ``small``; the presets ``servesim-tiny`` / ``servesim-small`` price them), or a folder
+    (or its config.json) that holds the weights too."""
+    from pathlib import Path
+
+    name = value.removeprefix("servesim-")
+    if name in ("tiny", "small"):
+        return name
+    path = Path(value)
+    folder = path.parent if path.name == "config.json" else path
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise SetupError(f"engine.speculative_decoding.draft_model: {value!r} names no checkpoint (a folder with "
+                         "config.json and safetensors weights) for a real run; the presets are priced, not loaded "
+                         "(use tiny or small, or a checkpoint folder)")
+    return str(folder)
+
+
 def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, device: str = "cpu",
                       dtype: str = "auto", attention_backend: str | None = None, threads: int = 1,
                       enforce_eager: bool = False) -> RealEngine:
@@ -105,14 +123,18 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
     speculative = workload.engine.speculative_decoding
     speculative_config = None
     if speculative is not None and speculative.num_speculative_tokens:
-        if speculative.method != "ngram":
-            raise SetupError(f"engine.speculative_decoding.method: {speculative.method!r} is simulated only; the real "
-                             "runner has no draft model (set engine.speculative_decoding.method=ngram)")
+        if speculative.method == "mtp":
+            raise SetupError("engine.speculative_decoding.method: 'mtp' is simulated only; the real runner has no "
+                             "multi-token-prediction module (set engine.speculative_decoding.method=ngram or "
+                             "draft_model)")
         # The real proposer's drafts are accepted as often as the model agrees: acceptance_rate is what the
         # simulation assumes, the real run measures it (summary.json's spec_decoding).
-        speculative_config = {"method": "ngram", "num_speculative_tokens": speculative.num_speculative_tokens,
-                              "prompt_lookup_min": speculative.prompt_lookup_min,
-                              "prompt_lookup_max": speculative.prompt_lookup_max}
+        speculative_config = {"method": speculative.method, "num_speculative_tokens": speculative.num_speculative_tokens}
+        if speculative.method == "ngram":
+            speculative_config.update(prompt_lookup_min=speculative.prompt_lookup_min,
+                                      prompt_lookup_max=speculative.prompt_lookup_max)
+        else:
+            speculative_config["model"] = real_draft_model(speculative.draft_model)
     num_replicas = workload.cluster.num_replicas
     if workload.cluster.disaggregated:
         # Checked first: the advice below would otherwise lead to prefill_replicas' own error.

@@ -8,17 +8,15 @@ reads (after a prefix-cache hit, after a preemption, after rejected drafts).
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from engine.core import CacheConfig, Request, Scheduler, SchedulerConfig
 from engine.core.sampling_params import SamplingParams as CoreSamplingParams
 from engine.models import make_test_model
+from engine.models.layer_skip_draft import write_layer_skip_draft
 from engine.runner.spec_decode import SpeculativeConfig
 
 
@@ -27,28 +25,16 @@ def target(tmp_path_factory):
     return make_test_model(tmp_path_factory.mktemp("target"), "llama", seed=1, num_hidden_layers=3)
 
 
-def _copy_with_layers(target, path, num_layers):
-    """The target's first ``num_layers`` layers, embedding and head: a draft that agrees with it part of the time
-    (all of the time with every layer)."""
-    shutil.copytree(target, path)
-    config = json.loads((path / "config.json").read_text())
-    config["num_hidden_layers"] = num_layers
-    (path / "config.json").write_text(json.dumps(config))
-    tensors = load_file(path / "model.safetensors")
-    kept = {name: tensor for name, tensor in tensors.items()
-            if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < num_layers}
-    save_file(kept, path / "model.safetensors", metadata={"format": "pt"})
-    return path
-
-
 @pytest.fixture(scope="module")
 def shallow_draft(target, tmp_path_factory):
-    return _copy_with_layers(target, tmp_path_factory.mktemp("shallow") / "draft", 1)
+    """The target's first layer: it agrees with the target part of the time."""
+    return write_layer_skip_draft(target, tmp_path_factory.mktemp("shallow") / "draft", 1)
 
 
 @pytest.fixture(scope="module")
 def identical_draft(target, tmp_path_factory):
-    return _copy_with_layers(target, tmp_path_factory.mktemp("identical") / "draft", 3)
+    """Every layer: the target itself, in another folder."""
+    return write_layer_skip_draft(target, tmp_path_factory.mktemp("identical") / "draft", 3)
 
 
 def _prompts(count, length=30, seed=0):
@@ -132,6 +118,17 @@ def test_the_scheduler_holds_slots_for_the_drafts_writes():
         SchedulerConfig(num_speculative_tokens=3, num_lookahead_tokens=4)
     assert SpeculativeConfig.parse({"model": "tiny", "num_speculative_tokens": 2}).num_lookahead_tokens == 2
     assert SpeculativeConfig.parse({"num_speculative_tokens": 2}).num_lookahead_tokens == 0  # n-gram writes none
+
+
+def test_a_layer_skip_draft_keeps_the_first_layers(target, tmp_path):
+    from safetensors.torch import load_file
+
+    draft = write_layer_skip_draft(target, tmp_path / "draft", 2)
+    tensors, original = load_file(draft / "model.safetensors"), load_file(target / "model.safetensors")
+    assert set(tensors) == {name for name in original if ".layers.2." not in name}
+    assert all(tensors[name].equal(original[name]) for name in tensors)
+    with pytest.raises(ValueError, match="num_layers must be in \\[1, 3\\]"):
+        write_layer_skip_draft(target, tmp_path / "bad", 4)
 
 
 def test_bad_draft_models_are_refused_by_key(target, tmp_path):

@@ -1,6 +1,7 @@
-"""A speculating real run (``--executor real`` with ``engine.speculative_decoding``, the n-gram proposer) and its
-replay: the replay keeps and proposes as many drafts per step as the real runner did (sim/recorded_drafts.py)
-and must take every scheduling decision the real run took."""
+"""A speculating real run (``--executor real`` with ``engine.speculative_decoding``: the n-gram proposer, or a draft
+model) and its replay: the replay keeps and proposes as many drafts per step as the real runner did
+(sim/recorded_drafts.py) and must take every scheduling decision the real run took (with a draft model, the lookahead
+slots its requests hold too)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,22 @@ SPECULATING = dict(WORKLOAD, engine=dict(WORKLOAD["engine"], speculative_decodin
     "num_speculative_tokens": 3, "acceptance_rate": 0.6, "prompt_lookup_min": 1, "prompt_lookup_max": 3}))
 
 
+DRAFTING = dict(WORKLOAD, engine=dict(WORKLOAD["engine"], speculative_decoding={
+    "num_speculative_tokens": 3, "acceptance_rate": 0.6, "method": "draft_model", "draft_model": "tiny"}))
+
+
 @pytest.fixture(scope="module")
 def speculating_run(tmp_path_factory):
+    return _greedy_real_run(SPECULATING, tmp_path_factory.mktemp("spec_real") / "run")
+
+
+@pytest.fixture(scope="module")
+def drafting_run(tmp_path_factory):
+    """The tiny model drafting for itself: every greedy draft is accepted."""
+    return _greedy_real_run(DRAFTING, tmp_path_factory.mktemp("draft_real") / "run")
+
+
+def _greedy_real_run(spec, out):
     # Greedy requests: the tiny random model's greedy outputs fall into loops, where drafts are accepted (at the
     # workload's default temperature 1 over its near-uniform distribution nearly none would be).
     import sim.wall_clock_driver as driver
@@ -36,9 +51,8 @@ def speculating_run(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setattr(driver, "make_request", greedy)
     try:
-        workload = load_workload(SPECULATING)
+        workload = load_workload(spec)
         real = build_real_engine(workload, model="tiny", threads=1)
-        out = tmp_path_factory.mktemp("spec_real") / "run"
         result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
     finally:
@@ -66,10 +80,21 @@ def test_replay_of_a_speculating_run_takes_the_same_decisions(speculating_run, t
         {key: recorded[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
 
 
-def test_a_draft_model_is_refused_for_real_runs():
+def test_a_draft_models_real_run_and_its_replay_take_the_same_decisions(drafting_run, tmp_path):
+    recorded = read_run(drafting_run).summary["spec_decoding"]
+    assert recorded["num_drafts"] > 50 and recorded["num_accepted_tokens"] == recorded["num_draft_tokens"]
+    result, report = run_replay(drafting_run, tmp_path / "replay")
+    assert report.identical, report.describe()
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"method": "mtp"}, "method: 'mtp' is simulated only"),
+    ({"method": "draft_model", "draft_model": "llama-3.2-1b"}, "draft_model: 'llama-3.2-1b' names no checkpoint"),
+])
+def test_what_a_real_run_cannot_draft_with_is_refused(section, message):
     workload = load_workload(dict(SPECULATING, engine=dict(SPECULATING["engine"], speculative_decoding={
-        "num_speculative_tokens": 3, "acceptance_rate": 0.6, "method": "draft_model", "draft_model": "tiny"})))
-    with pytest.raises(SetupError, match="method: 'draft_model' is simulated only"):
+        "num_speculative_tokens": 3, "acceptance_rate": 0.6, **section})))
+    with pytest.raises(SetupError, match=message):
         build_real_engine(workload, model="tiny", threads=1)
 
 
