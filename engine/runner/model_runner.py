@@ -124,7 +124,7 @@ class ModelRunner:
             return None
         return DraftModelProposer(speculative.model, speculative.num_speculative_tokens,
                                   dtype=self.dtype, device=self.device, attention_backend=self.attention_backend,
-                                  target_vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+                                  target_config=self.model_config, max_model_len=self.max_model_len)
 
     @property
     def draft_model(self) -> DraftModelProposer | None:

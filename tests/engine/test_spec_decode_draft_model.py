@@ -140,5 +140,8 @@ def test_bad_draft_models_are_refused_by_key(target, tmp_path):
     with pytest.raises(ValueError, match="speculative_config.model must be a draft model's checkpoint for method "
                                          "draft_model"):
         SpeculativeConfig.parse({"method": "draft_model", "num_speculative_tokens": 2})
+    windowed = make_test_model(tmp_path / "windowed", "mistral", config_overrides={"sliding_window": 8})
+    with pytest.raises(ValueError, match="attends further back than the target's sliding_window 8"):
+        LLM(model=str(windowed), skip_tokenizer_init=True, speculative_config=_draft(target))
     with pytest.raises(ValueError, match="does not run with kv_offloading_size_gib"):
         LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(target), kv_offloading_size_gib=1)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine.models import load_model
+from engine.models.config import ModelConfig
 from engine.runner.attention import allocate_kv_caches, kv_cache_bytes_per_block
 from engine.runner.input_batch import InputBatch
 from engine.runner.prepare_inputs import CommonAttentionMetadata
@@ -26,11 +27,18 @@ from engine.runner.prepare_inputs import CommonAttentionMetadata
 
 class DraftModelProposer:
     def __init__(self, path: str, num_speculative_tokens: int, *, dtype: torch.dtype, device: torch.device,
-                 attention_backend: str, target_vocab_size: int, max_model_len: int) -> None:
+                 attention_backend: str, target_config: ModelConfig, max_model_len: int) -> None:
         self.model, self.model_config = load_model(path, dtype, device, attention_backend=attention_backend)
-        if self.model_config.vocab_size != target_vocab_size:
+        if self.model_config.vocab_size != target_config.vocab_size:
             raise ValueError(f"speculative_config.model {path!r} has vocab_size {self.model_config.vocab_size}, the "
-                             f"target {target_vocab_size}: a draft model must share the target's token ids")
+                             f"target {target_config.vocab_size}: a draft model must share the target's token ids")
+        window = target_config.sliding_window
+        if window is not None and target_config.sliding_window_fraction == 1.0 and any(
+                draft_window is None or draft_window > window for draft_window in self.model_config.layer_sliding_windows):
+            # Every target layer slides, so the core hands back blocks that leave the window: a draft that reads
+            # further back would read blocks that are no longer its request's.
+            raise ValueError(f"speculative_config.model {path!r} attends further back than the target's "
+                             f"sliding_window {window}, whose blocks are handed back as they leave it")
         if max_model_len > self.model.max_model_len_limit:
             raise ValueError(f"speculative_config.model {path!r} supports {self.model.max_model_len_limit} tokens, "
                              f"fewer than max_model_len {max_model_len}")
