@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.hf_checkpoint_quantization import stored_quantization
 from sim.model_shapes import ModelShape
 
 # transformers' defaults for the keys a config may leave out (None: it must be there).
@@ -63,6 +64,7 @@ def deepseek_shape(config: dict, architecture: str, path: Path, key: Callable[..
         gated_mlp=True,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         num_mtp_layers=_mtp_layers(config, path, defaults.get("num_nextn_predict_layers", 0)),
+        stored_quantization=stored_quantization(config, path),  # DeepSeek-V3/R1 and Kimi K2: block fp8
         **(_latent_attention(config, defaults, key, heads) if latent else {
             "num_kv_heads": key("num_key_value_heads", heads), "head_dim": key("head_dim", hidden_size // heads),
             "qkv_bias": bool(config.get("attention_bias", False))}),

@@ -82,6 +82,16 @@ def _named(field: str, error: Exception) -> SetupError:
     return SetupError(message if message.startswith(field) else f"{field}: {message}")
 
 
+def effective_quantization(requested: str | None, model, cost_model_spec) -> str | None:
+    """``engine.quantization`` when set; else the scheme the checkpoint is stored in, which vLLM runs it in, on the
+    analytical cost model (a calibrated profile measured the real runner, which dequantizes at load)."""
+    if requested is not None or model.stored_quantization is None:
+        return requested
+    analytical = cost_model_spec in (None, "analytical") or (
+        isinstance(cost_model_spec, dict) and cost_model_spec.get("kind") == "analytical")
+    return model.stored_quantization if analytical else None
+
+
 def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = None,
                 requests: list[RequestSpec] | None = None) -> RunSetup:
     try:
@@ -93,6 +103,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     except ValueError as error:
         raise _named("hardware", error) from None
     engine = workload.engine
+    quantization = effective_quantization(engine.quantization, model, cost_model_spec)
     try:
         model.shard(engine.tensor_parallel_size)
         model.pipeline_stage_layers(engine.pipeline_parallel_size)
@@ -123,9 +134,9 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             num_gpu_blocks = kv_cache_num_blocks(
                 model, hardware, workload.dtype, engine.block_size, engine.gpu_memory_utilization,
                 kv_cache_dtype=engine.kv_cache_dtype,
-                tensor_parallel_size=engine.tensor_parallel_size, quantization=engine.quantization,
+                tensor_parallel_size=engine.tensor_parallel_size, quantization=quantization,
                 pipeline_parallel_size=engine.pipeline_parallel_size, draft_model=draft_model,
-                draft_quantization=engine.quantization if _drafts_with_mtp(workload) else None,
+                draft_quantization=quantization if _drafts_with_mtp(workload) else None,
                 data_parallel_size=expert_parallel_ranks,
                 layers_per_block=None if groups is None else groups.layers_per_block)
         except ValueError as error:
@@ -177,7 +188,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                                           .replace("cache.eviction_policy", "engine.prefix_cache_eviction_policy"))) from None
     try:
         cost_model = load_cost_model(cost_model_spec, model, hardware, workload.dtype, engine.tensor_parallel_size,
-                                     engine.kv_cache_dtype, engine.quantization, engine.pipeline_parallel_size,
+                                     engine.kv_cache_dtype, quantization, engine.pipeline_parallel_size,
                                      expert_parallel_ranks)
     except (ValueError, OSError) as error:
         message = str(error)
@@ -197,7 +208,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         # The MTP module is the model's own layer, quantized as the model is; a separate draft model is not.
         draft_cost_model = None if draft_model is None else AnalyticalCostModel(
             draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype,
-            quantization=engine.quantization if section.method == "mtp" else None,
+            quantization=quantization if section.method == "mtp" else None,
             # The MTP module's experts are spread over the ranks' GPUs as the model's are.
             data_parallel_size=expert_parallel_ranks if section.method == "mtp" else 1)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.hf_checkpoint_quantization import stored_quantization
 from sim.deepseek_config import deepseek_shape
 from sim.hf_config_file import read_config_json
 from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
@@ -130,6 +131,7 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         tied_embeddings=bool(config.get("tie_word_embeddings", gemma or architecture in (
             "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"))),
         qkv_bias=qkv_bias,
+        stored_quantization=stored_quantization(config, path),
         **_sliding_layers(config, architecture, path),
         **experts,
     )

@@ -18,19 +18,19 @@ def _shape(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter
            max_positions: int, *, head_dim: int | None = None, tied: bool = False,
            qkv_bias: bool = False, experts: int = 0, experts_per_token: int = 0, expert_width: int = 0,
            shared_expert_width: int = 0, sliding_window: int | None = None,
-           sliding_layers: int | None = None) -> ModelShape:
+           sliding_layers: int | None = None, stored: str | None = None) -> ModelShape:
     return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                       num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads, intermediate_size=intermediate,
                       vocab_size=vocab, max_position_embeddings=max_positions, gated_mlp=True,
                       tied_embeddings=tied, qkv_bias=qkv_bias, num_experts=experts,
                       num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
                       shared_expert_intermediate_size=shared_expert_width, sliding_window=sliding_window,
-                      num_sliding_layers=sliding_layers)
+                      num_sliding_layers=sliding_layers, stored_quantization=stored)
 
 
 def _deepseek(name: str, layers: int, hidden: int, heads: int, intermediate: int, vocab: int, max_positions: int,
               *, experts: int, experts_per_token: int, expert_width: int, shared_experts: int, dense_layers: int,
-              q_lora_rank: int, mtp_layers: int = 0) -> ModelShape:
+              q_lora_rank: int, mtp_layers: int = 0, stored: str | None = None) -> ModelShape:
     """DeepSeek-V2/V3's layout: latent attention (kv_lora_rank 512, 128 + 64 query/key numbers per head, values of
     128), dense MLPs in the first layers, ungated shared experts as wide as the routed ones."""
     return ModelShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
@@ -39,7 +39,7 @@ def _deepseek(name: str, layers: int, hidden: int, heads: int, intermediate: int
                       num_experts_per_token=experts_per_token, moe_intermediate_size=expert_width,
                       shared_expert_intermediate_size=shared_experts * expert_width, shared_expert_gate=False,
                       num_dense_layers=dense_layers, kv_lora_rank=512, q_lora_rank=q_lora_rank,
-                      qk_rope_head_dim=64, v_head_dim=128, num_mtp_layers=mtp_layers)
+                      qk_rope_head_dim=64, v_head_dim=128, num_mtp_layers=mtp_layers, stored_quantization=stored)
 
 
 # Figures from each model's published config.json. Parameter counts these give (checked in tests):
@@ -128,21 +128,23 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     # 4.19B with the embedding (the published 5.1B and 3.6B leave it out). Published in mxfp4 experts
     # (engine.quantization: mxfp4).
     _shape("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, qkv_bias=True, experts=128,
-           experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=18),
+           experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=18, stored="mxfp4"),
     _shape("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, qkv_bias=True, experts=32,
-           experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=12),
+           experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=12, stored="mxfp4"),
     # DeepSeek's (sim/deepseek_config.py reads their config.json files; tests/sim/test_deepseek_shapes.py checks
     # the counts). Total and active parameters (the active count with the embedding, which published figures may
     # leave out): deepseek-v3 671.0B / 37.6B (DeepSeek-R1 has V3's shape; the 14B multi-token-prediction module is
     # served; it drafts for speculative decoding, method mtp), deepseek-v2 235.7B / 21.4B, deepseek-v2-lite 15.7B / 2.66B, kimi-k2 1.03T / 32.9B.
+    # DeepSeek-V3/R1 and Kimi K2 are published in block fp8, gpt-oss's experts in mxfp4 (stored_quantization: what
+    # a simulation with engine.quantization null prices, as vLLM runs them).
     _deepseek("deepseek-v3", 61, 7168, 128, 18432, 129280, 163840, experts=256, experts_per_token=8,
-              expert_width=2048, shared_experts=1, dense_layers=3, q_lora_rank=1536, mtp_layers=1),
+              expert_width=2048, shared_experts=1, dense_layers=3, q_lora_rank=1536, mtp_layers=1, stored="fp8"),
     _deepseek("deepseek-v2", 60, 5120, 128, 12288, 102400, 163840, experts=160, experts_per_token=6,
               expert_width=1536, shared_experts=2, dense_layers=1, q_lora_rank=1536),
     _deepseek("deepseek-v2-lite", 27, 2048, 16, 10944, 102400, 163840, experts=64, experts_per_token=6,
               expert_width=1408, shared_experts=2, dense_layers=1, q_lora_rank=0),
     _deepseek("kimi-k2", 61, 7168, 64, 18432, 163840, 131072, experts=384, experts_per_token=8,
-              expert_width=2048, shared_experts=1, dense_layers=1, q_lora_rank=1536),
+              expert_width=2048, shared_experts=1, dense_layers=1, q_lora_rank=1536, stored="fp8"),
     # The project's generated default models (engine/models/default_model.py; a test keeps them equal):
     # what real runs on the CPU use, and what their calibrated profiles describe.
     _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),

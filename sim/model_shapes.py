@@ -87,6 +87,10 @@ class ModelShape:
     # num_nextn_predict_layers): a speculative-decoding proposer (method mtp, sim/mtp_draft.py), not part of the
     # served model, so not counted in its parameters.
     num_mtp_layers: int = 0
+    # The scheme the checkpoint's weights are stored in (its config.json's quantization_config, read by
+    # sim/hf_checkpoint_quantization.py): vLLM runs them in it, and a simulation with engine.quantization null on
+    # the analytical cost model prices them so. None: stored in the model's dtype.
+    stored_quantization: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -107,6 +111,11 @@ class ModelShape:
                              f"got {self.num_kv_heads}")
         self._check_experts()
         check_latent_attention(self)
+        if self.stored_quantization is not None:
+            try:
+                weight_quantization(self.stored_quantization, self)
+            except ValueError as error:
+                raise ValueError(str(error).replace("engine.quantization", "model.stored_quantization")) from None
         if not isinstance(self.num_mtp_layers, int) or isinstance(self.num_mtp_layers, bool) or self.num_mtp_layers < 0:
             raise ValueError(f"model.num_mtp_layers must be an integer >= 0, got {self.num_mtp_layers!r}")
 
