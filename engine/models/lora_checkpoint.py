@@ -9,7 +9,9 @@ A folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules`
 and the projection's output becomes ``W x + scale * B (A x)`` with ``scale = lora_alpha / r`` (``lora_alpha /
 sqrt(r)`` with ``use_rslora``). The projections the runner adapts are the Llama family's seven linear
 layers (q, k, v, o, gate, up, down); q/k/v and gate/up are slices of our fused ``qkv_proj`` and
-``gate_up_proj`` (engine/runner/lora/lora_linear.py). Everything else PEFT can save (embeddings, the LM
+``gate_up_proj`` (engine/runner/lora/lora_linear.py). An adapter of a checkpoint that stores them fused (Phi-3,
+Phi-4: targets ``qkv_proj``, ``gate_up_proj``) is read as one adapter per slice, each with the fused A and its
+rows of the fused B. Everything else PEFT can save (embeddings, the LM
 head, DoRA's magnitudes, biases, fully trained ``modules_to_save``, per-module ranks) would change the
 model in ways the runner does not reproduce, so it is refused: a ValueError naming the file, the field or
 key, and the value, raised when the request is added, never in a step.
@@ -32,7 +34,11 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 TARGET_MODULES = {
     "q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
     "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
+    # Checkpoints that store these fused (Phi-3, Phi-4) are adapted fused: one A for all slices, one B with the
+    # slices' rows stacked, which is the same update as one adapter per slice sharing A.
+    "qkv_proj": "self_attn", "gate_up_proj": "mlp",
 }
+FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 
 
@@ -63,7 +69,7 @@ def read_adapter(folder: str | Path, target_shapes: LoRATargetShapes, max_lora_r
     if not folder.is_dir():
         raise ValueError(f"LoRA adapter folder {str(folder)!r} does not exist")
     rank, scale, targets = _read_config(folder / CONFIG_FILE, max_lora_rank)
-    adapter = LoRAWeights(rank, scale, targets)
+    adapter = LoRAWeights(rank, scale, adapted_projections(targets))
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     weights_path = folder / WEIGHTS_FILE
     for key, tensor in _read_tensors(weights_path):
@@ -83,7 +89,9 @@ def read_adapter(folder: str | Path, target_shapes: LoRATargetShapes, max_lora_r
             raise ValueError(f"{where}: layer {layer}, but the model has {target_shapes.num_layers} layers")
         if not tensor.is_floating_point():
             raise ValueError(f"{where} has dtype {tensor.dtype}, not a floating-point type")
-        in_features, out_features = target_shapes.shapes[module]
+        slices = FUSED_TARGETS.get(module, (module,))
+        in_features = target_shapes.shapes[slices[0]][0]
+        out_features = sum(target_shapes.shapes[name][1] for name in slices)
         expected = (rank, in_features) if half == "A" else (out_features, rank)
         if tuple(tensor.shape) != expected:
             raise ValueError(f"{where} has shape {tuple(tensor.shape)}, expected {expected} (r={rank}, the model's "
@@ -93,7 +101,11 @@ def read_adapter(folder: str | Path, target_shapes: LoRATargetShapes, max_lora_r
         if len(pair) != 2:
             missing = "lora_B" if "A" in pair else "lora_A"
             raise ValueError(f"{weights_path}: layer {layer}'s {module} has no {missing}.weight")
-        adapter.weights[(layer, module)] = (pair["A"], pair["B"])
+        start = 0
+        for name in FUSED_TARGETS.get(module, (module,)):
+            end = start + target_shapes.shapes[name][1]
+            adapter.weights[(layer, name)] = (pair["A"], pair["B"][start:end])
+            start = end
     if not adapter.weights:
         raise ValueError(f"{weights_path} holds no LoRA weights")
     return adapter
@@ -148,6 +160,11 @@ def _read_config(path: Path, max_lora_rank: int) -> tuple[int, float, tuple[str,
                          f"{list(TARGET_MODULES)} (not embed_tokens or lm_head)")
     scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
     return rank, float(scale), tuple(dict.fromkeys(targets))
+
+
+def adapted_projections(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The unfused projections ``targets`` adapt (a fused target adapts each of its slices)."""
+    return tuple(dict.fromkeys(name for target in targets for name in FUSED_TARGETS.get(target, (target,))))
 
 
 def _read_tensors(path: Path):

@@ -35,7 +35,8 @@ def _module_shapes(config: dict) -> dict[str, tuple[int, int]]:
     intermediate = config["intermediate_size"]
     return {"q_proj": (hidden, q_size), "k_proj": (hidden, kv_size), "v_proj": (hidden, kv_size),
             "o_proj": (q_size, hidden), "gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate),
-            "down_proj": (intermediate, hidden)}
+            "down_proj": (intermediate, hidden), "qkv_proj": (hidden, q_size + 2 * kv_size),
+            "gate_up_proj": (hidden, 2 * intermediate)}
 
 
 def make_lora_adapter(out_dir: str | Path, model_path: str | Path, *, rank: int = 8, alpha: float = 16,
