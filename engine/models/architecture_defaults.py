@@ -76,6 +76,10 @@ ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
               "sliding_window": None, "num_key_value_heads": None},
+    # Llama 4 (Scout, Maverick): its language model; head_dim is a key of its own (llama4_config.py).
+    "llama4_text": {"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+                    "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32,
+                    "sliding_window": None, "num_key_value_heads": 8, "head_dim": 128},
     # Phi-3 and Phi-4: Llama's layers with q/k/v and gate/up fused in the checkpoint too (phi3.py).
     "phi3": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096,

@@ -21,6 +21,7 @@ from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 from engine.models.granite_config import granite_multipliers
 from engine.models.layer_types import checked_layer_types, windows_of
+from engine.models.llama4_config import flatten_llama4, llama4_moe, llama4_uses_rope
 from engine.models.long_rope import LONGROPE_TYPES, parse_longrope
 from engine.models.nope_layers import cohere2_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
@@ -141,6 +142,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        raw = flatten_llama4(raw)  # a multimodal Llama 4 is served as its language model
         architectures = raw.get("architectures") or []
         if not architectures:
             raise ValueError("config.json has no 'architectures' entry; cannot tell which model class to build")
@@ -213,11 +215,14 @@ class ModelConfig:
         elif model_type in ("cohere2", "smollm3"):
             layer_windows, layer_uses_rope = (cohere2_layers if model_type == "cohere2" else smollm3_layers)(
                 raw, sliding_window, num_layers)
+        elif model_type == "llama4_text":
+            # Chunked layers keep every block (the cache sees full attention); llama4.py attends within chunks.
+            layer_windows, layer_uses_rope = (None,) * num_layers, llama4_uses_rope(raw, num_layers)
         else:
             # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
             # whose layers slide).
             layer_windows = (None,) * num_layers
-        if model_type not in ("cohere2", "smollm3"):
+        if model_type not in ("cohere2", "smollm3", "llama4_text"):
             layer_uses_rope = (True,) * num_layers
         sliding_window = next((window for window in layer_windows if window is not None), None)
         dtype = raw.get("torch_dtype", raw.get("dtype"))
@@ -279,6 +284,8 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
     if model_type == "gpt_oss":
         num_experts = _positive(raw, "num_local_experts", 128)
         return MoEConfig(**gpt_oss_moe(raw, num_experts, _top_k(raw, num_experts, 4)))
+    if model_type == "llama4_text":
+        return MoEConfig(**llama4_moe(raw, num_layers))
     if model_type not in ("qwen2_moe", "qwen3_moe"):
         return None
     name = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE"}[model_type]

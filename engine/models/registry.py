@@ -10,6 +10,7 @@ from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
@@ -41,6 +42,9 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
+    "Llama4ForCausalLM": Llama4ForCausalLM,
+    # The published Llama 4 checkpoints: their language model (text in, text out; llama4_config.py).
+    "Llama4ForConditionalGeneration": Llama4ForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,

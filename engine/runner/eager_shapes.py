@@ -64,6 +64,7 @@ def warm_up_shapes(model, kv_caches, device: torch.device, *, max_num_tokens: in
             block_table=torch.zeros((0, 1), dtype=torch.int32, device=device),
             slot_mapping=torch.full((num_tokens,), PADDING_SLOT_ID, dtype=torch.long, device=device),
             max_query_len=0, max_seq_len=0, query_start_loc_cpu=[0], seq_lens_cpu=[])
+        metadata.local = metadata  # no request: chunked layers (Llama 4) attend nothing either
         ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
         hidden_states = model(ids, ids, kv_caches, metadata)
         runs += 1

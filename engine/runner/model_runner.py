@@ -30,6 +30,7 @@ from engine.models.loader import resolve_dtype
 from engine.models.registry import get_model_class
 from engine.runner.attention import allocate_kv_caches
 from engine.runner.attention.kv_cache import allocate_grouped_kv_caches, kv_cache_bytes_per_block
+from engine.runner.attention.local_attention import local_attention_common
 from engine.runner.host_kv_cache import HostKVCache
 from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
@@ -76,6 +77,12 @@ class ModelRunner:
                              f"supports ({limit})")
         self.max_model_len = config.max_model_len or limit
         self.model.fit_context(self.max_model_len)
+        # Llama 4's chunked layers attend per-chunk virtual requests, whose block tables start at a chunk's first
+        # block (engine/runner/attention/local_attention.py).
+        self.attention_chunk_size = getattr(self.model, "attention_chunk_size", None)
+        if self.attention_chunk_size and self.attention_chunk_size % config.block_size:
+            raise ValueError(f"block_size {config.block_size} must divide the model's attention_chunk_size "
+                             f"{self.attention_chunk_size}")
         self.block_size = config.block_size
         self.max_num_reqs = config.max_num_seqs
         self.vocab_size = self.model_config.vocab_size
@@ -381,6 +388,9 @@ class ModelRunner:
                 input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions,
                                                                prepared.common, self.eager_token_padding)
                 attn_metadata = self.metadata_builder.build(common)
+                if self.attention_chunk_size:
+                    attn_metadata.local = self.metadata_builder.build(
+                        local_attention_common(common, self.attention_chunk_size, self.block_size))
                 if prepared.group_commons is not None:
                     attn_metadata.groups = [attn_metadata] + [
                         self.metadata_builder.build(pad_step_inputs(prepared.input_ids, prepared.positions,

@@ -53,6 +53,9 @@ class AttentionMetadata:
     # group's block table and slot mapping (this object is group 0's); a layer reads its group's
     # (backend.GroupKVCache). None: one block table.
     groups: list["AttentionMetadata"] | None = field(default=None)
+    # Chunked local attention (Llama 4): the step as per-chunk virtual requests (local_attention.py), which the
+    # chunked layers attend with. None: the model has no such layers.
+    local: "AttentionMetadata | None" = field(default=None)
 
     @property
     def num_reqs(self) -> int:

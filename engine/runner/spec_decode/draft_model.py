@@ -21,6 +21,7 @@ import torch
 from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.runner.attention import allocate_kv_caches, kv_cache_bytes_per_block
+from engine.runner.attention.local_attention import local_attention_common
 from engine.runner.input_batch import InputBatch
 from engine.runner.prepare_inputs import CommonAttentionMetadata
 
@@ -146,6 +147,9 @@ class DraftModelProposer:
             is_prefilling=starts < batch.num_prompt_tokens[row_array], max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens.max()))
         input_ids = torch.from_numpy(np.concatenate(tokens).astype(np.int64)).to(self.device)
-        hidden = self.model(input_ids, torch.from_numpy(positions).to(self.device), self.kv_caches,
-                            metadata_builder.build(common))
+        metadata = metadata_builder.build(common)
+        chunk = getattr(self.model, "attention_chunk_size", None)
+        if chunk:  # a Llama 4 draft's chunked layers (engine/runner/attention/local_attention.py)
+            metadata.local = metadata_builder.build(local_attention_common(common, chunk, block_size))
+        hidden = self.model(input_ids, torch.from_numpy(positions).to(self.device), self.kv_caches, metadata)
         return hidden[torch.from_numpy(cumulative - 1).to(self.device)]

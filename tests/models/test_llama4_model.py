@@ -1,0 +1,220 @@
+"""Llama 4 (Scout's and Maverick's layout, small): logits and greedy tokens equal transformers' on a checkpoint that
+transformers itself wrote, through chunked local attention (chunks of 16 tokens, crossed by every longer prompt),
+NoPE layers with temperature tuning, L2 q/k norms, sigmoid-scaled experts with a shared expert, and dense layers
+between the MoE ones; the multimodal checkpoint's layout (text_config, language_model.) loads as its language
+model; chunked attention as virtual requests equals its definition."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.models import load_model
+from engine.models.config import ModelConfig
+from engine.runner.attention import build_attention_metadata, compute_positions
+from engine.runner.attention.local_attention import local_attention_common
+from engine.runner.attention_builders import get_metadata_builder
+from engine.runner.prepare_inputs import CommonAttentionMetadata
+from tests.models.engine_generation import assert_engine_generates_as_transformers
+from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
+
+CHUNK, BLOCK = 16, 8
+TEXT_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=48, intermediate_size_mlp=96, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                   num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=CHUNK,
+                   floor_scale=8, attn_scale=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def write_llama4(path, seed=0, **overrides):
+    """A random Llama4ForCausalLM saved by transformers (its own names and layout)."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    torch.manual_seed(seed)
+    model = Llama4ForCausalLM(Llama4TextConfig(**{**TEXT_CONFIG, **overrides}))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, 0.05)
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_llama4(tmp_path_factory.mktemp("llama4"))
+
+
+@pytest.fixture(scope="module")
+def models(checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    model, config = load_model(checkpoint, torch.float32)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
+    return model, config, hf_model
+
+
+class ChunkedSession(PagedSession):
+    """PagedSession's steps, with the local-attention metadata the runner builds for chunked layers."""
+
+    def step(self, chunks):
+        names = list(chunks)
+        for name in names:
+            self.num_computed.setdefault(name, 0)
+            blocks = self.blocks.setdefault(name, [])
+            while len(blocks) * self.block_size < self.num_computed[name] + len(chunks[name]):
+                blocks.append(self.free_blocks.pop())
+        computed = [self.num_computed[name] for name in names]
+        scheduled = [len(chunks[name]) for name in names]
+        metadata = build_attention_metadata(computed, scheduled, [self.blocks[name] for name in names],
+                                            self.block_size)
+        metadata.local = get_metadata_builder("torch", torch.device("cpu")).build(local_attention_common(
+            _common(computed, scheduled, [self.blocks[name] for name in names], self.block_size), CHUNK,
+            self.block_size))
+        with torch.no_grad():
+            logits = self.model.compute_logits(self.model(torch.tensor([t for n in names for t in chunks[n]]),
+                                                          compute_positions(computed, scheduled), self.kv_caches,
+                                                          metadata))
+        out = {}
+        for index, name in enumerate(names):
+            start, end = metadata.query_start_loc_cpu[index], metadata.query_start_loc_cpu[index + 1]
+            out[name] = logits[start:end]
+            self.num_computed[name] += scheduled[index]
+        return out
+
+
+def _common(computed, scheduled, block_lists, block_size):
+    computed, scheduled = np.array(computed), np.array(scheduled)
+    width = max(len(blocks) for blocks in block_lists)
+    table = np.array([blocks + [0] * (width - len(blocks)) for blocks in block_lists], dtype=np.int32)
+    positions = np.concatenate([np.arange(c, c + n) for c, n in zip(computed, scheduled)])
+    rows = np.repeat(np.arange(len(computed)), scheduled)
+    query_start_loc = np.concatenate([[0], np.cumsum(scheduled)]).astype(np.int32)
+    return CommonAttentionMetadata(
+        num_reqs=len(computed), num_actual_tokens=int(scheduled.sum()), query_start_loc=query_start_loc,
+        seq_lens=(computed + scheduled).astype(np.int32), num_computed_tokens=computed.astype(np.int32),
+        block_table=table, slot_mapping=(table[rows, positions // block_size].astype(np.int64) * block_size
+                                         + positions % block_size),
+        is_prefilling=np.zeros(len(computed), dtype=bool), max_query_len=int(scheduled.max()),
+        max_seq_len=int((computed + scheduled).max()))
+
+
+def _prompt(seed, length):
+    rng = random.Random(seed)
+    return [rng.randrange(4, 500) for _ in range(length)]
+
+
+def test_the_config_reads_as_transformers_does(models):
+    _, config, hf_model = models
+    assert config.layer_uses_rope == (True, True, True, False)  # every fourth layer without RoPE
+    assert config.moe.dense_layers == (0, 2) == tuple(index for index in range(4) if index not in
+                                                      hf_model.config.moe_layers)
+
+
+def test_batched_prefill_matches(models):
+    model, config, hf_model = models
+    prompts = {f"r{n}": _prompt(n, n) for n in (3, 16, 17, 40)}
+    logits = ChunkedSession(model, config, block_size=BLOCK).step(prompts)
+    for name, tokens in prompts.items():
+        torch.testing.assert_close(logits[name], hf_logits(hf_model, tokens), atol=ATOL, rtol=0, msg=name)
+
+
+def test_chunked_prefill_and_decodes_across_chunk_boundaries_match(models):
+    model, config, hf_model = models
+    tokens = _prompt(7, 45)
+    expected = hf_logits(hf_model, tokens)
+    session = ChunkedSession(model, config, block_size=BLOCK, seed=2)
+    got = [session.step({"r": tokens[:13]})["r"], session.step({"r": tokens[13:34]})["r"]]
+    got += [session.step({"r": [token]})["r"] for token in tokens[34:]]
+    torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
+
+
+def test_the_chunks_matter(models):
+    """Against a model that attends everything: without the local metadata the chunked layers refuse to run, and
+    with the whole context as one chunk a 40-token prompt is another model."""
+    model, config, hf_model = models
+    tokens = _prompt(40, 40)
+    session = PagedSession(model, config, block_size=BLOCK)
+    with pytest.raises(RuntimeError, match="need the step's local-attention metadata"):
+        session.step({"r": tokens})
+    metadata = build_attention_metadata([0], [40], [list(range(1, 6))], BLOCK)
+    metadata.local = metadata  # every key visible
+    caches = PagedSession(model, config, block_size=BLOCK).kv_caches
+    with torch.no_grad():
+        unchunked = model.compute_logits(model(torch.tensor(tokens), compute_positions([0], [40]), caches, metadata))
+    assert (unchunked - hf_logits(hf_model, tokens)).abs().max() > 20 * ATOL
+
+
+def test_the_engine_generates_what_transformers_generates(checkpoint):
+    """Through the scheduler: 30-token prompts in chunks of 16 budget tokens, 8 tokens each, past a chunk boundary."""
+    prompts = [_prompt(seed, 30) for seed in range(3)]
+    llm = assert_engine_generates_as_transformers(checkpoint, prompts, max_num_batched_tokens=16, block_size=BLOCK,
+                                                  max_model_len=128)
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+def test_the_multimodal_checkpoint_loads_as_its_language_model(checkpoint, tmp_path, models):
+    """Llama4ForConditionalGeneration's layout: the text keys in text_config, the weights under language_model.,
+    a vision tower beside them (not loaded)."""
+    text = json.loads((checkpoint / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,
+        "vision_config": {"hidden_size": 32}, "tie_word_embeddings": False}))
+    tensors = {f"language_model.{name}": tensor for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+    tensors["vision_model.patch_embedding.linear.weight"] = torch.zeros(4, 4)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model, config = load_model(tmp_path, torch.float32)
+    assert config.architecture == "Llama4ForConditionalGeneration" and not model.unexpected_weights
+    original, _, _ = models
+    for (name, parameter), (_, expected) in zip(model.named_parameters(), original.named_parameters()):
+        assert torch.equal(parameter, expected), name
+
+
+def test_a_block_size_that_does_not_divide_the_chunk_is_refused(checkpoint):
+    from engine import LLM
+
+    with pytest.raises(ValueError, match="block_size 12 must divide the model's attention_chunk_size 16"):
+        LLM(model=str(checkpoint), skip_tokenizer_init=True, block_size=12)
+    assert ModelConfig.from_pretrained(checkpoint).model_type == "llama4_text"
+
+
+@pytest.mark.parametrize("computed, scheduled", [([0], [40]), ([13, 0, 30], [21, 5, 1]), ([15, 16], [1, 17])])
+def test_virtual_requests_are_chunked_attention(computed, scheduled):
+    """Each virtual request's keys are exactly its queries' chunk up to them: positions chunk_start .. p."""
+    blocks = [list(range(1 + 10 * index, 11 + 10 * index)) for index in range(len(computed))]
+    local = local_attention_common(_common(computed, scheduled, blocks, BLOCK), CHUNK, BLOCK)
+    flat = 0
+    for piece in range(local.num_reqs):
+        length = int(local.query_start_loc[piece + 1] - local.query_start_loc[piece])
+        context = int(local.num_computed_tokens[piece])
+        for offset in range(length):
+            # The flat token's request and position, from the original batch.
+            request = int(np.searchsorted(np.cumsum(scheduled), flat, side="right"))
+            position = computed[request] + flat - int(np.concatenate([[0], np.cumsum(scheduled)])[request])
+            chunk_start = position - position % CHUNK
+            assert context + offset == position - chunk_start  # keys before it in its chunk, no more
+            first_block = int(local.block_table[piece, 0])
+            assert first_block == blocks[request][chunk_start // BLOCK]
+            flat += 1
+    assert flat == sum(scheduled)
+
+
+def test_it_drafts_for_itself_with_every_draft_accepted(checkpoint):
+    """A Llama 4 draft model's forwards build their own chunked metadata (draft_model.py)."""
+    from engine import LLM, SamplingParams
+
+    prompts = [_prompt(seed, 20) for seed in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    options = dict(model=str(checkpoint), skip_tokenizer_init=True, block_size=BLOCK, max_model_len=128)
+    plain = [o.outputs[0].token_ids for o in LLM(**options).generate(prompts, params, use_tqdm=False)]
+    llm = LLM(**options, speculative_config={"model": str(checkpoint), "num_speculative_tokens": 3})
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == plain
+    stats = llm.scheduler.make_stats().spec_decoding
+    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
