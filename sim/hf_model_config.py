@@ -11,6 +11,7 @@ from sim.hf_checkpoint_quantization import stored_quantization
 from sim.deepseek_config import deepseek_shape
 from sim.hf_config_file import read_config_json
 from sim.hf_vision_config import VISION_LANGUAGE_ARCHITECTURES, language_model_config
+from sim.llama4_config import LLAMA4_ARCHITECTURES, llama4_shape, llama4_text_config
 from sim.model_shapes import ModelShape
 
 # Architectures whose config.json maps onto ModelShape one to one (Phi-3, Granite, OLMo 2 and Cohere differ from
@@ -26,7 +27,7 @@ MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCa
 # dense MLPs in the first layers, experts with ungated shared experts in the rest (sim/deepseek_config.py); GLM-4.5
 # the same mixture of experts with grouped-query attention.
 DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM")
-SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES + DEEPSEEK_ARCHITECTURES
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES + DEEPSEEK_ARCHITECTURES + LLAMA4_ARCHITECTURES
 _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                "mixtral": "MixtralForCausalLM",
@@ -36,7 +37,8 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                                "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
-                               "smollm3": "SmolLM3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM"}
+                               "smollm3": "SmolLM3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+                               "llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
 # What transformers assumes when a config leaves max_position_embeddings out.
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                           "Qwen3ForCausalLM": 32768,
@@ -85,6 +87,9 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
 
     if architecture in DEEPSEEK_ARCHITECTURES:
         return deepseek_shape(config, architecture, path, key)
+    if architecture in LLAMA4_ARCHITECTURES:
+        config = llama4_text_config(config, path)  # what key() reads from here on
+        return llama4_shape(config, path, key)
 
     hidden_size = key("hidden_size")
     num_heads = key("num_attention_heads")
