@@ -148,12 +148,12 @@ class SchedulerConfig:
                      "scheduler", name, value, "None or an integer >= 1")
         _require(isinstance(self.disable_chunked_mm_input, bool), "scheduler", "disable_chunked_mm_input",
                  self.disable_chunked_mm_input, "true or false")
-        # A batch in flight would sample before its drafts were verified: the next batch could not know which
-        # positions hold real tokens (vLLM added the combination later, with its own bookkeeping).
         _require(isinstance(self.num_lookahead_tokens, int) and not isinstance(self.num_lookahead_tokens, bool)
                  and 0 <= self.num_lookahead_tokens <= self.num_speculative_tokens, "scheduler",
                  "num_lookahead_tokens", self.num_lookahead_tokens,
                  f"an integer in [0, num_speculative_tokens={self.num_speculative_tokens}]")
+        # A batch in flight would sample before its drafts were verified: the next batch could not know which
+        # positions hold real tokens (vLLM added the combination later, with its own bookkeeping).
         _require(self.num_speculative_tokens == 0 or not self.async_scheduling, "scheduler", "num_speculative_tokens",
                  self.num_speculative_tokens, "0 with async_scheduling")
 
