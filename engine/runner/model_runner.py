@@ -43,11 +43,12 @@ from engine.runner.lora.manager import LoRAManager
 from engine.runner.prepare_inputs import prepare_inputs
 from engine.runner.pooler import PoolingCollector, any_pooling, give_placeholder_tokens
 from engine.runner.prompt_logprobs import PromptLogprobsCollector, any_prompt_logprobs
-from engine.runner.request_state import CachedRequestState, copy_block_ids, extend_block_ids
-from engine.runner.sampler import Sampler, make_generator
+from engine.runner.request_state import CachedRequestState
+from engine.runner.sampler import Sampler
 from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.draft_model import DraftModelProposer
 from engine.runner.spec_decode.runner_step import SpeculativeStep
+from engine.runner.state_updates import update_states
 from engine.runner.structured_output import StructuredOutputs
 from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION
 from engine.runner.structured_output.logits_mask import apply_grammar_masks, constrained_rows
@@ -220,86 +221,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ state sync
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
-        batch = self.input_batch
-        requests = self.requests
-        for req_id in scheduler_output.finished_req_ids:
-            requests.pop(req_id, None)  # its grammar matcher, if any, goes with its state
-            self.grammar_req_ids.discard(req_id)
-            batch.remove_request(req_id)
-            self.prompt_logprobs.forget(req_id)
-            self.pooling.forget(req_id)
-            if self.draft_model is not None:
-                self.draft_model.forget(req_id)
-        for req_id in scheduler_output.preempted_req_ids:
-            batch.remove_request(req_id)
-        if scheduler_output.new_block_ids_to_zero and self.kv_caches:
-            self._zero_blocks(scheduler_output.new_block_ids_to_zero)
-
-        scheduled = scheduler_output.num_scheduled_tokens
-        # Requests the scheduler skipped this step (token budget exhausted) sit out; their state stays.
-        for req_id in [req_id for req_id in batch.req_id_to_index if req_id not in scheduled]:
-            batch.remove_request(req_id)
-
-        for new_request in scheduler_output.scheduled_new_reqs:
-            params = new_request.sampling_params
-            generator = None
-            if params.seed is not None and not params.is_greedy:
-                generator = make_generator(params.seed, self.device)
-            state = CachedRequestState(
-                req_id=new_request.req_id,
-                prompt_token_ids=list(new_request.prompt_token_ids),
-                sampling_params=params,
-                generator=generator,
-                block_ids=copy_block_ids(new_request.block_ids),
-                num_computed_tokens=new_request.num_computed_tokens,
-                output_token_ids=[],
-                eos_token_id=new_request.eos_token_id,
-                bad_words_token_ids=self._tokenize_bad_words(params.bad_words) if params.bad_words else None,
-                grammar=self._new_grammar(new_request.req_id, params),
-                lora_request=self._check_lora(new_request.lora_request),
-                pooling_params=self._check_pooling(new_request.pooling_params),
-            )
-            requests[new_request.req_id] = state
-            batch.add_request(state)
-            if self.draft_model is not None:
-                self.draft_model.start(new_request.req_id, new_request.num_computed_tokens)
-
-        cached = scheduler_output.scheduled_cached_reqs
-        for index, req_id in enumerate(cached.req_ids):
-            state = requests[req_id]
-            num_computed_tokens = cached.num_computed_tokens[index]
-            state.num_computed_tokens = num_computed_tokens
-            new_block_ids = cached.new_block_ids[index]
-            if cached.resumed_from_preemption[index]:
-                # Recomputed from scratch: new block table, and the scheduler's copy of every token.
-                state.block_ids = copy_block_ids(new_block_ids or ())
-                state.output_token_ids[:] = cached.resumed_token_ids[req_id][state.num_prompt_tokens:]
-                if state.grammar is not None:  # the kept output may differ from what this runner sampled
-                    state.grammar.sync(state.output_token_ids)
-                batch.remove_request(req_id)
-                batch.add_request(state)
-                if self.draft_model is not None:
-                    self.draft_model.start(req_id, num_computed_tokens)
-                continue
-            if new_block_ids:
-                extend_block_ids(state.block_ids, new_block_ids)
-            num_output_tokens = cached.num_output_tokens[index]
-            if len(state.output_token_ids) > num_output_tokens:
-                # The scheduler kept fewer tokens than were sampled (it is the source of truth).
-                del state.output_token_ids[num_output_tokens:]
-                if state.grammar is not None:
-                    state.grammar.sync(state.output_token_ids)
-                row = batch.req_id_to_index.get(req_id)
-                if row is not None:
-                    batch.truncate_output(row, num_output_tokens)
-            row = batch.req_id_to_index.get(req_id)
-            if row is None:
-                batch.add_request(state)  # back from sitting out a step
-            else:
-                batch.num_computed_tokens_cpu[row] = num_computed_tokens
-                if new_block_ids:
-                    batch.block_table.append_row(new_block_ids, row)
-        batch.condense()
+        update_states(self, scheduler_output)
 
     def _check_pooling(self, pooling_params):
         # Only a pooling runner looks for pooling rows in its steps: a generating one never pays that scan.
