@@ -181,9 +181,11 @@ class EngineArgs:
 
     def create_cache_config(self, num_gpu_blocks: int, num_offload_blocks: int = 0,
                             sliding_window: int | None = None, sliding_window_fraction: float = 1.0,
-                            grouping: KVCacheGrouping | None = None) -> CacheConfig:
+                            grouping: KVCacheGrouping | None = None,
+                            attention_chunk: tuple[int | None, float] = (None, 1.0)) -> CacheConfig:
         """``sliding_window``: the window of the model's sliding layers, ``sliding_window_fraction`` their share
-        (ModelConfig.sliding_window_fraction); ``grouping``: the hybrid KV cache's (``kv_cache_grouping``)."""
+        (ModelConfig.sliding_window_fraction); ``grouping``: the hybrid KV cache's (``kv_cache_grouping``);
+        ``attention_chunk``: chunked local attention's chunk and share of the layers (ModelConfig.attention_chunk)."""
         if sliding_window is not None and sliding_window_fraction == 1 and num_offload_blocks:
             raise ValueError(f"kv_offloading_size_gib={self.kv_offloading_size_gib!r} is not supported for a model whose "
                              f"every layer attends a sliding window (sliding_window={sliding_window}); set "
@@ -191,5 +193,6 @@ class EngineArgs:
         return CacheConfig(block_size=self.block_size, num_gpu_blocks=num_gpu_blocks,
                            enable_prefix_caching=self.enable_prefix_caching, num_offload_blocks=num_offload_blocks,
                            sliding_window=sliding_window, sliding_window_fraction=sliding_window_fraction,
+                           attention_chunk_size=attention_chunk[0], attention_chunk_fraction=attention_chunk[1],
                            kv_cache_groups=None if grouping is None else grouping.windows,
                            eviction_policy=self.prefix_cache_eviction_policy)

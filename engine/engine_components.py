@@ -91,7 +91,8 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     # step's attention in the trace (sim/cost_models/step_batch.py).
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
-                                                   model_config.sliding_window_fraction, grouping))
+                                                   model_config.sliding_window_fraction, grouping,
+                                                   model_config.attention_chunk))
     warn_if_max_model_len_lowered(scheduler)
     components = EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,

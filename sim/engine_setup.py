@@ -170,6 +170,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
                                    enable_prefix_caching=engine.enable_prefix_caching,
                                    num_offload_blocks=num_offload_blocks, sliding_window=model.sliding_window,
                                    sliding_window_fraction=model.sliding_window_fraction,
+                                   attention_chunk_size=model.attention_chunk_size,
+                                   attention_chunk_fraction=model.attention_chunk_fraction,
                                    kv_cache_groups=None if groups is None else groups.windows,
                                    eviction_policy=engine.prefix_cache_eviction_policy)
         scheduler_config = SchedulerConfig(

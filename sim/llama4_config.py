@@ -4,9 +4,8 @@ model for ``Llama4ForConditionalGeneration`` (the engine serves it text in, text
 Each MoE layer: ``num_local_experts`` experts of width ``intermediate_size``, top-``num_experts_per_tok``, and an
 ungated shared expert of the same width; the other layers a dense MLP of ``intermediate_size_mlp``, counted as the
 shape's ``num_dense_layers`` (their place among the layers changes no step's cost; a pipeline stage boundary would
-see them first). Not modelled: chunked local attention (three layers in four read at most ``attention_chunk_size``,
-8192, keys; priced here as reading the whole context, so attention past 8k tokens is over-priced) and the vision
-tower.
+see them first). The layers with RoPE (``no_rope_layers``' ones, three in four) attend within chunks of
+``attention_chunk_size`` tokens (sim/cost_models/step_batch.py prices them so). Not modelled: the vision tower.
 """
 
 from __future__ import annotations
@@ -37,6 +36,9 @@ def llama4_shape(config: dict, path: Path, key: Callable[..., int]) -> ModelShap
     moe_layers = config.get("moe_layers")
     moe_layers = list(range(step - 1, num_layers, step)) if moe_layers is None else moe_layers
     width = key("intermediate_size", 8192)
+    interval = key("no_rope_layer_interval", 4)
+    uses_rope = config.get("no_rope_layers") or [int((index + 1) % interval != 0) for index in range(num_layers)]
+    chunk = config.get("attention_chunk_size", 8192)
     hidden, heads = key("hidden_size", 5120), key("num_attention_heads", 40)
     return ModelShape(
         name=str(config.get("_name_or_path") or path.parent.name or path.stem), num_layers=num_layers,
@@ -47,4 +49,6 @@ def llama4_shape(config: dict, path: Path, key: Callable[..., int]) -> ModelShap
         qkv_bias=bool(config.get("attention_bias", False)), num_experts=key("num_local_experts", 16),
         num_experts_per_token=key("num_experts_per_tok", 1), moe_intermediate_size=width,
         shared_expert_intermediate_size=width, shared_expert_gate=False,
-        num_dense_layers=num_layers - len(moe_layers), stored_quantization=stored_quantization(config, path))
+        num_dense_layers=num_layers - len(moe_layers), stored_quantization=stored_quantization(config, path),
+        attention_chunk_size=chunk if chunk and sum(uses_rope) else None,
+        num_chunked_layers=sum(uses_rope) if chunk and sum(uses_rope) else None)

@@ -126,15 +126,17 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     # Scout 16 experts in every layer, Maverick 128 in every other layer (dense MLPs of 16,384 between), top-1 and an
     # ungated shared expert of 8,192, grouped-query attention. Total / active with the embedding: llama-4-scout
     # 107.8B / 17.2B, llama-4-maverick 400.7B / 17.2B (the published 109B and 400B count the vision tower too).
-    # Chunked local attention is priced as full attention (over-priced past 8k tokens of context).
+    # Three layers in four attend within chunks of 8,192 tokens (attention_chunk_size; the fourth the whole context).
     ModelShape(name="llama-4-scout", num_layers=48, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
                head_dim=128, intermediate_size=16384, vocab_size=202048, max_position_embeddings=10485760,
                num_experts=16, num_experts_per_token=1, moe_intermediate_size=8192,
-               shared_expert_intermediate_size=8192, shared_expert_gate=False),
+               shared_expert_intermediate_size=8192, shared_expert_gate=False, attention_chunk_size=8192,
+               num_chunked_layers=36),
     ModelShape(name="llama-4-maverick", num_layers=48, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
                head_dim=128, intermediate_size=16384, vocab_size=202048, max_position_embeddings=1048576,
                num_experts=128, num_experts_per_token=1, moe_intermediate_size=8192,
-               shared_expert_intermediate_size=8192, shared_expert_gate=False, num_dense_layers=24),
+               shared_expert_intermediate_size=8192, shared_expert_gate=False, num_dense_layers=24,
+               attention_chunk_size=8192, num_chunked_layers=36),
     # OpenAI's gpt-oss (tests/sim/test_gpt_oss.py checks the counts): 128-token windows on every other layer, 128 or
     # 32 experts of width 2,880, top-4, biases on q, k and v (the o, router and expert biases and the attention
     # sinks, 0.01% of the weights, are not counted). Total / active: gpt-oss-120b 116.8B / 5.71B, gpt-oss-20b 20.9B /

@@ -91,6 +91,10 @@ class ModelShape:
     # sim/hf_checkpoint_quantization.py): vLLM runs them in it, and a simulation with engine.quantization null on
     # the analytical cost model prices them so. None: stored in the model's dtype.
     stored_quantization: str | None = None
+    # Chunked local attention (Llama 4): ``num_chunked_layers`` layers (None: every layer) read only the keys of
+    # their query's own chunk of ``attention_chunk_size`` tokens; every KV block is kept. None: no chunked layer.
+    attention_chunk_size: int | None = None
+    num_chunked_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -109,6 +113,16 @@ class ModelShape:
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
                              f"got {self.num_kv_heads}")
+        if self.attention_chunk_size is not None and (
+                not isinstance(self.attention_chunk_size, int) or isinstance(self.attention_chunk_size, bool)
+                or self.attention_chunk_size < 1 or self.sliding_window is not None):
+            raise ValueError(f"model.attention_chunk_size must be a positive integer (and no sliding_window beside "
+                             f"it) or null, got {self.attention_chunk_size!r}")
+        if self.num_chunked_layers is not None and (
+                self.attention_chunk_size is None or not isinstance(self.num_chunked_layers, int)
+                or isinstance(self.num_chunked_layers, bool) or not 1 <= self.num_chunked_layers <= self.num_layers):
+            raise ValueError(f"model.num_chunked_layers must be 1..num_layers ({self.num_layers}) with an "
+                             f"attention_chunk_size, got {self.num_chunked_layers!r}")
         self._check_experts()
         check_latent_attention(self)
         if self.stored_quantization is not None:
@@ -154,6 +168,13 @@ class ModelShape:
         if self.sliding_window is None or self.num_sliding_layers is None:
             return 1.0
         return self.num_sliding_layers / self.num_layers
+
+    @property
+    def attention_chunk_fraction(self) -> float:
+        """The share of layers that attend within chunks (1.0 without chunks)."""
+        if self.attention_chunk_size is None or self.num_chunked_layers is None:
+            return 1.0
+        return self.num_chunked_layers / self.num_layers
 
     # --- widths of the projections -------------------------------------------------------------
     @property

@@ -26,6 +26,7 @@ def step_batch(scheduler_output: SchedulerOutput) -> StepBatch:
         drafts += [len(spec.get(request_id, ())) for request_id in cached.req_ids]
     return StepBatch(scheduled, computed, scheduler_output.num_shared_kv_tokens, scheduler_output.num_kv_block_runs,
                      drafts, scheduler_output.sliding_window, scheduler_output.sliding_window_fraction,
+                     scheduler_output.attention_chunk_size, scheduler_output.attention_chunk_fraction,
                      scheduler_output.encoder_input_lengths or None)
 
 
@@ -36,7 +37,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
     against the two-step definition. A sliding-window model's steps take the two-step path (each term
     windowed in ``step_features``).
     """
-    if scheduler_output.sliding_window is not None:
+    if scheduler_output.sliding_window is not None or scheduler_output.attention_chunk_size is not None:
         return step_features(step_batch(scheduler_output))
     num_scheduled_tokens = scheduler_output.num_scheduled_tokens
     cached = scheduler_output.scheduled_cached_reqs

@@ -32,6 +32,11 @@ class CacheConfig:
     # full-attention layers still read every block, and the window only lowers what a step costs.
     sliding_window: int | None = None
     sliding_window_fraction: float = 1.0
+    # Chunked local attention (Llama 4): a query in those layers reads only the keys of its own chunk of
+    # ``attention_chunk_size`` tokens; ``attention_chunk_fraction`` is their share of the layers. It changes what a
+    # step costs only (SchedulerOutput carries it to the cost model): every block is kept. None: no chunked layer.
+    attention_chunk_size: int | None = None
+    attention_chunk_fraction: float = 1.0
     # vLLM's hybrid KV-cache manager (engine/core/hybrid_kv_cache_manager.py): the window of each KV-cache group
     # (None: a full-attention group), each group holding an equal number of layers per block. None: one block
     # table per request whose blocks hold every layer (vLLM's --disable-hybrid-kv-cache-manager).
@@ -56,6 +61,14 @@ class CacheConfig:
         _require(isinstance(self.sliding_window_fraction, (int, float)) and not isinstance(self.sliding_window_fraction, bool)
                  and 0 < self.sliding_window_fraction <= 1, "cache", "sliding_window_fraction",
                  self.sliding_window_fraction, "a share of the layers in (0, 1]")
+        _require(self.attention_chunk_size is None or (isinstance(self.attention_chunk_size, int) and not isinstance(
+            self.attention_chunk_size, bool) and self.attention_chunk_size > 0), "cache", "attention_chunk_size",
+                 self.attention_chunk_size, "a positive integer or None")
+        _require(isinstance(self.attention_chunk_fraction, (int, float))
+                 and not isinstance(self.attention_chunk_fraction, bool) and 0 < self.attention_chunk_fraction <= 1,
+                 "cache", "attention_chunk_fraction", self.attention_chunk_fraction, "a share of the layers in (0, 1]")
+        _require(self.attention_chunk_size is None or self.sliding_window is None, "cache", "attention_chunk_size",
+                 self.attention_chunk_size, "None with a sliding window (no model has both)")
         _require(not self.frees_out_of_window_blocks or self.num_offload_blocks == 0, "cache", "num_offload_blocks",
                  self.num_offload_blocks, "0 with a sliding window (KV offloading of sliding-window models is not "
                  "supported)")

@@ -115,6 +115,8 @@ class DecodeFastForward:
             return None
         if scheduler.num_speculative_tokens:
             return None  # how many tokens each step brings depends on what the executor accepts
+        if scheduler.cache_config.attention_chunk_size is not None:
+            return None  # a chunked layer's keys read fall back at every chunk boundary: priced step by step
         if len(running) > scheduler.max_num_batched_tokens:
             return None
         manager = scheduler.kv_cache_manager

@@ -326,6 +326,8 @@ class Scheduler:
         scheduler_output.partial_prefill_req_ids = partial_prefill_req_ids
         scheduler_output.sliding_window = self.cache_config.sliding_window
         scheduler_output.sliding_window_fraction = self.cache_config.sliding_window_fraction
+        scheduler_output.attention_chunk_size = self.cache_config.attention_chunk_size
+        scheduler_output.attention_chunk_fraction = self.cache_config.attention_chunk_fraction
         scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_tokens
         scheduler_output.batch_index = self.batches_in_flight.start()
         if encoder.pending or encoder.held_by_request or encoder.evicted:

@@ -79,6 +79,10 @@ class SchedulerOutput:
     # reads at most this many keys in those layers, which is what a step costs; None: the whole context.
     sliding_window: int | None = None
     sliding_window_fraction: float = 1.0
+    # Chunked local attention's chunk and its share of the layers (CacheConfig): a query there reads the keys of
+    # its own chunk only. None: no chunked layer.
+    attention_chunk_size: int | None = None
+    attention_chunk_fraction: float = 1.0
     # Remote prefills whose KV load this step starts (request id -> tokens to load; engine/core/kv_transfer.py).
     kv_loads: dict[str, int] = field(default_factory=dict)
     # With a host tier of the prefix cache (engine/core/kv_offload.py): each scheduled request's computed tokens

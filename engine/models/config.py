@@ -110,6 +110,16 @@ class ModelConfig:
         return self.max_position_embeddings
 
     @property
+    def attention_chunk(self) -> tuple[int | None, float]:
+        """(chunk size, share of the layers) of chunked local attention (Llama 4's layers with RoPE); (None, 1.0)
+        without it. For the step trace's pricing (CacheConfig.attention_chunk_size); the engine keeps every block."""
+        chunk = self.raw.get("attention_chunk_size", 8192) if self.model_type == "llama4_text" else None
+        chunked = sum(self.layer_uses_rope)
+        if not chunk or not chunked:
+            return None, 1.0
+        return chunk, chunked / self.num_hidden_layers
+
+    @property
     def sliding_window_fraction(self) -> float:
         """The share of layers that attend ``sliding_window`` (1.0 when none slides: nothing to share). At 1 with a
         window no layer reads the keys before it, and the core hands back the blocks that leave it

@@ -30,6 +30,10 @@ class StepBatch:
     # term is the mean over layers (what a cost linear in it, summed over the layers, needs), rounded.
     sliding_window: int | None = None
     sliding_window_fraction: float = 1.0
+    # Chunked local attention (SchedulerOutput.attention_chunk_size): in ``attention_chunk_fraction`` of the
+    # layers a query reads only its own chunk's keys. None: no chunked layer.
+    attention_chunk_size: int | None = None
+    attention_chunk_fraction: float = 1.0
     # Multimodal items encoded in this step (SchedulerOutput.encoder_input_lengths): each item's encoder
     # tokens (the placeholder tokens its output fills). None or empty: the encoder does not run.
     encoder_input_lengths: list[int] | None = None
@@ -157,6 +161,8 @@ def step_features(batch: StepBatch) -> StepFeatures:
     """
     if batch.sliding_window is not None:
         return _windowed_step_features(batch)
+    if batch.attention_chunk_size is not None:
+        return _chunked_step_features(batch)
     scheduled = batch.num_scheduled_tokens
     computed = batch.num_computed_tokens
     if len(scheduled) != len(computed):
@@ -249,16 +255,49 @@ def _windowed_step_features(batch: StepBatch) -> StepFeatures:
         if ctx:
             context_prefill_dense_work += q * (earlier + q)
         prefill_attention_sliced_work += windowed_sliced_pairs(q, ctx, window)
-    fraction = batch.sliding_window_fraction
+    limited = dict(decode_context_tokens=decode_context_tokens, prefill_context_tokens=prefill_context_tokens,
+                   prefill_attention_work=prefill_attention_work,
+                   prefill_attention_dense_work=prefill_attention_dense_work,
+                   context_prefill_dense_work=context_prefill_dense_work,
+                   prefill_attention_sliced_work=prefill_attention_sliced_work, spec_attention_work=spec_attention_work)
+    return _over_layers(plain, limited, batch.sliding_window_fraction)
 
-    def over_layers(windowed: int, full: int) -> int:
-        return windowed if fraction == 1 else round(fraction * windowed + (1 - fraction) * full)
 
-    plain.decode_context_tokens = over_layers(decode_context_tokens, plain.decode_context_tokens)
-    plain.prefill_context_tokens = over_layers(prefill_context_tokens, plain.prefill_context_tokens)
-    plain.prefill_attention_work = over_layers(prefill_attention_work, plain.prefill_attention_work)
-    plain.prefill_attention_dense_work = over_layers(prefill_attention_dense_work, plain.prefill_attention_dense_work)
-    plain.context_prefill_dense_work = over_layers(context_prefill_dense_work, plain.context_prefill_dense_work)
-    plain.prefill_attention_sliced_work = over_layers(prefill_attention_sliced_work, plain.prefill_attention_sliced_work)
-    plain.spec_attention_work = over_layers(spec_attention_work, plain.spec_attention_work)
+# The attention terms a window or chunk limits; the token and request counts stay the plain ones.
+_ATTENTION_TERMS = ("decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
+                    "prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
+                    "spec_attention_work")
+
+
+def _over_layers(plain: StepFeatures, limited: dict[str, int], fraction: float) -> StepFeatures:
+    """``plain`` with each attention term the mean over layers of its limited value (in ``fraction`` of them) and
+    its plain one (what a cost linear in it, summed over the layers, needs), rounded."""
+    for term in _ATTENTION_TERMS:
+        value = limited[term]
+        setattr(plain, term, value if fraction == 1 else round(fraction * value + (1 - fraction) * getattr(plain, term)))
     return plain
+
+
+def _chunked_step_features(batch: StepBatch) -> StepFeatures:
+    """``step_features`` of a model with chunked layers: their attention terms are those of the step cut into
+    per-chunk virtual requests (each request's queries split at chunk boundaries, each piece's context starting at
+    its chunk's first token), which is how the engine attends them (engine/runner/attention/local_attention.py).
+    A verification crossing a boundary counts as chunks of a prefill there."""
+    chunk = batch.attention_chunk_size
+    plain = step_features(StepBatch(batch.num_scheduled_tokens, batch.num_computed_tokens, batch.shared_context_tokens,
+                                    batch.kv_block_runs, batch.num_spec_tokens,
+                                    encoder_input_lengths=batch.encoder_input_lengths))
+    scheduled, computed, drafts = [], [], []
+    for index, (q, ctx) in enumerate(zip(batch.num_scheduled_tokens, batch.num_computed_tokens)):
+        num_drafts = batch.num_spec_tokens[index] if batch.num_spec_tokens is not None else 0
+        start = ctx
+        while start < ctx + q:
+            chunk_start = start - start % chunk
+            end = min(ctx + q, chunk_start + chunk)
+            scheduled.append(end - start)
+            computed.append(start - chunk_start)
+            drafts.append(num_drafts if (start, end) == (ctx, ctx + q) else 0)
+            start = end
+    local = step_features(StepBatch(scheduled, computed, num_spec_tokens=drafts if batch.num_spec_tokens else None))
+    return _over_layers(plain, {term: getattr(local, term) for term in _ATTENTION_TERMS},
+                        batch.attention_chunk_fraction)
