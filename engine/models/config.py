@@ -21,7 +21,8 @@ from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
 from engine.models.granite_config import granite_multipliers
 from engine.models.layer_types import checked_layer_types, windows_of
-from engine.models.llama4_config import flatten_llama4, llama4_moe, llama4_uses_rope
+from engine.models.llama4_config import llama4_moe, llama4_uses_rope
+from engine.models.multimodal_text import flatten as flatten_multimodal
 from engine.models.long_rope import LONGROPE_TYPES, parse_longrope
 from engine.models.nope_layers import cohere2_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
@@ -152,7 +153,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
-        raw = flatten_llama4(raw)  # a multimodal Llama 4 is served as its language model
+        raw = flatten_multimodal(raw)  # a multimodal checkpoint is served as its language model
         architectures = raw.get("architectures") or []
         if not architectures:
             raise ValueError("config.json has no 'architectures' entry; cannot tell which model class to build")

@@ -10,8 +10,8 @@ What differs from Llama (llama4_config.py reads the keys):
   *input*, and an ungated shared expert runs on every token; experts stored stacked in transformers' layout
   (``gate_up_proj`` [experts, hidden, 2 * width], ``down_proj`` [experts, width, hidden]). Other layers have a dense
   MLP of ``intermediate_size_mlp``.
-- The checkpoint says ``feed_forward`` where Llama says ``mlp``; a multimodal checkpoint's language model sits under
-  ``language_model.`` and its vision tower and projector are not loaded.
+- The checkpoint says ``feed_forward`` where Llama says ``mlp``; a multimodal checkpoint is served as its language
+  model (multimodal_text.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ from engine.models.llama4_config import Llama4Layers, llama4_layers
 from engine.models.moe import rows_by_expert
 from engine.models.rotary_embedding import RotaryEmbedding
 from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
-
-_SKIPPED_PREFIXES = ("vision_model.", "multi_modal_projector.")
-
 
 class Llama4Experts(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, width: int) -> None:
@@ -162,8 +159,4 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         return Llama4MoE(config)
 
     def _map_weight_name(self, name: str) -> tuple[str, str | None]:
-        return super()._map_weight_name(name.removeprefix("language_model.").replace(".feed_forward.", ".mlp."))
-
-    def load_weights(self, weights):
-        return super().load_weights((name, tensor) for name, tensor in weights
-                                    if not name.startswith(_SKIPPED_PREFIXES))
+        return super()._map_weight_name(name.replace(".feed_forward.", ".mlp."))

@@ -1,7 +1,7 @@
 """Llama 4's config.json (Scout, Maverick): what differs from Llama's, read as transformers' Llama4TextConfig reads it.
 
 - ``Llama4ForConditionalGeneration`` checkpoints (the published ones) nest the language model's keys in
-  ``text_config``; the engine serves the language model (``flatten_llama4``), text in, text out.
+  ``text_config``; the engine serves the language model, text in, text out (multimodal_text.py).
 - Every ``no_rope_layer_interval``-th layer (4) has no RoPE (``no_rope_layers``: 1 = RoPE), attends the whole
   context and scales its queries by ``log1p(floor((position + 1) / floor_scale)) * attn_scale + 1``
   (``attn_temperature_tuning``); the other layers attend within chunks of ``attention_chunk_size`` (8192) tokens
@@ -28,20 +28,6 @@ class Llama4Layers:
     floor_scale: float
     attn_scale: float
     qk_norm: bool
-
-
-def flatten_llama4(raw: dict[str, Any]) -> dict[str, Any]:
-    """A ``llama4`` (multimodal) config as its language model's own: ``text_config``'s keys, the checkpoint's
-    architecture, model_type ``llama4_text``; a ``llama4_text`` config as it is."""
-    if raw.get("model_type") != "llama4":
-        return raw
-    text = raw.get("text_config")
-    if not isinstance(text, dict):
-        raise ValueError("config.json: a llama4 config needs its language model's keys in text_config")
-    return {**text, "architectures": raw.get("architectures"), "model_type": "llama4_text",
-            "torch_dtype": text.get("torch_dtype", raw.get("torch_dtype")),
-            "quantization_config": raw.get("quantization_config"),
-            "tie_word_embeddings": raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
 
 
 def llama4_uses_rope(raw: dict[str, Any], num_layers: int) -> tuple[bool, ...]:

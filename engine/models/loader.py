@@ -19,6 +19,7 @@ from safetensors import safe_open
 from engine.models.block_fp8 import dequantized_weights
 from engine.models.compressed_tensors import dequantized_compressed_weights
 from engine.models.config import ModelConfig
+from engine.models.multimodal_text import MULTIMODAL_ARCHITECTURES, text_weights
 from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import get_model_class, is_base_model
 from engine.models.sequence_classification import is_sequence_classifier
@@ -113,6 +114,8 @@ def load_model(
         weights = dequantized_weights(weights, config.weight_block_fp8, torch_dtype)
     if config.compressed_tensors is not None:
         weights = dequantized_compressed_weights(weights, config.compressed_tensors, torch_dtype)
+    if config.architecture in MULTIMODAL_ARCHITECTURES:
+        weights = text_weights(weights)  # the language model's, under a text checkpoint's names
     if is_base_model(config.architecture):
         weights = ((name if name.startswith("model.") else f"model.{name}", tensor) for name, tensor in weights)
     loaded = model.load_weights(weights)

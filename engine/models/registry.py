@@ -12,6 +12,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.mistral import MistralForCausalLM
+from engine.models.multimodal_text import MULTIMODAL_ARCHITECTURES
 from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
@@ -43,8 +44,12 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
     "Llama4ForCausalLM": Llama4ForCausalLM,
-    # The published Llama 4 checkpoints: their language model (text in, text out; llama4_config.py).
+    # Multimodal checkpoints served as their language model, text in and out (multimodal_text.py); LLaVA's and
+    # Mistral 3's text model is chosen by model_type below.
     "Llama4ForConditionalGeneration": Llama4ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,
+    "Mistral3ForConditionalGeneration": MistralForCausalLM,
+    "LlavaForConditionalGeneration": LlamaForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,
@@ -68,7 +73,19 @@ def supported_architectures() -> list[str]:
     return sorted(MODEL_REGISTRY)
 
 
+# A multimodal checkpoint's language model, by its text_config's model_type (multimodal_text.py).
+TEXT_MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM, "llama4_text": Llama4ForCausalLM,
+}
+
+
 def get_model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    if config.architecture in MULTIMODAL_ARCHITECTURES:
+        if config.model_type not in TEXT_MODEL_CLASSES:
+            raise ValueError(f"{config.architecture}'s language model (text_config.model_type {config.model_type!r}) "
+                             f"is not supported; supported: {', '.join(TEXT_MODEL_CLASSES)}")
+        return TEXT_MODEL_CLASSES[config.model_type]
     try:
         return MODEL_REGISTRY[config.architecture]
     except KeyError:

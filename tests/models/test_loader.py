@@ -92,9 +92,10 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
     assert supported_architectures() == ["Cohere2ForCausalLM", "CohereForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
-                                         "Gemma3ForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM",
-                                         "Llama4ForCausalLM", "Llama4ForConditionalGeneration", "LlamaForCausalLM",
-                                         "LlamaForSequenceClassification", "LlamaModel",
+                                         "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Glm4MoeForCausalLM", "GptOssForCausalLM",
+                                         "GraniteForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
+                                         "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
+                                         "LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
                                          "Qwen2ForSequenceClassification",

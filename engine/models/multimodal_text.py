@@ -1,0 +1,60 @@
+"""Multimodal checkpoints served as their language model: text in, text out (vLLM serves them so when no image
+comes; this engine takes no images).
+
+The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA and Llama 4
+checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
+5's in-memory layout, ``model.language_model.``, too), beside a vision tower and a projector, which are not loaded.
+``flatten`` turns the config into the language model's own (the architecture name stays the checkpoint's, which the
+registry maps to the text model's class); ``text_weights`` renames the weights and drops the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+# The checkpoint's architecture -> the text model_type it is served as (None: text_config's own model_type).
+MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
+    "Gemma3ForConditionalGeneration": "gemma3_text",
+    "Mistral3ForConditionalGeneration": None,
+    "LlavaForConditionalGeneration": None,
+    "Llama4ForConditionalGeneration": "llama4_text",
+}
+_NOT_TEXT = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector.")
+# Keys of the outer config the language model reads too, where text_config has none.
+_OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id")
+
+
+def is_multimodal(raw: dict[str, Any]) -> bool:
+    return any(name in MULTIMODAL_ARCHITECTURES for name in raw.get("architectures") or [])
+
+
+def flatten(raw: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a multimodal ``raw`` (``raw`` itself for a text checkpoint)."""
+    architecture = next((name for name in raw.get("architectures") or [] if name in MULTIMODAL_ARCHITECTURES), None)
+    if architecture is None:
+        return raw
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json: a {architecture} checkpoint needs its language model's keys in text_config, "
+                         f"got {text!r}")
+    model_type = MULTIMODAL_ARCHITECTURES[architecture] or text.get("model_type", "llama")
+    outer = {key: raw[key] for key in _OUTER_KEYS if raw.get(key) is not None and text.get(key) is None}
+    if raw.get("tie_word_embeddings") is not None:
+        # transformers ties the head to the embedding by the outer config's word (Mistral 3's true beside its
+        # text_config's false: the checkpoint then has no lm_head).
+        outer["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    return {**text, **outer, "architectures": [architecture], "model_type": model_type}
+
+
+def text_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The language model's tensors under a text checkpoint's names; the vision tower's and projector's dropped."""
+    for name, tensor in weights:
+        if name.startswith(_NOT_TEXT):
+            continue
+        if name.startswith("model.language_model."):
+            name = "model." + name.removeprefix("model.language_model.")
+        yield name.removeprefix("language_model."), tensor
