@@ -154,3 +154,43 @@ def test_a_quantized_layer_no_group_targets_or_left_incomplete_is_named(tmp_path
     with pytest.raises(ValueError, match="quantized 'model.layers.1.mlp.up_proj' is incomplete: it has "
                                          r"\['weight_packed', 'weight_shape'\]"):
         load_model(path, torch.float32)
+
+
+def test_a_mixture_of_experts_checkpoint_dequantizes_every_expert(tmp_path):
+    """Qwen3-MoE as llm-compressor stores it (each expert's projections packed, the router left in float): every
+    expert's weights equal the library's own decompression of what it packed."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    source = make_test_model(tmp_path / "source", "qwen3_moe", seed=2, num_experts=4, num_experts_per_token=2,
+                             moe_intermediate_size=48)
+    weights = dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=16)
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights))
+    stored, expected = {}, {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        if ".experts." not in name and "_proj." not in name or "embed" in name:
+            stored[name] = tensor
+            continue
+        grouped = tensor.unflatten(-1, (-1, 16))
+        scale, zero_point = calculate_qparams(grouped.amin(-1), grouped.amax(-1), scheme.weights)
+        packed = PackedQuantizationCompressor.compress(
+            {"weight": tensor, "weight_scale": scale, "weight_zero_point": zero_point.to(torch.int8)}, scheme)
+        expected[name] = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
+        stored.update({f"{name.removesuffix('weight')}{part}": value for part, value in packed.items()})
+    path = tmp_path / "moe_w4a16"
+    path.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                     "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+                                     "ignore": ["lm_head", "re:.*mlp.gate$"]}
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(stored, path / "model.safetensors", metadata={"format": "pt"})
+    model, _ = load_model(path, torch.float32)
+    experts = model.model.layers[1].mlp.experts
+    for expert in range(4):
+        prefix = f"model.layers.1.mlp.experts.{expert}."
+        torch.testing.assert_close(experts.gate_up_proj[expert], torch.cat([expected[prefix + "gate_proj.weight"],
+                                                                             expected[prefix + "up_proj.weight"]]),
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(experts.down_proj[expert], expected[prefix + "down_proj.weight"], rtol=0, atol=0)
