@@ -1,8 +1,8 @@
 """Multimodal checkpoints served as their language model: text in, text out (vLLM serves them so when no image
 comes; this engine takes no images).
 
-The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA and Llama 4
-checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
+The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA, Qwen2-VL /
+Qwen2.5-VL and Llama 4 checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
 5's in-memory layout, ``model.language_model.``, too), beside a vision tower and a projector, which are not loaded.
 ``flatten`` turns the config into the language model's own (the architecture name stays the checkpoint's, which the
 registry maps to the text model's class); ``text_weights`` renames the weights and drops the rest.
@@ -21,9 +21,14 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
     "Mistral3ForConditionalGeneration": None,
     "LlavaForConditionalGeneration": None,
     "Llama4ForConditionalGeneration": "llama4_text",
+    # Qwen2-VL / Qwen2.5-VL: a Qwen2 whose RoPE is M-RoPE, three position streams over sections of each head; for
+    # text the three positions are equal, which is plain RoPE over the whole head.
+    "Qwen2VLForConditionalGeneration": "qwen2",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2",
 }
+_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 _NOT_TEXT = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
-             "model.multi_modal_projector.")
+             "model.multi_modal_projector.", "visual.", "model.visual.")
 # Keys of the outer config the language model reads too, where text_config has none.
 _OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id")
 
@@ -38,6 +43,11 @@ def flatten(raw: dict[str, Any]) -> dict[str, Any]:
     if architecture is None:
         return raw
     text = raw.get("text_config")
+    if architecture in _QWEN_VL:
+        # Published Qwen2-VL / 2.5-VL configs keep the language model's keys at the top level; transformers 5 writes
+        # a text_config, which wins.
+        outer = {key: value for key, value in raw.items() if key not in ("text_config", "vision_config")}
+        text = _plain_rope({**outer, **(text if isinstance(text, dict) else {})})
     if not isinstance(text, dict):
         raise ValueError(f"config.json: a {architecture} checkpoint needs its language model's keys in text_config, "
                          f"got {text!r}")
@@ -48,6 +58,18 @@ def flatten(raw: dict[str, Any]) -> dict[str, Any]:
         # text_config's false: the checkpoint then has no lm_head).
         outer["tie_word_embeddings"] = raw["tie_word_embeddings"]
     return {**text, **outer, "architectures": [architecture], "model_type": model_type}
+
+
+def _plain_rope(text: dict[str, Any]) -> dict[str, Any]:
+    """M-RoPE (``type: mrope`` or an ``mrope_section``) as the plain RoPE it is for text."""
+    text = dict(text)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = text.get(key)
+        if isinstance(rope, dict) and (rope.get("type") == "mrope" or rope.get("rope_type") == "mrope"
+                                       or "mrope_section" in rope):
+            plain = {name: value for name, value in rope.items() if name not in ("type", "rope_type", "mrope_section")}
+            text[key] = {**plain, "rope_type": "default"}
+    return text
 
 
 def text_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -50,6 +50,8 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,
     "Mistral3ForConditionalGeneration": MistralForCausalLM,
     "LlavaForConditionalGeneration": LlamaForCausalLM,
+    "Qwen2VLForConditionalGeneration": Qwen2ForCausalLM,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2ForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,

@@ -99,7 +99,8 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
                                          "Qwen2ForSequenceClassification",
-                                         "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
+                                         "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen2VLForConditionalGeneration",
+                                         "Qwen2_5_VLForConditionalGeneration", "Qwen3ForCausalLM",
                                          "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM",
                                          "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"]
 

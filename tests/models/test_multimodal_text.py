@@ -1,5 +1,5 @@
-"""Multimodal checkpoints served as their language model (text in, text out): Gemma 3 4B-27B's, Mistral Small 3.1+'s
-and LLaVA's layouts, written by transformers itself, give transformers' text-only logits and greedy tokens; their
+"""Multimodal checkpoints served as their language model (text in, text out): Gemma 3 4B-27B's, Mistral Small 3.1+'s,
+LLaVA's and Qwen2.5-VL's layouts (M-RoPE, plain RoPE for text), written by transformers itself, give transformers' text-only logits and greedy tokens; their
 vision towers and projectors are not loaded, and an unsupported language model is named."""
 
 from __future__ import annotations
@@ -59,7 +59,31 @@ def _save(model, path):
     return path
 
 
-WRITERS = {"gemma3": _gemma3, "mistral3": _mistral3, "llava": _llava}
+def _qwen2_5_vl(path):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    config = Qwen2_5_VLConfig(text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2},
+                              vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                                                 fullatt_block_indexes=[0]),
+                              image_token_id=500, video_token_id=501, vision_start_token_id=502)
+    return _save(Qwen2_5_VLForConditionalGeneration(config), path)
+
+
+def _qwen2_5_vl_published(path):
+    """The Hub's layout: the language model's keys at the top level and ``rope_scaling`` type mrope."""
+    _qwen2_5_vl(path)
+    config = json.loads((path / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    config.update(text, rope_theta=rope["rope_theta"],
+                  rope_scaling={"type": "mrope", "mrope_section": rope["mrope_section"]})
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+WRITERS = {"gemma3": _gemma3, "mistral3": _mistral3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl}
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))
@@ -83,6 +107,18 @@ def test_logits_equal_transformers_text_only(checkpoint):
     logits = PagedSession(model, config).step(prompts)
     for name, tokens in prompts.items():
         torch.testing.assert_close(logits[name], hf_logits(hf_model, tokens), atol=ATOL, rtol=0, msg=name)
+
+
+def test_the_published_qwen_vl_layout_is_the_same_model(tmp_path):
+    """Top-level keys and rope_scaling type mrope (the Hub's Qwen2.5-VL configs) load as transformers 5's layout
+    does, whose logits equal transformers' (above)."""
+    written = load_model(_qwen2_5_vl(tmp_path / "written"), torch.float32)
+    published = load_model(_qwen2_5_vl_published(tmp_path / "published"), torch.float32)
+    assert published[1].rope_scaling is None and published[1].attention_bias
+    prompts = {f"r{n}": _prompt(n, n) for n in (5, 30)}
+    expected = PagedSession(*written).step(prompts)
+    for name, logits in PagedSession(*published).step(prompts).items():
+        torch.testing.assert_close(logits, expected[name], rtol=0, atol=0)
 
 
 def test_the_engine_generates_what_transformers_generates(tmp_path):
