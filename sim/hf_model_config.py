@@ -1,6 +1,6 @@
 """Reading a model's shape from its Hugging Face ``config.json``, for the architectures ``ModelShape`` models
 one to one; any other is refused by name rather than priced as something it is not. A vision-language model's
-config (Gemma 3, LLaVA, Qwen2-VL) gives its language model's shape (sim/hf_vision_config.py reads the rest)."""
+config (Gemma 3, LLaVA, Qwen2-VL, Mistral 3) gives its language model's shape (sim/hf_vision_config.py reads the rest)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A vision-language model's Hugging Face ``config.json``: the language model's config inside it, flattened into
 the text config sim/hf_model_config.py reads, and the vision encoder's shape (sim/vision_encoders.py).
 
-Three families, as their checkpoints save them:
+Four families, as their checkpoints save them:
 
 - Gemma 3 (``Gemma3ForConditionalGeneration``): the LM in ``text_config`` (a ``gemma3_text`` config), a SigLIP
   ViT in ``vision_config``, the pooled tokens per image (``mm_tokens_per_image``) at the top level;
@@ -9,7 +9,10 @@ Three families, as their checkpoints save them:
   BakLLaVA), a CLIP ViT in ``vision_config``, the layer whose features the LM reads (``vision_feature_layer``)
   at the top level;
 - Qwen2-VL and Qwen2.5-VL: the LM's keys at the top level, as a Qwen2 config's (newer transformers may save
-  them under ``text_config``), the ViT and its merger in ``vision_config``.
+  them under ``text_config``), the ViT and its merger in ``vision_config``;
+- Mistral 3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.1+): a Mistral LM in ``text_config``, a Pixtral
+  ViT (gated MLP, dynamic resolution) in ``vision_config``, the patch merger's ``spatial_merge_size`` at the top
+  level.
 
 A checkpoint's ``text_config`` holds only the keys that differ from its config class's defaults (LLaVA-1.5-7B's
 holds seven), so the defaults of transformers' config classes fill in the rest, as transformers does on loading.
@@ -30,8 +33,14 @@ GEMMA3 = "Gemma3ForConditionalGeneration"
 LLAVA = "LlavaForConditionalGeneration"
 QWEN2_VL = "Qwen2VLForConditionalGeneration"
 QWEN2_5_VL = "Qwen2_5_VLForConditionalGeneration"
-VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL)
-_ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL}
+MISTRAL3 = "Mistral3ForConditionalGeneration"
+VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3)
+_ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
+                               "mistral3": MISTRAL3}
+# transformers' Mistral3Config's default text_config (Mistral Small 3.1's).
+_MISTRAL3_TEXT_DEFAULTS = {"hidden_size": 5120, "intermediate_size": 32768, "num_hidden_layers": 40,
+                           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                           "max_position_embeddings": 131072, "vocab_size": 131072, "sliding_window": None}
 
 # transformers' Gemma3TextConfig defaults: what a Gemma 3 checkpoint's text_config leaves out (every released
 # size's vocab_size and max_position_embeddings, the 4B's head counts).
@@ -80,6 +89,8 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
     else:
         if architecture == GEMMA3:
             text_architecture, text_model_type, defaults = "Gemma3ForCausalLM", "gemma3_text", _GEMMA3_TEXT_DEFAULTS
+        elif architecture == MISTRAL3:
+            text_architecture, text_model_type, defaults = "MistralForCausalLM", "mistral", _MISTRAL3_TEXT_DEFAULTS
         else:
             text_model_type = text.get("model_type", "llama")  # LlavaConfig's default text config is Llama's
             if text_model_type not in _LLAVA_TEXT_MODELS:
@@ -93,6 +104,10 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
         outer_tie = {"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}
         language = {**defaults, **outer_tie, **text, "architectures": [text_architecture],
                     "model_type": text_model_type}
+        if architecture == MISTRAL3:
+            # transformers ties Mistral 3's head by the outer config (true beside a text_config's false: its
+            # checkpoints then hold no lm_head), as the engine reads it (engine/models/multimodal_text.py).
+            language.update(outer_tie)
     language.pop("_name_or_path", None)
     if config.get("_name_or_path"):
         language["_name_or_path"] = config["_name_or_path"]
@@ -113,7 +128,8 @@ def vision_encoder_from_hf_config(config: dict, language_hidden_size: int, path:
         raise ValueError(f"model: {path}: key 'vision_config' must be a mapping, got {vision!r}")
     path = Path(path)
     name = f"{config.get('_name_or_path') or path.parent.name or path.stem} vision"
-    read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit}
+    read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit,
+            MISTRAL3: _mistral3_pixtral}
     return read[architecture](name, config, vision, language_hidden_size, path)
 
 
@@ -245,6 +261,23 @@ def _qwen2_5_vl_vit(name: str, config: dict, vision: dict, language_hidden_size:
         num_attention_heads=_vision(vision, "num_heads", path), patches_per_token=merge * merge,
         tokens_per_image=None,
         projector_parameters=merged_width * merged_width + merged_width * _vision(vision, "out_hidden_size", path),
+        gated_mlp=True)
+
+
+def _mistral3_pixtral(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                      ) -> VisionEncoderShape:
+    """Mistral 3's Pixtral ViT at dynamic resolution (the workload states each image's tokens), with a gated MLP.
+    Its projector: the patch merger concatenates each ``spatial_merge_size`` squared block of patches and maps it
+    back to the ViT's width, then two linears, to the LM's width and to itself."""
+    hidden_size = _vision(vision, "hidden_size", path)
+    merge = _positive(config, "spatial_merge_size", "", path, 2)
+    return VisionEncoderShape(
+        name=name, num_layers=_vision(vision, "num_hidden_layers", path), hidden_size=hidden_size,
+        intermediate_size=_vision(vision, "intermediate_size", path),
+        num_attention_heads=_vision(vision, "num_attention_heads", path), patches_per_token=merge * merge,
+        tokens_per_image=None,
+        projector_parameters=(hidden_size * merge * merge * hidden_size + hidden_size * language_hidden_size
+                              + language_hidden_size * language_hidden_size),
         gated_mlp=True)
 
 

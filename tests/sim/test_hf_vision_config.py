@@ -244,3 +244,24 @@ def test_a_text_checkpoint_with_images_still_needs_an_encoder_named(tmp_path):
         build_setup(load_workload_text(WORKLOAD.format(model=folder)))
     assert isinstance(build_setup(load_workload_text(WORKLOAD.format(model=folder) + "vision_encoder: clip-vit-l-336\n"
                                                      )).vision.encoder, VisionEncoderShape)
+
+
+def test_mistral3_reads_its_mistral_language_model_and_pixtral(tmp_path):
+    """Mistral Small 3.1's layout, written by transformers: the engine's language model's parameters, and a gated
+    Pixtral ViT whose merger takes 2 x 2 patches a token."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from engine.models import load_model
+    from sim.hf_model_config import model_from_hf_config
+    from sim.hf_vision_config import vision_encoder_from_hf_path
+    from tests.models.test_multimodal_text import _mistral3
+
+    path = _mistral3(tmp_path / "mistral3")
+    shape = model_from_hf_config(path / "config.json")
+    model, _ = load_model(path, torch.float32)
+    assert shape.num_parameters == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
+    encoder = vision_encoder_from_hf_path(path)
+    assert (encoder.num_layers, encoder.hidden_size, encoder.patches_per_token, encoder.tokens_per_image,
+            encoder.gated_mlp) == (1, 32, 4, None, True)
+    assert encoder.projector_parameters == 32 * 4 * 32 + 32 * 64 + 64 * 64
