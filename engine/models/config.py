@@ -23,7 +23,7 @@ from engine.models.granite_config import granite_multipliers
 from engine.models.layer_types import checked_layer_types, windows_of
 from engine.models.llama4_config import llama4_moe, llama4_uses_rope
 from engine.models.multimodal_text import flatten as flatten_multimodal
-from engine.models.long_rope import LONGROPE_TYPES, parse_longrope
+from engine.models.rope_config import parse_rope, partial_rotary_factor
 from engine.models.nope_layers import cohere2_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
@@ -201,11 +201,11 @@ class ModelConfig:
             granite_multipliers(raw)  # refused here, by key, rather than when the model is built
         if model_type == "gemma3_text":
             # The global layers' RoPE here; the local layers' base is Gemma's own (gemma_config.py).
-            rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, _parse_rope)
+            rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, parse_rope)
         else:
             if model_type == "gpt_oss" and not raw.get("rope_scaling") and not raw.get("rope_parameters"):
                 raw = {**raw, "rope_scaling": dict(GPT_OSS_DEFAULT_ROPE)}  # transformers' default: YaRN
-            rope_theta, rope_scaling = _parse_rope(raw, defaults["rope_theta"])
+            rope_theta, rope_scaling = parse_rope(raw, defaults["rope_theta"])
             local_rope_theta = None
         if rope_scaling is not None and rope_scaling.get("original_max_position_embeddings", 0) is None:
             # No max_position_embeddings key: transformers' default for the model type is the original context.
@@ -276,7 +276,7 @@ class ModelConfig:
             weight_block_fp8=weight_block_fp8,
             compressed_tensors=compressed,
             # GLM-4.5 turns half of each head unless the config says otherwise (transformers' default).
-            partial_rotary_factor=_partial_rotary_factor(raw, head_dim, 0.5 if model_type == "glm4_moe" else 1.0),
+            partial_rotary_factor=partial_rotary_factor(raw, head_dim, 0.5 if model_type == "glm4_moe" else 1.0),
             layer_uses_rope=layer_uses_rope,
         )
 
@@ -326,18 +326,6 @@ def _parse_moe(raw: dict[str, Any], model_type: str, num_layers: int) -> MoEConf
                      dense_layers=dense)
 
 
-def _partial_rotary_factor(raw: dict[str, Any], head_dim: int, default: float = 1.0) -> float:
-    """``partial_rotary_factor`` (top level, or in rope_parameters as transformers 5 writes it): in (0, 1], turning
-    an even number of features."""
-    factor = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", default))
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise ValueError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}")
-    if int(head_dim * factor) % 2:
-        raise ValueError(f"config.json: partial_rotary_factor={factor} turns {int(head_dim * factor)} of "
-                         f"head_dim={head_dim} features; RoPE turns pairs, so it must be even")
-    return float(factor)
-
-
 def _positive(raw: dict[str, Any], key: str, default: int | None) -> int:
     value = raw.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -367,36 +355,3 @@ def _qwen2_layer_windows(raw: dict[str, Any], sliding_window: int | None, num_la
     max_window_layers = raw.get("max_window_layers")
     max_window_layers = 28 if max_window_layers is None else int(max_window_layers)
     return tuple(window if index >= max_window_layers else None for index in range(num_layers))
-
-
-def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, scaling dict with 'rope_type' or None) from either config spelling."""
-    parameters = dict(raw.get("rope_parameters") or {})
-    scaling = dict(raw.get("rope_scaling") or {})
-    merged = {**parameters, **scaling}
-    # transformers 5 keeps rope_parameters' rope_theta when a config also has the top-level key (it fills
-    # rope_parameters with setdefault), so a config with both means rope_parameters' value.
-    theta = parameters.get("rope_theta")
-    if theta is None:
-        theta = raw.get("rope_theta")
-    if theta is None:
-        theta = merged.get("rope_theta", default_theta)
-    rope_type = merged.get("rope_type", merged.get("type", "default"))
-    if rope_type == "default":
-        return float(theta), None
-    merged["rope_type"] = rope_type
-    merged.pop("type", None)
-    merged.pop("rope_theta", None)
-    if rope_type in LONGROPE_TYPES:
-        return float(theta), parse_longrope(merged, raw)
-    # The keys transformers requires of each scaling it validates: a missing one is refused by name, not
-    # defaulted (a guessed low_freq_factor is another model) nor left to fail later as a KeyError.
-    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-                "yarn": ("factor",)}.get(rope_type, ())
-    missing = [key for key in required if merged.get(key) is None]
-    if missing:
-        raise ValueError(f"config.json: rope scaling of type {rope_type!r} needs {', '.join(map(repr, missing))} "
-                         "(in rope_scaling or rope_parameters)")
-    if rope_type in ("llama3", "yarn"):
-        merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
-    return float(theta), merged
