@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 from sim.latent_attention import (check_latent_attention, latent_attention_norm_parameters,
                                   latent_attention_projection_parameters, latent_kv_width)
+from sim.model_shape_checks import check_attention_span, check_experts
 from sim.weight_quantization import quantized_parameters, weight_quantization
 
 GIB = 1024**3
@@ -102,28 +103,11 @@ class ModelShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
-                                                or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
-            raise ValueError(f"model.sliding_window must be a positive integer or null, got {self.sliding_window!r}")
-        if self.num_sliding_layers is not None and (
-                self.sliding_window is None or not isinstance(self.num_sliding_layers, int)
-                or isinstance(self.num_sliding_layers, bool) or not 1 <= self.num_sliding_layers <= self.num_layers):
-            raise ValueError(f"model.num_sliding_layers must be 1..num_layers ({self.num_layers}) with a "
-                             f"sliding_window, got {self.num_sliding_layers!r}")
+        check_attention_span(self)
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"model.num_kv_heads must divide num_attention_heads ({self.num_attention_heads}), "
                              f"got {self.num_kv_heads}")
-        if self.attention_chunk_size is not None and (
-                not isinstance(self.attention_chunk_size, int) or isinstance(self.attention_chunk_size, bool)
-                or self.attention_chunk_size < 1 or self.sliding_window is not None):
-            raise ValueError(f"model.attention_chunk_size must be a positive integer (and no sliding_window beside "
-                             f"it) or null, got {self.attention_chunk_size!r}")
-        if self.num_chunked_layers is not None and (
-                self.attention_chunk_size is None or not isinstance(self.num_chunked_layers, int)
-                or isinstance(self.num_chunked_layers, bool) or not 1 <= self.num_chunked_layers <= self.num_layers):
-            raise ValueError(f"model.num_chunked_layers must be 1..num_layers ({self.num_layers}) with an "
-                             f"attention_chunk_size, got {self.num_chunked_layers!r}")
-        self._check_experts()
+        check_experts(self)
         check_latent_attention(self)
         if self.stored_quantization is not None:
             try:
@@ -132,35 +116,6 @@ class ModelShape:
                 raise ValueError(str(error).replace("engine.quantization", "model.stored_quantization")) from None
         if not isinstance(self.num_mtp_layers, int) or isinstance(self.num_mtp_layers, bool) or self.num_mtp_layers < 0:
             raise ValueError(f"model.num_mtp_layers must be an integer >= 0, got {self.num_mtp_layers!r}")
-
-    def _check_experts(self) -> None:
-        for name in ("num_experts", "num_experts_per_token", "moe_intermediate_size",
-                     "shared_expert_intermediate_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"model.{name} must be an integer >= 0, got {value!r}")
-        if self.num_experts == 0:
-            for name in ("num_experts_per_token", "moe_intermediate_size", "shared_expert_intermediate_size"):
-                if getattr(self, name):
-                    raise ValueError(f"model.{name} is {getattr(self, name)}, but model.num_experts is 0 (a dense "
-                                     "model); set num_experts for a mixture of experts")
-            if self.num_dense_layers:
-                raise ValueError(f"model.num_dense_layers is {self.num_dense_layers}, but model.num_experts is 0: "
-                                 "every layer of a dense model is dense; set num_experts for a mixture of experts")
-            return
-        if not isinstance(self.num_dense_layers, int) or isinstance(self.num_dense_layers, bool) \
-                or not 0 <= self.num_dense_layers < self.num_layers:
-            raise ValueError(f"model.num_dense_layers must be 0..num_layers - 1 ({self.num_layers - 1}) for a mixture "
-                             f"of experts, got {self.num_dense_layers!r}")
-        if not 1 <= self.num_experts_per_token <= self.num_experts:
-            raise ValueError(f"model.num_experts_per_token must be 1..num_experts ({self.num_experts}) for a "
-                             f"mixture of experts, got {self.num_experts_per_token}")
-        if self.moe_intermediate_size < 1:
-            raise ValueError("model.moe_intermediate_size must be a positive integer for a mixture of experts "
-                             f"(num_experts {self.num_experts}), got {self.moe_intermediate_size}")
-        if not self.gated_mlp:
-            raise ValueError("model.gated_mlp must be true for a mixture of experts: experts are modelled as "
-                             "SwiGLU MLPs (gate, up, down)")
 
     @property
     def sliding_window_fraction(self) -> float:
