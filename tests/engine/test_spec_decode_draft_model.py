@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.core import CacheConfig, Request, Scheduler, SchedulerConfig
@@ -145,3 +146,13 @@ def test_bad_draft_models_are_refused_by_key(target, tmp_path):
         LLM(model=str(windowed), skip_tokenizer_init=True, speculative_config=_draft(target))
     with pytest.raises(ValueError, match="does not run with kv_offloading_size_gib"):
         LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(target), kv_offloading_size_gib=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_drafts_keep_the_cpu_tokens(target, shallow_draft):
+    """The draft's cache and forwards on the GPU beside CUDA-graph decodes (benchmarks/gpu_check.sh runs it)."""
+    prompts = _prompts(4)
+    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, device="cpu"), prompts, GREEDY)
+    llm = LLM(model=str(target), skip_tokenizer_init=True, device="cuda", speculative_config=_draft(shallow_draft))
+    assert _generate(llm, prompts, GREEDY) == expected
+    assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0

@@ -218,3 +218,11 @@ def test_it_drafts_for_itself_with_every_draft_accepted(checkpoint):
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == plain
     stats = llm.scheduler.make_stats().spec_decoding
     assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_engine_generates_the_cpu_tokens(checkpoint):
+    """The chunked layers' virtual requests on the GPU's default backend (triton; benchmarks/gpu_check.sh runs it)."""
+    from tests.models.engine_generation import assert_cuda_generates_the_cpu_tokens
+
+    assert_cuda_generates_the_cpu_tokens(checkpoint)
