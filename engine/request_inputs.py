@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.core import LoRARequest, PoolingParams, Request, SamplingParams, Scheduler
 from engine.core.scheduling_policy import reads_priority
-from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION, StructuredOutputs
+from engine.runner.structured_output.manager import StructuredOutputs
 
 
 @dataclasses.dataclass(slots=True)
@@ -137,8 +137,6 @@ def check_lora_request(label: str, lora_request: LoRARequest, lora) -> None:
 
 def check_structured_outputs(label: str, params: SamplingParams, scheduler: Scheduler,
                              structured_outputs: StructuredOutputs | None) -> None:
-    if scheduler.num_speculative_tokens:
-        raise ValueError(f"{label}: {STRUCTURED_WITH_SPECULATION}")
     if structured_outputs is None:
         raise ValueError(f"{label}: SamplingParams.structured_outputs needs the engine's grammars; none were "
                          "passed to validate_request")

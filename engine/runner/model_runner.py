@@ -50,7 +50,6 @@ from engine.runner.spec_decode.draft_model import DraftModelProposer
 from engine.runner.spec_decode.runner_step import SpeculativeStep
 from engine.runner.state_updates import update_states
 from engine.runner.structured_output import StructuredOutputs
-from engine.runner.structured_output.manager import STRUCTURED_WITH_SPECULATION
 from engine.runner.structured_output.logits_mask import apply_grammar_masks, constrained_rows
 
 logger = logging.getLogger(__name__)
@@ -245,8 +244,6 @@ class ModelRunner:
         if self.structured_outputs is None:
             raise ValueError("SamplingParams.structured_outputs needs a grammar backend; this runner was created "
                              "without one (build_engine gives it one)")
-        if self.speculative is not None:
-            raise ValueError(STRUCTURED_WITH_SPECULATION)
         grammar = self.structured_outputs.new_request_grammar(req_id, params.structured_outputs)
         self.grammar_req_ids.add(req_id)
         return grammar
@@ -341,7 +338,8 @@ class ModelRunner:
             sampled_rows, logits_indices = sampled_rows[~pooled], logits_indices[~pooled]
         if len(sampled_rows) and draft_rows:
             tokens_by_row, logprobs = self.speculative.sample_and_verify(
-                batch, prepared, hidden_states, self.model.compute_logits, draft_rows, self._sample_rows)
+                batch, prepared, hidden_states, self.model.compute_logits, draft_rows, self._sample_rows,
+                self.structured_outputs.backend if self.grammar_req_ids else None)
             logprobs = logprobs or None
             for row, tokens in tokens_by_row.items():
                 batch.append_row_token_ids(row, tokens)
@@ -370,8 +368,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden_states)
         sampling_states = [self.input_batch.request_states[row] for row in rows.tolist()]
         # Structured outputs: the grammar masks go on first, before every logits processor (vLLM's order).
-        # Speculative decoding calls this with several positions per request, which a matcher cannot follow;
-        # the two are refused together when a request is added, so no grammar is ever seen there.
+        # One position per row: rows with drafts are masked position by position in their verification
+        # (spec_decode/runner_step.py).
         grammars = constrained_rows(sampling_states) if self.grammar_req_ids else None
         if grammars:
             apply_grammar_masks(logits, grammars, self.structured_outputs.backend)

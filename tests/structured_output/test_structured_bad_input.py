@@ -60,16 +60,6 @@ def test_sampling_params_takes_only_the_params_object():
         SamplingParams(structured_outputs={"choice": ["a"]})
 
 
-def test_speculative_decoding_is_refused_with_structured_outputs(tiny_model_path):
-    llm = LLM(model=str(tiny_model_path), max_num_seqs=2, max_model_len=128,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    params = SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
-    with pytest.raises(ValueError, match=r"prompt 0: SamplingParams\.structured_outputs is not supported with "
-                                         r"speculative decoding yet"):
-        llm.generate(["x"], params, use_tqdm=False)
-    assert_healthy(llm)
-
-
 def test_token_id_engines_refuse_structured_outputs(tiny_model_path):
     llm = LLM(model=str(tiny_model_path), max_num_seqs=2, max_model_len=128, skip_tokenizer_init=True)
     params = SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(regex="a"))

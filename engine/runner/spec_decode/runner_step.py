@@ -19,6 +19,7 @@ from engine.runner.spec_decode.config import SpeculativeConfig
 from engine.runner.spec_decode.draft_model import DraftModelProposer
 from engine.runner.spec_decode.ngram_proposer import NgramProposer
 from engine.runner.spec_decode.verification import can_speculate, logprobs_of_tokens, verify_drafts
+from engine.runner.structured_output.logits_mask import mask_draft_positions
 
 
 class SpeculativeStep:
@@ -44,12 +45,13 @@ class SpeculativeStep:
 
     def sample_and_verify(self, batch: InputBatch, prepared: PreparedInputs, hidden_states: torch.Tensor,
                           compute_logits: Callable[[torch.Tensor], torch.Tensor], draft_rows: dict[int, list[int]],
-                          sample_rows: Callable[[np.ndarray, torch.Tensor], tuple[list[int], dict | None]]
-                          ) -> tuple[dict[int, list[int]], dict[str, object]]:
+                          sample_rows: Callable[[np.ndarray, torch.Tensor], tuple[list[int], dict | None]],
+                          grammar_backend=None) -> tuple[dict[int, list[int]], dict[str, object]]:
         """Tokens for every sampled row, and the step's logprobs by request id for those that ask: rows
         without drafts through ``sample_rows`` (the ordinary sampler, given the rows and their last-position
         hidden states: their tokens and logprobs), rows with drafts verified (a list of logprobs per request,
-        one entry per token)."""
+        one entry per token). ``grammar_backend``: where some request has a grammar, its drafted positions are
+        masked by it first, each by the grammar's state after the drafts before it, as vLLM verifies them."""
         sampled_rows = prepared.sampled_rows
         query_end = prepared.common.query_start_loc[1:]
         plain = np.array([row for row in sampled_rows.tolist() if row not in draft_rows], dtype=np.int64)
@@ -68,7 +70,13 @@ class SpeculativeStep:
         logits = compute_logits(hidden_states[torch.from_numpy(positions).to(hidden_states.device)])
         states = [batch.request_states[row] for row in rows]
         drafts = [draft_rows[row] for row in rows]
+        if grammar_backend is not None:
+            mask_draft_positions(logits, states, drafts, grammar_backend)
         verified = verify_drafts(logits, states, drafts, self.vocab_size)
+        for state, row_tokens in zip(states, verified):
+            if state.grammar is not None:
+                for token in row_tokens:
+                    state.grammar.accept(token)
         for row, row_tokens in zip(rows, verified):
             tokens[row] = row_tokens
         for state, entries in zip(states, logprobs_of_tokens(logits, states, drafts, verified)):
@@ -87,10 +95,14 @@ class SpeculativeStep:
             known_ends = prepared.common.seq_lens.astype(np.int64)
             known_ends[rows] = batch.num_tokens[rows]
             drafts = self.draft_model.propose(batch, known_ends, speculating, metadata_builder)
-            return {batch.req_ids[row]: row_drafts for row, row_drafts in drafts.items()}
+        else:
+            drafts = {row: self.proposer.propose(batch.token_ids_cpu[row, :batch.num_tokens[row]])
+                      for row in speculating}
         proposals = {}
-        for row in speculating:
-            drafts = self.proposer.propose(batch.token_ids_cpu[row, :batch.num_tokens[row]])
-            if drafts:
-                proposals[batch.request_states[row].req_id] = drafts
+        for row, row_drafts in drafts.items():
+            grammar = batch.request_states[row].grammar
+            if grammar is not None:  # only what the grammar allows is worth verifying
+                row_drafts = row_drafts[:grammar.valid_draft_prefix(row_drafts)]
+            if row_drafts:
+                proposals[batch.req_ids[row]] = row_drafts
         return proposals

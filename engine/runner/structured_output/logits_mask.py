@@ -27,3 +27,21 @@ def constrained_rows(states) -> list[tuple[int, RequestGrammar]]:
     """(row, grammar) for the rows among ``states`` (request states, in logits-row order) to be masked."""
     return [(row, state.grammar) for row, state in enumerate(states)
             if state.grammar is not None and state.grammar.constrains]
+
+
+def mask_draft_positions(logits: torch.Tensor, states, drafts, backend) -> None:
+    """A verification's logits (len(drafts[i]) + 1 rows per request ``states[i]``, in order) masked, for the
+    requests with a grammar, by the grammar's state after each draft before the row (RequestGrammar
+    .fill_draft_bitmasks). In place; nothing is allocated when no request constrains."""
+    grammars, first_row = [], 0
+    for state, request_drafts in zip(states, drafts):
+        if state.grammar is not None and state.grammar.constrains:
+            grammars.append((first_row, state.grammar, list(request_drafts)))
+        first_row += len(request_drafts) + 1
+    if not grammars:
+        return
+    bitmask = backend.allocate_bitmask(logits.shape[0])
+    rows = [row for first, grammar, request_drafts in grammars
+            for row in grammar.fill_draft_bitmasks(bitmask, first, request_drafts)]
+    if rows:
+        backend.apply_bitmask(logits, bitmask, rows)

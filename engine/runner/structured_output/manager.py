@@ -19,13 +19,6 @@ from engine.core.structured_outputs import StructuredOutputsParams
 from engine.optional_dependencies import missing_extra_message
 from engine.runner.structured_output.request_grammar import RequestGrammar
 
-# vLLM V1 verifies drafts against the grammar; here a matcher follows one token per step, so the two are refused
-# together, when the request is added (and again by the runner, for anything that bypasses the front end).
-STRUCTURED_WITH_SPECULATION = (
-    "SamplingParams.structured_outputs is not supported with speculative decoding yet (each draft would need "
-    "the grammar's verdict); serve structured requests from an engine without speculative_config")
-
-
 class StructuredOutputs:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         """``tokenizer`` must be one no other thread uses while the first structured request is checked (the

@@ -54,6 +54,38 @@ class RequestGrammar:
         logger.warning("request %s: sampled token %d is outside its grammar (a later logits processor banned every "
                        "token the grammar allows); its output is no longer constrained", self.req_id, token_id)
 
+    def valid_draft_prefix(self, drafts: list[int]) -> int:
+        """How many of ``drafts`` the grammar accepts in a row from its state now (0 once it no longer
+        constrains); the state is left as it was. Drafts past the grammar's end are not speculated."""
+        if not self.constrains:
+            return 0
+        accepted = 0
+        for token_id in drafts:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(token_id):
+                break
+            accepted += 1
+        if accepted:
+            self.matcher.rollback(accepted)
+        return accepted
+
+    def fill_draft_bitmasks(self, bitmask, first_row: int, drafts: list[int]) -> list[int]:
+        """Rows ``first_row .. first_row + len(drafts)`` of ``bitmask``: the allowed tokens after the request's
+        known tokens, then after each draft in turn (the positions a verification scores). Returns the rows to
+        apply; the state is left as it was. A draft the grammar refuses ends the filling: the model's masked
+        distribution there refuses it, so no later position is kept."""
+        rows, accepted = [], 0
+        for position in range(len(drafts) + 1):
+            if self.abandoned or self.matcher.is_terminated():
+                break
+            if self.matcher.fill_next_token_bitmask(bitmask, first_row + position):
+                rows.append(first_row + position)
+            if position == len(drafts) or not self.matcher.accept_token(drafts[position]):
+                break
+            accepted += 1
+        if accepted:
+            self.matcher.rollback(accepted)
+        return rows
+
     def sync(self, output_token_ids: list[int]) -> None:
         """Make the matcher's state the grammar after ``output_token_ids`` (see the module docstring)."""
         token_ids = self.token_ids
