@@ -2,7 +2,7 @@
 comes; this engine takes no images).
 
 The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA, Qwen2-VL /
-Qwen2.5-VL and Llama 4 checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
+Qwen2.5-VL / Qwen3-VL and Llama 4 checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
 5's in-memory layout, ``model.language_model.``, too), beside a vision tower and a projector, which are not loaded.
 ``flatten`` turns the config into the language model's own (the architecture name stays the checkpoint's, which the
 registry maps to the text model's class); ``text_weights`` renames the weights and drops the rest.
@@ -25,8 +25,11 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
     # text the three positions are equal, which is plain RoPE over the whole head.
     "Qwen2VLForConditionalGeneration": "qwen2",
     "Qwen2_5_VLForConditionalGeneration": "qwen2",
+    # Qwen3-VL: a Qwen3 (q/k norms) with interleaved M-RoPE, plain RoPE for text too; its DeepStack adds visual
+    # features to early layers only where images are.
+    "Qwen3VLForConditionalGeneration": "qwen3",
 }
-_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
 _NOT_TEXT = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
              "model.multi_modal_projector.", "visual.", "model.visual.")
 # Keys of the outer config the language model reads too, where text_config has none.
@@ -67,7 +70,8 @@ def _plain_rope(text: dict[str, Any]) -> dict[str, Any]:
         rope = text.get(key)
         if isinstance(rope, dict) and (rope.get("type") == "mrope" or rope.get("rope_type") == "mrope"
                                        or "mrope_section" in rope):
-            plain = {name: value for name, value in rope.items() if name not in ("type", "rope_type", "mrope_section")}
+            plain = {name: value for name, value in rope.items()
+                     if name not in ("type", "rope_type", "mrope_section", "mrope_interleaved")}
             text[key] = {**plain, "rope_type": "default"}
     return text
 

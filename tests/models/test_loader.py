@@ -101,7 +101,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen2VLForConditionalGeneration",
                                          "Qwen2_5_VLForConditionalGeneration", "Qwen3ForCausalLM",
-                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM",
+                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM", "Qwen3VLForConditionalGeneration",
                                          "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"]
 
 

@@ -83,7 +83,19 @@ def _qwen2_5_vl_published(path):
     return path
 
 
-WRITERS = {"gemma3": _gemma3, "mistral3": _mistral3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl}
+def _qwen3_vl(path):
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True, "rope_theta": 10000.0}
+    config = Qwen3VLConfig(text_config={**TEXT, "rope_parameters": rope}, image_token_id=500, video_token_id=501,
+                           vision_start_token_id=502,
+                           vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                              out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                                              deepstack_visual_indexes=[0]))
+    return _save(Qwen3VLForConditionalGeneration(config), path)
+
+
+WRITERS = {"gemma3": _gemma3, "mistral3": _mistral3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl}
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))
