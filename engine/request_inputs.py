@@ -117,7 +117,7 @@ def validate_request(label: str, prompt: Prompt, params: SamplingParams, schedul
                 raise ValueError(f"{label}: SamplingParams.{name} needs a tokenizer (the engine was "
                                  "created with skip_tokenizer_init=True)")
     if params.structured_outputs is not None:
-        check_structured_outputs(label, params, scheduler, structured_outputs)
+        check_structured_outputs(label, params, structured_outputs)
     if lora_request is not None:
         check_lora_request(label, lora_request, lora)
 
@@ -135,7 +135,7 @@ def check_lora_request(label: str, lora_request: LoRARequest, lora) -> None:
         raise ValueError(f"{label}: lora_request {lora_request.lora_name!r}: {error}") from None
 
 
-def check_structured_outputs(label: str, params: SamplingParams, scheduler: Scheduler,
+def check_structured_outputs(label: str, params: SamplingParams,
                              structured_outputs: StructuredOutputs | None) -> None:
     if structured_outputs is None:
         raise ValueError(f"{label}: SamplingParams.structured_outputs needs the engine's grammars; none were "
