@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine.models import load_model
-from tests.models.test_llama4_model import BLOCK, ChunkedSession, _prompt, write_llama4
+from tests.models.test_llama4_model import BLOCK, CHUNK, _prompt, write_llama4
+from tests.models.test_models_vs_transformers import PagedSession
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -18,7 +19,7 @@ def test_chunked_prefill_and_decodes_equal_the_torch_backend(tmp_path):
     logits = {}
     for backend in ("torch", "triton"):
         model, config = load_model(path, torch.float32, attention_backend=backend)
-        session = ChunkedSession(model, config, block_size=BLOCK, seed=4)
+        session = PagedSession(model, config, block_size=BLOCK, seed=4, attention_chunk=CHUNK)
         first = session.step({"a": tokens["a"][:20], "b": tokens["b"]})
         second = session.step({"a": tokens["a"][20:]})
         third = session.step({"a": [5], "b": [6]})

@@ -1,5 +1,5 @@
 """Shared by the model tests: the engine's greedy tokens through the scheduler against transformers' generate on
-the same checkpoint, and a CUDA engine's tokens against the CPU's."""
+the same checkpoint, a CUDA engine's tokens against the CPU's, and checkpoints transformers itself writes."""
 
 import random
 
@@ -43,3 +43,15 @@ def assert_cuda_generates_the_cpu_tokens(path):
     gpu = gpu_engine.generate(token_prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
     return gpu_engine
+
+
+def save_random(model, path, seed: int = 0):
+    """A transformers model with its weights (norms left at their start) drawn N(0, 0.05), saved by transformers in
+    its own layout: a checkpoint whose logits move enough for the comparisons to mean something."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, 0.05)
+    model.save_pretrained(str(path))
+    return path

@@ -18,9 +18,8 @@ from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.runner.attention import build_attention_metadata, compute_positions
 from engine.runner.attention.local_attention import local_attention_common
-from engine.runner.attention_builders import get_metadata_builder
-from engine.runner.prepare_inputs import CommonAttentionMetadata
-from tests.models.engine_generation import assert_engine_generates_as_transformers
+from tests.models.engine_generation import assert_engine_generates_as_transformers, save_random
+from tests.models.local_metadata import common_from_lists
 from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
 
 CHUNK, BLOCK = 16, 8
@@ -35,14 +34,7 @@ def write_llama4(path, seed=0, **overrides):
     """A random Llama4ForCausalLM saved by transformers (its own names and layout)."""
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    torch.manual_seed(seed)
-    model = Llama4ForCausalLM(Llama4TextConfig(**{**TEXT_CONFIG, **overrides}))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" not in name:
-                parameter.normal_(0.0, 0.05)
-    model.save_pretrained(str(path))
-    return path
+    return save_random(Llama4ForCausalLM(Llama4TextConfig(**{**TEXT_CONFIG, **overrides})), path, seed)
 
 
 @pytest.fixture(scope="module")
@@ -60,51 +52,6 @@ def models(checkpoint):
     return model, config, hf_model
 
 
-class ChunkedSession(PagedSession):
-    """PagedSession's steps, with the local-attention metadata the runner builds for chunked layers."""
-
-    def step(self, chunks):
-        names = list(chunks)
-        for name in names:
-            self.num_computed.setdefault(name, 0)
-            blocks = self.blocks.setdefault(name, [])
-            while len(blocks) * self.block_size < self.num_computed[name] + len(chunks[name]):
-                blocks.append(self.free_blocks.pop())
-        computed = [self.num_computed[name] for name in names]
-        scheduled = [len(chunks[name]) for name in names]
-        metadata = build_attention_metadata(computed, scheduled, [self.blocks[name] for name in names],
-                                            self.block_size)
-        metadata.local = get_metadata_builder("torch", torch.device("cpu")).build(local_attention_common(
-            _common(computed, scheduled, [self.blocks[name] for name in names], self.block_size), CHUNK,
-            self.block_size))
-        with torch.no_grad():
-            logits = self.model.compute_logits(self.model(torch.tensor([t for n in names for t in chunks[n]]),
-                                                          compute_positions(computed, scheduled), self.kv_caches,
-                                                          metadata))
-        out = {}
-        for index, name in enumerate(names):
-            start, end = metadata.query_start_loc_cpu[index], metadata.query_start_loc_cpu[index + 1]
-            out[name] = logits[start:end]
-            self.num_computed[name] += scheduled[index]
-        return out
-
-
-def _common(computed, scheduled, block_lists, block_size):
-    computed, scheduled = np.array(computed), np.array(scheduled)
-    width = max(len(blocks) for blocks in block_lists)
-    table = np.array([blocks + [0] * (width - len(blocks)) for blocks in block_lists], dtype=np.int32)
-    positions = np.concatenate([np.arange(c, c + n) for c, n in zip(computed, scheduled)])
-    rows = np.repeat(np.arange(len(computed)), scheduled)
-    query_start_loc = np.concatenate([[0], np.cumsum(scheduled)]).astype(np.int32)
-    return CommonAttentionMetadata(
-        num_reqs=len(computed), num_actual_tokens=int(scheduled.sum()), query_start_loc=query_start_loc,
-        seq_lens=(computed + scheduled).astype(np.int32), num_computed_tokens=computed.astype(np.int32),
-        block_table=table, slot_mapping=(table[rows, positions // block_size].astype(np.int64) * block_size
-                                         + positions % block_size),
-        is_prefilling=np.zeros(len(computed), dtype=bool), max_query_len=int(scheduled.max()),
-        max_seq_len=int((computed + scheduled).max()))
-
-
 def _prompt(seed, length):
     rng = random.Random(seed)
     return [rng.randrange(4, 500) for _ in range(length)]
@@ -120,7 +67,7 @@ def test_the_config_reads_as_transformers_does(models):
 def test_batched_prefill_matches(models):
     model, config, hf_model = models
     prompts = {f"r{n}": _prompt(n, n) for n in (3, 16, 17, 40)}
-    logits = ChunkedSession(model, config, block_size=BLOCK).step(prompts)
+    logits = PagedSession(model, config, block_size=BLOCK, attention_chunk=CHUNK).step(prompts)
     for name, tokens in prompts.items():
         torch.testing.assert_close(logits[name], hf_logits(hf_model, tokens), atol=ATOL, rtol=0, msg=name)
 
@@ -129,7 +76,7 @@ def test_chunked_prefill_and_decodes_across_chunk_boundaries_match(models):
     model, config, hf_model = models
     tokens = _prompt(7, 45)
     expected = hf_logits(hf_model, tokens)
-    session = ChunkedSession(model, config, block_size=BLOCK, seed=2)
+    session = PagedSession(model, config, block_size=BLOCK, seed=2, attention_chunk=CHUNK)
     got = [session.step({"r": tokens[:13]})["r"], session.step({"r": tokens[13:34]})["r"]]
     got += [session.step({"r": [token]})["r"] for token in tokens[34:]]
     torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
@@ -189,7 +136,7 @@ def test_a_block_size_that_does_not_divide_the_chunk_is_refused(checkpoint):
 def test_virtual_requests_are_chunked_attention(computed, scheduled):
     """Each virtual request's keys are exactly its queries' chunk up to them: positions chunk_start .. p."""
     blocks = [list(range(1 + 10 * index, 11 + 10 * index)) for index in range(len(computed))]
-    local = local_attention_common(_common(computed, scheduled, blocks, BLOCK), CHUNK, BLOCK)
+    local = local_attention_common(common_from_lists(computed, scheduled, blocks, BLOCK), CHUNK, BLOCK)
     flat = 0
     for piece in range(local.num_reqs):
         length = int(local.query_start_loc[piece + 1] - local.query_start_loc[piece])

@@ -12,16 +12,19 @@ import torch
 
 from engine.models import default_model_path, load_model, make_test_model
 from engine.runner.attention import allocate_kv_caches, build_attention_metadata, compute_positions
+from tests.models.local_metadata import local_metadata
 
 ATOL = 1e-4
 BLOCK_SIZE = 16
 
 
 class PagedSession:
-    """Drives a model through steps with a paged cache, the way the runner will (minus the scheduler)."""
+    """Drives a model through steps with a paged cache, the way the runner will (minus the scheduler).
+    ``attention_chunk``: a Llama 4's chunk, whose layers read the step's local-attention metadata as the runner
+    builds it."""
 
-    def __init__(self, model, config, num_blocks=64, block_size=BLOCK_SIZE, seed=0):
-        self.model, self.block_size = model, block_size
+    def __init__(self, model, config, num_blocks=64, block_size=BLOCK_SIZE, seed=0, attention_chunk=None):
+        self.model, self.block_size, self.attention_chunk = model, block_size, attention_chunk
         self.kv_caches = allocate_kv_caches(config.num_hidden_layers, num_blocks, block_size,
                                             config.num_key_value_heads, config.head_dim, torch.float32, "cpu",
                                             value_head_size=config.value_head_dim)
@@ -45,6 +48,9 @@ class PagedSession:
         computed = [self.num_computed[n] for n in names]
         scheduled = [len(chunks[n]) for n in names]
         metadata = build_attention_metadata(computed, scheduled, [self.blocks[n] for n in names], self.block_size)
+        if self.attention_chunk:
+            metadata.local = local_metadata(computed, scheduled, [self.blocks[n] for n in names], self.block_size,
+                                            self.attention_chunk)
         positions = compute_positions(computed, scheduled)
         input_ids = torch.tensor([t for n in names for t in chunks[n]])
         with torch.no_grad():

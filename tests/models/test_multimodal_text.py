@@ -13,7 +13,7 @@ import torch
 from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.models.registry import get_model_class
-from tests.models.engine_generation import assert_engine_generates_as_transformers
+from tests.models.engine_generation import assert_engine_generates_as_transformers, save_random
 from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
 
 TEXT = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -26,7 +26,7 @@ def _gemma3(path):
     config = Gemma3Config(text_config={**TEXT, "sliding_window": 8}, mm_tokens_per_image=4, image_token_index=500,
                           vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14))
-    return _save(Gemma3ForConditionalGeneration(config), path)
+    return save_random(Gemma3ForConditionalGeneration(config), path)
 
 
 def _mistral3(path):
@@ -36,7 +36,7 @@ def _mistral3(path):
                             vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
                                                num_hidden_layers=1, num_attention_heads=2, image_size=28,
                                                patch_size=14, head_dim=16), image_token_index=500)
-    return _save(Mistral3ForConditionalGeneration(config), path)
+    return save_random(Mistral3ForConditionalGeneration(config), path)
 
 
 def _llava(path):
@@ -46,17 +46,7 @@ def _llava(path):
                          vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
                                             num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14,
                                             projection_dim=32))
-    return _save(LlavaForConditionalGeneration(config), path)
-
-
-def _save(model, path):
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" not in name:
-                parameter.normal_(0.0, 0.05)
-    model.save_pretrained(str(path))
-    return path
+    return save_random(LlavaForConditionalGeneration(config), path)
 
 
 def _qwen2_5_vl(path):
@@ -68,7 +58,7 @@ def _qwen2_5_vl(path):
                                                  out_hidden_size=64, patch_size=14, spatial_merge_size=2,
                                                  fullatt_block_indexes=[0]),
                               image_token_id=500, video_token_id=501, vision_start_token_id=502)
-    return _save(Qwen2_5_VLForConditionalGeneration(config), path)
+    return save_random(Qwen2_5_VLForConditionalGeneration(config), path)
 
 
 def _qwen2_5_vl_published(path):
@@ -92,7 +82,7 @@ def _qwen3_vl(path):
                            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                                               out_hidden_size=64, patch_size=14, spatial_merge_size=2,
                                               deepstack_visual_indexes=[0]))
-    return _save(Qwen3VLForConditionalGeneration(config), path)
+    return save_random(Qwen3VLForConditionalGeneration(config), path)
 
 
 WRITERS = {"gemma3": _gemma3, "mistral3": _mistral3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl}
