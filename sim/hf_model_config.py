@@ -1,6 +1,6 @@
 """Reading a model's shape from its Hugging Face ``config.json``, for the architectures ``ModelShape`` models
 one to one; any other is refused by name rather than priced as something it is not. A vision-language model's
-config (Gemma 3, LLaVA, Qwen2-VL, Mistral 3) gives its language model's shape (sim/hf_vision_config.py reads the rest)."""
+config (Gemma 3, LLaVA, Qwen2-VL, Mistral 3, Qwen3-VL) gives its language model's shape (sim/hf_vision_config.py reads the rest)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from sim.model_shapes import ModelShape
 # picking the top k).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-                       "Olmo2ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM",
+                       "Olmo2ForCausalLM", "Olmo3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "SeedOssForCausalLM",
+                       "Exaone4ForCausalLM", "Ernie4_5ForCausalLM",
+                       "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM",
                        "Starcoder2ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # DeepSeek-V2 and V3 (and what shares V3's architecture: DeepSeek-R1, Kimi K2): multi-head latent attention,
@@ -36,6 +38,9 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                               "olmo3": "Olmo3ForCausalLM", "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
+                               "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
+                               "ernie4_5": "Ernie4_5ForCausalLM",
                                "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
                                "smollm3": "SmolLM3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                                "llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
@@ -45,7 +50,9 @@ _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 *
                           "MixtralForCausalLM": 4096 * 32, "Qwen2MoeForCausalLM": 32768,
                           "Qwen3MoeForCausalLM": 32768, "Gemma2ForCausalLM": 8192, "Gemma3ForCausalLM": 131072,
                           "GptOssForCausalLM": 131072, "Phi3ForCausalLM": 4096, "GraniteForCausalLM": 2048,
-                          "Olmo2ForCausalLM": 2048, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
+                          "Olmo2ForCausalLM": 2048, "Olmo3ForCausalLM": 2048, "GlmForCausalLM": 131072,
+                          "Glm4ForCausalLM": 131072, "SeedOssForCausalLM": 524288,
+                          "Exaone4ForCausalLM": 2048, "Ernie4_5ForCausalLM": 131072, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
                           "SmolLM3ForCausalLM": 32768, "Starcoder2ForCausalLM": 4096}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
@@ -109,10 +116,12 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
     experts = _experts(config, architecture, path, key)
     if architecture == "Qwen2MoeForCausalLM":
         qkv_bias = bool(config.get("qkv_bias", True))  # transformers' Qwen2MoeConfig: a key, true by default
-    elif architecture == "GptOssForCausalLM":
-        qkv_bias = bool(config.get("attention_bias", True))  # gpt-oss's attention has biases by default
+    elif architecture in ("GptOssForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "SeedOssForCausalLM"):
+        qkv_bias = bool(config.get("attention_bias", True))  # these architectures' attention has biases by default
     elif starcoder:
         qkv_bias = bool(config.get("use_bias", True))
+    elif architecture == "Ernie4_5ForCausalLM":
+        qkv_bias = bool(config.get("use_bias", False))
     else:
         qkv_bias = architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False))
     return ModelShape(
@@ -134,7 +143,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         gated_mlp=not starcoder,
         # Gemma and Cohere tie by default.
         tied_embeddings=bool(config.get("tie_word_embeddings", gemma or architecture in (
-            "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"))),
+            "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM", "Starcoder2ForCausalLM",
+            "Ernie4_5ForCausalLM"))),
         qkv_bias=qkv_bias,
         stored_quantization=stored_quantization(config, path),
         **_sliding_layers(config, architecture, path),
@@ -156,6 +166,16 @@ def _sliding_layers(config: dict, architecture: str, path: Path) -> dict:
         window = _positive_window(config.get("sliding_window", 4096), path)
         # Gemma 2 alternates local and global layers; Gemma 3 has five local ones to a global one.
         pattern = 2 if architecture == "Gemma2ForCausalLM" else config.get("sliding_window_pattern") or 6
+        default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
+    elif architecture == "Olmo3ForCausalLM":
+        # Three windowed layers to one full, as transformers' Olmo3Config derives them.
+        window = _positive_window(config.get("sliding_window", 4096), path)
+        default_types = ["sliding_attention" if (index + 1) % 4 else "full_attention" for index in range(num_layers)]
+    elif architecture == "Exaone4ForCausalLM" and config.get("sliding_window", 4096) is not None:
+        # As Cohere2 (engine/models/nope_layers.py); a pattern that is no number needs layer_types.
+        window = _positive_window(config.get("sliding_window", 4096), path)
+        pattern = config.get("sliding_window_pattern", 4)
+        pattern = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0 else 4
         default_types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
     elif architecture == "Cohere2ForCausalLM":
         # Three windowed layers to one full (sliding_window_pattern), as transformers' Cohere2Config derives them.

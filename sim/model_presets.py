@@ -82,12 +82,16 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     _shape("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128),
     # More dense families the engine runs (tests/sim/test_presets.py checks the counts): Phi-4 14.7B, Phi-4-mini
     # 3.84B (RoPE on 3/4 of each head and LongRoPE cost what RoPE does), Phi-3.5-mini 3.82B, Granite-3.1-8B 8.17B,
-    # OLMo-2-1124-7B 7.30B, Command-R (c4ai-command-r-v01, no grouped-query attention) 35.0B, SmolLM3-3B 3.08B.
+    # OLMo-2-1124-7B 7.30B, OLMo 3 7.30B and 32.2B, Command-R (c4ai-command-r-v01, no grouped-query attention) 35.0B, SmolLM3-3B 3.08B.
     _shape("phi-4", 40, 5120, 40, 10, 17920, 100352, 16384),
     _shape("phi-4-mini", 32, 3072, 24, 8, 8192, 200064, 131072, tied=True),
     _shape("phi-3.5-mini", 32, 3072, 32, 32, 8192, 32064, 131072),
     _shape("granite-3.1-8b", 40, 4096, 32, 8, 12800, 49155, 131072, tied=True),
     _shape("olmo-2-7b", 32, 4096, 32, 32, 11008, 100352, 4096),
+    # OLMo 3 (7B and 32B): OLMo 2's layers with three in four in a 4,096-token window, the fourth full; YaRN to 65,536
+    # tokens on the full layers. On vLLM's hybrid KV cache (sim/kv_cache_groups.py).
+    _shape("olmo-3-7b", 32, 4096, 32, 32, 11008, 100278, 65536, sliding_window=4096, sliding_layers=24),
+    _shape("olmo-3-32b", 64, 5120, 40, 8, 27648, 100278, 65536, sliding_window=4096, sliding_layers=48),
     _shape("command-r", 40, 8192, 64, 64, 22528, 256000, 8192, tied=True),
     _shape("smollm3-3b", 36, 2048, 16, 4, 11008, 128256, 65536, tied=True),
     # Multimodal models' language models (text_config); their vision encoders are in sim/vision_encoders.py.
@@ -95,6 +99,8 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     # with a 32k context (its M-RoPE positions cost what RoPE does).
     _shape("llava-1.5-7b", 32, 4096, 32, 32, 11008, 32064, 4096),
     _shape("qwen2-vl-7b", 28, 3584, 28, 4, 18944, 152064, 32768, qkv_bias=True),
+    # Qwen3-VL-8B: Qwen3-8B with a 256k context (interleaved M-RoPE costs what RoPE does).
+    _shape("qwen3-vl-8b", 36, 4096, 32, 8, 12288, 151936, 262144, head_dim=128),
     # Mixtures of experts (tests/sim/test_moe_shapes.py checks the counts). Total and active (per token)
     # parameters: mixtral-8x7b 46.7B / 12.9B, mixtral-8x22b 141B / 39.2B, qwen3-30b-a3b 30.5B / 3.35B,
     # qwen1.5-moe-a2.7b 14.3B / 2.69B, qwen3-235b-a22b 235.1B / 22.2B. Mixtral's experts are as wide as its

@@ -76,6 +76,29 @@ ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     "olmo2": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
               "sliding_window": None, "num_key_value_heads": None},
+    # GLM-4 and GLM-4-0414: Llama's stack, RoPE on half of each head by interleaved pairs, q/k/v biases (glm.py).
+    "glm": {"rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": False,
+            "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 131072,
+            "sliding_window": None, "num_key_value_heads": 2},
+    "glm4": {"rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": False,
+             "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 131072,
+             "sliding_window": None, "num_key_value_heads": 2},
+    # Seed-OSS: Llama with q/k/v biases by default and a switch of its own for the output projection's (seed_oss.py).
+    "seed_oss": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                 "attention_bias": True, "mlp_bias": False, "max_position_embeddings": 524288,
+                 "sliding_window": None, "num_key_value_heads": 8},
+    # EXAONE 4.0: OLMo 2's blocks, per-head q/k norms, windowed layers with RoPE and full ones without (exaone4.py).
+    "exaone4": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
+                "sliding_window": 4096, "num_key_value_heads": 32},
+    # ERNIE 4.5 (dense): Llama with interleaved RoPE and one use_bias for every projection (ernie4_5.py).
+    "ernie4_5": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+                 "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
+                 "sliding_window": None, "num_key_value_heads": 2},
+    # OLMo 3: OLMo 2 with three layers in four in a 4,096-token window (olmo3_config.py).
+    "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+              "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
+              "sliding_window": 4096, "num_key_value_heads": None},
     # Llama 4 (Scout, Maverick): its language model; head_dim is a key of its own (llama4_config.py).
     "llama4_text": {"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
                     "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 4096 * 32,

@@ -46,10 +46,16 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                 shapes.update({f"{prefix}.self_attn.q_norm.weight": (config["head_dim"],),
                                f"{prefix}.self_attn.k_norm.weight": (config["head_dim"],)})
             continue
-        if config["model_type"] == "olmo2":  # norms after the blocks, none before; q and k normalized whole
+        if config["model_type"] == "exaone4":  # norms after the blocks, none before (per-head q/k norms: _has_qk_norm)
+            del shapes[f"{prefix}.input_layernorm.weight"]
+            shapes[f"{prefix}.post_feedforward_layernorm.weight"] = (hidden,)
+        if config["model_type"] in ("olmo2", "olmo3"):  # norms after the blocks, none before; q and k normalized whole
             del shapes[f"{prefix}.input_layernorm.weight"]
             shapes.update({f"{prefix}.post_feedforward_layernorm.weight": (hidden,),
                            f"{prefix}.self_attn.q_norm.weight": (q_size,), f"{prefix}.self_attn.k_norm.weight": (kv_size,)})
+        if config["model_type"] == "glm4":  # each block's output normalized too
+            shapes.update({f"{prefix}.post_self_attn_layernorm.weight": (hidden,),
+                           f"{prefix}.post_mlp_layernorm.weight": (hidden,)})
         if config["model_type"] == "phi3":  # stored fused: [q; k; v] and [gate; up]
             width = config["intermediate_size"]
             shapes.update({f"{prefix}.self_attn.qkv_proj.weight": (q_size + 2 * kv_size, hidden),
@@ -65,6 +71,14 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
             shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
             shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
+        if config.get("use_bias") and config["model_type"] == "ernie4_5":  # one switch for every projection's bias
+            width = config["intermediate_size"]
+            shapes.update({f"{prefix}.self_attn.q_proj.bias": (q_size,), f"{prefix}.self_attn.k_proj.bias": (kv_size,),
+                           f"{prefix}.self_attn.v_proj.bias": (kv_size,), f"{prefix}.self_attn.o_proj.bias": (hidden,),
+                           f"{prefix}.mlp.gate_proj.bias": (width,), f"{prefix}.mlp.up_proj.bias": (width,),
+                           f"{prefix}.mlp.down_proj.bias": (hidden,)})
+        if config.get("attention_out_bias"):  # Seed-OSS: the output projection's bias has a switch of its own
+            shapes[f"{prefix}.self_attn.o_proj.bias"] = (hidden,)
         if config["model_type"] == "gpt_oss":  # the output projection's bias and the heads' sinks
             shapes[f"{prefix}.self_attn.o_proj.bias"] = (hidden,)
             shapes[f"{prefix}.self_attn.sinks"] = (config["num_attention_heads"],)
@@ -114,6 +128,9 @@ def _mlp_weight_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[i
                 f"{prefix}.mlp.experts.gate_up_proj_bias": (experts, 2 * width),
                 f"{prefix}.mlp.experts.down_proj": (experts, width, hidden),
                 f"{prefix}.mlp.experts.down_proj_bias": (experts, hidden)}
+    if config["model_type"] in ("glm", "glm4"):  # gate and up stored fused, [gate; up]
+        width = config["intermediate_size"]
+        return {f"{prefix}.mlp.gate_up_proj.weight": (2 * width, hidden), f"{prefix}.mlp.down_proj.weight": (hidden, width)}
     return swiglu(f"{prefix}.mlp", config["intermediate_size"])
 
 

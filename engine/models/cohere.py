@@ -34,15 +34,6 @@ class CohereLayerNorm(nn.Module):
         return (self.weight.to(torch.float32) * normalized).to(x.dtype)
 
 
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on interleaved pairs, in float32: (x[2i], x[2i+1]) turns by angle i; the layout stays interleaved."""
-    half = cos.shape[-1] // 2  # cos/sin repeat their angles over the two halves (RotaryEmbedding.cos_sin)
-    cos, sin = cos[..., :half].float(), sin[..., :half].float()
-    x32 = x.float()
-    evens, odds = x32[..., 0::2], x32[..., 1::2]
-    return torch.stack((evens * cos - odds * sin, odds * cos + evens * sin), dim=-1).flatten(-2).to(x.dtype)
-
-
 class CohereAttention(LlamaAttention):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, eps: float) -> None:
         super().__init__(config, backend, config.attention_bias, config.attention_bias)
@@ -50,8 +41,8 @@ class CohereAttention(LlamaAttention):
             self.q_norm = CohereLayerNorm((self.num_heads, self.head_dim), eps)
             self.k_norm = CohereLayerNorm((self.num_kv_heads, self.head_dim), eps)
 
-    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return rotate_pairs(x, cos, sin)  # Llama's forward; Cohere2's full-attention layers skip it (use_rope)
+    # RoPE on interleaved pairs (LlamaAttention.rotate); Cohere2's full-attention layers skip it (use_rope).
+    interleaved_rope = True
 
 
 class CohereDecoderLayer(nn.Module):

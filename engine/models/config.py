@@ -19,12 +19,13 @@ from engine.models.compressed_tensors import CompressedTensorsConfig, parse_comp
 from engine.models.deepseek_config import (DEEPSEEK_MODEL_TYPES, DeepseekRouting, MLAConfig, parse_deepseek_moe,
                                            parse_mla)
 from engine.models.gemma_config import check_gemma, gemma3_rope, gemma_layer_windows
+from engine.models.olmo3_config import olmo3_layer_windows, olmo3_rope
 from engine.models.granite_config import granite_multipliers
 from engine.models.layer_types import checked_layer_types, windows_of
 from engine.models.llama4_config import llama4_moe, llama4_uses_rope
 from engine.models.multimodal_text import flatten as flatten_multimodal
 from engine.models.rope_config import parse_rope, partial_rotary_factor
-from engine.models.nope_layers import cohere2_layers, smollm3_layers
+from engine.models.nope_layers import cohere2_layers, exaone4_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
 
@@ -113,12 +114,21 @@ class ModelConfig:
     @property
     def attention_chunk(self) -> tuple[int | None, float]:
         """(chunk size, share of the layers) of chunked local attention (Llama 4's layers with RoPE); (None, 1.0)
-        without it. For the step trace's pricing (CacheConfig.attention_chunk_size); the engine keeps every block."""
+        without it. For the step trace's pricing (CacheConfig.attention_chunk_size) and ``layer_kv_spans``."""
         chunk = self.raw.get("attention_chunk_size", 8192) if self.model_type == "llama4_text" else None
         chunked = sum(self.layer_uses_rope)
         if not chunk or not chunked:
             return None, 1.0
         return chunk, chunked / self.num_hidden_layers
+
+    @property
+    def layer_kv_spans(self) -> tuple[int | None, ...]:
+        """How far back each layer reads the KV cache, which the hybrid KV cache groups layers by: its window, its
+        chunk (Llama 4's chunked layers), None for every key."""
+        chunk, _ = self.attention_chunk
+        if chunk is None:
+            return self.layer_sliding_windows
+        return tuple(chunk if uses_rope else None for uses_rope in self.layer_uses_rope)
 
     @property
     def sliding_window_fraction(self) -> float:
@@ -202,6 +212,8 @@ class ModelConfig:
         if model_type == "gemma3_text":
             # The global layers' RoPE here; the local layers' base is Gemma's own (gemma_config.py).
             rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, parse_rope)
+        elif model_type == "olmo3":  # the scaling is the full layers' only (olmo3_config.py)
+            rope_theta, rope_scaling, local_rope_theta = olmo3_rope(raw)
         else:
             if model_type == "gpt_oss" and not raw.get("rope_scaling") and not raw.get("rope_parameters"):
                 raw = {**raw, "rope_scaling": dict(GPT_OSS_DEFAULT_ROPE)}  # transformers' default: YaRN
@@ -223,17 +235,20 @@ class ModelConfig:
             layer_windows = gemma_layer_windows(raw, model_type, sliding_window, num_layers)
         elif model_type == "gpt_oss":
             layer_windows = gpt_oss_layer_windows(raw, sliding_window, num_layers)
-        elif model_type in ("cohere2", "smollm3"):
-            layer_windows, layer_uses_rope = (cohere2_layers if model_type == "cohere2" else smollm3_layers)(
+        elif model_type == "olmo3":
+            layer_windows = olmo3_layer_windows(raw, num_layers)
+        elif model_type in ("cohere2", "smollm3", "exaone4"):
+            layer_windows, layer_uses_rope = {"cohere2": cohere2_layers, "smollm3": smollm3_layers,
+                                              "exaone4": exaone4_layers}[model_type](
                 raw, sliding_window, num_layers)
         elif model_type == "llama4_text":
-            # Chunked layers keep every block (the cache sees full attention); llama4.py attends within chunks.
+            # Chunks are no windows: llama4.py attends within them, and layer_kv_spans groups their KV.
             layer_windows, layer_uses_rope = (None,) * num_layers, llama4_uses_rope(raw, num_layers)
         else:
             # Llama ignores the key; the Qwen mixtures store a window they do not use (_parse_moe refuses one
             # whose layers slide).
             layer_windows = (None,) * num_layers
-        if model_type not in ("cohere2", "smollm3", "llama4_text"):
+        if model_type not in ("cohere2", "smollm3", "exaone4", "llama4_text"):
             layer_uses_rope = (True,) * num_layers
         sliding_window = next((window for window in layer_windows if window is not None), None)
         dtype = raw.get("torch_dtype", raw.get("dtype"))
@@ -260,7 +275,8 @@ class ModelConfig:
             # Qwen2-MoE spells its q/k/v bias "qkv_bias" (transformers 5; absent before: true).
             attention_bias=(bool(raw.get("qkv_bias", True)) if model_type == "qwen2_moe"
                             else bool(get("attention_bias")) and model_type not in ("mistral", "mixtral")),
-            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama", "granite", "smollm3"),  # only these read it
+            # Only these architectures read mlp_bias.
+            mlp_bias=bool(get("mlp_bias")) and model_type in ("llama", "granite", "smollm3", "seed_oss"),
             # Gemma names its activation hidden_activation (gelu_pytorch_tanh).
             hidden_act=str(raw.get("hidden_activation", "gelu_pytorch_tanh") if model_type in ("gemma2", "gemma3_text")
                            else raw.get("hidden_act", "silu")),
@@ -275,8 +291,9 @@ class ModelConfig:
             mla=mla,
             weight_block_fp8=weight_block_fp8,
             compressed_tensors=compressed,
-            # GLM-4.5 turns half of each head unless the config says otherwise (transformers' default).
-            partial_rotary_factor=partial_rotary_factor(raw, head_dim, 0.5 if model_type == "glm4_moe" else 1.0),
+            # GLM-4 and GLM-4.5 turn half of each head unless the config says otherwise (transformers' default).
+            partial_rotary_factor=partial_rotary_factor(raw, head_dim,
+                                                        0.5 if model_type in ("glm4_moe", "glm", "glm4") else 1.0),
             layer_uses_rope=layer_uses_rope,
         )
 

@@ -54,6 +54,12 @@ _ARCHITECTURES = {
     "phi3": ("Phi3ForCausalLM", "phi3"),
     "granite": ("GraniteForCausalLM", "granite"),
     "olmo2": ("Olmo2ForCausalLM", "olmo2"),
+    "olmo3": ("Olmo3ForCausalLM", "olmo3"),
+    "glm": ("GlmForCausalLM", "glm"),
+    "glm4": ("Glm4ForCausalLM", "glm4"),
+    "seed_oss": ("SeedOssForCausalLM", "seed_oss"),
+    "exaone4": ("Exaone4ForCausalLM", "exaone4"),
+    "ernie4_5": ("Ernie4_5ForCausalLM", "ernie4_5"),
     "cohere": ("CohereForCausalLM", "cohere"),
     "cohere2": ("Cohere2ForCausalLM", "cohere2"),
     "smollm3": ("SmolLM3ForCausalLM", "smollm3"),
@@ -200,6 +206,16 @@ def make_test_model(
         config.update(logit_scale=0.25, layer_norm_eps=1e-5, use_qk_norm=False)
     if model_type == "cohere2":  # an 8-token window on three layers of four, the fourth without RoPE
         config.update(logit_scale=0.25, layer_norm_eps=1e-5, sliding_window=8, sliding_window_pattern=4)
+    if model_type in ("glm", "glm4"):  # q/k/v biases, RoPE on half of each head by interleaved pairs
+        config.update(attention_bias=True, partial_rotary_factor=0.5)
+    if model_type == "ernie4_5":  # every projection biased (use_bias), RoPE on interleaved pairs
+        config.update(use_bias=True)
+    if model_type == "exaone4":  # an 8-token window on three layers of four (with RoPE), the fourth full (without)
+        config.update(sliding_window=8, sliding_window_pattern=4)
+    if model_type == "seed_oss":  # biases on q, k, v and (a switch of its own) the output projection
+        config.update(attention_bias=True, attention_out_bias=True, mlp_bias=False)
+    if model_type == "olmo3":  # an 8-token window on three layers of four (the checkpoints' 4096, shortened)
+        config.update(sliding_window=8)
     if model_type == "smollm3":
         config.update(mlp_bias=False, use_sliding_window=False, sliding_window=None, no_rope_layer_interval=4)
     if model_type == "gpt_oss":

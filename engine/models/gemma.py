@@ -32,7 +32,7 @@ from engine.models.config import ModelConfig
 from engine.models.gemma_config import gemma_soft_caps
 from engine.models.layers import SwiGLUMLP
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
-from engine.models.rotary_embedding import RotaryEmbedding
+from engine.models.rotary_embedding import RotaryEmbedding, cos_sin_per_layer
 from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
 
 
@@ -96,12 +96,9 @@ class GemmaModel(nn.Module):
         embeddings = self.embed_tokens(input_ids)
         # The factor in the weights' dtype first (bfloat16 rounds sqrt(1152) to 34.0), as transformers multiplies.
         hidden_states = embeddings * torch.tensor(self.embed_scale, dtype=embeddings.dtype)
-        # One cos/sin per layer kind and step, shared by the layers of that kind.
-        global_cos_sin = self.global_rotary_emb.cos_sin(positions, hidden_states.dtype)
-        local_cos_sin = (global_cos_sin if self.local_rotary_emb is self.global_rotary_emb
-                         else self.local_rotary_emb.cos_sin(positions, hidden_states.dtype))
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            cos, sin = local_cos_sin if layer.self_attn.sliding_window is not None else global_cos_sin
+        cos_sin = cos_sin_per_layer(self.global_rotary_emb, self.local_rotary_emb, self.layers, positions,
+                                    hidden_states.dtype)
+        for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, cos_sin):
             hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
         return self.norm(hidden_states)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.models.layer_types import checked_layer_types, windows_of
+from engine.models.rope_config import layer_kind_rope
 
 GLOBAL_ROPE_THETA = 1_000_000.0
 LOCAL_ROPE_THETA = 10_000.0
@@ -39,16 +40,10 @@ def gemma3_rope(raw: dict[str, Any], parse_rope: Callable[[dict[str, Any], float
                 ) -> tuple[float, dict[str, Any] | None, float]:
     """(global layers' rope_theta, their scaling or None, local layers' rope_theta). ``parse_rope`` is the Llama
     family's reading of one layer kind's settings (engine/models/config.py)."""
-    parameters = raw.get("rope_parameters") or {}
-    if "full_attention" in parameters or "sliding_attention" in parameters:
-        full = dict(parameters.get("full_attention") or {})
-        local = dict(parameters.get("sliding_attention") or {})
-        theta, scaling = parse_rope({"rope_parameters": full, "max_position_embeddings": raw.get("max_position_embeddings")},
-                                    GLOBAL_ROPE_THETA)
-        if local.get("rope_type", "default") != "default":
-            raise ValueError(f"config.json: Gemma 3's sliding_attention RoPE must be the default type, got "
-                             f"{local.get('rope_type')!r}")
-        return theta, scaling, float(local.get("rope_theta", LOCAL_ROPE_THETA))
+    by_kind = layer_kind_rope(raw, GLOBAL_ROPE_THETA, "Gemma 3")
+    if by_kind is not None:
+        theta, scaling, local_theta = by_kind
+        return theta, scaling, LOCAL_ROPE_THETA if local_theta is None else local_theta
     theta, scaling = parse_rope({key: raw[key] for key in ("rope_theta", "rope_scaling", "max_position_embeddings")
                                  if key in raw}, GLOBAL_ROPE_THETA)
     local_theta = raw.get("rope_local_base_freq")

@@ -19,11 +19,14 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, SwiGLUMLP
-from engine.models.rotary_embedding import RotaryEmbedding
+from engine.models.rotary_embedding import RotaryEmbedding, rotate_pairs
 from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
 
 
 class LlamaAttention(nn.Module):
+    # RoPE on interleaved pairs (features 2i and 2i+1 together: Cohere, GLM-4, ERNIE 4.5, Llama 4) rather than halves.
+    interleaved_rope = False
+
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
                  qk_norm: bool = False, sliding_window: int | None = None,
                  logits_soft_cap: float | None = None) -> None:
@@ -48,8 +51,8 @@ class LlamaAttention(nn.Module):
         self.backend = backend
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """RoPE on [num_tokens, heads, head_dim] (rotate-half pairs; Cohere turns interleaved pairs instead)."""
-        return RotaryEmbedding.apply(x, cos, sin)
+        """RoPE on [num_tokens, heads, head_dim]: rotate-half pairs, or interleaved ones (``interleaved_rope``)."""
+        return rotate_pairs(x, cos, sin) if self.interleaved_rope else RotaryEmbedding.apply(x, cos, sin)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:

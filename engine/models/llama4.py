@@ -5,7 +5,8 @@ What differs from Llama (llama4_config.py reads the keys):
   with q and k L2-normalized after RoPE (no weight); the fourth has no RoPE, attends the whole context and scales
   its queries up with the position (temperature tuning). Chunked layers read the step's local-attention metadata
   (engine/runner/attention/local_attention.py: the batch cut into per-chunk virtual requests), the others the
-  ordinary one; both layers kinds keep every KV block.
+  ordinary one. With the hybrid KV cache (engine/core/hybrid_kv_cache_manager.py) the chunked layers' groups hand
+  back the blocks before each request's current chunk, and each group's virtual requests read its own table.
 - Mixture-of-experts layers: a router picks the top-k experts, the sigmoid of each chosen logit scales that expert's
   *input*, and an ungated shared expert runs on every token; experts stored stacked in transformers' layout
   (``gate_up_proj`` [experts, hidden, 2 * width], ``down_proj`` [experts, width, hidden]). Other layers have a dense
@@ -20,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.cohere import rotate_pairs
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, SwiGLUMLP
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
@@ -68,6 +68,8 @@ def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Llama4Attention(LlamaAttention):
+    interleaved_rope = True
+
     def __init__(self, config: ModelConfig, backend: AttentionBackend, layers: Llama4Layers, uses_rope: bool) -> None:
         super().__init__(config, backend, config.attention_bias, config.attention_bias)
         self.use_rope = uses_rope
@@ -75,9 +77,6 @@ class Llama4Attention(LlamaAttention):
         self.l2_eps = config.rms_norm_eps if layers.qk_norm and uses_rope else None
         self.temperature_tuning = layers.temperature_tuning and not uses_rope
         self.floor_scale, self.attn_scale = layers.floor_scale, layers.attn_scale
-
-    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return rotate_pairs(x, cos, sin)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                 attn_metadata: AttentionMetadata, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -93,6 +92,8 @@ class Llama4Attention(LlamaAttention):
             scales = torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
             q = (q * scales[:, None, None]).to(q.dtype)
         if self.chunked:
+            if attn_metadata.groups is not None:  # a hybrid KV cache: this layer's chunked group's virtual requests
+                attn_metadata = attn_metadata.groups[kv_cache.group]
             attn_metadata = attn_metadata.local
             if attn_metadata is None:
                 raise RuntimeError("Llama 4's chunked layers need the step's local-attention metadata "

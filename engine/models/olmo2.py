@@ -4,9 +4,14 @@
   (``post_attention_layernorm``, ``post_feedforward_layernorm``).
 * q and k are RMS-normalized over the whole projection (``q_norm`` [num_heads * head_dim], ``k_norm``
   [num_kv_heads * head_dim]), before RoPE, where Qwen3 normalizes each head apart.
+
+OLMo 3 (``Olmo3ForCausalLM``) is the same model with three layers in four attending a sliding window, which turn by
+plain RoPE while the full layers take the checkpoint's scaling (olmo3_config.py); on vLLM's hybrid KV cache.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -14,13 +19,13 @@ from torch import nn
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
 from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
-from engine.models.rotary_embedding import RotaryEmbedding
+from engine.models.rotary_embedding import RotaryEmbedding, cos_sin_per_layer
 from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
 
 
 class Olmo2Attention(LlamaAttention):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
-        super().__init__(config, backend, config.attention_bias, config.attention_bias)
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, sliding_window: int | None = None) -> None:
+        super().__init__(config, backend, config.attention_bias, config.attention_bias, sliding_window=sliding_window)
         self.q_norm = RMSNorm(self.q_size, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.kv_size, config.rms_norm_eps)
 
@@ -36,9 +41,10 @@ class Olmo2Attention(LlamaAttention):
 
 
 class Olmo2DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, mlp: nn.Module) -> None:
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, mlp: nn.Module,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
-        self.self_attn = Olmo2Attention(config, backend)
+        self.self_attn = Olmo2Attention(config, backend, sliding_window)
         self.mlp = mlp
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -56,10 +62,26 @@ class Olmo2Model(LlamaModel):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, make_mlp) -> None:
         nn.Module.__init__(self)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Olmo2DecoderLayer(config, backend, make_mlp(index))
+        self.layers = nn.ModuleList(Olmo2DecoderLayer(config, backend, make_mlp(index),
+                                                      config.layer_sliding_windows[index])
                                     for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+        # OLMo 3's sliding layers turn unscaled (local_rope_theta); OLMo 2's every layer by rotary_emb.
+        self.local_rotary_emb = (self.rotary_emb if config.local_rope_theta is None
+                                 else RotaryEmbedding(config.rotary_dim, config.local_rope_theta, None))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        if self.local_rotary_emb is self.rotary_emb:
+            return super().forward(input_ids, positions, kv_caches, attn_metadata)
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
+        hidden_states = self.embed_tokens(input_ids)
+        cos_sin = cos_sin_per_layer(self.rotary_emb, self.local_rotary_emb, self.layers, positions, hidden_states.dtype)
+        for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, cos_sin):
+            hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
+        return self.norm(hidden_states)
 
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
@@ -71,3 +93,7 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
                                 lambda layer_index: self.make_mlp(config, layer_index))
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                           bias=False)
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3: OLMo 2's weights and layers; the config gives three layers in four a window (module docstring)."""

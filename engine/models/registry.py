@@ -5,7 +5,10 @@ from __future__ import annotations
 from engine.models.config import ModelConfig
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from engine.models.ernie4_5 import Ernie4_5ForCausalLM
+from engine.models.exaone4 import Exaone4ForCausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
@@ -14,10 +17,11 @@ from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.multimodal_text import MULTIMODAL_ARCHITECTURES
 from engine.models.moe_model import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
-from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.seed_oss import SeedOssForCausalLM
 from engine.models.sequence_classification import sequence_classifier
 from engine.models.smollm3 import SmolLM3ForCausalLM
 from engine.models.starcoder2 import Starcoder2ForCausalLM
@@ -36,9 +40,15 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GlmForCausalLM": GlmForCausalLM,
+    "SeedOssForCausalLM": SeedOssForCausalLM,
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,

@@ -53,3 +53,23 @@ def partial_rotary_factor(raw: dict[str, Any], head_dim: int, default: float = 1
         raise ValueError(f"config.json: partial_rotary_factor={factor} turns {int(head_dim * factor)} of "
                          f"head_dim={head_dim} features; RoPE turns pairs, so it must be even")
     return float(factor)
+
+
+def layer_kind_rope(raw: dict[str, Any], global_default_theta: float, model: str
+                    ) -> tuple[float, dict[str, Any] | None, float | None] | None:
+    """transformers 5's RoPE keyed by layer kind (``rope_parameters: {full_attention: ..., sliding_attention: ...}``,
+    Gemma 3 and OLMo 3): (the full layers' rope_theta, their scaling or None, the sliding layers' rope_theta or
+    None where not given). None for a config that does not key it so. The sliding layers turn unscaled: another
+    type there is refused by name (``model`` says whose)."""
+    parameters = raw.get("rope_parameters") or {}
+    if "full_attention" not in parameters and "sliding_attention" not in parameters:
+        return None
+    full = dict(parameters.get("full_attention") or {})
+    local = dict(parameters.get("sliding_attention") or {})
+    theta, scaling = parse_rope({"rope_parameters": full, "max_position_embeddings": raw.get("max_position_embeddings")},
+                                global_default_theta)
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"config.json: {model}'s sliding_attention RoPE must be the default type, got "
+                         f"{local.get('rope_type')!r}")
+    local_theta = local.get("rope_theta")
+    return theta, scaling, None if local_theta is None else float(local_theta)

@@ -107,6 +107,20 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved pairs, in float32: (x[2i], x[2i+1]) turns by angle i; the layout stays interleaved
+    (Cohere, GLM-4, ERNIE 4.5, Llama 4). With cos/sin narrower than the head (partial RoPE, GLM-4's half), only the
+    first features turn; the rest pass as they are."""
+    rotary = cos.shape[-1]
+    if rotary != x.shape[-1]:
+        return torch.cat((rotate_pairs(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+    half = rotary // 2  # cos/sin repeat their angles over the two halves (RotaryEmbedding.cos_sin)
+    cos, sin = cos[..., :half].float(), sin[..., :half].float()
+    x32 = x.float()
+    evens, odds = x32[..., 0::2], x32[..., 1::2]
+    return torch.stack((evens * cos - odds * sin, odds * cos + evens * sin), dim=-1).flatten(-2).to(x.dtype)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None) -> None:
         super().__init__()
@@ -149,3 +163,13 @@ class RotaryEmbedding(nn.Module):
             return x * cos + rotate_half(x) * sin
         turned = x[..., :rotary]
         return torch.cat((turned * cos + rotate_half(turned) * sin, x[..., rotary:]), dim=-1)
+
+
+def cos_sin_per_layer(global_rotary: RotaryEmbedding, local_rotary: RotaryEmbedding, layers, positions: torch.Tensor,
+                      dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (cos, sin) for a model whose sliding layers turn by their own RoPE (Gemma 3's local base, OLMo
+    3's unscaled one): ``local_rotary`` for a layer whose ``self_attn.sliding_window`` is set, ``global_rotary``
+    for the others; one computation per kind and step (the same object twice: one in all)."""
+    global_cos_sin = global_rotary.cos_sin(positions, dtype)
+    local_cos_sin = global_cos_sin if local_rotary is global_rotary else local_rotary.cos_sin(positions, dtype)
+    return [local_cos_sin if layer.self_attn.sliding_window is not None else global_cos_sin for layer in layers]

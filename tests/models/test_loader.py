@@ -91,17 +91,21 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
         load_model(tmp_path)
     # The *Model names are checkpoints of the decoder alone, which only an embedding engine loads; the
     # *ForSequenceClassification ones classify, in a pooling engine too.
-    assert supported_architectures() == ["Cohere2ForCausalLM", "CohereForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Gemma2ForCausalLM",
-                                         "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Glm4MoeForCausalLM", "GptOssForCausalLM",
-                                         "GraniteForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
-                                         "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaModel",
+    assert supported_architectures() == ["Cohere2ForCausalLM", "CohereForCausalLM", "DeepseekV2ForCausalLM",
+                                         "DeepseekV3ForCausalLM", "Ernie4_5ForCausalLM", "Exaone4ForCausalLM",
+                                         "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                                         "Glm4ForCausalLM", "Glm4MoeForCausalLM", "GlmForCausalLM",
+                                         "GptOssForCausalLM", "GraniteForCausalLM", "Llama4ForCausalLM",
+                                         "Llama4ForConditionalGeneration", "LlamaForCausalLM",
+                                         "LlamaForSequenceClassification", "LlamaModel",
                                          "LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
-                                         "MixtralForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
-                                         "Qwen2ForSequenceClassification",
+                                         "MixtralForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+                                         "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification",
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen2VLForConditionalGeneration",
                                          "Qwen2_5_VLForConditionalGeneration", "Qwen3ForCausalLM",
-                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM", "Qwen3VLForConditionalGeneration",
+                                         "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM",
+                                         "Qwen3VLForConditionalGeneration", "SeedOssForCausalLM",
                                          "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"]
 
 

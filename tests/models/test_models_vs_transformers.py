@@ -109,6 +109,22 @@ def _variants():
         "granite": dict(architecture="granite"),
         # OLMo 2: norms after each block, q and k normalized over the whole projection (weights drawn apart from 1).
         "olmo2": dict(architecture="olmo2"),
+        # OLMo 3: OLMo 2 with three layers in four windowed; YaRN on the full layer only, plain RoPE on the others.
+        "olmo3": dict(architecture="olmo3", num_hidden_layers=4, rope_theta=500000.0,
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+        # GLM-4 and GLM-4-0414: RoPE on half of each head by interleaved pairs, q/k/v biases, gate/up stored fused;
+        # GLM-4-0414 normalizes each block's output too.
+        "glm": dict(architecture="glm"),
+        "glm4": dict(architecture="glm4"),
+        # EXAONE 4.0: OLMo 2's blocks with per-head q/k norms; windowed layers with RoPE, the fourth full without; and
+        # the 1.2B's layout, no window and RoPE everywhere.
+        "exaone4": dict(architecture="exaone4", num_hidden_layers=4),
+        "exaone4_no_window": dict(architecture="exaone4", config_overrides={"sliding_window": None,
+                                                                            "layer_types": ["full_attention"] * 2}),
+        # ERNIE 4.5: interleaved RoPE in float32, biases on every projection (use_bias), tied embeddings.
+        "ernie4_5": dict(architecture="ernie4_5", tie_word_embeddings=True),
+        # Seed-OSS: q/k/v biases and the output projection's, each by its own switch.
+        "seed_oss": dict(architecture="seed_oss"),
         # Cohere: LayerNorm, parallel attention + MLP, interleaved RoPE, scaled logits; and Command-R+'s q/k norms.
         "cohere": dict(architecture="cohere"),
         "cohere_qk_norm": dict(architecture="cohere", tie_word_embeddings=True, config_overrides={"use_qk_norm": True}),

@@ -88,11 +88,13 @@ def test_bad_inline_hardware_names_the_key(value, message):
     ("llama-3-70b", 70.55), ("llama-3.1-8b", 8.03), ("mistral-7b", 7.24), ("mistral-7b-v0.3", 7.25), ("qwen2-7b", 7.62), ("qwen2-0.5b", 0.494),
     ("llama-3.2-1b", 1.236), ("qwen3-8b", 8.19), ("qwen3-32b", 32.76),
     # Multimodal models' language models: the published 7.06B and 8.29B less their vision encoders.
-    ("llava-1.5-7b", 6.74), ("qwen2-vl-7b", 7.62),
+    ("llava-1.5-7b", 6.74), ("qwen2-vl-7b", 7.62), ("qwen3-vl-8b", 8.19),
     # Published: Phi-4 14.7B, Phi-4-mini 3.8B, Phi-3.5-mini 3.8B, Granite-3.1-8B 8.17B, OLMo 2 7B 7.30B, Command-R
     # 35B, SmolLM3-3B 3,075,098,624 (its norms included).
     ("phi-4", 14.66), ("phi-4-mini", 3.836), ("phi-3.5-mini", 3.821), ("granite-3.1-8b", 8.17), ("olmo-2-7b", 7.30),
     ("command-r", 34.98), ("smollm3-3b", 3.075),
+    # OLMo 3 7B and 32B (model cards: 7.3B, 32.2B).
+    ("olmo-3-7b", 7.30), ("olmo-3-32b", 32.23),
 ])
 def test_model_presets_have_their_published_parameter_counts(name, billions):
     assert resolve_model(name).num_parameters / 1e9 == pytest.approx(billions, rel=0.005)

@@ -1,0 +1,87 @@
+"""GLM-4 (``GlmForCausalLM``: glm-4-9b-chat-hf) and GLM-4-0414 (``Glm4ForCausalLM``: GLM-4-9B/32B-0414, GLM-Z1).
+
+What differs from Llama:
+- RoPE on the first ``partial_rotary_factor`` (0.5) of each head, turning interleaved pairs (features 2i and 2i+1
+  together), the rest of the head passing unturned;
+- biases on q, k and v, none on the output projection;
+- the MLP's gate and up projections stored fused (``mlp.gate_up_proj`` [gate; up], Phi-3's layout);
+- GLM-4-0414 normalizes each block's output too (``post_self_attn_layernorm``, ``post_mlp_layernorm``) before the
+  residual add, besides the usual norms before each block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.models.config import ModelConfig
+from engine.models.layers import RMSNorm
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from engine.models.rotary_embedding import RotaryEmbedding
+from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
+
+
+class GlmAttention(LlamaAttention):
+    interleaved_rope = True  # over the first rotary_dim features (rotate_pairs)
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__(config, backend, config.attention_bias, False)
+
+
+class GlmDecoderLayer(LlamaDecoderLayer):
+    """Llama's layer with GLM's attention; ``post_block_norms``: GLM-4-0414's norms on each block's output."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, mlp: nn.Module, post_block_norms: bool) -> None:
+        nn.Module.__init__(self)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = GlmAttention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = mlp
+        self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if post_block_norms else None
+        self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if post_block_norms else None
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(hidden_states), cos, sin, kv_cache, attn_metadata)
+        if self.post_self_attn_layernorm is not None:
+            attended = self.post_self_attn_layernorm(attended)
+        hidden_states = hidden_states + attended
+        transformed = self.mlp(self.post_attention_layernorm(hidden_states))
+        if self.post_mlp_layernorm is not None:
+            transformed = self.post_mlp_layernorm(transformed)
+        return hidden_states + transformed
+
+
+class GlmModel(LlamaModel):
+    """Llama's stack (its forward) with GLM's layers."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, make_mlp, post_block_norms: bool) -> None:
+        nn.Module.__init__(self)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GlmDecoderLayer(config, backend, make_mlp(index), post_block_norms)
+                                    for index in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+
+
+class GlmForCausalLM(LlamaForCausalLM):
+    # q, k and v are separate tensors in the checkpoint; gate and up come fused, as our parameter is.
+    stacked_params = {name: target for name, target in LlamaForCausalLM.stacked_params.items()
+                      if target[0] == "qkv_proj"}
+    post_block_norms = False
+
+    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
+        nn.Module.__init__(self)
+        self.check_config(config)
+        self.config = config
+        self.model = GlmModel(config, get_attention_backend(attention_backend),
+                              lambda layer_index: self.make_mlp(config, layer_index), self.post_block_norms)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                          bias=False)
+
+    def expected_weight_keys(self) -> set[str]:
+        return {key.partition("#")[0] if ".gate_up_proj." in key else key for key in super().expected_weight_keys()}
+
+
+class Glm4ForCausalLM(GlmForCausalLM):
+    post_block_norms = True
