@@ -173,11 +173,12 @@ class EngineArgs:
             raise ValueError(f"kv_offloading_size_gib={size!r} needs enable_prefix_caching=True (the host tier is "
                              "keyed by the prefix cache's block hashes)")
 
-    def kv_cache_grouping(self, layer_sliding_windows) -> KVCacheGrouping | None:
-        """The hybrid KV cache's groups for a model whose layers attend these windows (None: one table)."""
+    def kv_cache_grouping(self, layer_kv_spans) -> KVCacheGrouping | None:
+        """The hybrid KV cache's groups for a model whose layers attend these windows or chunks
+        (ModelConfig.layer_kv_spans; None: one table)."""
         if self.disable_hybrid_kv_cache_manager or self.kv_offloading_size_gib:
             return None
-        return group_layers(layer_sliding_windows)
+        return group_layers(layer_kv_spans)
 
     def create_cache_config(self, num_gpu_blocks: int, num_offload_blocks: int = 0,
                             sliding_window: int | None = None, sliding_window_fraction: float = 1.0,

@@ -78,7 +78,7 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     args.check_kv_offloading()
     runner = ModelRunner(args.create_runner_config(model_path), tokenizer=tokenizer)
     model_config = runner.model.config
-    grouping = args.kv_cache_grouping(model_config.layer_sliding_windows)
+    grouping = args.kv_cache_grouping(model_config.layer_kv_spans)
     num_gpu_blocks = runner.determine_num_gpu_blocks(args.max_num_batched_tokens, grouping)
     num_offload_blocks = runner.determine_num_offload_blocks(args.kv_offloading_size_gib)
     if args.kv_offloading_size_gib and num_offload_blocks < 1:
@@ -87,8 +87,8 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     executor = RealExecutor(runner)
     # Every layer windowed: the core hands back the blocks that leave each request's window; windowed and full
     # layers mixed: vLLM's hybrid KV cache (one table per group of layers, the windowed ones handing blocks
-    # back), unless turned off, when every block is kept for every layer. The share of windowed layers prices a
-    # step's attention in the trace (sim/cost_models/step_batch.py).
+    # back; Llama 4's chunked layers likewise), unless turned off, when every block is kept for every layer. The
+    # share of windowed (or chunked) layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
                                                    model_config.sliding_window_fraction, grouping,

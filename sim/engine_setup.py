@@ -235,10 +235,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
 
 
 def _hybrid_groups(workload: WorkloadConfig, model: ModelShape, draft_model: ModelShape | None) -> KVCacheGrouping | None:
-    """vLLM's hybrid KV cache for a model mixing windowed and full layers, unless the workload turns it off. KV
-    offloading and disaggregated prefill and decode turn it off, as vLLM's KV connectors (and this engine's
+    """vLLM's hybrid KV cache for a model mixing windowed (or chunked) and full layers, unless the workload turns it
+    off. KV offloading and disaggregated prefill and decode turn it off, as vLLM's KV connectors (and this engine's
     real runs, for offloading) do; pipeline parallelism and a draft model are not simulated with it (refused by
-    name)."""
+    name: vLLM groups a draft's layers with the target's, which this pool model does not)."""
     engine = workload.engine
     uses_connector = engine.kv_offloading_size_gib > 0 or workload.cluster.prefill_replicas > 0
     groups = None if engine.disable_hybrid_kv_cache_manager or uses_connector else hybrid_kv_cache_groups(model)
@@ -252,7 +252,8 @@ def _hybrid_groups(workload: WorkloadConfig, model: ModelShape, draft_model: Mod
     if clashes:
         name, value, why = clashes[0]
         raise SetupError(f"{name}: {value!r}: {why} is not simulated with the hybrid KV cache that model "
-                         f"{model.name!r} gets (its layers mix sliding-window and full attention); set "
+                         f"{model.name!r} gets (its layers mix "
+                         f"{'chunked' if model.attention_chunk_size else 'sliding-window'} and full attention); set "
                          "engine.disable_hybrid_kv_cache_manager=true to keep every layer's KV in one table")
     return groups
 

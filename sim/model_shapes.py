@@ -93,7 +93,8 @@ class ModelShape:
     # the analytical cost model prices them so. None: stored in the model's dtype.
     stored_quantization: str | None = None
     # Chunked local attention (Llama 4): ``num_chunked_layers`` layers (None: every layer) read only the keys of
-    # their query's own chunk of ``attention_chunk_size`` tokens; every KV block is kept. None: no chunked layer.
+    # their query's own chunk of ``attention_chunk_size`` tokens; with the hybrid KV cache (sim/kv_cache_groups.py)
+    # their blocks before a request's current chunk are handed back. None: no chunked layer.
     attention_chunk_size: int | None = None
     num_chunked_layers: int | None = None
 

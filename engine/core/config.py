@@ -33,13 +33,16 @@ class CacheConfig:
     sliding_window: int | None = None
     sliding_window_fraction: float = 1.0
     # Chunked local attention (Llama 4): a query in those layers reads only the keys of its own chunk of
-    # ``attention_chunk_size`` tokens; ``attention_chunk_fraction`` is their share of the layers. It changes what a
-    # step costs only (SchedulerOutput carries it to the cost model): every block is kept. None: no chunked layer.
+    # ``attention_chunk_size`` tokens; ``attention_chunk_fraction`` is their share of the layers. SchedulerOutput
+    # carries both to the cost model. With ``kv_cache_groups`` the chunked layers' groups (each spelled by the
+    # chunk) hand back the blocks before their requests' current chunk; without, every block is kept. None: no
+    # chunked layer.
     attention_chunk_size: int | None = None
     attention_chunk_fraction: float = 1.0
     # vLLM's hybrid KV-cache manager (engine/core/hybrid_kv_cache_manager.py): the window of each KV-cache group
-    # (None: a full-attention group), each group holding an equal number of layers per block. None: one block
-    # table per request whose blocks hold every layer (vLLM's --disable-hybrid-kv-cache-manager).
+    # (None: a full-attention group; with attention_chunk_size, the chunk of a chunked group), each group holding
+    # an equal number of layers per block. None: one block table per request whose blocks hold every layer
+    # (vLLM's --disable-hybrid-kv-cache-manager).
     kv_cache_groups: tuple[int | None, ...] | None = None
     # Which free cached block the prefix cache evicts first (engine/core/eviction_policies.py): vLLM's "lru",
     # "lfu", or "module:Class" naming a policy of your own.
@@ -84,6 +87,9 @@ class CacheConfig:
             window is None or (isinstance(window, int) and not isinstance(window, bool) and window > 0)
             for window in groups)), "cache", "kv_cache_groups", groups,
             "None, or a tuple of two or more windows (a positive integer, or None for full attention)")
+        _require(groups is None or self.attention_chunk_size is None or all(
+            span in (None, self.attention_chunk_size) for span in groups), "cache", "kv_cache_groups", groups,
+            f"a chunked model's groups: None (full attention) or its attention_chunk_size {self.attention_chunk_size}")
         _require(groups is None or self.num_offload_blocks == 0, "cache", "num_offload_blocks", self.num_offload_blocks,
                  "0 with a hybrid KV cache (kv_cache_groups; KV offloading keeps one table per request)")
 
@@ -200,6 +206,8 @@ def hybrid_capacity_tokens(cache: CacheConfig, max_step_tokens: int, num_rollbac
     A full group holds a block per ``block_size`` tokens. A windowed group of window W holds, at any step, the
     blocks from its first needed one to the end of the step's tokens: at most floor((W - 1 + step tokens +
     rollback) / block_size) + 2, and never more than the full groups' count (engine/core/kv_cache_manager.py).
+    A chunked group of chunk C holds as many as a window of C (its first needed key, its earliest query's chunk
+    start, lies at most C - 1 before that query).
     """
     block_size = cache.block_size
     windowed = [(window - 1 + max_step_tokens + num_rollback_tokens) // block_size + 2

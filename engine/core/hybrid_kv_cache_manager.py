@@ -25,6 +25,10 @@ scheduler's inlined decode path, which reads group 0's, decides for all); a bloc
 table at a time and is cached under that group's tag only; ``ref_cnt`` of every block equals the number of
 (request, group) tables holding it.
 
+Llama 4's chunked layers are such groups too (``chunked_groups``: every group's int is then the chunk its layers
+attend within, not a window): a chunked group hands back the blocks before the chunk of its request's next query,
+as vLLM's chunked local attention manager does, so a long sequence holds at most a chunk's blocks there.
+
 Not with KV offloading or KV transfer between engines (refused by ``CacheConfig`` and the simulator's setup).
 """
 
@@ -49,7 +53,7 @@ class HybridKVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
                  group_windows: tuple[int | None, ...], *, enable_caching: bool = True,
                  enable_kv_cache_events: bool = False, num_rollback_tokens: int = 0,
-                 eviction_policy: str = "lru") -> None:
+                 eviction_policy: str = "lru", chunked_groups: bool = False) -> None:
         if len(group_windows) < 2:
             raise ValueError(f"a hybrid KV cache needs two or more groups, got {group_windows!r}")
         self.block_size = block_size
@@ -58,10 +62,12 @@ class HybridKVCacheManager:
         self.group_windows = tuple(group_windows)
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching, enable_kv_cache_events, eviction_policy)
         self.groups = [KVCacheManager(num_gpu_blocks, block_size, max_model_len, enable_caching=enable_caching,
-                                      sliding_window=window, num_rollback_tokens=num_rollback_tokens,
+                                      sliding_window=None if chunked_groups else window,
+                                      attention_chunk=window if chunked_groups else None,
+                                      num_rollback_tokens=num_rollback_tokens,
                                       block_pool=self.block_pool, hash_tag=group_tag(group))
                        for group, window in enumerate(group_windows)]
-        self._windowed = [manager for manager in self.groups if manager.sliding_window is not None]
+        self._windowed = [manager for manager in self.groups if manager.frees_leading_blocks]
         # Group 0's tables stand for every group's length and cached count (module invariant): the scheduler's
         # inlined decode path reads these two.
         self.req_to_blocks = self.groups[0].req_to_blocks

@@ -22,6 +22,11 @@ vLLM's sliding-window manager does. Invariant: a request's null entries are a le
 length ``num_skipped_block``, and lie wholly before ``num_computed_tokens - num_rollback_tokens -
 sliding_window + 1``; every block from there on is real. A block is skipped only once the prefix cache (and the host tier) has it, so
 that what it held stays findable until evicted.
+
+Chunked local attention (``attention_chunk``: a KV-cache group of Llama 4's chunked layers, whose query at position
+p reads only the keys of its own chunk, from ``p - p % attention_chunk``) hands back blocks the same way, the
+first needed key being the start of the chunk of the earliest query that may still run: vLLM's chunked local
+attention manager. The same invariant holds with that first key.
 """
 
 from __future__ import annotations
@@ -42,15 +47,22 @@ class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool = True,
                  enable_kv_cache_events: bool = False, num_offload_blocks: int = 0,
                  sliding_window: int | None = None, num_rollback_tokens: int = 0,
-                 block_pool: BlockPool | None = None, hash_tag: bytes = b"", eviction_policy: str = "lru") -> None:
+                 block_pool: BlockPool | None = None, hash_tag: bytes = b"", eviction_policy: str = "lru",
+                 attention_chunk: int | None = None) -> None:
         """``block_pool`` and ``hash_tag``: one KV-cache group of a hybrid model, its blocks drawn from the pool
-        every group shares and cached under its own tag (engine/core/hybrid_kv_cache_manager.py)."""
+        every group shares and cached under its own tag (engine/core/hybrid_kv_cache_manager.py).
+        ``attention_chunk``: the group's layers attend within chunks of that many tokens (module docstring)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be positive or None, got {sliding_window!r}")
+        if attention_chunk is not None and (attention_chunk < 1 or sliding_window is not None):
+            raise ValueError(f"attention_chunk must be positive, and None with a sliding window, got {attention_chunk!r}")
         self.block_size = block_size
         self.sliding_window = sliding_window
+        self.attention_chunk = attention_chunk
+        # Leading blocks no later query reads are handed back (a window's or a chunk's; module docstring).
+        self.frees_leading_blocks = sliding_window is not None or attention_chunk is not None
         # Computed tokens that may still be taken back (rejected speculative drafts): the window is kept that
         # much wider, so that a rollback never needs a block already handed back.
         self.num_rollback_tokens = num_rollback_tokens
@@ -107,8 +119,8 @@ class KVCacheManager:
         block_size = self.block_size
         get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
         block_hashes = self.block_hashes_of(request)
-        if self.sliding_window is not None:
-            return self._sliding_window_hit(block_hashes[:max_hit_blocks], get_one_block)
+        if self.frees_leading_blocks:
+            return self._windowed_hit(block_hashes[:max_hit_blocks], get_one_block)
         hits: list[KVCacheBlock] = []
         for block_hash in block_hashes[:max_hit_blocks]:
             block = get_one_block(block_hash)
@@ -117,10 +129,10 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * block_size
 
-    def _sliding_window_hit(self, block_hashes: list[bytes], get_one_block) -> tuple[list[KVCacheBlock], int]:
-        """The longest hit of ``n`` blocks whose last blocks, those the window of token ``n * block_size``
-        reaches, are all cached; the blocks before them need not be (they would be skipped at once), and
-        the hit holds the null block there. With a window, the blocks of a finished request leave the cache
+    def _windowed_hit(self, block_hashes: list[bytes], get_one_block) -> tuple[list[KVCacheBlock], int]:
+        """The longest hit of ``n`` blocks whose last blocks, those the window (or chunk) of token ``n *
+        block_size`` reaches, are all cached; the blocks before them need not be (they would be skipped at once),
+        and the hit holds the null block there. With a window, the blocks of a finished request leave the cache
         oldest first, so a prefix is often still usable when its first blocks are gone.
 
         Searched from the longest candidate down: when a needed block ``m`` is missing, every candidate
@@ -132,10 +144,9 @@ class KVCacheManager:
         if not any(present):
             return _NO_BLOCKS, 0  # a fresh prompt: the common case, at C speed
         block_size = self.block_size
-        reach = self.num_rollback_tokens + self.sliding_window - 1  # first_needed_block, inlined
         num_hit = len(present)
         while num_hit:
-            first_needed = max(0, num_hit * block_size - reach) // block_size
+            first_needed = self.first_needed_block(num_hit * block_size)
             missing = num_hit - 1
             while missing >= first_needed and present[missing]:
                 missing -= 1
@@ -153,9 +164,13 @@ class KVCacheManager:
         return NamespacedHashes(request.block_hashes, self.hash_tag) if self.hash_tag else request.block_hashes
 
     def first_needed_block(self, num_computed_tokens: int) -> int:
-        """The first block the window of the query at position ``num_computed_tokens`` reaches, less any
-        computed tokens that may yet be taken back."""
-        first_key = num_computed_tokens - self.num_rollback_tokens - self.sliding_window + 1
+        """The first block the window (or chunk) of the query at position ``num_computed_tokens`` reaches, less
+        any computed tokens that may yet be taken back. Never decreases as ``num_computed_tokens`` grows."""
+        earliest_query = num_computed_tokens - self.num_rollback_tokens
+        if self.attention_chunk is not None:
+            first_key = earliest_query - earliest_query % self.attention_chunk
+        else:
+            first_key = earliest_query - self.sliding_window + 1
         return max(0, first_key) // self.block_size
 
     def offloaded_hit_tokens(self, request: Request, num_hit_tokens: int) -> int:
@@ -217,7 +232,7 @@ class KVCacheManager:
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
         block_size = self.block_size
-        if self.sliding_window is not None and req_blocks is not None and not hybrid_prepared:
+        if self.frees_leading_blocks and req_blocks is not None and not hybrid_prepared:
             self.free_blocks_out_of_window(request)
         if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
             # Fast path, the common decode step: the last block still has room and no block fills up.
@@ -239,7 +254,7 @@ class KVCacheManager:
         num_free = block_pool.free_block_queue.num_free_blocks
         if new_computed_blocks:
             num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
-            # A sliding-window hit starts with null blocks (_sliding_window_hit): no reference to take.
+            # A sliding-window hit starts with null blocks (_windowed_hit): no reference to take.
             num_null_hits = 0
             while num_null_hits < len(new_computed_blocks) and new_computed_blocks[num_null_hits].is_null:
                 num_null_hits += 1
@@ -270,7 +285,7 @@ class KVCacheManager:
             # A hit's blocks are cached already (and a sliding-window hit's null blocks must never be).
             self.num_cached_block[request_id] = len(new_computed_blocks) if new_computed_blocks else 0
             self.num_block_runs_of[request_id] = 0
-            if self.sliding_window is not None:
+            if self.frees_leading_blocks:
                 self.num_skipped_block[request_id] = num_null_hits if new_computed_blocks else 0
         self.num_block_runs_of[request_id] += new_runs
         self.num_block_runs += new_runs

@@ -82,7 +82,8 @@ class Scheduler:
                 cache_config.kv_cache_groups, enable_caching=cache_config.enable_prefix_caching,
                 enable_kv_cache_events=cache_config.enable_kv_cache_events,
                 num_rollback_tokens=scheduler_config.num_speculative_tokens,
-                eviction_policy=cache_config.eviction_policy)
+                eviction_policy=cache_config.eviction_policy,
+                chunked_groups=cache_config.attention_chunk_size is not None)
         else:
             self.kv_cache_manager = KVCacheManager(
                 cache_config.num_gpu_blocks, cache_config.block_size, self.max_model_len,

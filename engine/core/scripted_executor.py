@@ -59,6 +59,9 @@ class ScriptedExecutor:
     # then has one block table per group; every step writes each group's slots and checks, per group, that every
     # key its queries read (the window's, or all before them for a full group) is KV computed there.
     group_windows: tuple[int | None, ...] | None = None
+    # The groups' ints are chunks (Llama 4's chunked local attention, CacheConfig.attention_chunk_size), not windows:
+    # a query at position p reads the keys from p - p % chunk on.
+    chunked_groups: bool = False
     states: dict[str, _RequestState] = field(default_factory=dict)
     num_steps: int = 0
     # The slots whose KV this executor has computed since their block was last (re)allocated, so that
@@ -193,7 +196,12 @@ class ScriptedExecutor:
         """Every key the query at ``first_position`` reads before it (its window's; all of them without one) holds
         computed KV in ``table`` (later queries' windows start later and add only the step's own keys)."""
         block_size = self.block_size
-        first_key = 0 if window is None else max(0, first_position - window + 1)
+        if window is None:
+            first_key = 0
+        elif self.chunked_groups:
+            first_key = first_position - first_position % window
+        else:
+            first_key = max(0, first_position - window + 1)
         for position in range(first_key, first_position):
             block_id = table[position // block_size]
             if position % block_size not in self.computed_slots.get(block_id, ()):

@@ -30,7 +30,6 @@ from engine.models.loader import resolve_dtype
 from engine.models.registry import get_model_class
 from engine.runner.attention import allocate_kv_caches
 from engine.runner.attention.kv_cache import allocate_grouped_kv_caches, kv_cache_bytes_per_block
-from engine.runner.attention.local_attention import local_attention_common
 from engine.runner.host_kv_cache import HostKVCache
 from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
@@ -49,6 +48,7 @@ from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.draft_model import DraftModelProposer
 from engine.runner.spec_decode.runner_step import SpeculativeStep
 from engine.runner.state_updates import update_states
+from engine.runner.step_metadata import step_attention_metadata
 from engine.runner.structured_output import StructuredOutputs
 from engine.runner.structured_output.logits_mask import apply_grammar_masks, constrained_rows
 
@@ -171,9 +171,10 @@ class ModelRunner:
         else:
             if num_offload_blocks:
                 raise ValueError("KV offloading is not supported with a hybrid KV cache")
-            if self.draft_model is not None:
-                raise ValueError("speculative_config with a draft model does not run on a hybrid KV cache (one block "
-                                 "table per group of layers); pass disable_hybrid_kv_cache_manager=True")
+            # A draft model keeps its KV beside group 0's blocks (the batch's block table and slot mapping are group
+            # 0's, draft_model.py): a full-attention group, whose blocks are never handed back while a request runs.
+            if self.draft_model is not None and grouping.windows[0] is not None:
+                raise ValueError(f"a draft model needs a full-attention first KV-cache group, got {grouping.windows}")
             self.kv_caches = allocate_grouped_kv_caches(
                 grouping, model_config.num_hidden_layers, num_gpu_blocks, self.block_size,
                 model_config.num_key_value_heads, model_config.head_dim, self.dtype, self.device,
@@ -306,15 +307,9 @@ class ModelRunner:
             else:
                 input_ids, positions, common = pad_step_inputs(prepared.input_ids, prepared.positions,
                                                                prepared.common, self.eager_token_padding)
-                attn_metadata = self.metadata_builder.build(common)
-                if self.attention_chunk_size:
-                    attn_metadata.local = self.metadata_builder.build(
-                        local_attention_common(common, self.attention_chunk_size, self.block_size))
-                if prepared.group_commons is not None:
-                    attn_metadata.groups = [attn_metadata] + [
-                        self.metadata_builder.build(pad_step_inputs(prepared.input_ids, prepared.positions,
-                                                                    group_common, self.eager_token_padding)[2])
-                        for group_common in prepared.group_commons[1:]]
+                attn_metadata = step_attention_metadata(self.metadata_builder, prepared, common,
+                                                        self.eager_token_padding, self.kv_cache_grouping,
+                                                        self.attention_chunk_size, self.block_size)
                 input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                 positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
                 hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)

@@ -16,7 +16,9 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
               async_scheduling=False, num_offload_blocks=0, num_speculative_tokens=0, num_lookahead_tokens=0,
               draft_acceptance=0.7, max_loras=0, sliding_window=None, kv_cache_groups=None,
               max_num_encoder_input_tokens=None, encoder_cache_size=None, disable_chunked_mm_input=False,
-              eviction_policy="lru") -> EngineCore:
+              eviction_policy="lru", chunked_groups=False) -> EngineCore:
+    """``chunked_groups``: the ints of ``kv_cache_groups`` are one chunk (Llama 4's chunked layers), not windows."""
+    chunk = next((span for span in kv_cache_groups or () if span is not None), None) if chunked_groups else None
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
@@ -26,10 +28,12 @@ def make_core(*, num_gpu_blocks=1000, block_size=16, max_num_seqs=256, max_num_b
                         encoder_cache_size=encoder_cache_size, disable_chunked_mm_input=disable_chunked_mm_input),
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=enable_prefix_caching,
                     enable_kv_cache_events=enable_kv_cache_events, num_offload_blocks=num_offload_blocks,
-                    sliding_window=sliding_window, kv_cache_groups=kv_cache_groups, eviction_policy=eviction_policy))
+                    sliding_window=sliding_window, kv_cache_groups=kv_cache_groups, eviction_policy=eviction_policy,
+                    attention_chunk_size=chunk))
     executor = ScriptedExecutor(block_size=block_size, eos_probability=eos_probability, seed=seed,
                                 num_speculative_tokens=num_speculative_tokens, draft_acceptance=draft_acceptance,
-                                sliding_window=sliding_window, group_windows=kv_cache_groups)
+                                sliding_window=sliding_window, group_windows=kv_cache_groups,
+                                chunked_groups=chunk is not None)
     return EngineCore(scheduler, executor)
 
 

@@ -78,17 +78,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         lookahead=st.booleans(),
         max_loras=st.sampled_from([0, 0, 1, 2]), sliding_window=st.sampled_from([None, None, None, 1, 5, 24]),
         kv_cache_groups=st.sampled_from([None] * 5 + [(None, 5), (7, None, 7), (None, 24, 24), (1, None)]),
+        chunked_groups=st.booleans(),
         encoder_budget=st.sampled_from([None, 6, 30, 47]), encoder_cache=st.sampled_from([None, 30, 35, 64]),
         disable_chunked_mm_input=st.sampled_from([False, False, True]),
         eviction_policy=st.sampled_from(["lru", "lru", "lfu"]))
     def setup(self, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked,
               threshold, policy, caching, max_in_flight, async_scheduling, eos_probability, offload_blocks,
               speculative_tokens, draft_acceptance, max_loras, sliding_window, kv_cache_groups, encoder_budget,
-              encoder_cache, disable_chunked_mm_input, eviction_policy="lru", lookahead=False):
+              encoder_cache, disable_chunked_mm_input, eviction_policy="lru", lookahead=False, chunked_groups=False):
         # A window hands back blocks and has the executor check every key read (a remote load's KV counts as
         # computed once finish_load delivers it); offloading is refused with one, so it is not drawn with it.
         # A hybrid KV cache (one table per group, the windowed ones handing blocks back) has the executor check
-        # every group's reads; it takes neither offloading nor KV transfers, so neither is drawn with it.
+        # every group's reads; it takes neither offloading nor KV transfers, so neither is drawn with it. Its ints are
+        # windows, or with chunked_groups one chunk (Llama 4's chunked layers: queries read their own chunk's keys).
         if kv_cache_groups is not None:
             sliding_window, offload_blocks = None, 0
         self.sliding_window = sliding_window
@@ -106,6 +108,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                               # A draft model's lookahead slots (draft_model.py), as many as its drafts.
                               num_lookahead_tokens=speculative_tokens if self.lookahead else 0,
                               draft_acceptance=draft_acceptance, max_loras=max_loras, kv_cache_groups=kv_cache_groups,
+                              chunked_groups=chunked_groups and kv_cache_groups is not None,
                               max_num_encoder_input_tokens=encoder_budget, encoder_cache_size=encoder_cache,
                               disable_chunked_mm_input=disable_chunked_mm_input, eviction_policy=eviction_policy)
         self.scheduler = self.core.scheduler

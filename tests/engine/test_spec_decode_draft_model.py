@@ -90,6 +90,23 @@ def test_a_draft_equal_to_the_target_has_every_draft_accepted(target, identical_
     assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
 
 
+def test_a_draft_runs_on_the_hybrid_kv_cache_beside_the_full_groups_blocks(tmp_path):
+    """A target whose windowed layers hand blocks back (Cohere2: an 8-token window on three layers of four) drafting
+    for itself: the draft reads and writes beside the full group's blocks, which stay whole, so every draft is
+    accepted, through preemption."""
+    hybrid = make_test_model(tmp_path / "hybrid", "cohere2", seed=2, num_hidden_layers=4)
+    options = dict(model=str(hybrid), skip_tokenizer_init=True, max_model_len=128)
+    prompts = _prompts(5, length=10)  # short prompts, so that four run at once and outgrow the pool
+    expected = _generate(LLM(**options), prompts, GREEDY)
+    llm = LLM(**options, speculative_config=_draft(hybrid, 3), num_gpu_blocks=44, max_num_seqs=4,
+              max_num_batched_tokens=24, block_size=4)
+    assert llm.scheduler.cache_config.kv_cache_groups == (None, 8, 8, 8)
+    assert _generate(llm, prompts, GREEDY) == expected
+    assert llm.scheduler.num_preemptions_total > 0
+    stats = llm.scheduler.make_stats().spec_decoding
+    assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"]
+
+
 def test_random_sampling_runs_and_greedy_rows_beside_it_keep_their_tokens(target, shallow_draft):
     prompts = _prompts(4, seed=30)
     params = [GREEDY, SamplingParams(temperature=0.8, top_k=20, max_tokens=30, ignore_eos=True, seed=3)] * 2

@@ -107,6 +107,38 @@ def test_the_engine_generates_what_transformers_generates(checkpoint):
     assert manager.num_free_blocks == manager.num_usable_blocks
 
 
+def test_the_chunked_groups_hand_back_blocks_and_the_tokens_stay_the_same(checkpoint):
+    """vLLM's hybrid KV cache for Llama 4: the NoPE layer in a full group, each chunked layer in a group that hands
+    back the blocks before its requests' current chunk (engine/core/kv_cache_manager.py). Under preemption and
+    prefix hits (a prompt sent twice), the tokens equal those of one table keeping every block (which the test above
+    equates with transformers'), and blocks were handed back while they ran."""
+    from engine import LLM, SamplingParams
+
+    prompts = [_prompt(3, 30), _prompt(4, 37), _prompt(3, 30), _prompt(5, 12)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    options = dict(model=str(checkpoint), skip_tokenizer_init=True, block_size=BLOCK, max_model_len=128,
+                   max_num_batched_tokens=16, num_gpu_blocks=40)
+    kept = LLM(**options, disable_hybrid_kv_cache_manager=True)
+    assert kept.scheduler.cache_config.kv_cache_groups is None
+    expected = [output.outputs[0].token_ids for output in kept.generate(prompts, params, use_tqdm=False)]
+    hybrid = LLM(**options)
+    manager = hybrid.scheduler.kv_cache_manager
+    assert hybrid.scheduler.cache_config.kv_cache_groups == (None, CHUNK, CHUNK, CHUNK)
+    assert [group.attention_chunk for group in manager.groups] == [None, CHUNK, CHUNK, CHUNK]
+    handed_back = []
+    for group in manager.groups[1:]:
+        def counting(request, num_computed_tokens, group=group, original=group.free_blocks_out_of_window_at):
+            before = group.num_skipped_block[request.request_id]
+            original(request, num_computed_tokens)
+            handed_back.append(group.num_skipped_block[request.request_id] - before)
+        group.free_blocks_out_of_window_at = counting
+    outputs = [output.outputs[0].token_ids for output in hybrid.generate(prompts, params, use_tqdm=False)]
+    assert outputs == expected
+    assert sum(handed_back) > 0 and hybrid.scheduler.num_preemptions_total > 0
+    assert manager.make_prefix_cache_stats().hits > 0
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
 def test_the_multimodal_checkpoint_loads_as_its_language_model(checkpoint, tmp_path, models):
     """Llama4ForConditionalGeneration's layout: the text keys in text_config, the weights under language_model.,
     a vision tower beside them (not loaded)."""
@@ -154,17 +186,21 @@ def test_virtual_requests_are_chunked_attention(computed, scheduled):
 
 
 def test_it_drafts_for_itself_with_every_draft_accepted(checkpoint):
-    """A Llama 4 draft model's forwards build their own chunked metadata (draft_model.py)."""
+    """A Llama 4 draft model's forwards build their own chunked metadata (draft_model.py), over the full group's table
+    of the hybrid KV cache (its KV beside those blocks, never handed back); and on one table of every layer."""
     from engine import LLM, SamplingParams
 
     prompts = [_prompt(seed, 20) for seed in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     options = dict(model=str(checkpoint), skip_tokenizer_init=True, block_size=BLOCK, max_model_len=128)
     plain = [o.outputs[0].token_ids for o in LLM(**options).generate(prompts, params, use_tqdm=False)]
-    llm = LLM(**options, speculative_config={"model": str(checkpoint), "num_speculative_tokens": 3})
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == plain
-    stats = llm.scheduler.make_stats().spec_decoding
-    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
+    for hybrid in (True, False):
+        llm = LLM(**options, disable_hybrid_kv_cache_manager=not hybrid,
+                  speculative_config={"model": str(checkpoint), "num_speculative_tokens": 3})
+        assert (llm.scheduler.cache_config.kv_cache_groups is not None) == hybrid
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == plain
+        stats = llm.scheduler.make_stats().spec_decoding
+        assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -23,7 +23,7 @@ from workloads import (
 EXPECTED_EXAMPLES = {"chat", "code_trace", "conversation_trace", "mooncake", "rate_sweep", "priority", "cluster_routing",
                      "disaggregation", "parallelism", "moe", "spec_decode", "request_classes", "multi_lora",
                      "scheduling_policies", "multi_turn", "concurrency_sweep", "sliding_window", "autoscaling", "hybrid_kv_cache", "prefix_cache_eviction",
-                     "multimodal", "deepseek", "gpt_oss", "deepseek_data_parallel"}
+                     "multimodal", "deepseek", "gpt_oss", "deepseek_data_parallel", "llama4_long_context"}
 
 
 def test_examples_are_listed():
