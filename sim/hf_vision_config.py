@@ -12,7 +12,11 @@ Four families, as their checkpoints save them:
   them under ``text_config``), the ViT and its merger in ``vision_config``;
 - Mistral 3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.1+): a Mistral LM in ``text_config``, a Pixtral
   ViT (gated MLP, dynamic resolution) in ``vision_config``, the patch merger's ``spatial_merge_size`` at the top
-  level.
+  level;
+- Qwen3-VL (``Qwen3VLForConditionalGeneration``, and ``Qwen3VLMoeForConditionalGeneration`` whose LM is a Qwen3
+  mixture of experts): the LM in ``text_config`` (its M-RoPE is plain RoPE for text), a ViT with a plain GELU MLP,
+  its merger and the DeepStack mergers (one per ``deepstack_visual_indexes`` entry, feeding intermediate ViT
+  features into the LM's first layers) in ``vision_config``.
 
 A checkpoint's ``text_config`` holds only the keys that differ from its config class's defaults (LLaVA-1.5-7B's
 holds seven), so the defaults of transformers' config classes fill in the rest, as transformers does on loading.
@@ -34,9 +38,23 @@ LLAVA = "LlavaForConditionalGeneration"
 QWEN2_VL = "Qwen2VLForConditionalGeneration"
 QWEN2_5_VL = "Qwen2_5_VLForConditionalGeneration"
 MISTRAL3 = "Mistral3ForConditionalGeneration"
-VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3)
+QWEN3_VL = "Qwen3VLForConditionalGeneration"
+QWEN3_VL_MOE = "Qwen3VLMoeForConditionalGeneration"
+VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3, QWEN3_VL, QWEN3_VL_MOE)
 _ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
-                               "mistral3": MISTRAL3}
+                               "mistral3": MISTRAL3, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE}
+# transformers' Qwen3VLTextConfig defaults (and Qwen3VLMoeTextConfig's expert keys), for keys a text_config leaves
+# out; each with the architecture its language model reads as.
+_QWEN3_VL_TEXT_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+                           "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+                           "max_position_embeddings": 128000, "vocab_size": 151936}
+_QWEN3_VL_TEXT_MODELS = {
+    QWEN3_VL: ("Qwen3ForCausalLM", "qwen3", _QWEN3_VL_TEXT_DEFAULTS),
+    QWEN3_VL_MOE: ("Qwen3MoeForCausalLM", "qwen3_moe",
+                   {**_QWEN3_VL_TEXT_DEFAULTS, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+                    "moe_intermediate_size": 1408, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+}
 # transformers' Mistral3Config's default text_config (Mistral Small 3.1's).
 _MISTRAL3_TEXT_DEFAULTS = {"hidden_size": 5120, "intermediate_size": 32768, "num_hidden_layers": 40,
                            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -89,6 +107,8 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
     else:
         if architecture == GEMMA3:
             text_architecture, text_model_type, defaults = "Gemma3ForCausalLM", "gemma3_text", _GEMMA3_TEXT_DEFAULTS
+        elif architecture in _QWEN3_VL_TEXT_MODELS:
+            text_architecture, text_model_type, defaults = _QWEN3_VL_TEXT_MODELS[architecture]
         elif architecture == MISTRAL3:
             text_architecture, text_model_type, defaults = "MistralForCausalLM", "mistral", _MISTRAL3_TEXT_DEFAULTS
         else:
@@ -104,9 +124,9 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
         outer_tie = {"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}
         language = {**defaults, **outer_tie, **text, "architectures": [text_architecture],
                     "model_type": text_model_type}
-        if architecture == MISTRAL3:
-            # transformers ties Mistral 3's head by the outer config (true beside a text_config's false: its
-            # checkpoints then hold no lm_head), as the engine reads it (engine/models/multimodal_text.py).
+        if architecture in (MISTRAL3, QWEN3_VL, QWEN3_VL_MOE):
+            # transformers ties Mistral 3's and Qwen3-VL's head by the outer config (true beside a text_config's
+            # false: its checkpoints then hold no lm_head), as the engine reads it (engine/models/multimodal_text.py).
             language.update(outer_tie)
     language.pop("_name_or_path", None)
     if config.get("_name_or_path"):
@@ -129,7 +149,7 @@ def vision_encoder_from_hf_config(config: dict, language_hidden_size: int, path:
     path = Path(path)
     name = f"{config.get('_name_or_path') or path.parent.name or path.stem} vision"
     read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit,
-            MISTRAL3: _mistral3_pixtral}
+            MISTRAL3: _mistral3_pixtral, QWEN3_VL: _qwen3_vl_vit, QWEN3_VL_MOE: _qwen3_vl_vit}
     return read[architecture](name, config, vision, language_hidden_size, path)
 
 
@@ -279,6 +299,27 @@ def _mistral3_pixtral(name: str, config: dict, vision: dict, language_hidden_siz
         projector_parameters=(hidden_size * merge * merge * hidden_size + hidden_size * language_hidden_size
                               + language_hidden_size * language_hidden_size),
         gated_mlp=True)
+
+
+def _qwen3_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                  ) -> VisionEncoderShape:
+    """Qwen3-VL's ViT at dynamic resolution, with a plain GELU MLP. Its merger concatenates each
+    ``spatial_merge_size`` squared block of patches, then two linears: the concatenated width to itself, and to
+    ``out_hidden_size`` (the LM's width); each DeepStack merger, one per ``deepstack_visual_indexes`` entry, has
+    the same shape and runs on the same tokens."""
+    hidden_size = _vision(vision, "hidden_size", path)
+    merge = _vision(vision, "spatial_merge_size", path)
+    merged_width = hidden_size * merge * merge
+    deepstack = vision.get("deepstack_visual_indexes")
+    if not isinstance(deepstack, list) or not all(_is_int(index) for index in deepstack):
+        raise ValueError(f"model: {path}: key 'vision_config.deepstack_visual_indexes' must be a list of layer "
+                         f"indexes, got {deepstack!r}")
+    merger = merged_width * merged_width + merged_width * _vision(vision, "out_hidden_size", path)
+    return VisionEncoderShape(
+        name=name, num_layers=_vision(vision, "depth", path), hidden_size=hidden_size,
+        intermediate_size=_vision(vision, "intermediate_size", path),
+        num_attention_heads=_vision(vision, "num_heads", path), patches_per_token=merge * merge,
+        tokens_per_image=None, projector_parameters=(1 + len(deepstack)) * merger)
 
 
 def _is_int(value: object) -> bool:

@@ -124,8 +124,16 @@ QWEN2_VL_VIT = VisionEncoderShape(
     name="qwen2-vl-vit", num_layers=32, hidden_size=1280, intermediate_size=5120, num_attention_heads=16,
     patches_per_token=4, tokens_per_image=None, projector_parameters=5120 * 5120 + 5120 * 3584)
 
+# Qwen3-VL-8B (Qwen/Qwen3-VL-8B-Instruct): depth 27, hidden 1152, intermediate 4304 (a plain GELU MLP), 16 heads,
+# patch 16, spatial_merge_size 2. The merger, 4 x 1152 = 4608 -> 4608 -> 4096 (the LM's width), and three DeepStack
+# mergers of the same shape (deepstack_visual_indexes 8, 16, 24: features of those layers added to the LM's first
+# layers). Tower 411M, mergers 160M; with Qwen3-8B's 8.19B, the published 8.77B less embeddings and norms.
+QWEN3_VL_VIT = VisionEncoderShape(
+    name="qwen3-vl-vit", num_layers=27, hidden_size=1152, intermediate_size=4304, num_attention_heads=16,
+    patches_per_token=4, tokens_per_image=None, projector_parameters=4 * (4608 * 4608 + 4608 * 4096))
+
 VISION_ENCODER_PRESETS: dict[str, VisionEncoderShape] = {
-    encoder.name: encoder for encoder in (CLIP_VIT_L_336, SIGLIP_SO400M_896, QWEN2_VL_VIT)}
+    encoder.name: encoder for encoder in (CLIP_VIT_L_336, SIGLIP_SO400M_896, QWEN2_VL_VIT, QWEN3_VL_VIT)}
 
 # Each multimodal LLM preset's own encoder (sim/model_presets.py). Gemma 3's projector maps into the text
 # model's hidden size: 2560 (4B), 3840 (12B), 5376 (27B).
@@ -135,6 +143,7 @@ MODEL_VISION_ENCODERS: dict[str, VisionEncoderShape] = {
     "gemma-3-27b": replace(SIGLIP_SO400M_896, projector_parameters=1152 * 5376),
     "llava-1.5-7b": CLIP_VIT_L_336,
     "qwen2-vl-7b": QWEN2_VL_VIT,
+    "qwen3-vl-8b": QWEN3_VL_VIT,
 }
 
 _FIELDS = {f.name: f for f in fields(VisionEncoderShape)}

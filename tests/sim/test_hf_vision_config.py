@@ -265,3 +265,65 @@ def test_mistral3_reads_its_mistral_language_model_and_pixtral(tmp_path):
     assert (encoder.num_layers, encoder.hidden_size, encoder.patches_per_token, encoder.tokens_per_image,
             encoder.gated_mlp) == (1, 32, 4, None, True)
     assert encoder.projector_parameters == 32 * 4 * 32 + 32 * 64 + 64 * 64
+
+
+def test_qwen3_vl_reads_its_qwen3_language_model_and_a_vit_with_deepstack_mergers(tmp_path):
+    """Qwen3-VL's layout, written by transformers: the engine's language model's parameters; a plain-MLP ViT whose
+    merger and DeepStack mergers (one here) take 2 x 2 patches a token: within the few norms and biases of
+    transformers' own vision tower's parameter count."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from engine.models import load_model
+    from tests.models.test_multimodal_text import _qwen3_vl
+
+    path = _qwen3_vl(tmp_path / "qwen3_vl")
+    shape = model_from_hf_config(path / "config.json")
+    model, _ = load_model(path, torch.float32)
+    assert shape.num_parameters == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
+    encoder = vision_encoder_from_hf_path(path)
+    assert (encoder.num_layers, encoder.hidden_size, encoder.intermediate_size, encoder.patches_per_token,
+            encoder.tokens_per_image, encoder.gated_mlp) == (1, 32, 64, 4, None, False)
+    merger = 128 * 128 + 128 * 64
+    assert encoder.projector_parameters == 2 * merger  # the merger and one DeepStack merger
+    visual = Qwen3VLForConditionalGeneration.from_pretrained(str(path)).model.visual
+    # The tower's matmuls and the mergers; transformers' count adds the patch embedding, position embeddings,
+    # norms and biases, which the shape leaves out.
+    transformers_linear = sum(parameter.numel() for name, parameter in visual.named_parameters()
+                              if name.endswith("weight") and parameter.dim() == 2 and "embed" not in name)
+    assert encoder.vision_tower_parameters + encoder.projector_parameters == transformers_linear
+
+
+def test_the_qwen3_vl_8b_preset_counts_the_published_parameters():
+    # Qwen/Qwen3-VL-8B-Instruct: 8,767,123,696 parameters; the shapes leave out embeddings of patches and positions,
+    # norms and biases.
+    encoder = resolve_vision_encoder("qwen3-vl-8b", None)
+    total = resolve_model("qwen3-vl-8b").num_parameters + encoder.num_parameters
+    assert total / 1e9 == pytest.approx(8.767, rel=0.003)
+    assert encoder == resolve_vision_encoder("x", "qwen3-vl-vit")
+
+
+def test_a_qwen3_vl_moe_config_reads_its_experts(tmp_path):
+    # Qwen/Qwen3-VL-30B-A3B-Instruct's keys that matter: Qwen3-30B-A3B's language model and Qwen3-VL's ViT.
+    text = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 262144,
+            "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "model_type": "qwen3_vl_moe_text", "hidden_act": "silu",
+            "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}}
+    vision = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 2048,
+              "spatial_merge_size": 2, "patch_size": 16, "deepstack_visual_indexes": [8, 16, 24],
+              "hidden_act": "gelu_pytorch_tanh"}
+    folder = write_checkpoint(tmp_path, {"architectures": ["Qwen3VLMoeForConditionalGeneration"],
+                                         "model_type": "qwen3_vl_moe", "tie_word_embeddings": False,
+                                         "text_config": text, "vision_config": vision})
+    shape = resolve_model(str(folder))
+    assert (shape.num_experts, shape.num_experts_per_token, shape.moe_intermediate_size) == (128, 8, 768)
+    qwen3_30b = resolve_model("qwen3-30b-a3b")
+    assert shape.num_parameters == pytest.approx(qwen3_30b.num_parameters, rel=0.01)
+    encoder = vision_encoder_from_hf_path(folder)
+    assert encoder.projector_parameters == 4 * (4608 * 4608 + 4608 * 2048)
+    bad = write_checkpoint(tmp_path, {"architectures": ["Qwen3VLForConditionalGeneration"], "text_config": text,
+                                      "vision_config": {**vision, "deepstack_visual_indexes": 3}}, "bad")
+    with pytest.raises(ValueError, match="deepstack_visual_indexes"):
+        vision_encoder_from_hf_path(bad)
