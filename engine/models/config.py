@@ -211,7 +211,7 @@ class ModelConfig:
             granite_multipliers(raw)  # refused here, by key, rather than when the model is built
         if model_type == "gemma3_text":
             # The global layers' RoPE here; the local layers' base is Gemma's own (gemma_config.py).
-            rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw, parse_rope)
+            rope_theta, rope_scaling, local_rope_theta = gemma3_rope(raw)
         elif model_type == "olmo3":  # the scaling is the full layers' only (olmo3_config.py)
             rope_theta, rope_scaling, local_rope_theta = olmo3_rope(raw)
         else:

@@ -9,10 +9,9 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
-from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
+from engine.models.llama import LlamaAttention, LlamaForCausalLM
 from engine.models.olmo2 import Olmo2DecoderLayer
-from engine.models.rotary_embedding import RotaryEmbedding
-from engine.runner.attention import AttentionBackend, get_attention_backend
+from engine.runner.attention import AttentionBackend
 
 
 class Exaone4DecoderLayer(Olmo2DecoderLayer):
@@ -27,29 +26,9 @@ class Exaone4DecoderLayer(Olmo2DecoderLayer):
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class Exaone4Model(LlamaModel):
-    """Llama's stack (its forward: one cos/sin, skipped by the layers without RoPE) with EXAONE 4's layers."""
-
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, make_mlp) -> None:
-        nn.Module.__init__(self)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Exaone4DecoderLayer(config, backend, make_mlp(index),
-                                                        config.layer_sliding_windows[index])
-                                    for index in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
-        for layer, uses_rope in zip(self.layers, config.layer_uses_rope):
-            layer.self_attn.use_rope = uses_rope
-
-
 class Exaone4ForCausalLM(LlamaForCausalLM):
     qk_norm = True  # per head, as Qwen3's (checkpoint_shapes reads it)
 
-    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
-        nn.Module.__init__(self)
-        self.check_config(config)
-        self.config = config
-        self.model = Exaone4Model(config, get_attention_backend(attention_backend),
-                                  lambda layer_index: self.make_mlp(config, layer_index))
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
-                                                                          bias=False)
+    def make_layer(self, config: ModelConfig, backend: AttentionBackend, layer_index: int) -> nn.Module:
+        return Exaone4DecoderLayer(config, backend, self.make_mlp(config, layer_index),
+                                   config.layer_sliding_windows[layer_index])

@@ -13,7 +13,6 @@ layer kind. Pure Python: the simulator may read a config without torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from engine.models.layer_types import checked_layer_types, windows_of
@@ -36,17 +35,12 @@ def gemma_layer_windows(raw: dict[str, Any], model_type: str, sliding_window: in
                       "a Gemma config with sliding_attention layers needs a sliding_window, got null")
 
 
-def gemma3_rope(raw: dict[str, Any], parse_rope: Callable[[dict[str, Any], float], tuple[float, dict | None]]
-                ) -> tuple[float, dict[str, Any] | None, float]:
-    """(global layers' rope_theta, their scaling or None, local layers' rope_theta). ``parse_rope`` is the Llama
-    family's reading of one layer kind's settings (engine/models/config.py)."""
-    by_kind = layer_kind_rope(raw, GLOBAL_ROPE_THETA, "Gemma 3")
-    if by_kind is not None:
-        theta, scaling, local_theta = by_kind
-        return theta, scaling, LOCAL_ROPE_THETA if local_theta is None else local_theta
-    theta, scaling = parse_rope({key: raw[key] for key in ("rope_theta", "rope_scaling", "max_position_embeddings")
-                                 if key in raw}, GLOBAL_ROPE_THETA)
-    local_theta = raw.get("rope_local_base_freq")
+def gemma3_rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+    """(global layers' rope_theta, their scaling or None, local layers' rope_theta): in the Hub's spelling the local
+    base is ``rope_local_base_freq``."""
+    theta, scaling, local_theta = layer_kind_rope(raw, GLOBAL_ROPE_THETA, "Gemma 3")
+    if local_theta is None:
+        local_theta = raw.get("rope_local_base_freq")
     return theta, scaling, float(LOCAL_ROPE_THETA if local_theta is None else local_theta)
 
 

@@ -16,9 +16,8 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
-from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-from engine.models.rotary_embedding import RotaryEmbedding
-from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache, get_attention_backend
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache
 
 
 class GlmAttention(LlamaAttention):
@@ -52,32 +51,14 @@ class GlmDecoderLayer(LlamaDecoderLayer):
         return hidden_states + transformed
 
 
-class GlmModel(LlamaModel):
-    """Llama's stack (its forward) with GLM's layers."""
-
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, make_mlp, post_block_norms: bool) -> None:
-        nn.Module.__init__(self)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GlmDecoderLayer(config, backend, make_mlp(index), post_block_norms)
-                                    for index in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
-
-
 class GlmForCausalLM(LlamaForCausalLM):
     # q, k and v are separate tensors in the checkpoint; gate and up come fused, as our parameter is.
     stacked_params = {name: target for name, target in LlamaForCausalLM.stacked_params.items()
                       if target[0] == "qkv_proj"}
     post_block_norms = False
 
-    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
-        nn.Module.__init__(self)
-        self.check_config(config)
-        self.config = config
-        self.model = GlmModel(config, get_attention_backend(attention_backend),
-                              lambda layer_index: self.make_mlp(config, layer_index), self.post_block_norms)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
-                                                                          bias=False)
+    def make_layer(self, config: ModelConfig, backend: AttentionBackend, layer_index: int) -> nn.Module:
+        return GlmDecoderLayer(config, backend, self.make_mlp(config, layer_index), self.post_block_norms)
 
     def expected_weight_keys(self) -> set[str]:
         return {key.partition("#")[0] if ".gate_up_proj." in key else key for key in super().expected_weight_keys()}

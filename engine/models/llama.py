@@ -88,12 +88,18 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
-                 make_mlp: Callable[[int], nn.Module], qk_norm: bool = False) -> None:
+                 make_mlp: Callable[[int], nn.Module], qk_norm: bool = False,
+                 make_layer: Callable[[int], nn.Module] | None = None) -> None:
+        """``make_layer``: layer ``index`` of a family whose blocks differ from Llama's (OLMo 2, GLM-4, EXAONE 4: the
+        embedding, final norm, RoPE and forward stay Llama's), or None for Llama's layer there."""
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index), qk_norm,
-                                                      config.layer_sliding_windows[index])
-                                    for index in range(config.num_hidden_layers))
+
+        def layer(index: int) -> nn.Module:
+            own = make_layer(index) if make_layer is not None else None
+            return own if own is not None else LlamaDecoderLayer(config, backend, qkv_bias, o_proj_bias, make_mlp(index),
+                                                                 qk_norm, config.layer_sliding_windows[index])
+        self.layers = nn.ModuleList(layer(index) for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
         for layer, uses_rope in zip(self.layers, config.layer_uses_rope):
@@ -139,7 +145,8 @@ class LlamaForCausalLM(nn.Module):
         backend = get_attention_backend(attention_backend, self.unsupported_attention_backends)
         self.model = LlamaModel(config, backend, *self.attention_biases(config),
                                 make_mlp=lambda layer_index: self.make_mlp(config, layer_index),
-                                qk_norm=self.qk_norm)
+                                qk_norm=self.qk_norm,
+                                make_layer=lambda layer_index: self.make_layer(config, backend, layer_index))
         # Tied checkpoints reuse the embedding matrix as the output projection; no separate parameter
         # exists then, so nothing can untie them by accident.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
@@ -149,6 +156,11 @@ class LlamaForCausalLM(nn.Module):
     def attention_biases(cls, config: ModelConfig) -> tuple[bool, bool]:
         """(bias on q/k/v, bias on o_proj): Llama's ``attention_bias`` switches both."""
         return config.attention_bias, config.attention_bias
+
+    def make_layer(self, config: ModelConfig, backend: AttentionBackend, layer_index: int) -> nn.Module | None:
+        """Layer ``layer_index`` of a family whose blocks differ from Llama's (LlamaModel's ``make_layer``); None:
+        Llama's."""
+        return None
 
     @classmethod
     def make_mlp(cls, config: ModelConfig, layer_index: int) -> nn.Module:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LONGROPE_TYPES = ("longrope", "su")  # "su": the name the first Phi-3-128k configs used
 
@@ -65,6 +66,7 @@ def check_longrope_factors(scaling: dict[str, Any], rotary_dim: int) -> None:
 def longrope_inv_freq(rotary_dim: int, rope_theta: float, scaling: dict[str, Any], long_context: bool) -> torch.Tensor:
     """[rotary_dim / 2] float32 inverse frequencies: each pair's wavelength stretched by its short or long factor
     (the product taken before the reciprocal, in transformers' order, so that the two agree to the bit)."""
+    import torch  # here, so that reading a config (parse_longrope) needs no torch: the simulator reads them
     factors = torch.tensor(scaling["long_factor" if long_context else "short_factor"], dtype=torch.float32)
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim
     return 1.0 / (factors * rope_theta ** exponents)

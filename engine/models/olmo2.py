@@ -60,13 +60,8 @@ class Olmo2Model(LlamaModel):
     """Llama's stack (its forward) with OLMo 2's layers."""
 
     def __init__(self, config: ModelConfig, backend: AttentionBackend, make_mlp) -> None:
-        nn.Module.__init__(self)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Olmo2DecoderLayer(config, backend, make_mlp(index),
-                                                      config.layer_sliding_windows[index])
-                                    for index in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+        super().__init__(config, backend, False, False, make_mlp, make_layer=lambda index: Olmo2DecoderLayer(
+            config, backend, make_mlp(index), config.layer_sliding_windows[index]))
         # OLMo 3's sliding layers turn unscaled (local_rope_theta); OLMo 2's every layer by rotary_emb.
         self.local_rotary_emb = (self.rotary_emb if config.local_rope_theta is None
                                  else RotaryEmbedding(config.rotary_dim, config.local_rope_theta, None))

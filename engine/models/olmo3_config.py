@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.models.layer_types import checked_layer_types, windows_of
-from engine.models.rope_config import layer_kind_rope, parse_rope
+from engine.models.rope_config import layer_kind_rope
 
 ROPE_THETA = 500_000.0  # transformers' Olmo3Config default
 SLIDING_WINDOW = 4096
@@ -30,10 +30,5 @@ def olmo3_layer_windows(raw: dict[str, Any], num_layers: int) -> tuple[int | Non
 
 def olmo3_rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
     """(full layers' rope_theta, their scaling or None, sliding layers' rope_theta): module docstring."""
-    by_kind = layer_kind_rope(raw, ROPE_THETA, "OLMo 3")
-    if by_kind is not None:
-        theta, scaling, local_theta = by_kind
-        return theta, scaling, theta if local_theta is None else local_theta
-    theta, scaling = parse_rope({key: raw[key] for key in ("rope_theta", "rope_scaling", "max_position_embeddings")
-                                 if key in raw}, ROPE_THETA)
-    return theta, scaling, theta
+    theta, scaling, local_theta = layer_kind_rope(raw, ROPE_THETA, "OLMo 3")
+    return theta, scaling, theta if local_theta is None else local_theta

@@ -56,14 +56,17 @@ def partial_rotary_factor(raw: dict[str, Any], head_dim: int, default: float = 1
 
 
 def layer_kind_rope(raw: dict[str, Any], global_default_theta: float, model: str
-                    ) -> tuple[float, dict[str, Any] | None, float | None] | None:
-    """transformers 5's RoPE keyed by layer kind (``rope_parameters: {full_attention: ..., sliding_attention: ...}``,
-    Gemma 3 and OLMo 3): (the full layers' rope_theta, their scaling or None, the sliding layers' rope_theta or
-    None where not given). None for a config that does not key it so. The sliding layers turn unscaled: another
-    type there is refused by name (``model`` says whose)."""
+                    ) -> tuple[float, dict[str, Any] | None, float | None]:
+    """RoPE of a model whose sliding layers turn by their own (Gemma 3, OLMo 3): (the full layers' rope_theta, their
+    scaling or None, the sliding layers' rope_theta or None where the config does not say). transformers 5 keys it by
+    layer kind (``rope_parameters: {full_attention: ..., sliding_attention: ...}``); the Hub's spelling,
+    ``rope_theta`` with ``rope_scaling``, is the full layers'. The sliding layers turn unscaled: another type there
+    is refused by name (``model`` says whose)."""
     parameters = raw.get("rope_parameters") or {}
     if "full_attention" not in parameters and "sliding_attention" not in parameters:
-        return None
+        theta, scaling = parse_rope({key: raw[key] for key in ("rope_theta", "rope_scaling", "max_position_embeddings")
+                                     if key in raw}, global_default_theta)
+        return theta, scaling, None
     full = dict(parameters.get("full_attention") or {})
     local = dict(parameters.get("sliding_attention") or {})
     theta, scaling = parse_rope({"rope_parameters": full, "max_position_embeddings": raw.get("max_position_embeddings")},

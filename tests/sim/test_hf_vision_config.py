@@ -246,22 +246,27 @@ def test_a_text_checkpoint_with_images_still_needs_an_encoder_named(tmp_path):
                                                      )).vision.encoder, VisionEncoderShape)
 
 
+def _encoder_of_a_checkpoint_priced_as_the_engine_loads_it(path):
+    """The vision encoder of a checkpoint transformers wrote, once its language model's shape is checked to price
+    the parameters of the engine's model of it (within the few norms the shape leaves out)."""
+    import torch
+
+    from engine.models import load_model
+
+    shape = model_from_hf_config(path / "config.json")
+    model, _ = load_model(path, torch.float32)
+    assert shape.num_parameters == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
+    return vision_encoder_from_hf_path(path)
+
+
 def test_mistral3_reads_its_mistral_language_model_and_pixtral(tmp_path):
     """Mistral Small 3.1's layout, written by transformers: the engine's language model's parameters, and a gated
     Pixtral ViT whose merger takes 2 x 2 patches a token."""
     pytest.importorskip("transformers")
-    import torch
-
-    from engine.models import load_model
-    from sim.hf_model_config import model_from_hf_config
-    from sim.hf_vision_config import vision_encoder_from_hf_path
     from tests.models.test_multimodal_text import _mistral3
 
     path = _mistral3(tmp_path / "mistral3")
-    shape = model_from_hf_config(path / "config.json")
-    model, _ = load_model(path, torch.float32)
-    assert shape.num_parameters == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
-    encoder = vision_encoder_from_hf_path(path)
+    encoder = _encoder_of_a_checkpoint_priced_as_the_engine_loads_it(path)
     assert (encoder.num_layers, encoder.hidden_size, encoder.patches_per_token, encoder.tokens_per_image,
             encoder.gated_mlp) == (1, 32, 4, None, True)
     assert encoder.projector_parameters == 32 * 4 * 32 + 32 * 64 + 64 * 64
@@ -272,17 +277,12 @@ def test_qwen3_vl_reads_its_qwen3_language_model_and_a_vit_with_deepstack_merger
     merger and DeepStack mergers (one here) take 2 x 2 patches a token: within the few norms and biases of
     transformers' own vision tower's parameter count."""
     pytest.importorskip("transformers")
-    import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from engine.models import load_model
     from tests.models.test_multimodal_text import _qwen3_vl
 
     path = _qwen3_vl(tmp_path / "qwen3_vl")
-    shape = model_from_hf_config(path / "config.json")
-    model, _ = load_model(path, torch.float32)
-    assert shape.num_parameters == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
-    encoder = vision_encoder_from_hf_path(path)
+    encoder = _encoder_of_a_checkpoint_priced_as_the_engine_loads_it(path)
     assert (encoder.num_layers, encoder.hidden_size, encoder.intermediate_size, encoder.patches_per_token,
             encoder.tokens_per_image, encoder.gated_mlp) == (1, 32, 64, 4, None, False)
     merger = 128 * 128 + 128 * 64
