@@ -39,6 +39,7 @@ from engine.core.kv_offload import OffloadedBlocks
 from engine.core.namespaced_hashes import NamespacedHashes
 from engine.core.prefix_cache_stats import PrefixCacheStats
 from engine.core.request import Request
+from engine.core.windowed_hit import windowed_hit
 
 _NO_BLOCKS: list[KVCacheBlock] = []
 
@@ -120,7 +121,8 @@ class KVCacheManager:
         get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
         block_hashes = self.block_hashes_of(request)
         if self.frees_leading_blocks:
-            return self._windowed_hit(block_hashes[:max_hit_blocks], get_one_block)
+            return windowed_hit(block_hashes[:max_hit_blocks], self.block_pool, self.block_size,
+                                self.first_needed_block)
         hits: list[KVCacheBlock] = []
         for block_hash in block_hashes[:max_hit_blocks]:
             block = get_one_block(block_hash)
@@ -128,36 +130,6 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits, len(hits) * block_size
-
-    def _windowed_hit(self, block_hashes: list[bytes], get_one_block) -> tuple[list[KVCacheBlock], int]:
-        """The longest hit of ``n`` blocks whose last blocks, those the window (or chunk) of token ``n *
-        block_size`` reaches, are all cached; the blocks before them need not be (they would be skipped at once),
-        and the hit holds the null block there. With a window, the blocks of a finished request leave the cache
-        oldest first, so a prefix is often still usable when its first blocks are gone.
-
-        Searched from the longest candidate down: when a needed block ``m`` is missing, every candidate
-        from ``m + 1`` to ``n`` needs it too (the first needed block never moves back as ``n`` shrinks), so
-        the next candidate is ``m``. Each hash is looked up once; a waiting request retried at every step
-        costs a set-membership pass over its hashes, not a Python call per block."""
-        cached = self.block_pool.cached_block_hash_to_block
-        present = [block_hash in cached for block_hash in block_hashes]
-        if not any(present):
-            return _NO_BLOCKS, 0  # a fresh prompt: the common case, at C speed
-        block_size = self.block_size
-        num_hit = len(present)
-        while num_hit:
-            first_needed = self.first_needed_block(num_hit * block_size)
-            missing = num_hit - 1
-            while missing >= first_needed and present[missing]:
-                missing -= 1
-            if missing < first_needed:
-                break
-            num_hit = missing
-        if num_hit == 0:
-            return _NO_BLOCKS, 0
-        null_block = self.block_pool.null_block
-        return ([null_block] * first_needed + [get_one_block(block_hash) for block_hash in block_hashes[first_needed:num_hit]],
-                num_hit * self.block_size)
 
     def block_hashes_of(self, request: Request):
         """The request's block hashes under this manager's tag (a hybrid model's group), else as they are."""
@@ -254,7 +226,7 @@ class KVCacheManager:
         num_free = block_pool.free_block_queue.num_free_blocks
         if new_computed_blocks:
             num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
-            # A sliding-window hit starts with null blocks (_windowed_hit): no reference to take.
+            # A sliding-window hit starts with null blocks (windowed_hit.py): no reference to take.
             num_null_hits = 0
             while num_null_hits < len(new_computed_blocks) and new_computed_blocks[num_null_hits].is_null:
                 num_null_hits += 1
