@@ -21,7 +21,7 @@ from sim.model_shapes import ModelShape
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
                        "Olmo2ForCausalLM", "Olmo3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "SeedOssForCausalLM",
-                       "Exaone4ForCausalLM", "Ernie4_5ForCausalLM",
+                       "Exaone4ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM",
                        "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM",
                        "Starcoder2ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
@@ -40,7 +40,7 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                                "olmo3": "Olmo3ForCausalLM", "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
                                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
-                               "ernie4_5": "Ernie4_5ForCausalLM",
+                               "ernie4_5": "Ernie4_5ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                                "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
                                "smollm3": "SmolLM3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                                "llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
@@ -52,7 +52,8 @@ _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 *
                           "GptOssForCausalLM": 131072, "Phi3ForCausalLM": 4096, "GraniteForCausalLM": 2048,
                           "Olmo2ForCausalLM": 2048, "Olmo3ForCausalLM": 2048, "GlmForCausalLM": 131072,
                           "Glm4ForCausalLM": 131072, "SeedOssForCausalLM": 524288,
-                          "Exaone4ForCausalLM": 2048, "Ernie4_5ForCausalLM": 131072, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
+                          "Exaone4ForCausalLM": 2048, "Ernie4_5ForCausalLM": 131072,
+                          "HunYuanDenseV1ForCausalLM": 2048, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
                           "SmolLM3ForCausalLM": 32768, "Starcoder2ForCausalLM": 4096}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).

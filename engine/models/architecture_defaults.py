@@ -95,6 +95,10 @@ ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     "ernie4_5": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
                  "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 131072,
                  "sliding_window": None, "num_key_value_heads": 2},
+    # Hunyuan dense: Llama with per-head q/k norms after RoPE and NTK-alpha RoPE (hunyuan.py).
+    "hunyuan_v1_dense": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                         "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
+                         "sliding_window": None, "num_key_value_heads": None},
     # OLMo 3: OLMo 2 with three layers in four in a 4,096-token window (olmo3_config.py).
     "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,

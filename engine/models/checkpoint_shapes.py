@@ -82,9 +82,11 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         if config["model_type"] == "gpt_oss":  # the output projection's bias and the heads' sinks
             shapes[f"{prefix}.self_attn.o_proj.bias"] = (hidden,)
             shapes[f"{prefix}.self_attn.sinks"] = (config["num_attention_heads"],)
-        if _has_qk_norm(config):
-            shapes[f"{prefix}.self_attn.q_norm.weight"] = (config["head_dim"],)
-            shapes[f"{prefix}.self_attn.k_norm.weight"] = (config["head_dim"],)
+        if _has_qk_norm(config):  # Hunyuan names its per-head norms query_layernorm and key_layernorm
+            q_norm, k_norm = (("query_layernorm", "key_layernorm") if config["model_type"] == "hunyuan_v1_dense"
+                              else ("q_norm", "k_norm"))
+            shapes[f"{prefix}.self_attn.{q_norm}.weight"] = (config["head_dim"],)
+            shapes[f"{prefix}.self_attn.{k_norm}.weight"] = (config["head_dim"],)
         shapes.update(_mlp_weight_shapes(config, prefix))
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:

@@ -24,7 +24,7 @@ from engine.models.granite_config import granite_multipliers
 from engine.models.layer_types import checked_layer_types, windows_of
 from engine.models.llama4_config import llama4_moe, llama4_uses_rope
 from engine.models.multimodal_text import flatten as flatten_multimodal
-from engine.models.rope_config import parse_rope, partial_rotary_factor
+from engine.models.rope_config import ntk_alpha_rope, parse_rope, partial_rotary_factor
 from engine.models.nope_layers import cohere2_layers, exaone4_layers, smollm3_layers
 from engine.models.gpt_oss_config import GPT_OSS_DEFAULT_ROPE, gpt_oss_layer_windows, gpt_oss_moe
 
@@ -218,6 +218,8 @@ class ModelConfig:
             if model_type == "gpt_oss" and not raw.get("rope_scaling") and not raw.get("rope_parameters"):
                 raw = {**raw, "rope_scaling": dict(GPT_OSS_DEFAULT_ROPE)}  # transformers' default: YaRN
             rope_theta, rope_scaling = parse_rope(raw, defaults["rope_theta"])
+            if model_type == "hunyuan_v1_dense":
+                rope_theta, rope_scaling = ntk_alpha_rope(rope_theta, rope_scaling, head_dim)
             local_rope_theta = None
         if rope_scaling is not None and rope_scaling.get("original_max_position_embeddings", 0) is None:
             # No max_position_embeddings key: transformers' default for the model type is the original context.

@@ -60,6 +60,7 @@ _ARCHITECTURES = {
     "seed_oss": ("SeedOssForCausalLM", "seed_oss"),
     "exaone4": ("Exaone4ForCausalLM", "exaone4"),
     "ernie4_5": ("Ernie4_5ForCausalLM", "ernie4_5"),
+    "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", "hunyuan_v1_dense"),
     "cohere": ("CohereForCausalLM", "cohere"),
     "cohere2": ("Cohere2ForCausalLM", "cohere2"),
     "smollm3": ("SmolLM3ForCausalLM", "smollm3"),
@@ -243,7 +244,7 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor
     generator = torch.Generator(device="cpu").manual_seed(seed)
     weights = {}
     for name, shape in sorted(checkpoint_shapes(config).items()):
-        if name.endswith(("q_norm.weight", "k_norm.weight")):
+        if name.endswith(("q_norm.weight", "k_norm.weight", "query_layernorm.weight", "key_layernorm.weight")):
             weights[name] = 1.0 + torch.empty(shape).normal_(0.0, 0.2, generator=generator)
         elif name.endswith(".sinks"):  # far apart between heads, so that a mix-up of heads shows
             weights[name] = torch.empty(shape).normal_(0.0, 1.0, generator=generator)

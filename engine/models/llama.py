@@ -26,6 +26,8 @@ from engine.runner.attention import AttentionBackend, AttentionMetadata, KVCache
 class LlamaAttention(nn.Module):
     # RoPE on interleaved pairs (features 2i and 2i+1 together: Cohere, GLM-4, ERNIE 4.5, Llama 4) rather than halves.
     interleaved_rope = False
+    # The per-head q/k norms after RoPE (Hunyuan) rather than before it (Qwen3).
+    qk_norm_after_rope = False
 
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
                  qk_norm: bool = False, sliding_window: int | None = None,
@@ -60,10 +62,12 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        if self.q_norm is not None and self.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale, self.sliding_window,
                                    self.logits_soft_cap, self.sinks)

@@ -76,3 +76,17 @@ def layer_kind_rope(raw: dict[str, Any], global_default_theta: float, model: str
                          f"{local.get('rope_type')!r}")
     local_theta = local.get("rope_theta")
     return theta, scaling, None if local_theta is None else float(local_theta)
+
+
+def ntk_alpha_rope(theta: float, scaling: dict[str, Any] | None, head_dim: int
+                   ) -> tuple[float, dict[str, Any] | None]:
+    """Hunyuan's ``rope_scaling`` type ``dynamic`` with an ``alpha`` (transformers' ntk_alpha): plain RoPE at the
+    fixed base ``theta * alpha ** (head_dim / (head_dim - 2))``. Dynamic scaling without an alpha stretches the base
+    by each sequence's length, which a paged cache of keys turned once cannot follow: refused by name."""
+    if scaling is None or scaling.get("rope_type") != "dynamic":
+        return theta, scaling
+    alpha = scaling.get("alpha")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise ValueError(f"config.json: rope_scaling type 'dynamic' needs a positive alpha (a fixed NTK stretch), got "
+                         f"{alpha!r}; dynamic NTK by the sequence's length is not supported")
+    return theta * alpha ** (head_dim / (head_dim - 2)), None

@@ -95,7 +95,8 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "DeepseekV3ForCausalLM", "Ernie4_5ForCausalLM", "Exaone4ForCausalLM",
                                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                          "Glm4ForCausalLM", "Glm4MoeForCausalLM", "GlmForCausalLM",
-                                         "GptOssForCausalLM", "GraniteForCausalLM", "Llama4ForCausalLM",
+                                         "GptOssForCausalLM", "GraniteForCausalLM", "HunYuanDenseV1ForCausalLM",
+                                         "Llama4ForCausalLM",
                                          "Llama4ForConditionalGeneration", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
                                          "LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration",
@@ -152,6 +153,12 @@ def test_config_accepts_both_rope_spellings():
         ModelConfig.from_dict({**base, "rope_scaling": {"type": "yarn"}})
     with pytest.raises(ValueError, match="missing required field 'vocab_size'"):
         ModelConfig.from_dict({k: v for k, v in base.items() if k != "vocab_size"})
+    # Hunyuan's dynamic type with an alpha is a fixed stretch of the base (NTK-alpha); without one, refused by name.
+    hunyuan = {**base, "architectures": ["HunYuanDenseV1ForCausalLM"], "model_type": "hunyuan_v1_dense"}
+    stretched = ModelConfig.from_dict({**hunyuan, "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}})
+    assert stretched.rope_scaling is None and stretched.rope_theta == pytest.approx(10000.0 * 1000.0 ** (4 / 2))
+    with pytest.raises(ValueError, match="rope_scaling type 'dynamic' needs a positive alpha"):
+        ModelConfig.from_dict({**hunyuan, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
 
 
 def test_a_mistral_sliding_window_is_attended_not_a_length_cap(tmp_path):

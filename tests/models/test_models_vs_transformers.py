@@ -123,6 +123,9 @@ def _variants():
                                                                             "layer_types": ["full_attention"] * 2}),
         # ERNIE 4.5: interleaved RoPE in float32, biases on every projection (use_bias), tied embeddings.
         "ernie4_5": dict(architecture="ernie4_5", tie_word_embeddings=True),
+        # Hunyuan dense: per-head q/k norms after RoPE, RoPE's base stretched by NTK-alpha (rope_scaling dynamic).
+        "hunyuan": dict(architecture="hunyuan_v1_dense", config_overrides={
+            "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}}),
         # Seed-OSS: q/k/v biases and the output projection's, each by its own switch.
         "seed_oss": dict(architecture="seed_oss"),
         # Cohere: LayerNorm, parallel attention + MLP, interleaved RoPE, scaled logits; and Command-R+'s q/k norms.
