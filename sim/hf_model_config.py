@@ -22,6 +22,7 @@ DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausal
                        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
                        "Olmo2ForCausalLM", "Olmo3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "SeedOssForCausalLM",
                        "Exaone4ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM",
+                       "InternLM3ForCausalLM",
                        "CohereForCausalLM", "Cohere2ForCausalLM", "SmolLM3ForCausalLM",
                        "Starcoder2ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
@@ -41,6 +42,7 @@ _MODEL_TYPE_TO_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralF
                                "olmo3": "Olmo3ForCausalLM", "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
                                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                                "ernie4_5": "Ernie4_5ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
+                               "internlm3": "InternLM3ForCausalLM",
                                "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
                                "smollm3": "SmolLM3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                                "llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
@@ -53,7 +55,7 @@ _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 *
                           "Olmo2ForCausalLM": 2048, "Olmo3ForCausalLM": 2048, "GlmForCausalLM": 131072,
                           "Glm4ForCausalLM": 131072, "SeedOssForCausalLM": 524288,
                           "Exaone4ForCausalLM": 2048, "Ernie4_5ForCausalLM": 131072,
-                          "HunYuanDenseV1ForCausalLM": 2048, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
+                          "HunYuanDenseV1ForCausalLM": 2048, "InternLM3ForCausalLM": 32768, "CohereForCausalLM": 8192, "Cohere2ForCausalLM": 8192,
                           "SmolLM3ForCausalLM": 32768, "Starcoder2ForCausalLM": 4096}
 # Each MoE architecture's keys for (experts, experts per token, expert width, shared expert width), with the
 # defaults transformers' config classes give a key left out (None: the key must be there).
@@ -123,6 +125,8 @@ def model_from_hf_config(path: str | Path) -> ModelShape:
         qkv_bias = bool(config.get("use_bias", True))
     elif architecture == "Ernie4_5ForCausalLM":
         qkv_bias = bool(config.get("use_bias", False))
+    elif architecture == "InternLM3ForCausalLM":
+        qkv_bias = bool(config.get("qkv_bias", config.get("attention_bias", False)))
     else:
         qkv_bias = architecture == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False))
     return ModelShape(

@@ -99,6 +99,10 @@ ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     "hunyuan_v1_dense": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
                          "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,
                          "sliding_window": None, "num_key_value_heads": None},
+    # InternLM3: Llama with qkv_bias and bias switches of its own (internlm3.py).
+    "internlm3": {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                  "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 32768,
+                  "sliding_window": None, "num_key_value_heads": 2},
     # OLMo 3: OLMo 2 with three layers in four in a 4,096-token window (olmo3_config.py).
     "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 2048,

@@ -71,6 +71,12 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_size,)
             shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_size,)
             shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_size,)
+        if config["model_type"] == "internlm3" and config.get("attention_bias", config.get("qkv_bias")):
+            shapes[f"{prefix}.self_attn.o_proj.bias"] = (hidden,)  # Llama's switch: the output projection's too
+        if config["model_type"] == "internlm3" and config.get("mlp_bias", config.get("bias")):
+            width = config["intermediate_size"]
+            shapes.update({f"{prefix}.mlp.gate_proj.bias": (width,), f"{prefix}.mlp.up_proj.bias": (width,),
+                           f"{prefix}.mlp.down_proj.bias": (hidden,)})
         if config.get("use_bias") and config["model_type"] == "ernie4_5":  # one switch for every projection's bias
             width = config["intermediate_size"]
             shapes.update({f"{prefix}.self_attn.q_proj.bias": (q_size,), f"{prefix}.self_attn.k_proj.bias": (kv_size,),

@@ -61,6 +61,7 @@ _ARCHITECTURES = {
     "exaone4": ("Exaone4ForCausalLM", "exaone4"),
     "ernie4_5": ("Ernie4_5ForCausalLM", "ernie4_5"),
     "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", "hunyuan_v1_dense"),
+    "internlm3": ("InternLM3ForCausalLM", "internlm3"),
     "cohere": ("CohereForCausalLM", "cohere"),
     "cohere2": ("Cohere2ForCausalLM", "cohere2"),
     "smollm3": ("SmolLM3ForCausalLM", "smollm3"),
@@ -209,6 +210,8 @@ def make_test_model(
         config.update(logit_scale=0.25, layer_norm_eps=1e-5, sliding_window=8, sliding_window_pattern=4)
     if model_type in ("glm", "glm4"):  # q/k/v biases, RoPE on half of each head by interleaved pairs
         config.update(attention_bias=True, partial_rotary_factor=0.5)
+    if model_type == "internlm3":  # biases on every projection: q, k, v and o (one switch), and the MLP's
+        config.update(attention_bias=True, mlp_bias=True)
     if model_type == "ernie4_5":  # every projection biased (use_bias), RoPE on interleaved pairs
         config.update(use_bias=True)
     if model_type == "exaone4":  # an 8-token window on three layers of four (with RoPE), the fourth full (without)

@@ -13,6 +13,7 @@ from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.hunyuan import HunYuanDenseV1ForCausalLM
+from engine.models.internlm3 import InternLM3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama4 import Llama4ForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -46,6 +47,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "HunYuanDenseV1ForCausalLM": HunYuanDenseV1ForCausalLM,
+    "InternLM3ForCausalLM": InternLM3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

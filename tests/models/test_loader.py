@@ -96,6 +96,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                          "Glm4ForCausalLM", "Glm4MoeForCausalLM", "GlmForCausalLM",
                                          "GptOssForCausalLM", "GraniteForCausalLM", "HunYuanDenseV1ForCausalLM",
+                                         "InternLM3ForCausalLM",
                                          "Llama4ForCausalLM",
                                          "Llama4ForConditionalGeneration", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
@@ -290,3 +291,22 @@ def test_a_tied_config_with_a_different_stored_head_is_refused(qwen_path, tmp_pa
     save_file(weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens.weight"):
         load_model(tmp_path)
+
+
+def test_internlm3s_published_bias_switches_read_as_transformers_5_writes_them(tmp_path):
+    """InternLM3's published config says qkv_bias and bias; transformers 5 writes attention_bias and mlp_bias. Both
+    spellings load every bias of the same checkpoint."""
+    import json
+
+    from engine.models import make_test_model
+
+    path = make_test_model(tmp_path / "internlm3", "internlm3", seed=3)
+    written, _ = load_model(path, torch.float32, "cpu")
+    config = json.loads((path / "config.json").read_text())
+    config["qkv_bias"], config["bias"] = config.pop("attention_bias"), config.pop("mlp_bias")
+    (path / "config.json").write_text(json.dumps(config))
+    published, _ = load_model(path, torch.float32, "cpu")
+    names = {name for name, _ in published.named_parameters()}
+    assert {"model.layers.0.self_attn.o_proj.bias", "model.layers.0.mlp.down_proj.bias"} <= names
+    for (name, parameter), (_, other) in zip(published.named_parameters(), written.named_parameters()):
+        assert torch.equal(parameter, other), name

@@ -126,6 +126,8 @@ def _variants():
         # Hunyuan dense: per-head q/k norms after RoPE, RoPE's base stretched by NTK-alpha (rope_scaling dynamic).
         "hunyuan": dict(architecture="hunyuan_v1_dense", config_overrides={
             "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}}),
+        # InternLM3 (transformers runs it as Llama): biases on q, k, v, o and the MLP.
+        "internlm3": dict(architecture="internlm3"),
         # Seed-OSS: q/k/v biases and the output projection's, each by its own switch.
         "seed_oss": dict(architecture="seed_oss"),
         # Cohere: LayerNorm, parallel attention + MLP, interleaved RoPE, scaled logits; and Command-R+'s q/k norms.

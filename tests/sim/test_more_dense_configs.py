@@ -1,4 +1,4 @@
-"""The simulator reads Phi-3/Phi-4, Granite, OLMo 2, OLMo 3, GLM-4, GLM-4-0414, Seed-OSS, EXAONE 4, ERNIE 4.5, Hunyuan, Cohere, Cohere2, SmolLM3 and StarCoder2 config.json files as the dense shapes they are: the parameter
+"""The simulator reads Phi-3/Phi-4, Granite, OLMo 2, OLMo 3, GLM-4, GLM-4-0414, Seed-OSS, EXAONE 4, ERNIE 4.5, Hunyuan, InternLM3, Cohere, Cohere2, SmolLM3 and StarCoder2 config.json files as the dense shapes they are: the parameter
 count it prices is the real engine's model's, within the few norm weights the shape leaves out, and Phi-3's window
 applies to every layer as the engine applies it."""
 
@@ -10,7 +10,7 @@ from sim.hf_model_config import model_from_hf_config
 
 
 @pytest.mark.parametrize("architecture, overrides", [("phi3", {"sliding_window": 12}), ("granite", {}),
-                                                      ("olmo2", {}), ("olmo3", {}), ("glm", {}), ("glm4", {}), ("seed_oss", {}), ("exaone4", {}), ("ernie4_5", {}), ("hunyuan_v1_dense", {}), ("cohere", {"use_qk_norm": True}),
+                                                      ("olmo2", {}), ("olmo3", {}), ("glm", {}), ("glm4", {}), ("seed_oss", {}), ("exaone4", {}), ("ernie4_5", {}), ("hunyuan_v1_dense", {}), ("internlm3", {}), ("cohere", {"use_qk_norm": True}),
                                                       ("cohere2", {}), ("smollm3", {"use_sliding_window": True,
                                                                                     "sliding_window": 8}),
                                                       ("starcoder2", {"sliding_window": 12})])
