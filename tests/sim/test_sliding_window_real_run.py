@@ -1,6 +1,6 @@
-"""A real run of a sliding-window checkpoint (CPU) and its replay: the engine hands back the blocks that leave
-each request's window while it runs, and the simulator, driving the same core with the recorded cache config,
-takes exactly the same decisions."""
+"""Real runs of checkpoints whose layers read only part of the cache (CPU) and their replays: the engine hands back
+the blocks that leave each request's window (or, for Llama 4's chunked layers, its current chunk) while it runs, and
+the simulator, driving the same core with the recorded cache config, takes exactly the same decisions."""
 
 from __future__ import annotations
 
@@ -30,21 +30,37 @@ WORKLOAD = {
 }
 
 
+def counted_hand_backs(monkeypatch) -> list[int]:
+    """The blocks each call of KVCacheManager.free_blocks_out_of_window hands back, appended as the run goes."""
+    handed_back = []
+    free_out_of_window = KVCacheManager.free_blocks_out_of_window
+
+    def counting(manager, request):
+        before = manager.num_skipped_block[request.request_id]
+        free_out_of_window(manager, request)
+        handed_back.append(manager.num_skipped_block[request.request_id] - before)
+
+    monkeypatch.setattr(KVCacheManager, "free_blocks_out_of_window", counting)
+    return handed_back
+
+
+def assert_replays_exactly(out):
+    """The simulator driving the same core from the recording in ``out`` takes exactly the same decisions."""
+    recorder, run, cost_model = replay(out)
+    report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
+                            steps_table(recorder.step_columns()).to_pandas())
+    assert cost_model.finished
+    assert report.identical, report.describe()
+    return run
+
+
 def test_a_windowed_real_run_frees_out_of_window_blocks_and_replays_exactly(tmp_path, monkeypatch):
     checkpoint = make_test_model(tmp_path / "mistral", "mistral", num_hidden_layers=1, hidden_size=32,
                                  intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                                  with_tokenizer=True)
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "sliding_window": WINDOW}))
-    skipped = []
-    free_out_of_window = KVCacheManager.free_blocks_out_of_window
-
-    def counting(manager, request):
-        before = manager.num_skipped_block[request.request_id]
-        free_out_of_window(manager, request)
-        skipped.append(manager.num_skipped_block[request.request_id] - before)
-
-    monkeypatch.setattr(KVCacheManager, "free_blocks_out_of_window", counting)
+    skipped = counted_hand_backs(monkeypatch)
     workload = load_workload(WORKLOAD)
     real = build_real_engine(workload, model=str(checkpoint), threads=1)
     assert real.engine.scheduler.cache_config.sliding_window == WINDOW
@@ -54,14 +70,8 @@ def test_a_windowed_real_run_frees_out_of_window_blocks_and_replays_exactly(tmp_
     assert result.summary["num_finished"] == 16 and sum(skipped) > 0
     manager = real.engine.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
-    run = read_run(out)
-    assert run.summary["config"]["cache"]["sliding_window"] == WINDOW
-
-    recorder, run, cost_model = replay(out)
-    report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
-                            steps_table(recorder.step_columns()).to_pandas())
-    assert cost_model.finished
-    assert report.identical, report.describe()
+    assert read_run(out).summary["config"]["cache"]["sliding_window"] == WINDOW
+    run = assert_replays_exactly(out)
     # Attention reads only windows, in the recording and in its replay alike.
     assert (run.steps["decode_context_tokens"] <= WINDOW * run.steps["num_decode_reqs"]).all()
 
@@ -87,13 +97,35 @@ def test_a_hybrid_real_run_keeps_a_table_per_group_and_replays_exactly(tmp_path)
                       reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
     assert result.summary["num_finished"] == 16
     assert manager.num_free_blocks == manager.num_usable_blocks
-    run = read_run(out)
-    assert run.summary["config"]["cache"]["kv_cache_groups"] == [None, WINDOW]
-    recorder, run, cost_model = replay(out)
-    report = compare_replay(run, requests_table(recorder.request_columns()).to_pandas(),
-                            steps_table(recorder.step_columns()).to_pandas())
-    assert cost_model.finished
-    assert report.identical, report.describe()
+    assert read_run(out).summary["config"]["cache"]["kv_cache_groups"] == [None, WINDOW]
+    assert_replays_exactly(out)
     single = load_workload({**WORKLOAD, "engine": {**WORKLOAD["engine"], "disable_hybrid_kv_cache_manager": True}})
     one_table = build_real_engine(single, model=str(checkpoint), threads=1)
     assert one_table.engine.scheduler.cache_config.kv_cache_groups is None
+
+
+def test_a_llama4_real_run_hands_back_chunked_blocks_and_replays_exactly(tmp_path, monkeypatch):
+    """Llama 4 (three layers in four chunked, a checkpoint transformers wrote) on the hybrid KV cache: the chunked
+    groups hand back the blocks before each request's current chunk, and the recorded groups and chunk rebuild the
+    same cache in the replay."""
+    pytest.importorskip("transformers")
+    from engine.models.synthetic_tokenizer import save_tokenizer
+    from tests.models.test_llama4_model import CHUNK, write_llama4
+
+    checkpoint = write_llama4(tmp_path / "llama4")
+    save_tokenizer(checkpoint, 512, 256)
+    handed_back = counted_hand_backs(monkeypatch)
+    workload = load_workload({**WORKLOAD, "name": "tiny-llama4",
+                              "engine": {**WORKLOAD["engine"], "block_size": 8, "num_gpu_blocks": 128,
+                                         "max_model_len": 256}})
+    real = build_real_engine(workload, model=str(checkpoint), threads=1)
+    manager = real.engine.scheduler.kv_cache_manager
+    assert [group.attention_chunk for group in manager.groups] == [None, CHUNK, CHUNK, CHUNK]
+    out = tmp_path / "real"
+    result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
+                      reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
+    assert result.summary["num_finished"] == 16 and sum(handed_back) > 0
+    assert manager.num_free_blocks == manager.num_usable_blocks
+    cache = read_run(out).summary["config"]["cache"]
+    assert cache["kv_cache_groups"] == [None, CHUNK, CHUNK, CHUNK] and cache["attention_chunk_size"] == CHUNK
+    assert_replays_exactly(out)
