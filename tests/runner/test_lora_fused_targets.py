@@ -1,6 +1,6 @@
 """LoRA adapters of checkpoints that store q/k/v and gate/up fused (Phi-3, Phi-4: PEFT targets ``qkv_proj`` and
-``gate_up_proj``): read as one adapter per slice sharing the fused A, they give transformers' tokens with the adapter
-merged into the fused weights by hand."""
+``gate_up_proj``; GLM-4: ``gate_up_proj`` beside separate q, k, v): read as one adapter per slice sharing the fused
+A, they give transformers' tokens with the adapter merged into the fused weights by hand."""
 
 from __future__ import annotations
 
@@ -36,6 +36,20 @@ def test_a_fused_adapter_gives_transformers_tokens_merged(phi3, tmp_path):
               max_num_batched_tokens=16)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False,
                            lora_request=LoRARequest("fused", 1, str(adapter)))
+    assert [list(output.outputs[0].token_ids) for output in outputs] == expected
+
+
+def test_glm4s_fused_gate_up_beside_separate_qkv_gives_transformers_tokens_merged(tmp_path):
+    glm = make_test_model(tmp_path / "glm4", "glm4", seed=5)
+    adapter = make_lora_adapter(tmp_path / "adapter", glm, rank=4, alpha=8, seed=2,
+                                targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"))
+    prompts = [[(11 * i + n) % 500 + 4 for i in range(n)] for n in (7, 23, 40)]
+    expected = [hf_greedy(merged_hf_model(load_hf_model(glm), adapter), prompt, 8) for prompt in prompts]
+    assert expected != [hf_greedy(load_hf_model(glm), prompt, 8) for prompt in prompts]
+    llm = LLM(model=str(glm), skip_tokenizer_init=True, enable_lora=True, max_loras=1, max_lora_rank=8,
+              max_num_batched_tokens=16)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False,
+                           lora_request=LoRARequest("glm", 1, str(adapter)))
     assert [list(output.outputs[0].token_ids) for output in outputs] == expected
 
 
