@@ -9,7 +9,6 @@ from torch import nn
 from engine.models.config import ModelConfig
 from engine.models.layers import SwiGLUMLP
 from engine.models.llama import LlamaForCausalLM
-from engine.runner.attention import AttentionBackend
 
 
 def uses_bias(config: ModelConfig) -> bool:
@@ -17,10 +16,7 @@ def uses_bias(config: ModelConfig) -> bool:
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):
-    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
-        super().__init__(config, attention_backend)
-        for layer in self.model.layers:
-            layer.self_attn.interleaved_rope = True
+    interleaved_rope = True
 
     @classmethod
     def attention_biases(cls, config: ModelConfig) -> tuple[bool, bool]:

@@ -5,20 +5,14 @@ fixed, not dependent on the sequence; read by config.py)."""
 
 from __future__ import annotations
 
-from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.runner.attention import AttentionBackend
 
 _CHECKPOINT_NORMS = {".query_layernorm.": ".q_norm.", ".key_layernorm.": ".k_norm."}
 
 
 class HunYuanDenseV1ForCausalLM(LlamaForCausalLM):
     qk_norm = True
-
-    def __init__(self, config: ModelConfig, attention_backend: str | AttentionBackend = "torch") -> None:
-        super().__init__(config, attention_backend)
-        for layer in self.model.layers:
-            layer.self_attn.qk_norm_after_rope = True
+    qk_norm_after_rope = True
 
     def _map_weight_name(self, name: str) -> tuple[str, str | None]:
         for theirs, ours in _CHECKPOINT_NORMS.items():

@@ -135,6 +135,10 @@ class LlamaForCausalLM(nn.Module):
     cuda_graph_unsafe_reason: str | None = None
     # Whether q and k are RMS-normalized per head before RoPE (Qwen3's q_norm and k_norm).
     qk_norm: bool = False
+    # Given to every layer's attention (LlamaAttention's switches of the same names): RoPE on interleaved pairs
+    # (ERNIE 4.5), the per-head q/k norms after RoPE (Hunyuan).
+    interleaved_rope: bool = False
+    qk_norm_after_rope: bool = False
     # Attention backends that cannot run this model -> what of it they cannot run (DeepSeek's latent attention,
     # gpt-oss's sinks); they are refused by name (get_attention_backend) and never chosen by default.
     unsupported_attention_backends: dict[str, str] = {}
@@ -151,6 +155,10 @@ class LlamaForCausalLM(nn.Module):
                                 make_mlp=lambda layer_index: self.make_mlp(config, layer_index),
                                 qk_norm=self.qk_norm,
                                 make_layer=lambda layer_index: self.make_layer(config, backend, layer_index))
+        if self.interleaved_rope or self.qk_norm_after_rope:
+            for layer in self.model.layers:
+                layer.self_attn.interleaved_rope = self.interleaved_rope or layer.self_attn.interleaved_rope
+                layer.self_attn.qk_norm_after_rope = self.qk_norm_after_rope
         # Tied checkpoints reuse the embedding matrix as the output projection; no separate parameter
         # exists then, so nothing can untie them by accident.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
