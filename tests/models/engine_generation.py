@@ -7,7 +7,25 @@ import torch
 
 
 def prompts(count: int = 3, length: int = 30) -> list[list[int]]:
-    return [[random.Random(seed).randrange(4, 500) for _ in range(length)] for seed in range(count)]
+    return [random_prompt(seed, length) for seed in range(count)]
+
+
+def random_prompt(seed: int, length: int) -> list[int]:
+    """``length`` token ids in [4, 500) from ``seed``: the same prompt in every run."""
+    rng = random.Random(seed)
+    return [rng.randrange(4, 500) for _ in range(length)]
+
+
+def engine_and_transformers(path):
+    """The engine's model and config of the checkpoint at ``path`` and transformers' (eager attention), in float32."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.models import load_model
+
+    model, config = load_model(path, torch.float32, "cpu")
+    hf_model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
+    return model, config, hf_model
 
 
 def assert_engine_generates_as_transformers(path, token_prompts: list[list[int]], max_tokens: int = 8,

@@ -7,7 +7,6 @@ model; chunked attention as virtual requests equals its definition."""
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -18,7 +17,8 @@ from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.runner.attention import build_attention_metadata, compute_positions
 from engine.runner.attention.local_attention import local_attention_common
-from tests.models.engine_generation import assert_engine_generates_as_transformers, save_random
+from tests.models.engine_generation import (assert_engine_generates_as_transformers, engine_and_transformers,
+                                            random_prompt, save_random)
 from tests.models.local_metadata import common_from_lists
 from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
 
@@ -44,17 +44,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(checkpoint):
-    from transformers import AutoModelForCausalLM
-
-    model, config = load_model(checkpoint, torch.float32)
-    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32,
-                                                    attn_implementation="eager").eval()
-    return model, config, hf_model
+    return engine_and_transformers(checkpoint)
 
 
-def _prompt(seed, length):
-    rng = random.Random(seed)
-    return [rng.randrange(4, 500) for _ in range(length)]
+_prompt = random_prompt
 
 
 def test_the_config_reads_as_transformers_does(models):

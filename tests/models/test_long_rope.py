@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from engine.models import load_model, make_test_model
+from engine.models import make_test_model
 from engine.models.config import ModelConfig
 from engine.models.phi3 import Phi3ForCausalLM
-from tests.models.engine_generation import assert_engine_generates_as_transformers
+from tests.models.engine_generation import assert_engine_generates_as_transformers, engine_and_transformers, random_prompt
 from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
 
 ORIGINAL_CONTEXT = 16  # the "pretraining" context of the test checkpoint: 4,096 in the real ones
@@ -37,17 +37,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(checkpoint):
-    from transformers import AutoModelForCausalLM
-
-    model, config = load_model(checkpoint, torch.float32, "cpu")
-    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32,
-                                                    attn_implementation="eager").eval()
-    return model, config, hf_model
+    return engine_and_transformers(checkpoint)
 
 
-def _prompt(seed, length):
-    rng = random.Random(seed)
-    return [rng.randrange(4, 500) for _ in range(length)]
+_prompt = random_prompt
 
 
 @pytest.mark.parametrize("max_model_len, lengths", [(ORIGINAL_CONTEXT, (3, 9, 16)), (64, (17, 30, 45))])

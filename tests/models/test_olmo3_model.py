@@ -7,14 +7,13 @@ tests/models/test_models_vs_transformers.py's "olmo3" variant.)"""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
 
-from engine.models import load_model
 from engine.models.config import ModelConfig
-from tests.models.engine_generation import assert_engine_generates_as_transformers, save_random
+from tests.models.engine_generation import (assert_engine_generates_as_transformers, engine_and_transformers,
+                                            random_prompt, save_random)
 from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
 
 WINDOW = 8
@@ -38,9 +37,7 @@ def checkpoint(tmp_path_factory):
     return write_olmo3(tmp_path_factory.mktemp("olmo3"))
 
 
-def _prompt(seed, length):
-    rng = random.Random(seed)
-    return [rng.randrange(4, 500) for _ in range(length)]
+_prompt = random_prompt
 
 
 def test_the_config_reads_each_layer_kinds_rope_and_window(checkpoint):
@@ -51,11 +48,7 @@ def test_the_config_reads_each_layer_kinds_rope_and_window(checkpoint):
 
 
 def test_prefill_and_decodes_past_the_window_match_transformers(checkpoint):
-    from transformers import AutoModelForCausalLM
-
-    model, config = load_model(checkpoint, torch.float32)
-    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32,
-                                                    attn_implementation="eager").eval()
+    model, config, hf_model = engine_and_transformers(checkpoint)
     tokens = _prompt(1, 45)
     expected = hf_logits(hf_model, tokens)
     session = PagedSession(model, config, seed=2)
