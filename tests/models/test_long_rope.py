@@ -10,7 +10,8 @@ import torch
 from engine.models import make_test_model
 from engine.models.config import ModelConfig
 from engine.models.phi3 import Phi3ForCausalLM
-from tests.models.engine_generation import assert_engine_generates_as_transformers, engine_and_transformers, random_prompt
+from tests.models.engine_generation import (assert_engine_generates_as_transformers, engine_and_transformers,
+                                            random_prompt)
 from tests.models.test_models_vs_transformers import ATOL, PagedSession, hf_logits
 
 ORIGINAL_CONTEXT = 16  # the "pretraining" context of the test checkpoint: 4,096 in the real ones
