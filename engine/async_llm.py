@@ -48,8 +48,8 @@ from engine.pooling_outputs import ClassificationRequestOutput, EmbeddingRequest
 from engine.pooling_requests import (CLASSIFY_ON_EMBEDDING, EMBED_ON_CLASSIFIER, EMBED_ON_GENERATE,
                                      GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS, pooling_labels,
                                      resolve_pooling_params)
-from engine.request_inputs import (Prompt, check_priority, make_core_request, parse_prompt, truncate_prompt,
-                                   validate_request)
+from engine.request_inputs import (Prompt, check_priority, make_core_request, parse_prompt,
+                                   refuse_images_in_beam_search, truncate_prompt, validate_request)
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError"]
 
@@ -69,6 +69,8 @@ class AsyncLLM:
         self.model_config = components.model_runner.model_config
         self.vocab_size = components.model_runner.vocab_size
         self.eos_token_ids = components.eos_token_ids
+        # Images in prompts (engine/multimodal_inputs.py); None: a text-only model.
+        self.image_inputs = components.image_inputs
         # runner="pooling": this engine embeds (embed) and refuses generate; otherwise the reverse.
         self.is_pooling = engine_args.is_pooling
         self.hidden_size = self.model_config.hidden_size
@@ -144,7 +146,7 @@ class AsyncLLM:
                        lora_request: LoRARequest | None = None) -> Prompt:
         """Parse, truncate (``truncate_prompt_tokens``) and validate a prompt as ``generate`` will (ValueError
         naming what is wrong)."""
-        parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
+        parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size, self.image_inputs)
         parsed = truncate_prompt("prompt", parsed, sampling_params, self._scheduler.max_model_len)
         validate_request("prompt", parsed, sampling_params, self._scheduler, self.vocab_size,
                          self.tokenizer is not None, self._structured_outputs, lora_request, self._lora)
@@ -221,7 +223,8 @@ class AsyncLLM:
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         request_id = f"beam-{uuid.uuid4().hex}" if request_id is None else request_id
         parsed = prompt if isinstance(prompt, Prompt) else parse_prompt("prompt", prompt, self.tokenizer,
-                                                                        self.vocab_size)
+                                                                        self.vocab_size, self.image_inputs)
+        refuse_images_in_beam_search("prompt", parsed)
         search = BeamSearch([parsed.token_ids], params, self.eos_token_ids)
 
         async def final_output(sequence: list[int], beam_request_id: str) -> RequestOutput:
@@ -255,7 +258,7 @@ class AsyncLLM:
     def process_pooling_prompt(self, prompt: Any, truncate_prompt_tokens: int | None = None) -> Prompt:
         """Parse and validate an embedding prompt (ValueError naming what is wrong). ``truncate_prompt_tokens``
         (vLLM's): keep only the last k tokens (-1: max_model_len), so a long input fits instead of failing."""
-        parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size)
+        parsed = parse_prompt("prompt", prompt, self.tokenizer, self.vocab_size, self.image_inputs)
         if truncate_prompt_tokens is not None:
             limit = self.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
             if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= self.max_model_len:

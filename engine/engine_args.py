@@ -153,7 +153,10 @@ class EngineArgs:
                              f"folder with a config.json, got {speculative.model!r}")
         return speculative
 
-    def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+    def create_scheduler_config(self, max_model_len: int, tokens_per_image: int = 0) -> SchedulerConfig:
+        """``tokens_per_image``: a vision-language model's placeholders per image (0: text only); a step's encoder
+        budget and the runner's encoder cache hold at least one image, as vLLM sizes them."""
+        encoder_tokens = max(self.max_num_batched_tokens, tokens_per_image) if tokens_per_image else None
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
@@ -162,7 +165,8 @@ class EngineArgs:
             if self.speculative_config is not None else 0,
             num_lookahead_tokens=self.speculative_config.num_lookahead_tokens
             if self.speculative_config is not None else 0,
-            max_loras=self.max_loras if self.enable_lora else 0)
+            max_loras=self.max_loras if self.enable_lora else 0,
+            max_num_encoder_input_tokens=encoder_tokens, encoder_cache_size=encoder_tokens)
 
     def check_kv_offloading(self) -> None:
         """A ValueError naming kv_offloading_size_gib when it cannot be honoured."""

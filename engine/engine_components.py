@@ -16,6 +16,7 @@ from typing import Any
 from engine.core import EngineCore, Scheduler
 from engine.engine_args import EngineArgs
 from engine.models import load_tokenizer
+from engine.multimodal_inputs import ImageInputs
 from engine.runner.executor import RealExecutor
 from engine.runner.model_runner import ModelRunner
 from engine.runner.structured_output import StructuredOutputs
@@ -33,6 +34,9 @@ class EngineComponents:
     executor: RealExecutor
     engine_core: EngineCore
     eos_token_ids: list[int]
+    # Images in prompts (engine/multimodal_inputs.py), for a checkpoint whose image encoder the runner loaded;
+    # None: text only.
+    image_inputs: ImageInputs | None = None
 
     @property
     def scheduler(self) -> Scheduler:
@@ -89,7 +93,9 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     # layers mixed: vLLM's hybrid KV cache (one table per group of layers, the windowed ones handing blocks
     # back; Llama 4's chunked layers likewise), unless turned off, when every block is kept for every layer. The
     # share of windowed (or chunked) layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
-    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len),
+    encoder = runner.encoder_outputs.encoder if runner.encoder_outputs is not None else None
+    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len,
+                                                       encoder.tokens_per_image if encoder is not None else 0),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
                                                    model_config.sliding_window_fraction, grouping,
                                                    model_config.attention_chunk))
@@ -97,7 +103,8 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     components = EngineComponents(
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,
         model_runner=runner, executor=executor, engine_core=EngineCore(scheduler, executor),
-        eos_token_ids=eos_token_ids(runner.model_config, tokenizer))
+        eos_token_ids=eos_token_ids(runner.model_config, tokenizer),
+        image_inputs=ImageInputs.for_encoder(model_path, encoder) if encoder is not None else None)
     # Grammars are masked over the model's vocabulary (its logits' width) and end at the engine's EOS ids.
     components.use_grammar_tokenizer(tokenizer)
     return components

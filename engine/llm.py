@@ -38,7 +38,7 @@ from engine.pooling_requests import (CLASSIFY_ON_EMBEDDING, EMBED_ON_CLASSIFIER,
                                      GENERATE_ON_POOLING, POOLING_SAMPLING_PARAMS, pooling_labels,
                                      resolve_pooling_params)
 from engine.request_inputs import (Prompt, check_priority, is_token_id, make_core_request, parse_prompt,
-                                   truncate_prompt, validate_request)
+                                   refuse_images_in_beam_search, truncate_prompt, validate_request)
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class LLM:
         self.engine_core = components.engine_core
         self.output_processor = OutputProcessor(self.tokenizer)
         self.eos_token_ids = components.eos_token_ids
+        # Images in prompts (engine/multimodal_inputs.py); None: a text-only model.
+        self.image_inputs = components.image_inputs
         self._request_counter = itertools.count()
 
     # ------------------------------------------------------------------ accessors
@@ -167,6 +169,7 @@ class LLM:
         parsed = self._parse_prompts(prompts)
         max_model_len = self.scheduler.max_model_len
         for index, prompt in enumerate(parsed):
+            refuse_images_in_beam_search(f"prompt {index}", prompt)
             self._validate(index, prompt, params.round_sampling_params())
             if len(prompt.token_ids) + params.max_tokens > max_model_len:  # the last round's prompt would not fit
                 raise ValueError(f"prompt {index} has {len(prompt.token_ids)} tokens; with max_tokens="
@@ -358,7 +361,8 @@ class LLM:
         return [self._parse_prompt(index, prompt) for index, prompt in enumerate(prompts)]
 
     def _parse_prompt(self, index: int, prompt: Any) -> Prompt:
-        return parse_prompt(f"prompt {index}", prompt, self.tokenizer, self.model_runner.vocab_size)
+        return parse_prompt(f"prompt {index}", prompt, self.tokenizer, self.model_runner.vocab_size,
+                            self.image_inputs)
 
     @staticmethod
     def _expand_sampling_params(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:

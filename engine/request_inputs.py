@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.core import LoRARequest, PoolingParams, Request, SamplingParams, Scheduler
+from engine.core.multimodal import MultiModalFeature
 from engine.core.scheduling_policy import reads_priority
+from engine.multimodal_inputs import ImageInputs
 from engine.runner.structured_output.manager import StructuredOutputs
 
 
@@ -21,25 +23,34 @@ from engine.runner.structured_output.manager import StructuredOutputs
 class Prompt:
     text: str | None
     token_ids: list[int]
+    # Its images (engine/multimodal_inputs.py): placeholder runs of token_ids, with their pixels.
+    mm_features: tuple[MultiModalFeature, ...] = ()
 
 
 def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int) -> Prompt:
-    """A string, a token-id list, or a dict with ``prompt_token_ids`` and/or ``prompt`` (text)."""
-    text = None
+def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int, images: ImageInputs | None = None) -> Prompt:
+    """A string, a token-id list, or a dict with ``prompt_token_ids`` and/or ``prompt`` (text), and optionally
+    ``multi_modal_data`` (``{"image": image or [images]}``, where ``images`` is the engine's image processing;
+    None: the model takes text only)."""
     if isinstance(prompt, dict):
         text = prompt.get("prompt")
         token_ids = prompt.get("prompt_token_ids")
         if token_ids is None and text is None:
             raise ValueError(f"{label}: a dict prompt needs 'prompt_token_ids' or 'prompt', "
                              f"got keys {sorted(prompt)}")
-        if token_ids is None:
-            prompt = text
-        else:
-            return Prompt(text, check_token_ids(label, token_ids, vocab_size))
+        parsed = parse_prompt(label, text, tokenizer, vocab_size) if token_ids is None else \
+            Prompt(text, check_token_ids(label, token_ids, vocab_size))
+        multi_modal_data = prompt.get("multi_modal_data")
+        if multi_modal_data is None:
+            return parsed
+        if images is None:
+            raise ValueError(f"{label}: multi_modal_data needs a vision-language model whose images this engine "
+                             "encodes (LLaVA checkpoints); this model takes text only")
+        token_ids, features = images.process(label, parsed.token_ids, multi_modal_data)
+        return Prompt(text, token_ids, features)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError(f"{label} is text but the engine has no tokenizer "
@@ -48,6 +59,12 @@ def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int) -> Prompt:
     if isinstance(prompt, (list, tuple)):
         return Prompt(None, check_token_ids(label, prompt, vocab_size))
     raise ValueError(f"{label} must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
+def refuse_images_in_beam_search(label: str, prompt: Prompt) -> None:
+    """Beam search runs each beam as a token-id prompt (engine/beam_search.py), which would drop the images."""
+    if prompt.mm_features:
+        raise ValueError(f"{label}: beam search does not take multi_modal_data (images); use generate")
 
 
 def check_token_ids(label: str, token_ids: Sequence[Any], vocab_size: int) -> list[int]:
@@ -72,6 +89,9 @@ def truncate_prompt(label: str, prompt: Prompt, params: SamplingParams, max_mode
                          f"({max_model_len}), got {keep}; select a smaller truncation size")
     if len(prompt.token_ids) <= keep:
         return prompt
+    if prompt.mm_features:
+        raise ValueError(f"{label}: SamplingParams.truncate_prompt_tokens={keep} would cut a prompt with images "
+                         f"({len(prompt.token_ids)} tokens with their placeholders); send a shorter prompt")
     return Prompt(None, prompt.token_ids[-keep:])
 
 
@@ -170,4 +190,5 @@ def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, e
         params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids) + extra_eos)
         params.seed = seed
     return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time,
-                   priority=priority, lora_request=lora_request, pooling_params=pooling_params)
+                   priority=priority, lora_request=lora_request, pooling_params=pooling_params,
+                   mm_features=prompt.mm_features)

@@ -16,8 +16,8 @@ placeholder token and lie inside the prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class MultiModalFeature:
     offset: int
     # Its placeholder tokens, which is the number of embeddings its encoder output holds.
     length: int
+    # The encoder's input (a real engine's processed pixels), carried to the runner; the core never reads it, and it
+    # takes no part in equality: the identifier stands for the content. None in simulation.
+    data: Any = field(default=None, compare=False, repr=False)
 
     @property
     def end(self) -> int:

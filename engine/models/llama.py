@@ -110,10 +110,12 @@ class LlamaModel(nn.Module):
             layer.self_attn.use_rope = uses_rope
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """``inputs_embeds``: the step's token embeddings with images' encoder outputs in their placeholders' rows
+        (engine/runner/encoder_outputs.py); None: ``input_ids``' embeddings."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
-        hidden_states = self.embed_tokens(input_ids)
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         # One cos/sin per step, shared by every layer.
         cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -205,9 +207,16 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.backend = backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size]."""
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size]; ``inputs_embeds``
+        [num_tokens, hidden_size] stand in for input_ids' embeddings (a step that fills images' placeholders)."""
+        if inputs_embeds is None:
+            return self.model(input_ids, positions, kv_caches, attn_metadata)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds=inputs_embeds)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings the decoder's first layer reads (what images' encoder outputs replace)."""
+        return self.model.embed_tokens(input_ids)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, hidden_size] -> [N, vocab_size]; the runner selects each request's last token first."""

@@ -28,6 +28,7 @@ from engine.models import load_model
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_dtype
 from engine.models.registry import get_model_class
+from engine.models.vision import load_image_encoder
 from engine.runner.attention import allocate_kv_caches
 from engine.runner.attention.kv_cache import allocate_grouped_kv_caches, kv_cache_bytes_per_block
 from engine.runner.host_kv_cache import HostKVCache
@@ -35,6 +36,7 @@ from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
 from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, warm_up_shapes
+from engine.runner.encoder_outputs import EncoderOutputs, fill_placeholders
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
@@ -68,6 +70,10 @@ class ModelRunner:
         self.model, self.model_config = load_model(config.model, self.dtype, self.device,
                                                    attention_backend=self.attention_backend,
                                                    lm_head_optional=config.pooling)
+        # A vision-language checkpoint's image encoder and its kept outputs (encoder_outputs.py); None: text only.
+        image_encoder = load_image_encoder(config.model, self.dtype, self.device)
+        self.encoder_outputs = EncoderOutputs(image_encoder, self.device, self.dtype) \
+            if image_encoder is not None else None
         # Multi-LoRA serving: the model's projections get adapter slots (engine/runner/lora/); None: off.
         self.lora = LoRAManager(self.model, config.lora_config, self.device) \
             if config.lora_config is not None else None
@@ -236,6 +242,12 @@ class ModelRunner:
                              "without LoRA (RunnerConfig.lora_config)")
         return lora_request
 
+    def _check_images(self, mm_features):
+        if mm_features and self.encoder_outputs is None:
+            raise ValueError(f"a request with images reached a runner whose model {str(self.config.model)!r} encodes "
+                             "none (text only)")
+        return mm_features
+
     def _new_grammar(self, req_id: str, params):
         """The request's grammar matcher, or None when it asks for no structured outputs. The front end checked
         the grammar when the request was added (engine/request_inputs.py), so compiling here cannot fail
@@ -248,22 +260,6 @@ class ModelRunner:
         grammar = self.structured_outputs.new_request_grammar(req_id, params.structured_outputs)
         self.grammar_req_ids.add(req_id)
         return grammar
-
-    def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
-        """Each word as token ids, bare and with a leading space (how it appears mid-sentence).
-
-        vLLM keeps the spaced form only when it has as many tokens as the bare one and starts with a
-        different token; here every distinct spaced form is kept, so a word whose spaced form
-        tokenizes to a different length is banned mid-sentence too (a superset of vLLM's bans)."""
-        if self.tokenizer is None:
-            raise ValueError("SamplingParams.bad_words needs a tokenizer; the runner was created without one")
-        variants: list[list[int]] = []
-        for word in bad_words:
-            for text in (word.lstrip(), " " + word.lstrip()):
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-                if ids and ids not in variants:
-                    variants.append(ids)
-        return variants
 
     # ------------------------------------------------------------------ one step
 
@@ -278,6 +274,8 @@ class ModelRunner:
         if scheduler_output.offload_stores:
             host.store(self.kv_caches, scheduler_output.offload_stores)
         self._update_states(scheduler_output)
+        if self.encoder_outputs is not None:
+            self.encoder_outputs.update(scheduler_output, self.requests)
         finished_kv_loads = host.load(self.kv_caches, scheduler_output.offload_loads) \
             if scheduler_output.offload_loads else []
         batch = self.input_batch
@@ -297,10 +295,15 @@ class ModelRunner:
         prepared = prepare_inputs(batch, num_scheduled_tokens)
         # The step's rows per LoRA adapter (None when no row has one: then the forward does no LoRA work).
         lora_batch = self.lora.prepare_step(batch, num_scheduled_tokens) if self.lora is not None else None
+        # Images' embeddings for the placeholder tokens of this step (None: no placeholder is scheduled).
+        placeholders = self.encoder_outputs.placeholder_embeddings(
+            batch.request_states[:num_reqs], prepared.common.num_computed_tokens, num_scheduled_tokens) \
+            if self.encoder_outputs is not None else None
         graphs = self.decode_graphs
         try:
-            # Captured graphs hold no adapter: a step with one runs eagerly (engine/runner/lora/).
-            if graphs is not None and lora_batch is None and graphs.handles(prepared):
+            # Captured graphs hold no adapter and read token ids only: a step with an adapter or with an image's
+            # placeholders runs eagerly (engine/runner/lora/).
+            if graphs is not None and lora_batch is None and placeholders is None and graphs.handles(prepared):
                 tables = getattr(batch.block_table, "tables", None)
                 hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs] if tables is None
                                                else [table.block_table[:num_reqs] for table in tables])
@@ -312,7 +315,12 @@ class ModelRunner:
                                                         self.attention_chunk_size, self.block_size)
                 input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                 positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
-                hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
+                if placeholders is None:
+                    hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
+                else:
+                    inputs_embeds = fill_placeholders(self.model.embed_input_ids(input_ids), placeholders)
+                    hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata,
+                                               inputs_embeds=inputs_embeds)
         finally:
             if lora_batch is not None:
                 self.lora.finish_step()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.lora import LoRARequest
+from engine.core.multimodal import MultiModalFeature
 from engine.core.pooling_params import PoolingParams
 from engine.core.sampling_params import SamplingParams
 from engine.runner.structured_output.request_grammar import RequestGrammar
@@ -41,6 +42,8 @@ class CachedRequestState:
     lora_request: LoRARequest | None = None
     # An embedding request's pooling (engine/runner/pooler.py); None for generation. It gets no sampled token.
     pooling_params: PoolingParams | None = None
+    # Its images (engine/core/multimodal.py), with their pixels: the encoder runs on them when the scheduler says.
+    mm_features: tuple[MultiModalFeature, ...] = ()
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.core.scheduler_output import SchedulerOutput
+from engine.runner.bad_words import bad_words_token_ids
 from engine.runner.request_state import CachedRequestState, copy_block_ids, extend_block_ids
 from engine.runner.sampler import make_generator
 
@@ -55,10 +56,11 @@ def update_states(runner: ModelRunner, scheduler_output: SchedulerOutput) -> Non
             num_computed_tokens=new_request.num_computed_tokens,
             output_token_ids=[],
             eos_token_id=new_request.eos_token_id,
-            bad_words_token_ids=runner._tokenize_bad_words(params.bad_words) if params.bad_words else None,
+            bad_words_token_ids=bad_words_token_ids(runner.tokenizer, params.bad_words) if params.bad_words else None,
             grammar=runner._new_grammar(new_request.req_id, params),
             lora_request=runner._check_lora(new_request.lora_request),
             pooling_params=runner._check_pooling(new_request.pooling_params),
+            mm_features=runner._check_images(new_request.mm_features),
         )
         requests[new_request.req_id] = state
         batch.add_request(state)

@@ -1,0 +1,50 @@
+"""Which vision-language checkpoints the engine takes images for, and loading their image encoders.
+
+A checkpoint whose architecture has no encoder here still serves text as its language model
+(engine/models/multimodal_text.py); a request with images to it is refused by name (engine/multimodal_inputs.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from engine.models.vision.llava import LlavaImageEncoder
+
+
+class ImageEncoder(Protocol):
+    # The token id a prompt marks an image with, and how many embeddings (placeholder tokens) one image becomes.
+    image_token_id: int
+    tokens_per_image: int
+    image_size: int
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor: ...
+
+
+IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder}
+
+
+def image_encoder_class(architectures: list[str]) -> type | None:
+    return next((IMAGE_ENCODERS[name] for name in architectures if name in IMAGE_ENCODERS), None)
+
+
+def load_image_encoder(path: str | Path, dtype: torch.dtype, device: torch.device) -> ImageEncoder | None:
+    """The checkpoint's image encoder in eval mode, or None when the engine takes no images for it."""
+    from engine.models.loader import iterate_weights, safetensors_files
+
+    raw = json.loads((Path(path) / "config.json").read_text())
+    encoder_class = image_encoder_class(raw.get("architectures") or [])
+    if encoder_class is None:
+        return None
+    with torch.device("meta"):
+        encoder = encoder_class(raw)
+    encoder = encoder.to(dtype=dtype).to_empty(device=device)
+    loaded = encoder.load_weights(iterate_weights(safetensors_files(path)))
+    missing = sorted(set(dict(encoder.named_parameters())) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint {str(path)!r} is missing {len(missing)} image-encoder weight(s), "
+                         f"e.g. {missing[:5]}")
+    return encoder.eval().requires_grad_(False)

@@ -1,0 +1,103 @@
+"""LLaVA's image path: a CLIP vision tower, one of its hidden layers, and a two-layer projector into the language
+model's embedding space (transformers' ``LlavaForConditionalGeneration`` without its language model).
+
+``vision_feature_layer`` picks the tower's layer (an index into its hidden states, -2 by default: the output of all
+but the last layer; a list concatenates several along the features), ``vision_feature_select_strategy`` whether the
+class token is dropped ("default") or kept ("full"). So an image of LLaVA-1.5 (336 pixels, patches of 14) is 576
+embeddings, which fill the 576 placeholder tokens the processor puts in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.models.vision.clip_vision import ClipVisionTransformer, vision_activation
+
+
+class LlavaProjector(nn.Module):
+    def __init__(self, in_features: int, out_features: int, activation, bias: bool) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_features, out_features, bias=bias)
+        self.linear_2 = nn.Linear(out_features, out_features, bias=bias)
+        self.activation = activation
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.activation(self.linear_1(features)))
+
+
+class LlavaImageEncoder(nn.Module):
+    def __init__(self, raw: dict[str, Any]) -> None:
+        super().__init__()
+        vision_config = raw.get("vision_config") or {}
+        tower_type = vision_config.get("model_type", "clip_vision_model")
+        if tower_type != "clip_vision_model":
+            raise ValueError(f"config.json: vision_config.model_type {tower_type!r} is not supported for LLaVA images "
+                             "(a CLIP tower, 'clip_vision_model', is)")
+        strategy = raw.get("vision_feature_select_strategy", "default")
+        if strategy not in ("default", "full"):
+            raise ValueError(f"config.json: vision_feature_select_strategy must be 'default' or 'full', got {strategy!r}")
+        self.keep_class_token = strategy == "full"
+        self.vision_tower = ClipVisionTransformer(vision_config)
+        layers = raw.get("vision_feature_layer", -2)
+        layers = [layers] if isinstance(layers, int) else list(layers)
+        count = self.vision_tower.num_layers + 1  # the embeddings' output, then each layer's
+        if not layers or any(not isinstance(layer, int) or not -count <= layer < count for layer in layers):
+            raise ValueError(f"config.json: vision_feature_layer must index the tower's {count} hidden states "
+                             f"(-{count} to {count - 1}), got {raw.get('vision_feature_layer')!r}")
+        self.feature_layers = [layer % count for layer in layers]
+        text_hidden = int((raw.get("text_config") or {}).get("hidden_size", 4096))
+        self.multi_modal_projector = LlavaProjector(
+            int(vision_config.get("hidden_size", 1024)) * len(layers), text_hidden,
+            vision_activation(raw.get("projector_hidden_act", "gelu"), "projector_hidden_act"),
+            bool(raw.get("multimodal_projector_bias", True)))
+        token = raw.get("image_token_index", raw.get("image_token_id"))
+        if not isinstance(token, int):
+            raise ValueError(f"config.json: a LLaVA checkpoint needs image_token_index, got {token!r}")
+        self.image_token_id = token
+
+    @property
+    def image_size(self) -> int:
+        return self.vision_tower.embeddings.image_size
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.vision_tower.embeddings.num_patches + int(self.keep_class_token)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[images, channels, H, W] -> [images, tokens_per_image, text hidden size]."""
+        states = self.vision_tower.hidden_states(pixel_values, max(self.feature_layers))
+        features = torch.cat([states[layer] for layer in self.feature_layers], dim=-1)
+        if not self.keep_class_token:
+            features = features[:, 1:]
+        return self.multi_modal_projector(features)
+
+    @staticmethod
+    def own_name(name: str) -> str | None:
+        """A checkpoint tensor's name in this module, or None for the language model's. Published checkpoints
+        write ``vision_tower.vision_model.``, transformers 5 ``vision_tower.`` (or ``model.vision_tower.``)."""
+        name = name.removeprefix("model.")
+        if name.startswith("vision_tower."):
+            return "vision_tower." + name.removeprefix("vision_tower.").removeprefix("vision_model.")
+        if name.startswith("multi_modal_projector."):
+            return name
+        return None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for checkpoint_name, tensor in weights:
+            name = self.own_name(checkpoint_name)
+            if name is None:
+                continue
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {checkpoint_name!r} has no place in the LLaVA image encoder")
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor {checkpoint_name!r} has shape {tuple(tensor.shape)}, the image "
+                                 f"encoder's {name} {tuple(params[name].shape)}")
+            params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded
