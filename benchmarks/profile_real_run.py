@@ -31,7 +31,8 @@ def _run(workload, args):
     real = build_real_engine(workload, model=args.model, device=args.device, dtype=args.dtype,
                              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
     return real, lambda: run_real(workload, None, real.engine, vocab_size=real.vocab_size,
-                                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
+                                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info,
+                                  images=real.images)
 
 
 def python_profile(workload, args) -> str:

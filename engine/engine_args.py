@@ -73,6 +73,12 @@ class EngineArgs:
     # "CLS", "normalize": true}, a dict, its JSON text or a PoolerConfig; only with runner="pooling".
     runner: str = "generate"
     pooler_config: PoolerConfig | dict | str | None = None
+    # Images (a vision-language checkpoint whose encoder the runner loads): the encoder tokens one step may compute
+    # and the encoder outputs kept, in tokens (None: max_num_batched_tokens; either raised to one image, as vLLM
+    # sizes them), and vLLM's --disable-chunked-mm-input (an image's placeholders in one chunk).
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
@@ -156,7 +162,8 @@ class EngineArgs:
     def create_scheduler_config(self, max_model_len: int, tokens_per_image: int = 0) -> SchedulerConfig:
         """``tokens_per_image``: a vision-language model's placeholders per image (0: text only); a step's encoder
         budget and the runner's encoder cache hold at least one image, as vLLM sizes them."""
-        encoder_tokens = max(self.max_num_batched_tokens, tokens_per_image) if tokens_per_image else None
+        def encoder_tokens(configured: int | None) -> int | None:
+            return max(configured or self.max_num_batched_tokens, tokens_per_image) if tokens_per_image else configured
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
@@ -166,7 +173,9 @@ class EngineArgs:
             num_lookahead_tokens=self.speculative_config.num_lookahead_tokens
             if self.speculative_config is not None else 0,
             max_loras=self.max_loras if self.enable_lora else 0,
-            max_num_encoder_input_tokens=encoder_tokens, encoder_cache_size=encoder_tokens)
+            max_num_encoder_input_tokens=encoder_tokens(self.max_num_encoder_input_tokens),
+            encoder_cache_size=encoder_tokens(self.encoder_cache_size),
+            disable_chunked_mm_input=self.disable_chunked_mm_input)
 
     def check_kv_offloading(self) -> None:
         """A ValueError naming kv_offloading_size_gib when it cannot be honoured."""

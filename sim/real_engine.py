@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.core import EngineCore
 from sim.engine_setup import SetupError
+from sim.real_images import RealImages, check_real_run_images
 from workloads import WorkloadConfig
 
 
@@ -26,6 +27,8 @@ class RealEngine:
     # counters the run records per step; empty and None otherwise.
     lora_paths: dict[str, str] = field(default_factory=dict)
     lora_manager: object = None
+    # A checkpoint whose images the engine encodes (sim/real_images.py); None: a text model.
+    images: RealImages | None = None
 
 
 def cpu_name() -> str:
@@ -166,7 +169,11 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
               speculative_config=speculative_config, enable_lora=section.max_loras > 0,
               disable_hybrid_kv_cache_manager=section.disable_hybrid_kv_cache_manager,
               max_loras=max(section.max_loras, 1), max_lora_rank=section.max_lora_rank,
-              max_cpu_loras=section.cpu_lora_capacity() if section.max_loras else None)
+              max_cpu_loras=section.cpu_lora_capacity() if section.max_loras else None,
+              max_num_encoder_input_tokens=section.max_num_encoder_input_tokens,
+              encoder_cache_size=section.encoder_cache_size, disable_chunked_mm_input=section.disable_chunked_mm_input)
+    images = RealImages(llm.image_inputs) if llm.image_inputs is not None else None
+    check_real_run_images(workload, images)  # before the warm-up and the adapters: a refusal costs nothing more
     lora_paths = {}
     if workload.lora_adapters():
         from engine.models.default_model import cache_root
@@ -188,4 +195,6 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
             "dtype": str(runner.dtype).removeprefix("torch."), "attention_backend": runner.attention_backend,
             "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__,
             "cuda_graphs": runner.decode_graphs is not None}
-    return RealEngine(llm.engine_core, runner.vocab_size, reserved, info, lora_paths, runner.lora)
+    if images is not None:
+        info["tokens_per_image"] = images.tokens_per_image
+    return RealEngine(llm.engine_core, runner.vocab_size, reserved, info, lora_paths, runner.lora, images)

@@ -22,7 +22,7 @@ from sim.real_lora_steps import RealLoRASteps
 from sim.run_pipeline import RunResult, summarize_traces
 from sim.speed_probe import probe_summary, run_speed_probe, write_probe
 from sim.wall_clock_driver import run_wall_clock
-from sim.vision_setup import refuse_images_for_real_runs
+from sim.real_images import RealImages, check_real_run_images
 from workloads import WorkloadConfig, generate_requests
 from workloads.request_spec import count_requests
 
@@ -42,14 +42,20 @@ def real_run_config(workload: WorkloadConfig, scheduler_config: SchedulerConfig,
 
 def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: EngineCore, *, vocab_size: int,
              reserved_token_ids=(), executor_info: dict | None = None, progress: bool = False,
-             speed_probe: bool = False, lora_paths: dict[str, str] | None = None, lora_manager=None) -> RunResult:
+             speed_probe: bool = False, lora_paths: dict[str, str] | None = None, lora_manager=None,
+             images: RealImages | None = None) -> RunResult:
     """``speed_probe``: time the fixed probe steps of ``sim/speed_probe.py`` before the first request and
     after the last (about 15 s on the CPU): the machine's speed around the run, which ``sim.validate``
     reports (and simulates at, with ``--at-probed-speed``). ``lora_paths`` and ``lora_manager``: a LoRA workload's
-    adapter folders and the runner's LoRA manager (sim/real_engine.py's RealEngine has both)."""
-    refuse_images_for_real_runs(workload)
+    adapter folders and the runner's LoRA manager (sim/real_engine.py's RealEngine has both). ``images``: the engine's
+    image inputs, for a workload with images (sim/real_images.py)."""
+    check_real_run_images(workload, images)
+    tokens_per_image = images.tokens_per_image if images is not None and workload.has_images() else None
     requests = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
-                                 model_max_len=engine.scheduler.scheduler_config.max_model_len)
+                                 model_max_len=engine.scheduler.scheduler_config.max_model_len,
+                                 tokens_per_image=tokens_per_image)
+    # Preprocessed before the clock starts (sim/real_images.py).
+    image_pixels = images.pixels(requests) if tokens_per_image else None
     probes = []
     if speed_probe:
         probes.append(run_speed_probe(engine, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,
@@ -59,7 +65,7 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     lora_steps = RealLoRASteps(lora_manager) if lora_manager is not None and lora_paths else None
     recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)",
                               lora_paths=lora_paths, lora_steps=lora_steps,
-                              max_concurrency=workload.workload.max_concurrency)
+                              max_concurrency=workload.workload.max_concurrency, image_pixels=image_pixels)
     finished = time.perf_counter()
     cpu_run = (executor_info or {}).get("device") == "cpu"
     machine_load = load.summary(sum(recorder.step_columns()["duration"]) if cpu_run else None)
@@ -69,6 +75,8 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     scheduler = engine.scheduler
     config = real_run_config(workload, scheduler.scheduler_config, scheduler.cache_config, vocab_size,
                              reserved_token_ids, executor_info or {"kind": type(engine.executor).__name__})
+    if tokens_per_image:
+        config["tokens_per_image"] = tokens_per_image  # the replay draws the same requests with it
     tables = summarize_traces(recorder, workload, config, mode="real")
     requests_table, steps_table, summary = tables
     summary["num_preemptions_scheduler"] = scheduler.num_preemptions_total

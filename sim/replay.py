@@ -68,7 +68,8 @@ def replay_inputs(run: Run) -> tuple[SchedulerConfig, CacheConfig, list[RequestS
                          "fidelity comparison drive one engine")
     requests = generate_requests(workload, vocab_size=config["vocab_size"],
                                  reserved_token_ids=config.get("reserved_token_ids", ()),
-                                 model_max_len=config["scheduler"].get("max_model_len"))
+                                 model_max_len=config["scheduler"].get("max_model_len"),
+                                 tokens_per_image=config.get("tokens_per_image"))
     return SchedulerConfig(**config["scheduler"]), CacheConfig(**config["cache"]), requests
 
 

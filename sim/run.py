@@ -170,7 +170,7 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
         result = run_real(workload, out_dir, real.engine, vocab_size=real.vocab_size,
                           reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
                           speed_probe=args.speed_probe, lora_paths=real.lora_paths,
-                          lora_manager=real.lora_manager)
+                          lora_manager=real.lora_manager, images=real.images)
         summary, wall = result.summary, result.wall_s
     if not args.quiet:
         print_summary(summary, console=console)

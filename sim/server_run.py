@@ -43,7 +43,7 @@ import httpx
 from tqdm import tqdm
 
 from analysis import compute_summary, write_run
-from sim.vision_setup import refuse_images_for_real_runs
+from sim.real_images import check_real_run_images
 from engine.core.scheduling_policy import reads_priority
 from analysis.trace_schema import FINISH_REASONS, REQUIRED_STEP_COLUMNS, requests_table, steps_table
 from workloads import RequestSpec, WorkloadConfig, generate_requests
@@ -116,7 +116,7 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
                        progress: bool = False) -> dict[str, Any]:
     """Send the workload to the server at ``url``; write the run directory (if ``out_dir``); return the
     summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``)."""
-    refuse_images_for_real_runs(workload)
+    check_real_run_images(workload, None, executor="server")
     url = url.rstrip("/")
     model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path)
     specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,

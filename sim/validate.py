@@ -136,7 +136,8 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None,
                                  attention_backend=attention_backend, enforce_eager=enforce_eager)
         run_real(workload, real_dir, real.engine, vocab_size=real.vocab_size,
                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info, progress=progress,
-                 speed_probe=speed_probe, lora_paths=real.lora_paths, lora_manager=real.lora_manager)
+                 speed_probe=speed_probe, lora_paths=real.lora_paths, lora_manager=real.lora_manager,
+                 images=real.images)
     comparison = validate_recorded(real_dirs[0], out_dir, profile=profile, workload_path=workload_path,
                                    at_probed_speed=at_probed_speed, allow_profile_mismatch=allow_profile_mismatch)
     if repeats > 1:

@@ -76,14 +76,6 @@ def _encoder_of_model_path(workload: WorkloadConfig) -> VisionEncoderShape | Non
         raise VisionSetupError(str(error)) from None
 
 
-def refuse_images_for_real_runs(workload: WorkloadConfig) -> None:
-    """Real runs drive text models (the runner has no vision encoder, the server no image input)."""
-    sections = workload.image_sections()
-    if sections:
-        raise VisionSetupError(f"{sections[0][0]}: images are simulated only; real runs (--executor real or server) "
-                               "drive text models (no vision encoder in the real runner)")
-
-
 def size_encoder_budget(scheduler_config: SchedulerConfig, workload: WorkloadConfig,
                         requests: list[RequestSpec]) -> SchedulerConfig:
     """The scheduler's encoder budget and cache, as vLLM sizes them: the engine's figure (or

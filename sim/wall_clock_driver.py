@@ -23,7 +23,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
@@ -65,10 +65,12 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
                    clock: Callable[[], float] = time.perf_counter,
                    sleep: Callable[[float], None] = time.sleep,
                    timeline: RecordedTimeline | None = None, lora_paths: Mapping[str, str] | None = None,
-                   lora_steps: RealLoRASteps | None = None, max_concurrency: int | None = None) -> TraceRecorder:
+                   lora_steps: RealLoRASteps | None = None, max_concurrency: int | None = None,
+                   image_pixels: Mapping[str, Any] | None = None) -> TraceRecorder:
     """``lora_paths``: each adapter's folder (a real runner reads it); ``lora_steps``: the runner's LoRA counters,
     recorded per step (sim/real_lora_steps.py), for an engine that serves adapters; ``max_concurrency``: the
-    client's limit on requests in flight (workload.max_concurrency)."""
+    client's limit on requests in flight (workload.max_concurrency); ``image_pixels``: each image identifier's
+    preprocessed pixels, for a real runner that encodes them (sim/real_images.py)."""
     recorder = TraceRecorder(record_schedule=record_schedule)
     recorder.track_lora(lora_steps)
     recorder.track_spec_decoding(engine.scheduler.spec_decoding_stats)  # (None: an engine that does not speculate)
@@ -81,6 +83,8 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
         recorder.track_sessions()
     if max_concurrency is not None:
         recorder.track_client_waits()
+    if any(spec.images for spec in requests):
+        recorder.track_images()
     bar = tqdm(total=count_requests(requests), desc=description, unit="req", disable=not progress, mininterval=0.5,
                leave=False)
     # As serving engines do after start-up: move every object alive now out of the collector's view,
@@ -102,7 +106,9 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
         for spec in arrivals.take(now):
             recorder.on_arrival(spec.request_id, spec.arrival_time, len(spec.prompt_token_ids), spec.priority,
                                 spec.request_class, spec.lora_name, spec.session_id, spec.turn, spec.client_wait_s)
-            request = make_request(spec, params_by_output_len, lora_paths=lora_paths)
+            if spec.images:
+                recorder.note_images(spec.request_id, spec.images)
+            request = make_request(spec, params_by_output_len, lora_paths=lora_paths, image_pixels=image_pixels)
             engine.add_request(request)
             arrivals.track(spec, request)
         if not engine.has_work():

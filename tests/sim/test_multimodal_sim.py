@@ -1,6 +1,6 @@
 """Simulated runs with images: the vision encoder's work in the trace and the summary, vLLM's encoder budget sized
 for the largest image, and what the simulator refuses (a profile without an encoder term, a model without an
-encoder, real runs)."""
+encoder, real runs of a text model or through a server)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from sim.engine_setup import SetupError, build_setup
 from sim.run_pipeline import run_simulation
-from sim.vision_setup import VisionSetupError, refuse_images_for_real_runs
+from sim.real_images import check_real_run_images
+from sim.vision_setup import VisionSetupError
 from workloads import load_workload_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,9 +96,11 @@ def test_a_model_without_a_vision_encoder_needs_one_named():
         build_setup(small("vision_encoder=no-such-encoder"))
 
 
-def test_real_runs_refuse_images():
-    with pytest.raises(VisionSetupError, match="workload.images: images are simulated only"):
-        refuse_images_for_real_runs(small())
+def test_real_runs_of_images_need_a_model_that_encodes_them():
+    with pytest.raises(VisionSetupError, match="workload.images: the real model encodes no images; pass --model"):
+        check_real_run_images(small(), None)
+    with pytest.raises(VisionSetupError, match="workload.images: images are not sent to a server"):
+        check_real_run_images(small(), None, executor="server")
 
 
 def test_the_dashboard_shows_the_encoder_work_and_ttft_with_and_without_images(tmp_path):

@@ -1,0 +1,75 @@
+"""Images in real runs: a picture for each image a workload shows, for a checkpoint whose images the engine encodes.
+
+A workload names its images by identifier (workloads/images.py): a pool image comes back under the same name. A real
+run needs pixels: each identifier gets a picture drawn from a generator seeded by its name (the same picture in
+every run and for every request that shows it), preprocessed by the checkpoint's own image processor before the
+clock starts, so no request waits on preprocessing inside the measured run. The core's features carry the
+workload's identifiers, so the real engine shares encoder outputs and cached KV exactly where the simulator does,
+and a replay rebuilds the same requests without any pixels.
+
+Each image is the model's fixed number of placeholder tokens (LLaVA: its patches); a workload asking for another
+count is refused by name. The placeholders are the workload's placeholder token (the vocabulary's last id), not the
+checkpoint's image token: the runner fills placeholder rows by position, whatever their id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.multimodal_inputs import ImageInputs
+from sim.vision_setup import VisionSetupError
+from workloads import RequestSpec, WorkloadConfig
+from workloads.distributions import ConstantLength
+
+
+@dataclass(frozen=True)
+class RealImages:
+    inputs: ImageInputs
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.inputs.tokens_per_image
+
+    def check(self, workload: WorkloadConfig) -> None:
+        for where, section in workload.image_sections():
+            tokens = section.tokens_per_image
+            if tokens is None:
+                continue
+            if not isinstance(tokens, ConstantLength) or tokens.value != self.tokens_per_image:
+                raise VisionSetupError(f"{where}.tokens_per_image: the real model's images are "
+                                       f"{self.tokens_per_image} tokens each; set it to that or null, got {tokens!r}")
+
+    def pixels(self, requests: list[RequestSpec]) -> dict:
+        """Each image identifier of ``requests`` -> its preprocessed pixels (a tensor), in first-shown order."""
+        identifiers = list(dict.fromkeys(identifier for spec in requests for identifier, _, _ in spec.images))
+        size = self.inputs.image_size
+        pictures = [picture(identifier, size) for identifier in identifiers]
+        batch = 64  # the processor's working memory stays small whatever the workload's number of images
+        tensors = []
+        for start in range(0, len(pictures), batch):
+            tensors.extend(self.inputs.pixel_values("workload images", pictures[start:start + batch]))
+        return dict(zip(identifiers, tensors))
+
+
+def picture(identifier: str, size: int) -> np.ndarray:
+    """A ``size`` x ``size`` RGB picture drawn from a generator seeded by ``identifier``'s hash."""
+    seed = int.from_bytes(hashlib.sha256(identifier.encode("utf-8")).digest()[:8], "little")
+    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def check_real_run_images(workload: WorkloadConfig, images: RealImages | None, executor: str = "real") -> None:
+    """A workload with images needs a real engine that encodes them (``images``; None: a text model)."""
+    sections = workload.image_sections()
+    if not sections:
+        return
+    where = sections[0][0]
+    if executor == "server":
+        raise VisionSetupError(f"{where}: images are not sent to a server (--executor server sends text prompts); "
+                               "record them with --executor real and a LLaVA checkpoint (--model PATH)")
+    if images is None:
+        raise VisionSetupError(f"{where}: the real model encodes no images; pass --model a vision-language checkpoint "
+                               "whose images the engine encodes (LLaVA)")
+    images.check(workload)
