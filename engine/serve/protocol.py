@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -132,10 +132,27 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = None
 
 
-class ChatContentPart(BaseModel):
+class ChatTextPart(BaseModel):
     model_config = _STRICT
     type: Literal["text"]
     text: str
+
+
+class ImageURL(BaseModel):
+    model_config = _STRICT
+    # A data: URL (base64 PNG, JPEG...): this server fetches nothing from the network (chat_images.py).
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ChatImagePart(BaseModel):
+    """An image for a vision-language model (OpenAI's ``image_url`` part)."""
+    model_config = _STRICT
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ChatContentPart = Annotated[ChatTextPart | ChatImagePart, Field(discriminator="type")]
 
 
 class ChatMessage(BaseModel):
@@ -175,7 +192,13 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, ChatTextPart))
+
+    def image_urls(self) -> list[str]:
+        """Its images' URLs, in order (none for text content)."""
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url.url for part in self.content if isinstance(part, ChatImagePart)]
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -27,10 +27,10 @@ PROCESSOR = {"crop_size": {"height": 56, "width": 56}, "do_center_crop": True, "
              "size": {"shortest_edge": 56}}
 
 
-def write_llava(path, **options):
+def write_llava(path, image_token: int = IMAGE_TOKEN, **options):
     from transformers import LlavaConfig, LlavaForConditionalGeneration
 
-    config = LlavaConfig(text_config={**TEXT, "model_type": "llama"}, image_token_index=IMAGE_TOKEN,
+    config = LlavaConfig(text_config={**TEXT, "model_type": "llama"}, image_token_index=image_token,
                          vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
                                             num_hidden_layers=3, num_attention_heads=2, image_size=56,
                                             patch_size=14), **options)

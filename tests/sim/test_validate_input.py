@@ -112,8 +112,8 @@ def test_a_plain_validate_removes_the_repeats_an_earlier_one_left(tmp_path, monk
 
 
 class _StandIn:
-    """sim/real_engine.py's RealEngine, without a model: its fields, a LoRA workload's two included."""
-    engine, vocab_size, reserved_token_ids, info, lora_paths, lora_manager = None, 0, [], {}, {}, None
+    """sim/real_engine.py's RealEngine, without a model: its fields, a LoRA workload's two and the images' included."""
+    engine, vocab_size, reserved_token_ids, info, lora_paths, lora_manager, images = None, 0, [], {}, {}, None, None
 
 
 def test_a_speculating_workload_is_refused_before_it_is_recorded(tmp_path, monkeypatch):

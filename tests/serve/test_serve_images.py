@@ -1,0 +1,104 @@
+"""Images through the OpenAI-compatible server (the official openai client, a LLaVA checkpoint): an ``image_url`` part
+with a base64 data: URL reaches the model as the engine's own ``multi_modal_data`` does, whether the chat template
+reads content as a string (a mark per image in front of the text) or walks its parts; URLs the server cannot read,
+and images for a text-only model, are 400s that name the message."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.async_llm import AsyncLLM
+from engine.serve import ServerThread, build_app
+from tests.models.test_llava_images import TOKENS_PER_IMAGE, image, write_llava
+
+# Walks each message's parts by type, as Hugging Face's LLaVA templates do.
+PARTS_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}:"
+                  "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+                  "{% else %} {{ part['text'] }}{% endif %}{% endfor %}\n{% endfor %}"
+                  "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def llava_with_tokenizer(path, template: str | None = None):
+    """A LLaVA checkpoint whose tokenizer knows ``<image>`` (the vocabulary's last id, the model's image token)."""
+    from engine.models.synthetic_tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(511, 256)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    assert tokenizer.convert_tokens_to_ids("<image>") == 511
+    if template is not None:
+        tokenizer.chat_template = template
+    write_llava(path, image_token=511)
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def data_url(picture: np.ndarray) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(picture).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.mark.parametrize("template", [None, PARTS_TEMPLATE], ids=["string-content", "content-parts"])
+def test_an_image_url_reaches_the_model(tmp_path, template):
+    path = llava_with_tokenizer(tmp_path / "llava", template)
+    options = dict(model=str(path), dtype="float32", max_model_len=128, num_gpu_blocks=64)
+    picture = image(7)
+    engine = AsyncLLM(**options)
+    with ServerThread(build_app(engine, "llava", shutdown_engine=True)) as server:
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
+            response = client.chat.completions.create(
+                model="llava", max_tokens=5, temperature=0.0,
+                messages=[{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": [
+                              {"type": "image_url", "image_url": {"url": data_url(picture)}},
+                              {"type": "text", "text": "what is shown here?"}]}],
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+    prompt_ids = response.prompt_token_ids
+    marks = [position for position, token in enumerate(prompt_ids) if token == 511]
+    assert len(marks) == TOKENS_PER_IMAGE and marks == list(range(marks[0], marks[0] + TOKENS_PER_IMAGE))
+    tokens = response.choices[0].token_ids
+    assert len(tokens) == 5 and response.usage.prompt_tokens == len(prompt_ids)
+    # The engine's own path, given the server's prompt and the same picture, samples the same tokens.
+    llm = LLM(**options)
+    expected = llm.generate([{"prompt_token_ids": prompt_ids, "multi_modal_data": {"image": picture}}],
+                            SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), use_tqdm=False)[0]
+    assert list(expected.outputs[0].token_ids) == list(tokens)
+
+
+@pytest.mark.parametrize("url,message", [
+    ("https://example.com/cat.png", r"messages\[0\].content\[0\].image_url.url: only data: URLs"),
+    ("data:image/png,rawbytes", r"a data: URL must be base64"),
+    ("data:image/png;base64,bm90IGFuIGltYWdl", r"not a readable image"),
+])
+def test_unreadable_image_urls_are_400s(tmp_path, url, message):
+    engine = AsyncLLM(model=str(llava_with_tokenizer(tmp_path / "llava")), dtype="float32", max_model_len=128,
+                      num_gpu_blocks=64)
+    with ServerThread(build_app(engine, "llava", shutdown_engine=True)) as server:
+        body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                          {"type": "text", "text": "hi"}]}], "max_tokens": 2}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages"
+        assert re.search(message, answer.json()["error"]["message"])
+        # Still serving.
+        ok = httpx.post(f"{server.url}/v1/chat/completions", timeout=30, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "ignore_eos": True})
+        assert ok.status_code == 200
+
+
+def test_a_text_model_refuses_images(server):
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(image(1))}}, {"type": "text", "text": "hi"}]}],
+        "max_tokens": 2}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400
+    assert "messages[0]: image_url content needs a vision-language model" in answer.json()["error"]["message"]
