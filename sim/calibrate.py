@@ -31,7 +31,7 @@ from sim.model_presets import resolve_model
 from workloads import load_workload
 from sim.cli_support import check_output_file, open_fraction, print_warning, warnings_as_lines
 from sim.cost_models import make_provenance, save_profile
-from sim.cost_models.calibrated import LORA_FEATURES
+from sim.cost_models.calibrated import ENCODER_FEATURES, LORA_FEATURES
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
 from sim.recording_speeds import fit_with_recording_speeds
@@ -77,6 +77,21 @@ def lora_shape(loras: list[dict | None], run_dirs: list[Path]) -> dict | None:
         raise ValueError(f"the LoRA runs differ in max_lora_rank, adapter ranks or target modules ({shapes}): their "
                          "adapter terms are per token of one adapter shape; fit one profile per shape")
     return dict(next(iter(shapes.values())), adapter_bytes=next(lora for lora in loras if lora)["adapter_bytes"])
+
+
+def recording_images(run_dirs: list[Path]) -> dict | None:
+    """What the encoder's terms were measured with (None: no recording has images): the model's tokens per image,
+    which every recording with images must share (a profile prices images of that size only)."""
+    sizes = {}
+    for run_dir in run_dirs:
+        config = json.loads((Path(run_dir) / "summary.json").read_text()).get("config", {})
+        if config.get("tokens_per_image"):
+            sizes[str(run_dir)] = int(config["tokens_per_image"])
+    if not sizes:
+        return None
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"the recordings with images differ in tokens per image ({sizes}): calibrate each model apart")
+    return {"tokens_per_image": next(iter(sizes.values()))}
 
 
 def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict, dict | None]:
@@ -143,6 +158,12 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
         provenance["lora"] = dict(lora, compute_terms=[name for name in fit.coefficients if name in LORA_FEATURES],
                                   held_out_median_ape_by_terms=fit.lora_feature_errors,
                                   loads=None if load_fit is None else load_fit.summary())
+    images = recording_images(run_dirs)
+    if images is not None and fit.encoder_feature_errors:
+        # What sim.run and sim.validate check a workload with images against (sim/vision_setup.py).
+        provenance["images"] = dict(images, compute_terms=[name for name in fit.coefficients if name in ENCODER_FEATURES],
+                                    held_out_median_ape_by_terms=fit.encoder_feature_errors,
+                                    num_held_out_encoder_steps=fit.num_held_out_encoder_steps)
     save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,
                  hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
                  token_count_offsets_s=fit.token_count_offsets_s,
@@ -277,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     provenance = profile["provenance"]
     if "lora" in provenance:
         print(describe_lora_fit(provenance["lora"], profile.get("lora_loads")))
+    if "images" in provenance:
+        images = provenance["images"]
+        tried = ", ".join(f"{terms} {error:.2%}" for terms, error in images["held_out_median_ape_by_terms"].items())
+        print(f"  images ({images['tokens_per_image']} tokens each): kept {' + '.join(images['compute_terms'])}; "
+              f"held-out steps that encode one ({images['num_held_out_encoder_steps']}): {tried}")
     errors_by_run = provenance["recording_errors"]
     if "recording_speeds" in provenance:
         # The drift was fitted, not averaged into the costs: say how far each recording ran from the level.

@@ -23,6 +23,8 @@ the one that times the held-out steps with adapter tokens best. Without adapter 
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +81,11 @@ OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work"
 # read once and its own matmul calls (this runner loops over the batch's adapters, sim/cost_models/
 # lora_cost.py). Recordings without adapter tokens fit none of them, exactly as before LoRA existed.
 LORA_FEATURE_SETS = (("num_lora_tokens",), ("num_active_loras",), ("num_lora_tokens", "num_active_loras"))
+# The vision encoder's terms tried when the recordings encode images, simplest first, judged the same way on the
+# held-out steps that encode one: per encoder token (patch embedding, MLPs, projector: linear in the patches), and
+# per image's tokens squared (its attention scores every patch against every other of the same image). Images of
+# one fixed size (LLaVA) make the two proportional, and the simpler set stays.
+ENCODER_FEATURE_SETS = (("num_encoder_tokens",), ("num_encoder_tokens", "encoder_attention_work"))
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.
@@ -106,6 +113,11 @@ class FitResult:
     # held-out steps with adapter tokens, and how many such steps there were.
     lora_feature_errors: dict[str, float] = field(default_factory=dict)
     num_held_out_lora_steps: int = 0
+    # Recordings with images, the same for the encoder's terms and the held-out steps that encode an image. (With
+    # adapters and images both, each set is tried beside each, and both tables hold the pairs, on the steps with
+    # either.)
+    encoder_feature_errors: dict[str, float] = field(default_factory=dict)
+    num_held_out_encoder_steps: int = 0
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         seconds = np.full(len(features), self.intercept_s)
@@ -131,10 +143,13 @@ class FitResult:
                     summary[f"num_{name}_steps"] = int(selected.sum())
             durations = self.held_out_durations
             summary["total_time_ape"] = float(abs((self.held_out_errors * durations).sum()) / durations.sum())
+        kept = "+".join(name for name in self.coefficients if name in (*LORA_FEATURE_SETS[-1], *ENCODER_FEATURE_SETS[-1]))
         if self.lora_feature_errors:
-            kept = "+".join(name for name in self.coefficients if name in LORA_FEATURE_SETS[-1])
             summary["lora_steps_median_ape"] = self.lora_feature_errors[kept]
             summary["num_held_out_lora_steps"] = self.num_held_out_lora_steps
+        if self.encoder_feature_errors:
+            summary["encoder_steps_median_ape"] = self.encoder_feature_errors[kept]
+            summary["num_held_out_encoder_steps"] = self.num_held_out_encoder_steps
         return summary
 
 
@@ -286,10 +301,13 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     small = [int(count) for count in sorted(counts.index) if count <= 16 and counts[count] >= MIN_STEPS_PER_OFFSET]
     candidates = [({HINGE_FEATURE: knots, CONTEXT_HINGE_FEATURE: context}, offsets)
                   for offsets in ([], small) for context in context_knots for knots in token_knots]
-    if not train["num_lora_tokens"].any():  # no adapters (or none in the fit): the fit as before LoRA existed
-        best = _best_candidate(train, held_out, candidates, fixed)
-    else:
-        best = _best_lora_candidate(train, held_out, candidates, fixed)
+    # Adapters or images in the fit: their terms are chosen on the held-out steps that have them; without either,
+    # the fit is what it was before LoRA and images existed.
+    families = [(column, sets) for column, sets in (("num_lora_tokens", LORA_FEATURE_SETS),
+                                                    ("num_encoder_tokens", ENCODER_FEATURE_SETS))
+                if train[column].any()]
+    best = _best_candidate(train, held_out, candidates, fixed) if not families else \
+        _best_term_candidate(train, held_out, candidates, fixed, families)
     best.held_out_has_prefill = held_out["num_prefill_reqs"].to_numpy() > 0
     best.held_out_durations = held_out["duration"].to_numpy(float)
     return best
@@ -307,21 +325,31 @@ def _best_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates: lis
     return best
 
 
-def _best_lora_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates: list,
-                         fixed: dict[str, float]) -> FitResult:
-    """The best base candidate with each set of adapter terms (LORA_FEATURE_SETS); among them, the set whose
-    fit times the held-out steps with adapter tokens best, a later (richer) set kept only if it wins clearly."""
-    lora_steps = held_out["num_lora_tokens"].to_numpy() > 0
-    if not lora_steps.any():
-        raise ValueError("the held-out steps have no adapter tokens, so the adapters' terms cannot be judged: "
-                         "record more steps with adapters, or hold out a larger fraction")
+def _best_term_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates: list, fixed: dict[str, float],
+                         families: list[tuple[str, tuple]]) -> FitResult:
+    """The best base candidate with each combination of the families' term sets (LORA_FEATURE_SETS,
+    ENCODER_FEATURE_SETS: one set of each family present); among them, the one whose fit times the held-out steps
+    with any of the families' work best, a later (richer) combination kept only if it wins clearly."""
+    steps = np.zeros(len(held_out), dtype=bool)
+    for column, _ in families:
+        steps |= held_out[column].to_numpy() > 0
+    if not steps.any():
+        what = " or ".join("adapter tokens" if column == "num_lora_tokens" else "encoder tokens"
+                           for column, _ in families)
+        raise ValueError(f"the held-out steps have no {what}, so their terms cannot be judged: record more such "
+                         "steps, or hold out a larger fraction")
     best, best_error, errors = None, np.inf, {}
-    for names in LORA_FEATURE_SETS:
+    for combination in itertools.product(*(sets for _, sets in families)):
+        names = tuple(name for term_set in combination for name in term_set)
         fit = _best_candidate(train, held_out, candidates, fixed, names)
-        error = float(np.median(np.abs(fit.held_out_errors[lora_steps])))
+        error = float(np.median(np.abs(fit.held_out_errors[steps])))
         errors["+".join(names)] = error
         if best is None or error < best_error * 0.98:
             best, best_error = fit, error
-    best.lora_feature_errors = errors
-    best.num_held_out_lora_steps = int(lora_steps.sum())
+    for column, _ in families:
+        count = int((held_out[column].to_numpy() > 0).sum())
+        if column == "num_lora_tokens":
+            best.lora_feature_errors, best.num_held_out_lora_steps = errors, count
+        else:
+            best.encoder_feature_errors, best.num_held_out_encoder_steps = errors, count
     return best

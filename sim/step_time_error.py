@@ -82,7 +82,8 @@ LONG_CONTEXT_TOKENS = 1024
 
 def step_kind_labels(features: pd.DataFrame) -> np.ndarray:
     """Each step's kind: "decode only", or "prefill <tokens in the step's chunks>, <fresh | after context |
-    after >1,024 cached>" (the cached context summed over the step's chunks)."""
+    after >1,024 cached>" (the cached context summed over the step's chunks); ", encodes images" after either for a
+    step that runs the vision encoder."""
     prefill_tokens = features["num_prefill_tokens"].to_numpy()
     low, high = PREFILL_TOKEN_EDGES
     size = np.where(prefill_tokens <= low, f"1-{low}", np.where(prefill_tokens <= high, f"{low + 1}-{high}",
@@ -91,7 +92,13 @@ def step_kind_labels(features: pd.DataFrame) -> np.ndarray:
     context = np.where(context_tokens > LONG_CONTEXT_TOKENS, f"after >{LONG_CONTEXT_TOKENS:,} cached",
                        np.where(context_tokens > 0, "after context", "fresh"))
     labels = np.char.add(np.char.add(np.char.add("prefill ", size), ", "), context)
-    return np.where(features["num_prefill_reqs"].to_numpy() > 0, labels, "decode only")
+    labels = np.where(features["num_prefill_reqs"].to_numpy() > 0, labels, "decode only")
+    if "num_encoder_tokens" in features.columns:
+        # A step that runs the vision encoder first is its own kind, whatever its chunks: the encoder's terms
+        # are what such a step adds.
+        encodes = features["num_encoder_tokens"].to_numpy() > 0
+        labels = np.where(encodes, np.char.add(labels.astype(str), ", encodes images"), labels)
+    return labels
 
 
 def step_time_error_by_kind(model: CalibratedCostModel, steps: pd.DataFrame) -> list[dict]:

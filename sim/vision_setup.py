@@ -54,14 +54,27 @@ def vision_setup(workload: WorkloadConfig, model: ModelShape, cost_model: CostMo
         raise VisionSetupError(f"{where}: model {model.name!r} has no vision encoder this simulator knows; set "
                                "vision_encoder (a preset name or its fields)")
     if not isinstance(cost_model, AnalyticalCostModel):
-        raise VisionSetupError(f"{where}: images need the analytical cost model; a calibrated profile "
-                               f"({cost_model.name}) was fitted on text-only steps and has no term for the vision "
-                               "encoder")
+        _check_calibrated_images(cost_model, encoder, where)
+        return VisionSetup(encoder)
     try:
         cost_model.price_vision(encoder)
     except ValueError as error:
         raise VisionSetupError(f"{where}: {error}") from None
     return VisionSetup(encoder)
+
+
+def _check_calibrated_images(cost_model: CostModel, encoder: VisionEncoderShape, where: str) -> None:
+    """A calibrated profile prices images only if it was fitted on runs with them (its encoder terms), and only
+    images of the size it measured (``provenance.images.tokens_per_image``)."""
+    profile = getattr(cost_model, "profile", None)
+    if profile is None or not profile.prices_vision:
+        raise VisionSetupError(f"{where}: the cost model ({cost_model.name}) has no term for the vision encoder: a "
+                               "calibrated profile prices images only when sim.calibrate fitted it on real runs with "
+                               "images; use the analytical cost model, or calibrate on such runs")
+    measured = (profile.provenance.get("images") or {}).get("tokens_per_image")
+    if measured is not None and encoder.tokens_per_image not in (None, measured):
+        raise VisionSetupError(f"{where}: the profile measured images of {measured} tokens; model "
+                               f"{encoder.name!r} makes {encoder.tokens_per_image}")
 
 
 def _encoder_of_model_path(workload: WorkloadConfig) -> VisionEncoderShape | None:

@@ -29,6 +29,8 @@ _TOP_LEVEL_KEYS = ("format", "kind", "features", "coefficients", "intercept_s", 
                    "minimum_step_time_s", "lora_loads", "provenance")
 # The adapters' compute terms a profile fitted on LoRA runs has (sim/calibration_fit.py's LORA_FEATURE_SETS).
 LORA_FEATURES = ("num_lora_tokens", "num_active_loras")
+# The vision encoder's terms a profile fitted on runs with images has (sim/calibration_fit.py's ENCODER_FEATURE_SETS).
+ENCODER_FEATURES = ("num_encoder_tokens", "encoder_attention_work")
 # "lora_loads" (optional, LoRA profiles only): what one adapter load costs, fitted on the recorded slot fills
 # (sim/lora_load_fit.py): seconds per adapter byte ("per_byte") or per load ("per_load"), for the copy into a
 # slot and for the read from disk that precedes it when the host cache misses.
@@ -62,6 +64,11 @@ class StepProfile:
     @property
     def features(self) -> list[str]:
         return list(self.coefficients)
+
+    @property
+    def prices_vision(self) -> bool:
+        """Whether it was fitted on runs with images, so prices a step's vision encoder work."""
+        return any(name in self.coefficients for name in ENCODER_FEATURES)
 
     @property
     def prices_lora(self) -> bool:
