@@ -161,7 +161,8 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
     images = recording_images(run_dirs)
     if images is not None and fit.encoder_feature_errors:
         # What sim.run and sim.validate check a workload with images against (sim/vision_setup.py).
-        provenance["images"] = dict(images, compute_terms=[name for name in fit.coefficients if name in ENCODER_FEATURES],
+        terms = [name for name in fit.coefficients if name in ENCODER_FEATURES]
+        provenance["images"] = dict(images, compute_terms=terms,
                                     held_out_median_ape_by_terms=fit.encoder_feature_errors,
                                     num_held_out_encoder_steps=fit.num_held_out_encoder_steps)
     save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,

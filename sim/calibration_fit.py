@@ -143,7 +143,8 @@ class FitResult:
                     summary[f"num_{name}_steps"] = int(selected.sum())
             durations = self.held_out_durations
             summary["total_time_ape"] = float(abs((self.held_out_errors * durations).sum()) / durations.sum())
-        kept = "+".join(name for name in self.coefficients if name in (*LORA_FEATURE_SETS[-1], *ENCODER_FEATURE_SETS[-1]))
+        term_names = (*LORA_FEATURE_SETS[-1], *ENCODER_FEATURE_SETS[-1])
+        kept = "+".join(name for name in self.coefficients if name in term_names)
         if self.lora_feature_errors:
             summary["lora_steps_median_ape"] = self.lora_feature_errors[kept]
             summary["num_held_out_lora_steps"] = self.num_held_out_lora_steps

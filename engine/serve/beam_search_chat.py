@@ -18,6 +18,7 @@ from engine.core import LoRARequest
 from engine.serve.beam_search_params import beam_search_params
 from engine.serve.beam_search_responses import beam_search_response
 from engine.serve.chat_prompt import render_chat_prompt
+from engine.serve.errors import OpenAIError
 from engine.serve.protocol import ChatCompletionRequest, chat_param_names, chat_sampling_params
 from engine.serve.state import ServerState
 
@@ -27,6 +28,9 @@ async def create_beam_search_chat_completion(body: ChatCompletionRequest, raw_re
     params = chat_sampling_params(body)
     prompt = state.prepare_prompt(render_chat_prompt(state, body), params, param="messages",
                                   param_names=chat_param_names(body), lora_request=lora_request)
+    if prompt.mm_features:
+        # Beam search runs each beam as a token-id prompt (engine/beam_search.py), which would drop the images.
+        raise OpenAIError("use_beam_search does not take image_url content; sample instead", param="messages")
     search_params = beam_search_params(body, params, len(prompt.token_ids), state.engine.max_model_len)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}

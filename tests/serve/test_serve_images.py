@@ -102,3 +102,15 @@ def test_a_text_model_refuses_images(server):
     answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 400
     assert "messages[0]: image_url content needs a vision-language model" in answer.json()["error"]["message"]
+
+
+def test_beam_search_refuses_images(tmp_path):
+    engine = AsyncLLM(model=str(llava_with_tokenizer(tmp_path / "llava")), dtype="float32", max_model_len=128,
+                      num_gpu_blocks=64)
+    with ServerThread(build_app(engine, "llava", shutdown_engine=True)) as server:
+        body = {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(image(2))}}, {"type": "text", "text": "hi"}]}],
+            "max_tokens": 2, "use_beam_search": True, "n": 2}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages"
+        assert "use_beam_search does not take image_url content" in answer.json()["error"]["message"]

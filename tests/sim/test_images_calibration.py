@@ -2,7 +2,7 @@
 checkpoint (``num_encoder_tokens``, chosen on the held-out steps that encode an image, with the image size it
 measured in the provenance); the calibrated simulator then runs a workload with images, and sim.validate compares it
 with a real run of another workload (other rate, a pool of popular images, shared prefixes) within a loose bound.
-A profile fitted without images, or on images of another size, is refused by name."""
+A profile fitted on images of another size is refused by name."""
 
 from __future__ import annotations
 
@@ -90,16 +90,13 @@ def test_calibrated_images_predict_a_real_run_of_another_workload(llava, tmp_pat
 
 
 @pytest.mark.filterwarnings("ignore:cost_model. the profile was fitted for model")
-def test_profiles_that_cannot_price_these_images_are_refused(llava, tmp_path):
-    spec = workload(llava, "images", 3, 20, {"fraction": 0.5})
-    text_profile = ROOT / "sim" / "data" / "profiles" / "cpu-small-float32.json"
-    with pytest.raises(SetupError, match=r"workload.images: the cost model \(calibrated\) has no term for the "
-                                               r"vision encoder"):
-        build_setup(spec, str(text_profile))
-    profile = json.loads(text_profile.read_text())
+def test_a_profile_of_another_image_size_is_refused(llava, tmp_path):
+    """(A profile without the encoder's terms: tests/sim/test_multimodal_sim.py.)"""
+    profile = json.loads((ROOT / "sim" / "data" / "profiles" / "cpu-small-float32.json").read_text())
     profile["coefficients"]["num_encoder_tokens"] = 2e-5
     profile["features"].append("num_encoder_tokens")
     profile["provenance"]["images"] = {"tokens_per_image": 576}
     (tmp_path / "sized.json").write_text(json.dumps(profile))
-    with pytest.raises(SetupError, match=r"the profile measured images of 576 tokens; model .* makes 64"):
-        build_setup(spec, str(tmp_path / "sized.json"))
+    with pytest.raises(SetupError, match=r"workload.images: the profile measured images of 576 tokens; model .* "
+                                         r"makes 64"):
+        build_setup(workload(llava, "images", 3, 20, {"fraction": 0.5}), str(tmp_path / "sized.json"))

@@ -83,7 +83,8 @@ def test_the_encoder_budget_and_cache_are_raised_to_the_largest_image(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:cost_model")  # the profile's model is not this one: it says so too
 def test_a_profile_without_an_encoder_term_is_refused():
-    with pytest.raises(SetupError, match="workload.images: images need the analytical cost model"):
+    with pytest.raises(SetupError, match=r"workload.images: the cost model \(calibrated\) has no term for the vision "
+                                         r"encoder: a calibrated profile prices images only when sim.calibrate fitted"):
         build_setup(small(), str(ROOT / "sim/data/profiles/cpu-small-float32.json"))
 
 

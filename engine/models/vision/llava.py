@@ -39,7 +39,8 @@ class LlavaImageEncoder(nn.Module):
                              "(a CLIP tower, 'clip_vision_model', is)")
         strategy = raw.get("vision_feature_select_strategy", "default")
         if strategy not in ("default", "full"):
-            raise ValueError(f"config.json: vision_feature_select_strategy must be 'default' or 'full', got {strategy!r}")
+            raise ValueError("config.json: vision_feature_select_strategy must be 'default' or 'full', got "
+                             f"{strategy!r}")
         self.keep_class_token = strategy == "full"
         self.vision_tower = ClipVisionTransformer(vision_config)
         layers = raw.get("vision_feature_layer", -2)
