@@ -22,7 +22,7 @@ from engine.runner.lora.config import LoRAConfig
 from engine.runner.spec_decode.config import SpeculativeConfig
 
 # model=None means the generated "small" default; these names pick a generated default model.
-DEFAULT_MODEL_NAMES = ("tiny", "small")
+DEFAULT_MODEL_NAMES = ("tiny", "small", "tiny-llava", "small-llava")
 DEFAULT_MODEL = "small"
 RUNNERS = ("generate", "pooling")
 

@@ -170,10 +170,14 @@ MODEL_PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
     # what real runs on the CPU use, and what their calibrated profiles describe.
     _shape("servesim-tiny", 2, 64, 4, 2, 176, 512, 2048),
     _shape("servesim-small", 8, 512, 8, 4, 1408, 8192, 4096),
+    # The generated LLaVAs (engine/models/default_vision_model.py): those Llamas behind a small CLIP tower, whose
+    # encoders sim/vision_encoders.py's MODEL_VISION_ENCODERS holds.
+    _shape("servesim-tiny-llava", 2, 64, 4, 2, 176, 512, 2048),
+    _shape("servesim-small-llava", 8, 512, 8, 4, 1408, 8192, 4096),
 )}
-# Short names, as engine.LLM(model="tiny" | "small") spells them.
-MODEL_PRESETS["tiny"] = MODEL_PRESETS["servesim-tiny"]
-MODEL_PRESETS["small"] = MODEL_PRESETS["servesim-small"]
+# Short names, as engine.LLM(model="tiny" | "small" | "tiny-llava" | "small-llava") spells them.
+for _name in ("tiny", "small", "tiny-llava", "small-llava"):
+    MODEL_PRESETS[_name] = MODEL_PRESETS[f"servesim-{_name}"]
 
 
 def resolve_model(value: str | dict | ModelShape) -> ModelShape:

@@ -151,7 +151,12 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
                          "with --executor server)")
     import torch
 
+    from engine.engine_args import DEFAULT_MODEL_NAMES
     from engine.llm import LLM
+
+    generated = str(workload.model).lower().removeprefix("servesim-")
+    if model is None and workload.has_images() and generated in ("tiny-llava", "small-llava"):
+        model = generated  # a workload with images on a generated LLaVA runs on that model, not the text default
 
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
@@ -190,7 +195,7 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
         hardware = torch.cuda.get_device_name(runner.device)
     model_path = llm.engine_args.resolve_model_path()
     # A generated default model is named as the simulator's presets name it, so profiles match.
-    model_name = f"servesim-{model or 'small'}" if model in (None, "tiny", "small") else str(model_path)
+    model_name = f"servesim-{model or 'small'}" if model is None or model in DEFAULT_MODEL_NAMES else str(model_path)
     info = {"kind": "real", "model": model_name, "model_path": str(model_path), "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."), "attention_backend": runner.attention_backend,
             "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__,

@@ -51,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--executor", choices=("sim", "real", "server"), default="sim",
                       help="sim (default): the simulator; real: the model runner in this process; "
                            "server: an OpenAI-compatible server at --url")
-    real.add_argument("--model", default=None, help="real runs: 'tiny', 'small' (default) or a checkpoint folder")
+    real.add_argument("--model", default=None,
+                      help="real runs: 'tiny', 'small' (default), 'tiny-llava', 'small-llava' (a workload with images "
+                           "on a generated LLaVA defaults to it) or a checkpoint folder")
     real.add_argument("--device", default="cpu", help="real runs: cpu or cuda")
     real.add_argument("--dtype", default="auto", help="real runs: auto, float32, bfloat16 or float16")
     real.add_argument("--attention-backend", default=None, help="real runs: torch, flash_attn or triton")

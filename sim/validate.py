@@ -282,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare even with a profile fitted on another kind of device (a CPU profile for a "
                              "GPU run); refused otherwise")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
-    parser.add_argument("--model", default=None, help="'tiny', 'small' (default) or a checkpoint folder")
+    parser.add_argument("--model", default=None,
+                        help="'tiny', 'small' (default), 'tiny-llava', 'small-llava' (a workload with images on a "
+                             "generated LLaVA defaults to it) or a checkpoint folder")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     parser.add_argument("--attention-backend", default=None, help="torch, flash_attn or triton")

@@ -132,8 +132,19 @@ QWEN3_VL_VIT = VisionEncoderShape(
     name="qwen3-vl-vit", num_layers=27, hidden_size=1152, intermediate_size=4304, num_attention_heads=16,
     patches_per_token=4, tokens_per_image=None, projector_parameters=4 * (4608 * 4608 + 4608 * 4096))
 
+# The generated LLaVAs' CLIP towers (engine/models/default_vision_model.py; a test keeps them equal), run one layer
+# short as LLaVA reads them: tiny 56 px in patches of 14 (16 tokens), 2 layers of 32; small 112 px (64 tokens), 4
+# layers of 256. Projector: the tower's width -> the LM's (64 or 512) -> the LM's (biases not counted, as above).
+SERVESIM_TINY_CLIP = VisionEncoderShape(
+    name="servesim-tiny-clip", num_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+    patches_per_token=1, tokens_per_image=16, projector_parameters=32 * 64 + 64 * 64)
+SERVESIM_SMALL_CLIP = VisionEncoderShape(
+    name="servesim-small-clip", num_layers=3, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
+    patches_per_token=1, tokens_per_image=64, projector_parameters=256 * 512 + 512 * 512)
+
 VISION_ENCODER_PRESETS: dict[str, VisionEncoderShape] = {
-    encoder.name: encoder for encoder in (CLIP_VIT_L_336, SIGLIP_SO400M_896, QWEN2_VL_VIT, QWEN3_VL_VIT)}
+    encoder.name: encoder for encoder in (CLIP_VIT_L_336, SIGLIP_SO400M_896, QWEN2_VL_VIT, QWEN3_VL_VIT,
+                                          SERVESIM_TINY_CLIP, SERVESIM_SMALL_CLIP)}
 
 # Each multimodal LLM preset's own encoder (sim/model_presets.py). Gemma 3's projector maps into the text
 # model's hidden size: 2560 (4B), 3840 (12B), 5376 (27B).
@@ -144,6 +155,10 @@ MODEL_VISION_ENCODERS: dict[str, VisionEncoderShape] = {
     "llava-1.5-7b": CLIP_VIT_L_336,
     "qwen2-vl-7b": QWEN2_VL_VIT,
     "qwen3-vl-8b": QWEN3_VL_VIT,
+    "servesim-tiny-llava": SERVESIM_TINY_CLIP,
+    "tiny-llava": SERVESIM_TINY_CLIP,
+    "servesim-small-llava": SERVESIM_SMALL_CLIP,
+    "small-llava": SERVESIM_SMALL_CLIP,
 }
 
 _FIELDS = {f.name: f for f in fields(VisionEncoderShape)}

@@ -81,18 +81,33 @@ def cache_root() -> Path:
 
 
 def default_model_path(size: str = "tiny", cache_dir: str | Path | None = None) -> Path:
-    """The folder of the default model of this size ("tiny" or "small"), generated on first use."""
+    """The folder of the default model of this size ("tiny" or "small", or the vision-language "tiny-llava" or
+    "small-llava" of engine/models/default_vision_model.py), generated on first use."""
+    from engine.models.default_vision_model import VISION_MODEL_SPECS, make_llava_model
+
+    if size in VISION_MODEL_SPECS:
+        text, vision = VISION_MODEL_SPECS[size]["text"], VISION_MODEL_SPECS[size]["vision"]
+        spec = {"text": dict(DEFAULT_MODEL_SPECS[text]), "vision": vision, "seed": 0}
+        return _generated(cache_dir, f"servesim-{size}-{_content_hash(spec)}",
+                          lambda folder: make_llava_model(folder, spec["text"], vision, seed=0))
     if size not in DEFAULT_MODEL_SPECS:
-        raise ValueError(f"default model size must be one of {sorted(DEFAULT_MODEL_SPECS)}, got {size!r}")
+        known = sorted(DEFAULT_MODEL_SPECS) + sorted(VISION_MODEL_SPECS)
+        raise ValueError(f"default model size must be one of {known}, got {size!r}")
     spec = dict(DEFAULT_MODEL_SPECS[size], seed=0, with_tokenizer=True)
+    return _generated(cache_dir, f"servesim-{size}-llama-{_content_hash(spec)}",
+                      lambda folder: make_test_model(folder, **spec))
+
+
+def _generated(cache_dir: str | Path | None, name: str, make) -> Path:
+    """``cache root/models/name``, made by ``make(folder)`` under a temporary name first if it is not there."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / "models" / f"servesim-{size}-llama-{_content_hash(spec)}"
+    final = root / "models" / name
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        make_test_model(staging, **spec)
+        make(staging)
         try:
             os.rename(staging, final)
         except OSError:

@@ -1,4 +1,4 @@
-"""Images through the OpenAI-compatible server (the official openai client, a LLaVA checkpoint): an ``image_url`` part
+"""Images through the OpenAI-compatible server (the official openai client, the generated tiny LLaVA): an ``image_url`` part
 with a base64 data: URL reaches the model as the engine's own ``multi_modal_data`` does, whether the chat template
 reads content as a string (a mark per image in front of the text) or walks its parts; URLs the server cannot read,
 and images for a text-only model, are 400s that name the message."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+import shutil
 
 import httpx
 import numpy as np
@@ -17,27 +18,28 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.async_llm import AsyncLLM
 from engine.serve import ServerThread, build_app
-from tests.models.test_llava_images import TOKENS_PER_IMAGE, image, write_llava
+from engine.models import default_model_path
+from tests.models.test_llava_images import TOKENS_PER_IMAGE, image
 
-# Walks each message's parts by type, as Hugging Face's LLaVA templates do.
-PARTS_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}:"
-                  "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
-                  "{% else %} {{ part['text'] }}{% endif %}{% endfor %}\n{% endfor %}"
-                  "{% if add_generation_prompt %}assistant:{% endif %}")
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory):
+    """The generated tiny LLaVA: its tokenizer marks images with ``<image>`` (id 511, the model's image token) and
+    its chat template walks content parts."""
+    return default_model_path("tiny-llava", cache_dir=tmp_path_factory.mktemp("servesim-cache"))
 
 
-def llava_with_tokenizer(path, template: str | None = None):
-    """A LLaVA checkpoint whose tokenizer knows ``<image>`` (the vocabulary's last id, the model's image token)."""
-    from engine.models.synthetic_tokenizer import train_tokenizer
+def with_string_template(path, tmp_path):
+    """A copy of ``path`` whose chat template reads each message's content as a string."""
+    from transformers import AutoTokenizer
 
-    tokenizer = train_tokenizer(511, 256)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    assert tokenizer.convert_tokens_to_ids("<image>") == 511
-    if template is not None:
-        tokenizer.chat_template = template
-    write_llava(path, image_token=511)
-    tokenizer.save_pretrained(str(path))
-    return path
+    from engine.models.synthetic_tokenizer import CHAT_TEMPLATE
+
+    copy = tmp_path / "string-template"
+    shutil.copytree(path, copy)
+    tokenizer = AutoTokenizer.from_pretrained(str(copy))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(copy))
+    return copy
 
 
 def data_url(picture: np.ndarray) -> str:
@@ -48,9 +50,9 @@ def data_url(picture: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-@pytest.mark.parametrize("template", [None, PARTS_TEMPLATE], ids=["string-content", "content-parts"])
-def test_an_image_url_reaches_the_model(tmp_path, template):
-    path = llava_with_tokenizer(tmp_path / "llava", template)
+@pytest.mark.parametrize("template", ["string", "parts"], ids=["string-content", "content-parts"])
+def test_an_image_url_reaches_the_model(tiny_llava, tmp_path, template):
+    path = with_string_template(tiny_llava, tmp_path) if template == "string" else tiny_llava
     options = dict(model=str(path), dtype="float32", max_model_len=128, num_gpu_blocks=64)
     picture = image(7)
     engine = AsyncLLM(**options)
@@ -80,8 +82,8 @@ def test_an_image_url_reaches_the_model(tmp_path, template):
     ("data:image/png,rawbytes", r"a data: URL must be base64"),
     ("data:image/png;base64,bm90IGFuIGltYWdl", r"not a readable image"),
 ])
-def test_unreadable_image_urls_are_400s(tmp_path, url, message):
-    engine = AsyncLLM(model=str(llava_with_tokenizer(tmp_path / "llava")), dtype="float32", max_model_len=128,
+def test_unreadable_image_urls_are_400s(tiny_llava, url, message):
+    engine = AsyncLLM(model=str(tiny_llava), dtype="float32", max_model_len=128,
                       num_gpu_blocks=64)
     with ServerThread(build_app(engine, "llava", shutdown_engine=True)) as server:
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
@@ -104,8 +106,8 @@ def test_a_text_model_refuses_images(server):
     assert "messages[0]: image_url content needs a vision-language model" in answer.json()["error"]["message"]
 
 
-def test_beam_search_refuses_images(tmp_path):
-    engine = AsyncLLM(model=str(llava_with_tokenizer(tmp_path / "llava")), dtype="float32", max_model_len=128,
+def test_beam_search_refuses_images(tiny_llava):
+    engine = AsyncLLM(model=str(tiny_llava), dtype="float32", max_model_len=128,
                       num_gpu_blocks=64)
     with ServerThread(build_app(engine, "llava", shutdown_engine=True)) as server:
         body = {"messages": [{"role": "user", "content": [

@@ -1,6 +1,6 @@
-"""Real runs of a workload with images (CPU): a LLaVA checkpoint encodes each image the shared scheduler schedules,
-a pool image shown again is encoded once while kept, and the simulator driving the same core from the recording
-takes exactly the same decisions, encoder work included."""
+"""Real runs of a workload with images (CPU): the generated tiny LLaVA (the workload's model, no --model needed)
+encodes each image the shared scheduler schedules, a pool image shown again is encoded once while kept, and the
+simulator driving the same core from the recording takes exactly the same decisions, encoder work included."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ import pytest
 pytest.importorskip("torch")
 
 from analysis import read_run  # noqa: E402
-from engine.models.synthetic_tokenizer import save_tokenizer  # noqa: E402
 from sim.real_engine import build_real_engine  # noqa: E402
 from sim.real_images import picture  # noqa: E402
 from sim.real_run import run_real  # noqa: E402
 from sim.vision_setup import VisionSetupError  # noqa: E402
-from tests.models.test_llava_images import TOKENS_PER_IMAGE, write_llava  # noqa: E402
+from tests.models.test_llava_images import TOKENS_PER_IMAGE  # noqa: E402
 from tests.sim.test_sliding_window_real_run import assert_replays_exactly  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 WORKLOAD = {
-    "name": "tiny-llava", "seed": 4, "model": "tiny", "hardware": "cpu", "dtype": "float32",
+    "name": "tiny-llava", "seed": 4, "model": "tiny-llava", "hardware": "cpu", "dtype": "float32",
     "engine": {"block_size": 8, "num_gpu_blocks": 40, "max_num_seqs": 6, "max_num_batched_tokens": 24,
                "max_model_len": 256, "enable_prefix_caching": True},
     "workload": {"num_requests": 14, "arrival": {"type": "poisson", "rate": 200},
@@ -30,16 +29,10 @@ WORKLOAD = {
 }
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    path = write_llava(tmp_path_factory.mktemp("llava-run"))
-    save_tokenizer(path, 512, 256)
-    return path
-
-
-def test_a_real_run_with_images_encodes_them_and_replays_exactly(llava, tmp_path):
+def test_a_real_run_with_images_encodes_them_and_replays_exactly(tmp_path):
     workload = load_workload(WORKLOAD)
-    real = build_real_engine(workload, model=str(llava), threads=1)
+    real = build_real_engine(workload, threads=1)
+    assert real.info["model"] == "servesim-tiny-llava"
     scheduler = real.engine.scheduler
     # vLLM's sizing: the step's encoder budget and the encoder cache hold at least one image.
     assert scheduler.encoder_compute_budget == 24 and real.info["tokens_per_image"] == TOKENS_PER_IMAGE
@@ -64,7 +57,7 @@ def test_a_real_run_with_images_encodes_them_and_replays_exactly(llava, tmp_path
     assert (picture("image-4-p0", encoder.image_size) == picture("image-4-p0", encoder.image_size)).all()
 
 
-def test_a_real_run_refuses_images_the_model_cannot_take(llava, tmp_path_factory):
+def test_a_real_run_refuses_images_the_model_cannot_take(tmp_path_factory):
     from tests.engine.model_fixtures import make_tiny_llama
 
     workload = load_workload(WORKLOAD)
@@ -74,4 +67,4 @@ def test_a_real_run_refuses_images_the_model_cannot_take(llava, tmp_path_factory
         "fraction": 0.5, "tokens_per_image": {"type": "constant", "value": 20}}}})
     with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: the real model's images are 16 "
                                                r"tokens each"):
-        build_real_engine(sized, model=str(llava), threads=1)
+        build_real_engine(sized, threads=1)

@@ -1,0 +1,73 @@
+"""The generated LLaVAs (engine/models/default_vision_model.py): complete Hugging Face folders that transformers reads
+and runs to the engine's tokens with an image, whose tokenizer marks images with the vocabulary's last id and whose
+chat template walks content parts; the simulator's presets describe them exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.models import default_model_path
+from engine.models.default_model import DEFAULT_MODEL_SPECS
+from engine.models.default_vision_model import VISION_MODEL_SPECS
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory):
+    return default_model_path("tiny-llava", cache_dir=tmp_path_factory.mktemp("servesim-cache"))
+
+
+def test_the_tiny_llava_runs_in_transformers_as_in_the_engine(tiny_llava, tmp_path):
+    from transformers import AutoImageProcessor, AutoTokenizer, LlavaForConditionalGeneration
+
+    config = json.loads((tiny_llava / "config.json").read_text())
+    assert config["architectures"] == ["LlavaForConditionalGeneration"] and config["image_token_index"] == 511
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llava))
+    assert tokenizer.convert_tokens_to_ids("<image>") == 511 and len(tokenizer) == 512
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "image"},
+                                                                            {"type": "text", "text": "what?"}]}],
+                                             tokenize=False, add_generation_prompt=True)
+    assert rendered == "<s>user:<image> what?\nassistant:"
+    picture = np.random.RandomState(0).randint(0, 256, (70, 90, 3), dtype=np.uint8)
+    llm = LLM(model=str(tiny_llava), dtype="float32")
+    output = llm.generate([{"prompt": rendered, "multi_modal_data": {"image": picture}}],
+                          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)[0]
+    assert output.prompt_token_ids.count(511) == 16
+    hf = LlavaForConditionalGeneration.from_pretrained(str(tiny_llava), dtype=torch.float32,
+                                                       attn_implementation="eager").eval()
+    pixels = AutoImageProcessor.from_pretrained(str(tiny_llava))(images=[picture], return_tensors="pt")["pixel_values"]
+    ids = torch.tensor([output.prompt_token_ids])
+    with torch.no_grad():
+        expected = hf.generate(input_ids=ids, pixel_values=pixels, max_new_tokens=6, min_new_tokens=6,
+                               do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+    assert list(output.outputs[0].token_ids) == expected.tolist()
+    # The same name, the same folder: generated once, found again.
+    assert default_model_path("tiny-llava", cache_dir=tiny_llava.parents[1]) == tiny_llava
+
+
+def test_the_simulator_presets_describe_the_generated_llavas(tiny_llava):
+    from sim.hf_vision_config import vision_encoder_from_hf_path
+    from sim.model_presets import resolve_model
+    from sim.vision_encoders import resolve_vision_encoder
+
+    for size, spec in VISION_MODEL_SPECS.items():
+        text, vision = DEFAULT_MODEL_SPECS[spec["text"]], spec["vision"]
+        shape = resolve_model(f"servesim-{size}")
+        assert (shape.num_layers, shape.hidden_size, shape.vocab_size) == (
+            text["num_hidden_layers"], text["hidden_size"], text["vocab_size"])
+        assert resolve_model(size) is shape
+        encoder = resolve_vision_encoder(size, None)
+        width = text["hidden_size"]
+        assert (encoder.num_layers, encoder.hidden_size, encoder.intermediate_size, encoder.num_attention_heads,
+                encoder.tokens_per_image, encoder.projector_parameters) == (
+            vision["num_hidden_layers"] - 1, vision["hidden_size"], vision["intermediate_size"],
+            vision["num_attention_heads"], (vision["image_size"] // vision["patch_size"]) ** 2,
+            vision["hidden_size"] * width + width * width)
+    # What the simulator reads from the generated config.json is the preset, field for field.
+    read = vision_encoder_from_hf_path(tiny_llava)
+    assert dataclasses.replace(read, name="servesim-tiny-clip") == resolve_vision_encoder("tiny-llava", None)
