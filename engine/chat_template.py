@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engine.chat_images import content_parts
+
 
 class ChatTemplateError(ValueError):
     pass
@@ -21,17 +23,22 @@ class NoChatTemplateError(ChatTemplateError):
     """The tokenizer has no chat template at all (a base model): the caller should send a prompt."""
 
 
-def check_messages(messages: Any, label: str = "messages") -> list[dict[str, str]]:
-    """A conversation as the template wants it: a non-empty list of {"role": str, "content": str}."""
+def check_messages(messages: Any, label: str = "messages") -> list[dict[str, Any]]:
+    """A conversation as the template wants it: a non-empty list of {"role": str, "content": str}, where content may
+    also be a list of parts (text, and images for a vision-language model: engine/chat_images.py, which decodes
+    them here and names a bad one)."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError(f"{label} must be a non-empty list of {{'role', 'content'}} messages, got {messages!r:.80}")
     checked = []
     for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise ValueError(f"{label}[{index}] must be a mapping with string 'role' and 'content', "
-                             f"got {message!r:.80}")
-        checked.append({"role": message["role"], "content": message["content"]})
+                or not isinstance(content, (str, list)):
+            raise ValueError(f"{label}[{index}] must be a mapping with a string 'role' and a string (or a list of "
+                             f"parts) 'content', got {message!r:.80}")
+        if isinstance(content, list):
+            content = content_parts(content, f"{label}[{index}]")
+        checked.append({"role": message["role"], "content": content})
     return checked
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
+from engine.chat_images import image_token, mark_images
 from engine.chat_template import check_messages, render_chat
 from engine.core import EngineCore, LoRARequest, PoolingParams, SamplingParams, Scheduler
 from engine.embedding_scores import cosine_similarity, distinct_inputs, score_pairs, score_texts
@@ -279,11 +280,17 @@ class LLM:
         if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence) or not conversations:
             raise ValueError(f"messages must be a conversation (a list of messages) or a list of them, "
                              f"got {messages!r:.80}")
-        prompts = [render_chat(self.tokenizer, check_messages(conversation, "messages" if single else
-                                                              f"messages[{index}]"), add_generation_prompt)
-                   for index, conversation in enumerate(conversations)]
+        prompts = [self._render_chat(check_messages(conversation, "messages" if single else f"messages[{index}]"),
+                                     add_generation_prompt) for index, conversation in enumerate(conversations)]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority,
                              lora_request=lora_request)
+
+    def _render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> dict[str, Any]:
+        """The conversation's prompt, with its images (content parts: engine/chat_images.py) as multi_modal_data."""
+        images = mark_images(messages, image_token(self.image_inputs, self.tokenizer),
+                             getattr(self.tokenizer, "chat_template", None))
+        rendered = render_chat(self.tokenizer, messages, add_generation_prompt)
+        return {**rendered, "multi_modal_data": {"image": images}} if images else rendered
 
     def _check_priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
         if priority is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.chat_template import ChatTemplateError, NoChatTemplateError, render_chat
-from engine.serve.chat_images import mark_images
+from engine.chat_images import content_parts, image_token, mark_images
 from engine.serve.errors import OpenAIError
 from engine.serve.state import ServerState
 from engine.serve.tool_calls import ToolMode
@@ -18,8 +18,7 @@ def render_chat_prompt(state: ServerState, body: Any, mode: ToolMode | None = No
     template that ignores them only when the model may call one (``mode`` other than none; tool_prompt.py)."""
     tokenizer = state.engine.get_tokenizer()
     messages = template_messages(body, tokenizer)
-    images = mark_images(body, messages, image_token(state.engine.image_inputs, tokenizer),
-                         getattr(tokenizer, "chat_template", None))
+    images = _chat_images(body, messages, state, tokenizer)
     tools = template_tools(body)
     if mode is not None and mode.kind != "none":
         messages = with_tools_described(messages, tools, tokenizer)
@@ -33,8 +32,16 @@ def render_chat_prompt(state: ServerState, body: Any, mode: ToolMode | None = No
         raise OpenAIError(str(error), param="messages") from None
 
 
-def image_token(image_inputs, tokenizer) -> str | None:
-    """The model's image mark as text (None: a model without images)."""
-    if image_inputs is None or tokenizer is None:
-        return None
-    return tokenizer.convert_ids_to_tokens(image_inputs.image_token_id)
+
+def _chat_images(body: Any, messages: list[dict[str, Any]], state: ServerState, tokenizer: Any) -> list:
+    """The images of ``body``'s messages, each marked in the template's ``messages`` as the template reads it
+    (engine/chat_images.py); a 400 naming the message for one that cannot be read or taken."""
+    try:
+        for index, (message, entry) in enumerate(zip(body.messages, messages)):
+            if message.image_urls():
+                entry["content"] = content_parts([part.model_dump(exclude_none=True) for part in message.content],
+                                                 f"messages[{index}]")
+        return mark_images(messages, image_token(state.engine.image_inputs, tokenizer),
+                           getattr(tokenizer, "chat_template", None))
+    except ValueError as error:
+        raise OpenAIError(str(error), param="messages") from None

@@ -71,3 +71,32 @@ def test_the_simulator_presets_describe_the_generated_llavas(tiny_llava):
     # What the simulator reads from the generated config.json is the preset, field for field.
     read = vision_encoder_from_hf_path(tiny_llava)
     assert dataclasses.replace(read, name="servesim-tiny-clip") == resolve_vision_encoder("tiny-llava", None)
+
+
+def test_llm_chat_takes_images_as_pil_parts_or_data_urls(tiny_llava):
+    import base64
+    import io
+
+    from PIL import Image
+
+    picture = Image.fromarray(np.random.RandomState(1).randint(0, 256, (60, 60, 3), dtype=np.uint8))
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    llm = LLM(model=str(tiny_llava), dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    outputs = llm.chat([[{"role": "user", "content": [{"type": "image_pil", "image_pil": picture},
+                                                       {"type": "text", "text": "describe"}]}],
+                        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                      {"type": "text", "text": "describe"}]}]],
+                       params, use_tqdm=False)
+    assert outputs[0].prompt_token_ids == outputs[1].prompt_token_ids and outputs[0].prompt_token_ids.count(511) == 16
+    expected = llm.generate([{"prompt_token_ids": outputs[0].prompt_token_ids, "multi_modal_data": {"image": picture}}],
+                            params, use_tqdm=False)[0]
+    assert outputs[0].outputs[0].token_ids == outputs[1].outputs[0].token_ids == expected.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"messages\[0\].content\[0\].image_url.url: only data: URLs"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/cat.png"}}]}],
+                 params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"messages\[0\].content\[1\] must be a text, image_url or image_pil part"):
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "video"}]}], params,
+                 use_tqdm=False)

@@ -103,7 +103,7 @@ def test_a_text_model_refuses_images(server):
         "max_tokens": 2}
     answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 400
-    assert "messages[0]: image_url content needs a vision-language model" in answer.json()["error"]["message"]
+    assert "messages[0]: image content needs a vision-language model" in answer.json()["error"]["message"]
 
 
 def test_beam_search_refuses_images(tiny_llava):
