@@ -209,10 +209,11 @@ if [[ -n $PY ]]; then
   # Many small Triton compilations: spread them over the machine's cores.
   step "tests/kernels on the GPU" 150 "$PY" -m pytest tests/kernels -q -rs -p no:cacheprovider -n "$WORKERS" \
     || FAILED=1
-  step "tests/runner (CUDA graphs, flash-attn and device tests), KV offloading, speculative decoding, DeepSeek, gpt-oss, Llama 4" \
+  step "tests/runner (CUDA graphs, flash-attn and device tests), KV offloading, speculative decoding, DeepSeek, gpt-oss, Llama 4, images" \
     120 "$PY" -m pytest tests/runner tests/engine/test_kv_offloading_real.py tests/engine/test_spec_decode_real.py \
     tests/engine/test_spec_decode_draft_model.py tests/models/test_deepseek_model.py tests/models/test_gpt_oss_model.py \
-    tests/models/test_llama4_model.py -q -rs -p no:cacheprovider -n "$WORKERS" \
+    tests/models/test_llama4_model.py tests/models/test_default_vision_model.py -q -rs -p no:cacheprovider \
+    -n "$WORKERS" \
     || FAILED=1
   step "kernel benchmark" 120 "$PY" -m benchmarks.kernels --quick --save "$OUT_DIR/kernels.json" || FAILED=1
   step "CUDA-graph decode throughput" 90 cuda_graph_throughput || FAILED=1

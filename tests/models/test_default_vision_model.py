@@ -100,3 +100,15 @@ def test_llm_chat_takes_images_as_pil_parts_or_data_urls(tiny_llava):
     with pytest.raises(ValueError, match=r"messages\[0\].content\[1\] must be a text, image_url or image_pil part"):
         llm.chat([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "video"}]}], params,
                  use_tqdm=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_images_on_cuda_give_the_cpu_tokens(tiny_llava):
+    """The encoder on the GPU, its outputs kept there, steps with placeholders eager beside graph decodes."""
+    prompts = [{"prompt_token_ids": [1, 40 + seed, 511, 50 + seed, 60], "multi_modal_data": {
+        "image": np.random.RandomState(seed).randint(0, 256, (64, 64, 3), dtype=np.uint8)}} for seed in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    options = dict(model=str(tiny_llava), dtype="float32", max_model_len=256, max_num_batched_tokens=24)
+    cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
+    gpu = LLM(**options, device="cuda").generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
