@@ -94,8 +94,9 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     # back; Llama 4's chunked layers likewise), unless turned off, when every block is kept for every layer. The
     # share of windowed (or chunked) layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
     encoder = runner.encoder_outputs.encoder if runner.encoder_outputs is not None else None
+    image_inputs = ImageInputs.for_encoder(model_path, encoder) if encoder is not None else None
     scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len,
-                                                       encoder.tokens_per_image if encoder is not None else 0),
+                                                       image_inputs.max_tokens_per_image if image_inputs else 0),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
                                                    model_config.sliding_window_fraction, grouping,
                                                    model_config.attention_chunk))
@@ -104,7 +105,7 @@ def build_engine(args: EngineArgs) -> EngineComponents:
         engine_args=args, model_path=model_path, tokenizer_path=tokenizer_path, tokenizer=tokenizer,
         model_runner=runner, executor=executor, engine_core=EngineCore(scheduler, executor),
         eos_token_ids=eos_token_ids(runner.model_config, tokenizer),
-        image_inputs=ImageInputs.for_encoder(model_path, encoder) if encoder is not None else None)
+        image_inputs=image_inputs)
     # Grammars are masked over the model's vocabulary (its logits' width) and end at the engine's EOS ids.
     components.use_grammar_tokenizer(tokenizer)
     return components

@@ -1,10 +1,11 @@
 """Images in a prompt: vLLM's ``multi_modal_data`` turned into placeholder tokens and the core's multimodal items.
 
-A prompt marks each image with the checkpoint's image token (LLaVA's ``<image>``). Each mark becomes
-``tokens_per_image`` placeholder tokens (a run already that long is taken as it is, as a prompt rendered by
-transformers' processor has it), the images are preprocessed by the checkpoint's own image processor
-(``preprocessor_config.json``, read by transformers, as vLLM does), and each becomes a ``MultiModalFeature``: where
-its placeholders start, how many there are, a content hash of its pixels, and the pixels for the runner's encoder.
+A prompt marks each image with the checkpoint's image token (LLaVA's ``<image>``, Qwen2-VL's ``<|image_pad|>``). The
+images are preprocessed by the checkpoint's own image processor (``preprocessor_config.json``, read by transformers,
+as vLLM does); each mark becomes as many placeholder tokens as its image's encoder output has embeddings (LLaVA: a
+fixed count; Qwen2-VL: the image's resolution decides), a run already that long being taken as it is (as a prompt
+rendered by transformers' processor has it); and each image becomes a ``MultiModalFeature``: where its placeholders
+start, how many there are, a content hash of its encoder input, and that input for the runner's encoder.
 Equal pixels give equal identifiers, so the core encodes a repeated image once while its output is kept and shares
 the KV of the same image after the same prefix (engine/core/multimodal.py).
 
@@ -22,19 +23,38 @@ import numpy as np
 import torch
 
 from engine.core.multimodal import MultiModalFeature
+from engine.models.vision.image_encoders import fixed_image_size
 
 
 class ImageInputs:
-    def __init__(self, checkpoint: str | Path, image_token_id: int, tokens_per_image: int, image_size: int) -> None:
+    def __init__(self, checkpoint: str | Path, encoder) -> None:
+        """``encoder``: the runner's image encoder (engine/models/vision/), which splits the processor's output."""
         self.checkpoint = Path(checkpoint)
-        self.image_token_id = image_token_id
-        self.tokens_per_image = tokens_per_image
-        self.image_size = image_size
+        self.encoder = encoder
+        self.image_token_id = encoder.image_token_id
+        fixed = fixed_image_size(encoder)
+        # Pixels a side and placeholder tokens of every image, for an encoder of one image size (None otherwise).
+        self.image_size, self.tokens_per_image = fixed if fixed is not None else (None, None)
         self._processor = None
 
     @classmethod
     def for_encoder(cls, checkpoint: str | Path, encoder) -> "ImageInputs":
-        return cls(checkpoint, encoder.image_token_id, encoder.tokens_per_image, encoder.image_size)
+        return cls(checkpoint, encoder)
+
+    @property
+    def max_tokens_per_image(self) -> int:
+        """The most placeholder tokens one image can take: the fixed count, or (an image at its own resolution) what
+        the processor's largest image gives (its ``longest_edge`` / ``max_pixels`` over a merged patch's pixels)."""
+        if self.tokens_per_image is not None:
+            return self.tokens_per_image
+        size = getattr(self.processor, "size", None) or {}
+        most = size.get("longest_edge") if hasattr(size, "get") else getattr(size, "longest_edge", None)
+        most = most or getattr(self.processor, "max_pixels", None)
+        patch = getattr(self.processor, "patch_size", 14) * getattr(self.processor, "merge_size", 2)
+        if not most:
+            raise ValueError(f"model {str(self.checkpoint)!r}: its image processor names no largest image "
+                             "(size.longest_edge or max_pixels)")
+        return int(most) // (patch * patch)
 
     @property
     def processor(self):
@@ -50,17 +70,16 @@ class ImageInputs:
             self._processor = AutoImageProcessor.from_pretrained(str(self.checkpoint))
         return self._processor
 
-    def pixel_values(self, label: str, images: list[Any]) -> torch.Tensor:
-        """[images, channels, size, size] float32, as the checkpoint's processor makes them."""
+    def encoder_inputs(self, label: str, images: list[Any]) -> list[tuple[Any, int]]:
+        """Per image (the encoder's input, its placeholder tokens), as the checkpoint's processor makes them."""
         for index, image in enumerate(images):
             if not (_is_pil_image(image) or (isinstance(image, np.ndarray) and image.ndim == 3)):
                 raise ValueError(f"{label}: multi_modal_data['image'][{index}] must be a PIL image or an H x W x C "
                                  f"numpy array, got {type(image).__name__}")
-        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(torch.float32)
-        if tuple(pixels.shape[-2:]) != (self.image_size, self.image_size):
-            raise ValueError(f"model {str(self.checkpoint)!r}: its image processor makes {tuple(pixels.shape[-2:])} "
-                             f"images, its vision tower takes {self.image_size}x{self.image_size}")
-        return pixels
+        try:
+            return self.encoder.split_processed(self.processor(images=images, return_tensors="pt"))
+        except ValueError as error:
+            raise ValueError(f"model {str(self.checkpoint)!r}: {error}") from None
 
     def process(self, label: str, token_ids: list[int], multi_modal_data: Any) -> tuple[list[int], tuple]:
         """(the prompt's tokens with each image mark expanded to its placeholders, the images' features)."""
@@ -78,19 +97,18 @@ class ImageInputs:
                              f"{len(marks)} (image token id {self.image_token_id}); put one mark where each image goes")
         if not images:
             return token_ids, ()
-        bad = [length for _, length in marks if length not in (1, self.tokens_per_image)]
-        if bad:
-            raise ValueError(f"{label}: an image mark is a run of {bad[0]} image tokens; it must be 1 (expanded here) "
-                             f"or {self.tokens_per_image} (this model's tokens per image)")
-        pixels = self.pixel_values(label, images)
+        inputs = self.encoder_inputs(label, images)
+        for index, ((_, length), (_, tokens)) in enumerate(zip(marks, inputs)):
+            if length not in (1, tokens):
+                raise ValueError(f"{label}: image {index}'s mark is a run of {length} image tokens; it must be 1 "
+                                 f"(expanded here) or {tokens} (its placeholder tokens)")
         expanded: list[int] = []
         features = []
         previous_end = 0
-        for (start, length), image_pixels in zip(marks, pixels):
+        for (start, length), (data, tokens) in zip(marks, inputs):
             expanded.extend(token_ids[previous_end:start])
-            features.append(MultiModalFeature(_identifier(image_pixels), len(expanded), self.tokens_per_image,
-                                              data=image_pixels))
-            expanded.extend([self.image_token_id] * self.tokens_per_image)
+            features.append(MultiModalFeature(identifier(data), len(expanded), tokens, data=data))
+            expanded.extend([self.image_token_id] * tokens)
             previous_end = start + length
         expanded.extend(token_ids[previous_end:])
         return expanded, tuple(features)
@@ -109,10 +127,17 @@ def _runs(token_ids: list[int], token: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _identifier(pixels: torch.Tensor) -> str:
-    """A content hash of the encoder's input: equal pixels, equal encoder output (vLLM's ``mm_hash``)."""
-    array = pixels.contiguous().numpy()
-    return hashlib.sha256(str(array.shape).encode() + array.tobytes()).hexdigest()
+def identifier(data) -> str:
+    """A content hash of an encoder input (a tensor, or a tuple of tensors and sizes): equal inputs, equal encoder
+    output (vLLM's ``mm_hash``)."""
+    digest = hashlib.sha256()
+    for part in data if isinstance(data, tuple) else (data,):
+        if isinstance(part, torch.Tensor):
+            array = part.contiguous().numpy()
+            digest.update(str(array.shape).encode() + array.tobytes())
+        else:
+            digest.update(repr(part).encode())
+    return digest.hexdigest()
 
 
 def _is_pil_image(value: Any) -> bool:

@@ -48,10 +48,11 @@ class RealImages:
         size = self.inputs.image_size
         pictures = [picture(identifier, size) for identifier in identifiers]
         batch = 64  # the processor's working memory stays small whatever the workload's number of images
-        tensors = []
+        inputs = []
         for start in range(0, len(pictures), batch):
-            tensors.extend(self.inputs.pixel_values("workload images", pictures[start:start + batch]))
-        return dict(zip(identifiers, tensors))
+            chunk = pictures[start:start + batch]
+            inputs.extend(data for data, _ in self.inputs.encoder_inputs("workload images", chunk))
+        return dict(zip(identifiers, inputs))
 
 
 def picture(identifier: str, size: int) -> np.ndarray:
@@ -72,4 +73,7 @@ def check_real_run_images(workload: WorkloadConfig, images: RealImages | None, e
     if images is None:
         raise VisionSetupError(f"{where}: the real model encodes no images; pass --model a vision-language checkpoint "
                                "whose images the engine encodes (LLaVA)")
+    if images.tokens_per_image is None:
+        raise VisionSetupError(f"{where}: the real model's images take as many tokens as their resolution gives; real "
+                               "runs draw pictures of one size for a fixed-size encoder (LLaVA)")
     images.check(workload)

@@ -131,6 +131,10 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
         self.attention_factor = rope_attention_factor(rope_scaling)
         self._rope_theta, self._rope_scaling = rope_theta, rope_scaling
+        # M-RoPE (Qwen2-VL): consecutive sections of the rotary half turned by a token's temporal, height and width
+        # positions (positions [3, num_tokens]); set by the runner for a checkpoint whose images it encodes. Text
+        # tokens have three equal positions, which is plain RoPE.
+        self.mrope_section: list[int] | None = None
 
     def fit_context(self, max_model_len: int) -> None:
         """Called once the engine's ``max_model_len`` is known, before any step: LongRoPE takes its short factors
@@ -147,8 +151,14 @@ class RotaryEmbedding(nn.Module):
         return self._inv_freq_by_device[device]
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [num_tokens, 1, head_dim] (broadcast over heads), computed in float32."""
-        freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
+        """cos, sin of shape [num_tokens, 1, head_dim] (broadcast over heads), computed in float32. ``positions``
+        [num_tokens], or [3, num_tokens] for M-RoPE (``mrope_section``)."""
+        if positions.dim() == 2:
+            all_freqs = positions.to(torch.float32)[:, :, None] * self._inv_freq(positions.device)[None, None, :]
+            sections = all_freqs.split(self.mrope_section, dim=-1)
+            freqs = torch.cat([section[index % 3] for index, section in enumerate(sections)], dim=-1)
+        else:
+            freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         if self.attention_factor != 1.0:
             return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)

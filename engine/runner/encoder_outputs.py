@@ -39,8 +39,7 @@ class EncoderOutputs:
         items = list({feature.identifier: feature for feature in items}.values())
         if not items:
             return
-        pixels = torch.stack([feature.data for feature in items]).to(self.device, self.dtype)
-        embeddings = self.encoder(pixels)
+        embeddings = self.encoder.encode([feature.data for feature in items])
         for feature, embedding in zip(items, embeddings):
             if embedding.shape[0] != feature.length:
                 raise RuntimeError(f"image {feature.identifier[:12]} encodes to {embedding.shape[0]} embeddings but "

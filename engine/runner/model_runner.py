@@ -37,6 +37,7 @@ from engine.runner.config import RunnerConfig, resolve_attention_backend, resolv
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
 from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, warm_up_shapes
 from engine.runner.encoder_outputs import EncoderOutputs, fill_placeholders
+from engine.runner.mrope_positions import batch_mrope_positions, padded_columns, use_mrope
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
@@ -74,6 +75,8 @@ class ModelRunner:
         image_encoder = load_image_encoder(config.model, self.dtype, self.device)
         self.encoder_outputs = EncoderOutputs(image_encoder, self.device, self.dtype) \
             if image_encoder is not None else None
+        # Qwen2-VL: the language model turns image tokens by three positions (mrope_positions.py); None: one.
+        self.mrope_merge_size = use_mrope(self.model, image_encoder)
         # Multi-LoRA serving: the model's projections get adapter slots (engine/runner/lora/); None: off.
         self.lora = LoRAManager(self.model, config.lora_config, self.device) \
             if config.lora_config is not None else None
@@ -299,11 +302,15 @@ class ModelRunner:
         placeholders = self.encoder_outputs.placeholder_embeddings(
             batch.request_states[:num_reqs], prepared.common.num_computed_tokens, num_scheduled_tokens) \
             if self.encoder_outputs is not None else None
+        # M-RoPE's three positions for a step with a request that shows images (None: the plain positions).
+        mrope = batch_mrope_positions(batch.request_states[:num_reqs], prepared.common.num_computed_tokens,
+                                      num_scheduled_tokens) if self.mrope_merge_size else None
         graphs = self.decode_graphs
         try:
             # Captured graphs hold no adapter and read token ids only: a step with an adapter or with an image's
             # placeholders runs eagerly (engine/runner/lora/).
-            if graphs is not None and lora_batch is None and placeholders is None and graphs.handles(prepared):
+            if graphs is not None and lora_batch is None and placeholders is None and mrope is None \
+                    and graphs.handles(prepared):
                 tables = getattr(batch.block_table, "tables", None)
                 hidden_states = graphs.forward(prepared, batch.block_table.block_table[:num_reqs] if tables is None
                                                else [table.block_table[:num_reqs] for table in tables])
@@ -314,6 +321,8 @@ class ModelRunner:
                                                         self.eager_token_padding, self.kv_cache_grouping,
                                                         self.attention_chunk_size, self.block_size)
                 input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                if mrope is not None:
+                    positions = padded_columns(mrope, len(positions))
                 positions = torch.from_numpy(positions).to(self.device, non_blocking=True)
                 if placeholders is None:
                     hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)

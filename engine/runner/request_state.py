@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.core.lora import LoRARequest
@@ -44,6 +45,10 @@ class CachedRequestState:
     pooling_params: PoolingParams | None = None
     # Its images (engine/core/multimodal.py), with their pixels: the encoder runs on them when the scheduler says.
     mm_features: tuple[MultiModalFeature, ...] = ()
+    # M-RoPE models (engine/runner/mrope_positions.py), for a request with images: its prompt's [3, prompt tokens]
+    # positions, and what every later token adds to its index. None and 0 otherwise.
+    mrope_positions: np.ndarray | None = None
+    mrope_delta: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.core.scheduler_output import SchedulerOutput
 from engine.runner.bad_words import bad_words_token_ids
+from engine.runner.mrope_positions import prompt_mrope_positions
 from engine.runner.request_state import CachedRequestState, copy_block_ids, extend_block_ids
 from engine.runner.sampler import make_generator
 
@@ -62,6 +63,9 @@ def update_states(runner: ModelRunner, scheduler_output: SchedulerOutput) -> Non
             pooling_params=runner._check_pooling(new_request.pooling_params),
             mm_features=runner._check_images(new_request.mm_features),
         )
+        if runner.mrope_merge_size and state.mm_features:
+            state.mrope_positions, state.mrope_delta = prompt_mrope_positions(
+                state.num_prompt_tokens, state.mm_features, runner.mrope_merge_size)
         requests[new_request.req_id] = state
         batch.add_request(state)
         if runner.draft_model is not None:

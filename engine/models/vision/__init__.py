@@ -5,6 +5,6 @@ here is loaded beside it from the same folder and run by the runner for the imag
 (engine/runner/encoder_outputs.py).
 """
 
-from engine.models.vision.image_encoders import ImageEncoder, image_encoder_class, load_image_encoder
+from engine.models.vision.image_encoders import ImageEncoder, fixed_image_size, image_encoder_class, load_image_encoder
 
-__all__ = ["ImageEncoder", "image_encoder_class", "load_image_encoder"]
+__all__ = ["ImageEncoder", "fixed_image_size", "image_encoder_class", "load_image_encoder"]

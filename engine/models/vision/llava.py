@@ -68,6 +68,19 @@ class LlavaImageEncoder(nn.Module):
     def tokens_per_image(self) -> int:
         return self.vision_tower.embeddings.num_patches + int(self.keep_class_token)
 
+    def encode(self, items: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each item's pixels [channels, H, W] -> its embeddings [tokens_per_image, hidden]; one batch."""
+        weight = self.multi_modal_projector.linear_1.weight
+        return list(self(torch.stack(items).to(weight.device, weight.dtype)))
+
+    def split_processed(self, processed) -> list[tuple[torch.Tensor, int]]:
+        """The image processor's output -> per image (pixels, placeholder tokens)."""
+        pixels = processed["pixel_values"].to(torch.float32)
+        if tuple(pixels.shape[-2:]) != (self.image_size, self.image_size):
+            raise ValueError(f"the image processor makes {tuple(pixels.shape[-2:])} images, the vision tower takes "
+                             f"{self.image_size}x{self.image_size}")
+        return [(image, self.tokens_per_image) for image in pixels]
+
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[images, channels, H, W] -> [images, tokens_per_image, text hidden size]."""
         states = self.vision_tower.hidden_states(pixel_values, max(self.feature_layers))

@@ -1,0 +1,165 @@
+"""Images in the real engine for Qwen2-VL, on a checkpoint transformers writes: the vision transformer at each image's
+own resolution (2-d RoPE over rows and columns, blocks of 2 x 2 patches merged) equals transformers', and the
+language model's M-RoPE (three positions per token: an image's rows and columns, text resuming past the image, every
+output token shifted by the difference) gives transformers' greedy tokens (by its forward) and prompt logprobs
+(within 1e-4) through
+chunked prefill across images of different sizes, a prefix-cache hit past an image and preemption. Turned off,
+M-RoPE's positions would change the logprobs: the check can fail."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tests.models.engine_generation import save_random
+from tests.models.test_multimodal_text import TEXT
+
+IMAGE, VIDEO, START, END = 500, 501, 502, 503
+PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64,
+             "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+             "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(tmp_path_factory):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    path = tmp_path_factory.mktemp("qwen2-vl")
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    config = Qwen2VLConfig(text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2, "bos_token_id": 1},
+                           vision_config=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2,
+                                              patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+                           image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
+                           vision_end_token_id=END)
+    save_random(Qwen2VLForConditionalGeneration(config), path)
+    (path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf(qwen2_vl):
+    from transformers import AutoImageProcessor, Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(qwen2_vl), dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    return model, AutoImageProcessor.from_pretrained(str(qwen2_vl))
+
+
+def picture(seed: int, height: int, width: int) -> np.ndarray:
+    return np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def hf_tokens(hf, prompt_ids: list[int], images: list[np.ndarray], max_tokens: int = 8) -> list[int]:
+    """transformers' greedy tokens by its model's forward over the whole sequence at each step (M-RoPE positions from
+    its ``get_rope_index``, outputs as text after the prompt). Not ``generate``: in transformers 5.24 its cached
+    decoding of Qwen2-VL departs from the same model's forward after a few tokens (seen here at the tenth), and the
+    forward is the model's definition, which vLLM follows too."""
+    model, processor = hf
+    pixels = {}
+    if images:
+        processed = processor(images=images, return_tensors="pt")
+        pixels = {"pixel_values": processed["pixel_values"], "image_grid_thw": processed["image_grid_thw"]}
+    sequence = list(prompt_ids)
+    for _ in range(max_tokens):
+        ids = torch.tensor([sequence])
+        with torch.no_grad():
+            logits = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE).int(), **pixels).logits[0, -1]
+        sequence.append(int(logits.argmax()))
+    return sequence[len(prompt_ids):]
+
+
+def test_the_vision_transformer_equals_transformers(qwen2_vl, hf):
+    from engine.models.vision import load_image_encoder
+
+    model, processor = hf
+    processed = processor(images=[picture(0, 90, 150), picture(1, 120, 60)], return_tensors="pt")
+    assert processed["image_grid_thw"].tolist() == [[1, 6, 10], [1, 8, 4]]
+    encoder = load_image_encoder(qwen2_vl, torch.float32, torch.device("cpu"))
+    items = encoder.split_processed(processed)
+    assert [tokens for _, tokens in items] == [15, 8]
+    with torch.no_grad():
+        expected = model.model.get_image_features(processed["pixel_values"], processed["image_grid_thw"]).pooler_output
+        for ours, theirs in zip(encoder.encode([data for data, _ in items]), expected):
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_images_of_two_sizes_give_transformers_tokens_across_chunks(qwen2_vl, hf):
+    """An 8-token step budget cuts the 15-token image across chunks; a text-only prompt runs beside."""
+    images = [picture(0, 90, 150), picture(1, 120, 60)]
+    prompt = [1, 5, START, IMAGE, END, 7, 8, START, IMAGE, END, 9]
+    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", max_num_batched_tokens=8, block_size=4)
+    outputs = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}, [1, 20, 21, 22]],
+                           GREEDY, use_tqdm=False)
+    assert len(outputs[0].prompt_token_ids) == len(prompt) - 2 + 15 + 8
+    assert list(outputs[0].outputs[0].token_ids) == hf_tokens(hf, outputs[0].prompt_token_ids, images)
+    assert list(outputs[1].outputs[0].token_ids) == hf_tokens(hf, [1, 20, 21, 22], [])
+
+
+def assert_prompt_logprobs(llm, hf, prompt, images, tolerance=1e-4) -> float:
+    """The engine's prompt logprobs against transformers' logits; returns the largest difference."""
+    model, processor = hf
+    output = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}],
+                          SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    ids = torch.tensor([output.prompt_token_ids])
+    processed = processor(images=images, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(input_ids=ids, pixel_values=processed["pixel_values"],
+                       image_grid_thw=processed["image_grid_thw"], mm_token_type_ids=(ids == IMAGE).int()).logits[0]
+    reference = torch.log_softmax(logits.float(), dim=-1)
+    return max(abs(output.prompt_logprobs[position][int(ids[0, position])].logprob
+                   - reference[position - 1, int(ids[0, position])].item()) for position in range(1, ids.shape[1]))
+
+
+def test_prompt_logprobs_equal_transformers_and_need_mrope(qwen2_vl, hf, monkeypatch):
+    images = [picture(2, 100, 100)]
+    prompt = [1, 5, 6, START, IMAGE, END, 7, 8, 9, 10]
+    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", max_num_batched_tokens=12)
+    assert assert_prompt_logprobs(llm, hf, prompt, images) < 1e-4
+    # The same engine with plain positions for every token is off: M-RoPE's positions are what the test checks.
+    llm.model_runner.mrope_merge_size = None
+    llm.llm_engine.scheduler.reset_prefix_cache()
+    assert assert_prompt_logprobs(llm, hf, prompt, images) > 1e-3
+
+
+def test_a_prefix_hit_past_an_image_and_preemption_keep_transformers_tokens(qwen2_vl, hf):
+    images = [picture(3, 70, 130)]
+    prompt = [1, 5, 6, 7, START, IMAGE, END, 8, 9]
+    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", block_size=4)
+    first = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}], GREEDY,
+                         use_tqdm=False)[0]
+    expected = hf_tokens(hf, first.prompt_token_ids, images)
+    assert list(first.outputs[0].token_ids) == expected
+    again = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}], GREEDY,
+                         use_tqdm=False)[0]
+    assert again.num_cached_tokens > 4 + 10 and list(again.outputs[0].token_ids) == expected
+
+    small = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", block_size=4, num_gpu_blocks=20,
+                max_num_batched_tokens=32, enable_prefix_caching=False)
+    prompts = [([1, 30 + seed, START, IMAGE, END, 40 + seed], picture(10 + seed, 60 + 20 * seed, 80))
+               for seed in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = small.generate([{"prompt_token_ids": p, "multi_modal_data": {"image": image}} for p, image in prompts],
+                             params, use_tqdm=False)
+    assert small.scheduler.num_preemptions_total > 0
+    for (_, image), output in zip(prompts, outputs):
+        assert list(output.outputs[0].token_ids) == hf_tokens(hf, output.prompt_token_ids, [image], max_tokens=24)
+
+
+def test_real_runs_refuse_images_of_varying_size(qwen2_vl):
+    from sim.real_images import RealImages, check_real_run_images
+    from sim.vision_setup import VisionSetupError
+    from workloads import load_workload_text
+
+    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
+    assert llm.image_inputs.tokens_per_image is None and llm.image_inputs.max_tokens_per_image == 64
+    workload = load_workload_text(
+        "name: w\nmodel: tiny\nworkload: {num_requests: 2, arrival: {type: poisson, rate: 1}, prompt_len: {type: "
+        "constant, value: 8}, output_len: {type: constant, value: 4}, images: {fraction: 1, tokens_per_image: "
+        "{type: constant, value: 16}}}")
+    with pytest.raises(VisionSetupError, match="take as many tokens as their resolution gives"):
+        check_real_run_images(workload, RealImages(llm.image_inputs))
