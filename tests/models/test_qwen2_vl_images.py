@@ -1,5 +1,6 @@
-"""Images in the real engine for Qwen2-VL, on a checkpoint transformers writes: the vision transformer at each image's
-own resolution (2-d RoPE over rows and columns, blocks of 2 x 2 patches merged) equals transformers', and the
+"""Images in the real engine for Qwen2-VL and Qwen2.5-VL, on checkpoints transformers writes: the vision transformer at
+each image's own resolution (2-d RoPE over rows and columns, blocks of 2 x 2 patches merged; Qwen2.5-VL's windows)
+equals transformers', and the
 language model's M-RoPE (three positions per token: an image's rows and columns, text resuming past the image, every
 output token shifted by the difference) gives transformers' greedy tokens (by its forward) and prompt logprobs
 (within 1e-4) through
@@ -22,31 +23,57 @@ IMAGE, VIDEO, START, END = 500, 501, 502, 503
 PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64,
              "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
              "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# Outputs never take the vision tokens' ids: transformers' forward, which the tokens are checked against, would read a
+# generated image token as a placeholder. Both sides leave those ids out.
+TEXT_IDS = [token for token in range(TEXT["vocab_size"]) if token not in (IMAGE, VIDEO, START, END)]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, allowed_token_ids=TEXT_IDS)
+
+
+GREEDY = greedy(8)
+
+
+# Qwen2-VL's tower (LayerNorms, quick-GELU MLPs, full attention); Qwen2.5-VL's (RMSNorms, gated SiLU MLPs, windows
+# of 2 x 2 merged blocks in every block but the second).
+FAMILIES = {
+    "qwen2-vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
+                 dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2)),
+    "qwen2.5-vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                   dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                        window_size=56, fullatt_block_indexes=[1])),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def qwen2_vl(tmp_path_factory):
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def qwen2_vl(tmp_path_factory, family):
+    import transformers
 
-    path = tmp_path_factory.mktemp("qwen2-vl")
+    config_name, model_name, vision = FAMILIES[family]
+    path = tmp_path_factory.mktemp(family)
     rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-    config = Qwen2VLConfig(text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2, "bos_token_id": 1},
-                           vision_config=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2,
-                                              patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
-                           image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
-                           vision_end_token_id=END)
-    save_random(Qwen2VLForConditionalGeneration(config), path)
+    config = getattr(transformers, config_name)(
+        text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2, "bos_token_id": 1},
+        vision_config=dict(vision, patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    save_random(getattr(transformers, model_name)(config), path)
     (path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
     return path
 
 
 @pytest.fixture(scope="module")
-def hf(qwen2_vl):
-    from transformers import AutoImageProcessor, Qwen2VLForConditionalGeneration
+def hf(qwen2_vl, family):
+    import transformers
+    from transformers import AutoImageProcessor
 
-    model = Qwen2VLForConditionalGeneration.from_pretrained(str(qwen2_vl), dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
+    model = getattr(transformers, FAMILIES[family][1]).from_pretrained(str(qwen2_vl), dtype=torch.float32,
+                                                                       attn_implementation="eager").eval()
     return model, AutoImageProcessor.from_pretrained(str(qwen2_vl))
 
 
@@ -69,7 +96,7 @@ def hf_tokens(hf, prompt_ids: list[int], images: list[np.ndarray], max_tokens: i
         ids = torch.tensor([sequence])
         with torch.no_grad():
             logits = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE).int(), **pixels).logits[0, -1]
-        sequence.append(int(logits.argmax()))
+        sequence.append(TEXT_IDS[int(logits[TEXT_IDS].argmax())])
     return sequence[len(prompt_ids):]
 
 
@@ -77,11 +104,12 @@ def test_the_vision_transformer_equals_transformers(qwen2_vl, hf):
     from engine.models.vision import load_image_encoder
 
     model, processor = hf
-    processed = processor(images=[picture(0, 90, 150), picture(1, 120, 60)], return_tensors="pt")
-    assert processed["image_grid_thw"].tolist() == [[1, 6, 10], [1, 8, 4]]
+    # The first is several windows of Qwen2.5-VL's, padded at the edges.
+    processed = processor(images=[picture(0, 150, 220), picture(1, 120, 60)], return_tensors="pt")
+    assert processed["image_grid_thw"].tolist() == [[1, 10, 16], [1, 8, 4]]
     encoder = load_image_encoder(qwen2_vl, torch.float32, torch.device("cpu"))
     items = encoder.split_processed(processed)
-    assert [tokens for _, tokens in items] == [15, 8]
+    assert [tokens for _, tokens in items] == [40, 8]
     with torch.no_grad():
         expected = model.model.get_image_features(processed["pixel_values"], processed["image_grid_thw"]).pooler_output
         for ours, theirs in zip(encoder.encode([data for data, _ in items]), expected):
@@ -142,7 +170,7 @@ def test_a_prefix_hit_past_an_image_and_preemption_keep_transformers_tokens(qwen
                 max_num_batched_tokens=32, enable_prefix_caching=False)
     prompts = [([1, 30 + seed, START, IMAGE, END, 40 + seed], picture(10 + seed, 60 + 20 * seed, 80))
                for seed in range(4)]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = greedy(24)
     outputs = small.generate([{"prompt_token_ids": p, "multi_modal_data": {"image": image}} for p, image in prompts],
                              params, use_tqdm=False)
     assert small.scheduler.num_preemptions_total > 0

@@ -28,6 +28,7 @@ VISION_ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,  # Qwen2.5-VL's gated MLPs
 }
 
 

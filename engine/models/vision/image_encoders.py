@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.models.vision.llava import LlavaImageEncoder
+from engine.models.vision.qwen2_5_vl import Qwen25VLImageEncoder
 from engine.models.vision.qwen2_vl import Qwen2VLImageEncoder
 
 
@@ -29,7 +30,8 @@ class ImageEncoder(Protocol):
 
 
 IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
-                  "Qwen2VLForConditionalGeneration": Qwen2VLImageEncoder}
+                  "Qwen2VLForConditionalGeneration": Qwen2VLImageEncoder,
+                  "Qwen2_5_VLForConditionalGeneration": Qwen25VLImageEncoder}
 
 
 def fixed_image_size(encoder) -> tuple[int, int] | None:

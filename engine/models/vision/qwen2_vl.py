@@ -70,12 +70,14 @@ class Qwen2VisionMLP(nn.Module):
 
 
 class Qwen2VisionBlock(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_dim: int, activation) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp: nn.Module, norm=None) -> None:
+        """``mlp``: the block's MLP; ``norm``: its norms' class (LayerNorm for Qwen2-VL, RMSNorm for Qwen2.5-VL)."""
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        norm = norm or (lambda size: nn.LayerNorm(size, eps=1e-6))
+        self.norm1 = norm(dim)
+        self.norm2 = norm(dim)
         self.attn = Qwen2VisionAttention(dim, num_heads)
-        self.mlp = Qwen2VisionMLP(dim, mlp_dim, activation)
+        self.mlp = mlp
 
     def forward(self, hidden_states, cos, sin, lengths):
         hidden_states = hidden_states + self.attn(self.norm1(hidden_states), cos, sin, lengths)
@@ -94,10 +96,10 @@ class Qwen2PatchEmbed(nn.Module):
 
 
 class Qwen2PatchMerger(nn.Module):
-    def __init__(self, out_dim: int, dim: int, merge: int) -> None:
+    def __init__(self, out_dim: int, dim: int, merge: int, norm=None) -> None:
         super().__init__()
         self.merged = dim * merge * merge
-        self.ln_q = nn.LayerNorm(dim, eps=1e-6)
+        self.ln_q = (norm or (lambda size: nn.LayerNorm(size, eps=1e-6)))(dim)
         self.mlp = nn.Sequential(nn.Linear(self.merged, self.merged), nn.GELU(), nn.Linear(self.merged, out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,31 +109,44 @@ class Qwen2PatchMerger(nn.Module):
 class Qwen2VisionTower(nn.Module):
     def __init__(self, vision: dict[str, Any], out_dim: int) -> None:
         super().__init__()
-        dim, heads = int(vision.get("embed_dim", 1280)), int(vision.get("num_heads", 16))
+        dim, heads = self.width(vision), int(vision.get("num_heads", 16))
         if dim % heads or (dim // heads) % 4:
             raise ValueError(f"config.json: vision_config.embed_dim {dim} must split into num_heads {heads} heads "
                              "of a multiple of 4 features (a 2-d RoPE over each half)")
         self.merge = int(vision.get("spatial_merge_size", 2))
         self.patch_embed = Qwen2PatchEmbed(int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2)),
                                            int(vision.get("in_channels", 3)), dim)
-        activation = vision_activation(vision.get("hidden_act", "quick_gelu"), "vision_config.hidden_act")
-        mlp_dim = int(dim * float(vision.get("mlp_ratio", 4)))
-        self.blocks = nn.ModuleList(Qwen2VisionBlock(dim, heads, mlp_dim, activation)
-                                    for _ in range(int(vision.get("depth", 32))))
-        self.merger = Qwen2PatchMerger(out_dim, dim, self.merge)
+        self.blocks = nn.ModuleList(self.make_block(vision, dim, heads) for _ in range(int(vision.get("depth", 32))))
+        self.merger = self.make_merger(vision, out_dim, dim)
         rope = vision.get("rope_parameters") or {}
         self.quarter = dim // heads // 4  # each of a head's two halves turns by row or column at these frequencies
         self.theta = float(rope.get("rope_theta", vision.get("rope_theta", 10000.0)))
 
-    def forward(self, patches: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        """Every image's patches, concatenated -> their merged embeddings, concatenated."""
-        positions = torch.cat([vision_positions(grid, self.merge) for grid in grids]).to(patches.device)
-        inv_freq = 1.0 / self.theta ** (torch.arange(self.quarter, dtype=torch.float32, device=patches.device)
+    @staticmethod
+    def width(vision: dict[str, Any]) -> int:
+        return int(vision.get("embed_dim", 1280))
+
+    def make_block(self, vision: dict[str, Any], dim: int, heads: int) -> nn.Module:
+        activation = vision_activation(vision.get("hidden_act", "quick_gelu"), "vision_config.hidden_act")
+        return Qwen2VisionBlock(dim, heads, Qwen2VisionMLP(dim, int(dim * float(vision.get("mlp_ratio", 4))),
+                                                           activation))
+
+    def make_merger(self, vision: dict[str, Any], out_dim: int, dim: int) -> nn.Module:
+        return Qwen2PatchMerger(out_dim, dim, self.merge)
+
+    def rotary(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [patches, 1, head_dim] of every patch's row and column."""
+        positions = torch.cat([vision_positions(grid, self.merge) for grid in grids]).to(device)
+        inv_freq = 1.0 / self.theta ** (torch.arange(self.quarter, dtype=torch.float32, device=device)
                                          / self.quarter)
         freqs = positions[..., None].float() * inv_freq  # [patches, 2, head_dim / 4]
         freqs = freqs.flatten(1)
         angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
-        cos, sin = angles.cos(), angles.sin()
+        return angles.cos(), angles.sin()
+
+    def forward(self, patches: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Every image's patches, concatenated -> their merged embeddings, concatenated."""
+        cos, sin = self.rotary(grids, patches.device)
         lengths = [frames * rows * columns for frames, rows, columns in grids]
         hidden_states = self.patch_embed(patches)
         for block in self.blocks:
@@ -142,11 +157,13 @@ class Qwen2VisionTower(nn.Module):
 class Qwen2VLImageEncoder(nn.Module):
     """The tower and merger of a ``Qwen2VLForConditionalGeneration`` checkpoint; an item's data is the processor's
     (patches, grid) for one image."""
+    tower_class = Qwen2VisionTower
 
     def __init__(self, raw: dict[str, Any]) -> None:
         super().__init__()
         text = raw.get("text_config") or raw
-        self.visual = Qwen2VisionTower(raw.get("vision_config") or {}, int(text.get("hidden_size", 3584)))
+        vision = raw.get("vision_config") or {}
+        self.visual = self.tower_class(vision, int(vision.get("out_hidden_size") or text.get("hidden_size", 3584)))
         token = raw.get("image_token_id", (raw.get("text_config") or {}).get("image_token_id"))
         if not isinstance(token, int):
             raise ValueError(f"config.json: a Qwen2-VL checkpoint needs image_token_id, got {token!r}")
