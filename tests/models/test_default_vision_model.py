@@ -112,3 +112,21 @@ def test_images_on_cuda_give_the_cpu_tokens(tiny_llava):
     cpu = LLM(**options, device="cpu").generate(prompts, params, use_tqdm=False)
     gpu = LLM(**options, device="cuda").generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
+
+
+def test_images_with_speculative_decoding_and_parallel_samples(tiny_llava):
+    """n-gram drafts verified over an image prompt keep plain decoding's greedy tokens; a prompt's n samples share
+    one encoding of its image (its children share the prompt's blocks)."""
+    picture = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
+    request = {"prompt_token_ids": [1, 5, 511, 6, 7], "multi_modal_data": {"image": picture}}
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    speculating = LLM(model=str(tiny_llava), dtype="float32",
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    plain = LLM(model=str(tiny_llava), dtype="float32")
+    assert speculating.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids == \
+        plain.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    before = plain.model_runner.encoder_outputs.num_items_encoded
+    samples = plain.generate([request], SamplingParams(n=3, max_tokens=6, seed=1, ignore_eos=True),
+                             use_tqdm=False)[0]
+    assert len(samples.outputs) == 3 and len({tuple(o.token_ids) for o in samples.outputs}) > 1
+    assert plain.model_runner.encoder_outputs.num_items_encoded - before <= 1
