@@ -50,11 +50,17 @@ class ImageInputs:
         size = getattr(self.processor, "size", None) or {}
         most = size.get("longest_edge") if hasattr(size, "get") else getattr(size, "longest_edge", None)
         most = most or getattr(self.processor, "max_pixels", None)
-        patch = getattr(self.processor, "patch_size", 14) * getattr(self.processor, "merge_size", 2)
+        patch = self.pixels_per_token_side
         if not most:
             raise ValueError(f"model {str(self.checkpoint)!r}: its image processor names no largest image "
                              "(size.longest_edge or max_pixels)")
         return int(most) // (patch * patch)
+
+    @property
+    def pixels_per_token_side(self) -> int:
+        """Pixels a side of one placeholder token's square, for an encoder at each image's own resolution (Qwen2-VL:
+        a block of merge x merge patches)."""
+        return getattr(self.processor, "patch_size", 14) * getattr(self.processor, "merge_size", 2)
 
     @property
     def processor(self):

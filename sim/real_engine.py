@@ -201,5 +201,5 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
             "hardware": hardware, "threads": threads if device == "cpu" else None, "torch": torch.__version__,
             "cuda_graphs": runner.decode_graphs is not None}
     if images is not None:
-        info["tokens_per_image"] = images.tokens_per_image
+        info["tokens_per_image"] = images.tokens_per_image  # None: each image's own
     return RealEngine(llm.engine_core, runner.vocab_size, reserved, info, lora_paths, runner.lora, images)

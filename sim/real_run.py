@@ -55,7 +55,7 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
                                  model_max_len=engine.scheduler.scheduler_config.max_model_len,
                                  tokens_per_image=tokens_per_image)
     # Preprocessed before the clock starts (sim/real_images.py).
-    image_pixels = images.pixels(requests) if tokens_per_image else None
+    image_pixels = images.pixels(requests) if images is not None and workload.has_images() else None
     probes = []
     if speed_probe:
         probes.append(run_speed_probe(engine, vocab_size=vocab_size, reserved_token_ids=reserved_token_ids,

@@ -178,16 +178,37 @@ def test_a_prefix_hit_past_an_image_and_preemption_keep_transformers_tokens(qwen
         assert list(output.outputs[0].token_ids) == hf_tokens(hf, output.prompt_token_ids, [image], max_tokens=24)
 
 
-def test_real_runs_refuse_images_of_varying_size(qwen2_vl):
-    from sim.real_images import RealImages, check_real_run_images
+def test_a_real_run_draws_each_image_at_its_size_and_replays_exactly(qwen2_vl, tmp_path):
+    """A workload's images of 4-16 tokens each, from a pool, recorded on the real engine (each picture drawn at a size
+    the processor keeps) and replayed by the simulator with exactly the same decisions; counts the processor would
+    change are refused by name."""
+    from analysis import read_run
+    from sim.real_engine import build_real_engine
+    from sim.real_run import run_real
     from sim.vision_setup import VisionSetupError
-    from workloads import load_workload_text
+    from tests.sim.test_sliding_window_real_run import assert_replays_exactly
+    from workloads import load_workload
 
-    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
-    assert llm.image_inputs.tokens_per_image is None and llm.image_inputs.max_tokens_per_image == 64
-    workload = load_workload_text(
-        "name: w\nmodel: tiny\nworkload: {num_requests: 2, arrival: {type: poisson, rate: 1}, prompt_len: {type: "
-        "constant, value: 8}, output_len: {type: constant, value: 4}, images: {fraction: 1, tokens_per_image: "
-        "{type: constant, value: 16}}}")
-    with pytest.raises(VisionSetupError, match="take as many tokens as their resolution gives"):
-        check_real_run_images(workload, RealImages(llm.image_inputs))
+    def workload(tokens):
+        return load_workload({
+            "name": "qwen-images", "seed": 5, "model": "tiny", "hardware": "cpu", "dtype": "float32",
+            "engine": {"block_size": 8, "num_gpu_blocks": 64, "max_num_seqs": 6, "max_num_batched_tokens": 24,
+                       "max_model_len": 256},
+            "workload": {"num_requests": 10, "arrival": {"type": "poisson", "rate": 200},
+                         "prompt_len": {"type": "uniform", "min": 4, "max": 30},
+                         "output_len": {"type": "uniform", "min": 2, "max": 10},
+                         "images": {"fraction": 0.8, "distinct": 4, "tokens_per_image": tokens}}})
+
+    spec = workload({"type": "uniform", "min": 4, "max": 16})
+    real = build_real_engine(spec, model=str(qwen2_vl), threads=1)
+    assert real.info["tokens_per_image"] is None
+    out = tmp_path / "real"
+    run_real(spec, out, real.engine, vocab_size=real.vocab_size, reserved_token_ids=real.reserved_token_ids,
+             executor_info=real.info, images=real.images)
+    run = read_run(out)
+    assert run.summary["num_finished"] == 10 and int(run.steps["num_encoder_items"].sum()) > 0
+    assert len(set(run.requests["num_image_tokens"]) - {0}) > 1  # images of several sizes
+    assert_replays_exactly(out)
+    with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: the real model's images take as many "
+                                               r"tokens as their resolution gives, at most 64"):
+        build_real_engine(workload({"type": "constant", "value": 100}), model=str(qwen2_vl), threads=1)
