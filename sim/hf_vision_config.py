@@ -269,9 +269,9 @@ def _qwen2_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: i
 def _qwen2_5_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
                     ) -> VisionEncoderShape:
     """Qwen2.5-VL's ViT: Qwen2-VL's, with a gated (SwiGLU) MLP and the merger's output width its own key
-    (``out_hidden_size``, the LM's width). Its layers attend within windows of the image but for a few
-    (``fullatt_block_indexes``); the shape prices full attention in every layer, an upper bound on the
-    attention term."""
+    (``out_hidden_size``, the LM's width). Its layers attend within windows of the image (``window_size`` pixels a
+    side: 112, so 4 x 4 merged tokens) but for a few (``fullatt_block_indexes``), as the engine's tower does
+    (engine/models/vision/qwen2_5_vl.py)."""
     hidden_size = _vision(vision, "hidden_size", path)
     merge = _vision(vision, "spatial_merge_size", path)
     merged_width = hidden_size * merge * merge
@@ -281,7 +281,9 @@ def _qwen2_5_vl_vit(name: str, config: dict, vision: dict, language_hidden_size:
         num_attention_heads=_vision(vision, "num_heads", path), patches_per_token=merge * merge,
         tokens_per_image=None,
         projector_parameters=merged_width * merged_width + merged_width * _vision(vision, "out_hidden_size", path),
-        gated_mlp=True)
+        gated_mlp=True, window_tokens=(int(vision.get("window_size", 112)) // (_vision(vision, "patch_size", path)
+                                                                               * merge)) ** 2,
+        full_attention_layers=len(vision.get("fullatt_block_indexes") or []))
 
 
 def _mistral3_pixtral(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path

@@ -33,6 +33,10 @@ class VisionEncoderShape:
     # The multimodal projector's parameters; it runs once per placeholder token (after any pooling or merge).
     projector_parameters: int
     gated_mlp: bool = False       # ViTs use a plain GELU MLP: two matrices, not three
+    # Windowed attention (Qwen2.5-VL): each window holds this many placeholder tokens' patches (None: every layer
+    # attends over the whole image), and full_attention_layers of the layers attend over the whole image anyway.
+    window_tokens: int | None = None
+    full_attention_layers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -52,6 +56,12 @@ class VisionEncoderShape:
                              f"got {self.projector_parameters!r}")
         if not isinstance(self.gated_mlp, bool):
             raise ValueError(f"vision_encoder.gated_mlp must be true or false, got {self.gated_mlp!r}")
+        if self.window_tokens is not None and (not _is_int(self.window_tokens) or self.window_tokens <= 0):
+            raise ValueError(f"vision_encoder.window_tokens must be a positive integer or None, got "
+                             f"{self.window_tokens!r}")
+        if not _is_int(self.full_attention_layers) or not 0 <= self.full_attention_layers <= self.num_layers:
+            raise ValueError(f"vision_encoder.full_attention_layers must be an integer in [0, num_layers "
+                             f"{self.num_layers}], got {self.full_attention_layers!r}")
 
     @property
     def layer_linear_parameters(self) -> int:
@@ -78,15 +88,25 @@ class VisionEncoderShape:
         return 2 * (self.num_patches(num_encoder_tokens) * self.vision_tower_parameters
                     + num_encoder_tokens * self.projector_parameters)
 
-    def attention_flops(self, encoder_attention_work: int) -> int:
+    def attention_flops(self, encoder_attention_work: int, num_encoder_tokens: int | None = None) -> int:
         """QK^T and AV over every pair of patches of the same image, 2 FLOPs per multiply-add each, in every
         layer. ``encoder_attention_work`` is the sum of each image's tokens squared; its patches' pairs are
-        that times patches_per_token squared."""
-        patch_pairs = encoder_attention_work * self.patches_per_token ** 2
-        return 4 * self.num_layers * self.hidden_size * patch_pairs
+        that times patches_per_token squared. A windowed encoder's other layers score pairs within a window only:
+        each token against at most ``window_tokens`` (windows cut at an image's edge hold fewer, ignored), which
+        needs ``num_encoder_tokens``."""
+        full_layers, windowed_layers = self.num_layers, 0
+        windowed_work = 0
+        if self.window_tokens is not None:
+            if num_encoder_tokens is None:
+                raise ValueError(f"vision_encoder {self.name!r} attends within windows: its attention needs the "
+                                 "encoder tokens too")
+            full_layers, windowed_layers = self.full_attention_layers, self.num_layers - self.full_attention_layers
+            windowed_work = min(encoder_attention_work, num_encoder_tokens * self.window_tokens)
+        token_pairs = full_layers * encoder_attention_work + windowed_layers * windowed_work
+        return 4 * self.hidden_size * token_pairs * self.patches_per_token ** 2
 
     def flops(self, num_encoder_tokens: int, encoder_attention_work: int) -> int:
-        return self.linear_flops(num_encoder_tokens) + self.attention_flops(encoder_attention_work)
+        return self.linear_flops(num_encoder_tokens) + self.attention_flops(encoder_attention_work, num_encoder_tokens)
 
     def to_dict(self) -> dict:
         return asdict(self)

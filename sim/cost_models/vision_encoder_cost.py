@@ -25,6 +25,8 @@ tower in 16 bits). A step without encoder tokens runs no encoder kernel and cost
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim.hardware import HardwareSpec
 from sim.model_shapes import dtype_bytes
 from sim.vision_encoders import VisionEncoderShape
@@ -64,7 +66,10 @@ class VisionEncoderCost:
         self.linear_activation_s_per_token = layers * ppt * row_elements * element_bytes / bandwidth
         # Attention, per unit of encoder_attention_work (a pair of tokens: patches_per_token**2 pairs of
         # patches), and each patch's q, k, v read and output written by the kernel (1/tp of the heads).
-        self.attention_s_per_work = encoder.attention_flops(1) / tp / hardware.achievable_attention_flops(dtype)
+        self.attention_s_per_flop = 1 / tp / hardware.achievable_attention_flops(dtype)
+        # A unit of encoder_attention_work (a pair of tokens) in every layer; a windowed encoder's attention is
+        # priced by attention_flops with the step's tokens (most of its layers score pairs within windows only).
+        self.attention_s_per_work = replace(encoder, window_tokens=None).attention_flops(1) * self.attention_s_per_flop
         self.attention_bytes_s_per_token = layers * ppt * 4 * h // tp * element_bytes / bandwidth
         # Element-wise, per patch and layer: two norms read and write the hidden state, two residual adds read
         # two and write one, the activation reads the up projection's outputs and writes the MLP's width.
@@ -81,7 +86,8 @@ class VisionEncoderCost:
         return {
             "linear_layers": max(num_encoder_tokens * self.linear_compute_s_per_token,
                                  self.weight_read_s + num_encoder_tokens * self.linear_activation_s_per_token),
-            "attention": max(encoder_attention_work * self.attention_s_per_work,
+            "attention": max(self.encoder.attention_flops(encoder_attention_work, num_encoder_tokens)
+                             * self.attention_s_per_flop,
                              num_encoder_tokens * self.attention_bytes_s_per_token),
             "elementwise": num_encoder_tokens * self.elementwise_s_per_token,
             "launch": self.launch_s,

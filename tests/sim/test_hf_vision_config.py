@@ -115,6 +115,13 @@ def test_qwen2_5_vl_has_a_gated_vit_and_a_merger_into_out_hidden_size(tmp_path):
     assert (encoder.num_layers, encoder.hidden_size, encoder.intermediate_size, encoder.num_attention_heads,
             encoder.patches_per_token) == (32, 1280, 3420, 16, 4)
     assert encoder.projector_parameters == 5120 * 5120 + 5120 * 3584
+    # Windows of 112 pixels: 4 x 4 merged tokens; four layers attend over the whole image. A 1,024-token image's
+    # attention: those four over its 1,024 squared token pairs, the other 28 over 16 a token.
+    assert (encoder.window_tokens, encoder.full_attention_layers) == (16, 4)
+    assert encoder.attention_flops(1024 ** 2, 1024) == 4 * 1280 * 16 * (4 * 1024 ** 2 + 28 * 1024 * 16)
+    assert encoder.attention_flops(1024 ** 2, 1024) < replace(encoder, window_tokens=None).attention_flops(1024 ** 2) / 6
+    # An image no larger than a window attends over itself in every layer.
+    assert encoder.attention_flops(16 * 16, 16) == replace(encoder, window_tokens=None).attention_flops(16 * 16)
     # Its LM: Qwen2-VL-7B's, with a 128k context.
     assert fields_but_name(model_from_hf_config(folder / "config.json")) == fields_but_name(
         replace(resolve_model("qwen2-vl-7b"), max_position_embeddings=128000))
