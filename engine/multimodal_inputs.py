@@ -44,23 +44,18 @@ class ImageInputs:
     @property
     def max_tokens_per_image(self) -> int:
         """The most placeholder tokens one image can take: the fixed count, or (an image at its own resolution) what
-        the processor's largest image gives (its ``longest_edge`` / ``max_pixels`` over a merged patch's pixels)."""
+        the processor's largest image gives (the encoder reads the processor's bound)."""
         if self.tokens_per_image is not None:
             return self.tokens_per_image
-        size = getattr(self.processor, "size", None) or {}
-        most = size.get("longest_edge") if hasattr(size, "get") else getattr(size, "longest_edge", None)
-        most = most or getattr(self.processor, "max_pixels", None)
-        patch = self.pixels_per_token_side
-        if not most:
-            raise ValueError(f"model {str(self.checkpoint)!r}: its image processor names no largest image "
-                             "(size.longest_edge or max_pixels)")
-        return int(most) // (patch * patch)
+        try:
+            return self.encoder.max_tokens(self.processor)
+        except ValueError as error:
+            raise ValueError(f"model {str(self.checkpoint)!r}: {error}") from None
 
-    @property
-    def pixels_per_token_side(self) -> int:
-        """Pixels a side of one placeholder token's square, for an encoder at each image's own resolution (Qwen2-VL:
-        a block of merge x merge patches)."""
-        return getattr(self.processor, "patch_size", 14) * getattr(self.processor, "merge_size", 2)
+    def picture_size(self, tokens: int) -> tuple[int, int] | None:
+        """(height, width) in pixels of a picture of ``tokens`` placeholder tokens, for an encoder at each image's own
+        resolution (None: no such picture)."""
+        return self.encoder.picture_size(tokens, self.processor)
 
     @property
     def processor(self):
@@ -85,7 +80,7 @@ class ImageInputs:
         try:
             return self.encoder.split_processed(self.processor(images=images, return_tensors="pt"))
         except ValueError as error:
-            raise ValueError(f"model {str(self.checkpoint)!r}: {error}") from None
+            raise ValueError(f"{label}: model {str(self.checkpoint)!r}: {error}") from None
 
     def process(self, label: str, token_ids: list[int], multi_modal_data: Any) -> tuple[list[int], tuple]:
         """(the prompt's tokens with each image mark expanded to its placeholders, the images' features)."""
@@ -114,7 +109,10 @@ class ImageInputs:
         for (start, length), (data, tokens) in zip(marks, inputs):
             expanded.extend(token_ids[previous_end:start])
             features.append(MultiModalFeature(identifier(data), len(expanded), tokens, data=data))
-            expanded.extend([self.image_token_id] * tokens)
+            # Most encoders' spans are the image token repeated; Mistral 3's a grid with row breaks.
+            span = self.encoder.placeholder_ids(data) if hasattr(self.encoder, "placeholder_ids") else \
+                [self.image_token_id] * tokens
+            expanded.extend(span)
             previous_end = start + length
         expanded.extend(token_ids[previous_end:])
         return expanded, tuple(features)

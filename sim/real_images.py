@@ -77,9 +77,10 @@ class RealImages:
         """(height, width) in pixels of a picture of ``tokens`` placeholder tokens."""
         if self.inputs.image_size is not None:
             return self.inputs.image_size, self.inputs.image_size
-        rows = max(divisor for divisor in range(1, int(tokens ** 0.5) + 1) if tokens % divisor == 0)
-        unit = self.inputs.pixels_per_token_side
-        return rows * unit, tokens // rows * unit
+        size = self.inputs.picture_size(tokens)
+        if size is None:
+            raise VisionSetupError(f"workload.images.tokens_per_image: the real model makes no image of {tokens} tokens")
+        return size
 
 
 def picture(identifier: str, height: int, width: int | None = None) -> np.ndarray:

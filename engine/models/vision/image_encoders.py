@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.models.vision.llava import LlavaImageEncoder
+from engine.models.vision.pixtral import Mistral3ImageEncoder
 from engine.models.vision.qwen2_5_vl import Qwen25VLImageEncoder
 from engine.models.vision.qwen2_vl import Qwen2VLImageEncoder
 
@@ -31,7 +32,8 @@ class ImageEncoder(Protocol):
 
 IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
                   "Qwen2VLForConditionalGeneration": Qwen2VLImageEncoder,
-                  "Qwen2_5_VLForConditionalGeneration": Qwen25VLImageEncoder}
+                  "Qwen2_5_VLForConditionalGeneration": Qwen25VLImageEncoder,
+                  "Mistral3ForConditionalGeneration": Mistral3ImageEncoder}
 
 
 def fixed_image_size(encoder) -> tuple[int, int] | None:

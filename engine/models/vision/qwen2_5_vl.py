@@ -25,11 +25,11 @@ def _rms_norm(size: int) -> nn.Module:
 
 
 class GatedVisionMLP(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int, activation) -> None:
+    def __init__(self, dim: int, hidden_dim: int, activation, bias: bool = True) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden_dim)
-        self.up_proj = nn.Linear(dim, hidden_dim)
-        self.down_proj = nn.Linear(hidden_dim, dim)
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=bias)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=bias)
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -188,6 +188,26 @@ class Qwen2VLImageEncoder(nn.Module):
         embeddings = self.visual(patches, grids)
         return list(torch.split(embeddings, [self.tokens_of(grid) for grid in grids]))
 
+    def max_tokens(self, processor) -> int:
+        """The tokens of the processor's largest image (``size.longest_edge`` or ``max_pixels``: an area)."""
+        size = getattr(processor, "size", None) or {}
+        most = (size.get("longest_edge") if hasattr(size, "get") else None) or getattr(processor, "max_pixels", None)
+        if not most:
+            raise ValueError("its image processor names no largest image (size.longest_edge or max_pixels)")
+        side = self.token_side(processor)
+        return int(most) // (side * side)
+
+    def token_side(self, processor) -> int:
+        """Pixels a side of one token's block of merge x merge patches."""
+        patch = getattr(processor, "patch_size", None) or 14
+        return int(patch) * self.spatial_merge_size
+
+    def picture_size(self, tokens: int, processor) -> tuple[int, int]:
+        """A picture the processor keeps at ``tokens`` tokens: rows x columns of blocks, as near square as it allows."""
+        rows = max(divisor for divisor in range(1, int(tokens ** 0.5) + 1) if tokens % divisor == 0)
+        side = self.token_side(processor)
+        return rows * side, tokens // rows * side
+
     def split_processed(self, processed) -> list[tuple[tuple[torch.Tensor, tuple[int, int, int]], int]]:
         """The image processor's output -> per image ((patches, grid), placeholder tokens)."""
         grids = [tuple(int(value) for value in grid) for grid in processed["image_grid_thw"].tolist()]
