@@ -79,7 +79,8 @@ class RealImages:
             return self.inputs.image_size, self.inputs.image_size
         size = self.inputs.picture_size(tokens)
         if size is None:
-            raise VisionSetupError(f"workload.images.tokens_per_image: the real model makes no image of {tokens} tokens")
+            raise VisionSetupError(f"workload.images.tokens_per_image: the real model makes no image of {tokens} "
+                                   "tokens")
         return size
 
 

@@ -164,7 +164,7 @@ def test_a_real_run_draws_each_grid_and_replays_exactly(mistral3, tmp_path):
     assert read_run(out).summary["num_finished"] == 8
     assert_replays_exactly(out)
     real = build_real_engine(workload(7), model=str(mistral3), threads=1)
-    with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: image .* of 7 tokens came out of the "
-                                               r"model's image processor as"):
+    with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: image .* of 7 tokens came out of "
+                                               r"the model's image processor as"):
         run_real(workload(7), tmp_path / "bad", real.engine, vocab_size=real.vocab_size,
                  reserved_token_ids=real.reserved_token_ids, executor_info=real.info, images=real.images)

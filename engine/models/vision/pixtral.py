@@ -47,7 +47,7 @@ class PixtralAttention(nn.Module):
         def heads(x):
             return x.view(tokens, self.num_heads, -1)
 
-        q, k, v = heads(self.q_proj(hidden_states)), heads(self.k_proj(hidden_states)), heads(self.v_proj(hidden_states))
+        q, k, v = (heads(projection(hidden_states)) for projection in (self.q_proj, self.k_proj, self.v_proj))
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         outputs, start = [], 0
         for length in lengths:  # each image attends among its own patches only
@@ -100,8 +100,8 @@ class PixtralTower(nn.Module):
                                          / self.head_dim)
         rows_then_columns = []
         for rows, columns in grids:
-            row_ids, column_ids = torch.meshgrid(torch.arange(rows, device=device), torch.arange(columns, device=device),
-                                                 indexing="ij")
+            row_ids, column_ids = torch.meshgrid(torch.arange(rows, device=device),
+                                                 torch.arange(columns, device=device), indexing="ij")
             rows_then_columns.append(torch.stack([row_ids.flatten(), column_ids.flatten()], dim=-1))
         positions = torch.cat(rows_then_columns).float()
         freqs = torch.cat([positions[:, :1] * inv_freq[0::2], positions[:, 1:] * inv_freq[1::2]], dim=-1)
@@ -200,8 +200,8 @@ class Mistral3ImageEncoder(nn.Module):
     def placeholder_ids(self, image: torch.Tensor) -> list[int]:
         """The image's span in the prompt: each row of [IMG] tokens then [IMG_BREAK], the last ending [IMG_END]."""
         if self.break_token_id is None:
-            raise ValueError("Mistral 3 images need the checkpoint's tokenizer, whose ids mark their rows ([IMG_BREAK], "
-                             "[IMG_END]); create the engine without skip_tokenizer_init")
+            raise ValueError("Mistral 3 images need the checkpoint's tokenizer, whose ids mark their rows "
+                             "([IMG_BREAK], [IMG_END]); create the engine without skip_tokenizer_init")
         rows, columns = self.grid_of(image)
         span = ([self.image_token_id] * columns + [self.break_token_id]) * rows
         span[-1] = self.end_token_id
@@ -221,7 +221,8 @@ class Mistral3ImageEncoder(nn.Module):
 
     def picture_size(self, tokens: int, processor) -> tuple[int, int] | None:
         """A picture whose span is ``tokens``: rows x (columns + 1), as near square as it allows (None: none)."""
-        shapes = [(rows, tokens // rows - 1) for rows in range(1, tokens + 1) if tokens % rows == 0 and tokens // rows > 1]
+        shapes = [(rows, tokens // rows - 1) for rows in range(1, tokens + 1)
+                  if tokens % rows == 0 and tokens // rows > 1]
         if not shapes:
             return None
         rows, columns = min(shapes, key=lambda shape: abs(shape[0] - shape[1]))
