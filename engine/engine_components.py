@@ -93,10 +93,8 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     # layers mixed: vLLM's hybrid KV cache (one table per group of layers, the windowed ones handing blocks
     # back; Llama 4's chunked layers likewise), unless turned off, when every block is kept for every layer. The
     # share of windowed (or chunked) layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
-    encoder = runner.encoder_outputs.encoder if runner.encoder_outputs is not None else None
-    image_inputs = ImageInputs.for_encoder(model_path, encoder) if encoder is not None else None
-    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len,
-                                                       image_inputs.max_tokens_per_image if image_inputs else 0),
+    image_inputs, tokens_per_image = image_inputs_of(model_path, runner)
+    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len, tokens_per_image),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
                                                    model_config.sliding_window_fraction, grouping,
                                                    model_config.attention_chunk))
@@ -109,6 +107,20 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     # Grammars are masked over the model's vocabulary (its logits' width) and end at the engine's EOS ids.
     components.use_grammar_tokenizer(tokenizer)
     return components
+
+
+def image_inputs_of(model_path: Path, runner: ModelRunner) -> tuple[ImageInputs | None, int]:
+    """The engine's image inputs and the most placeholder tokens of one image (the encoder budget's floor); (None, 0)
+    for a text model, or for a vision-language checkpoint whose images cannot be prepared (no preprocessor_config.json:
+    its text is served, images refused, and the log says why)."""
+    if runner.encoder_outputs is None:
+        return None, 0
+    image_inputs = ImageInputs(model_path, runner.encoder_outputs.encoder)
+    try:
+        return image_inputs, image_inputs.max_tokens_per_image
+    except ValueError as error:
+        logger.warning("%s; images are refused, text is served", error)
+        return None, 0
 
 
 def warn_if_max_model_len_lowered(scheduler: Scheduler) -> None:

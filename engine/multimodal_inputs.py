@@ -37,10 +37,6 @@ class ImageInputs:
         self.image_size, self.tokens_per_image = fixed if fixed is not None else (None, None)
         self._processor = None
 
-    @classmethod
-    def for_encoder(cls, checkpoint: str | Path, encoder) -> "ImageInputs":
-        return cls(checkpoint, encoder)
-
     @property
     def max_tokens_per_image(self) -> int:
         """The most placeholder tokens one image can take: the fixed count, or (an image at its own resolution) what

@@ -21,10 +21,9 @@ from engine.runner.request_state import CachedRequestState
 
 
 class EncoderOutputs:
-    def __init__(self, encoder, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, encoder, device: torch.device) -> None:
         self.encoder = encoder
         self.device = device
-        self.dtype = dtype
         self.outputs: dict[str, torch.Tensor] = {}
         # Images encoded so far (a repeated image the scheduler kept is not encoded again).
         self.num_items_encoded = 0

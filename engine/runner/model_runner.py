@@ -75,7 +75,7 @@ class ModelRunner:
         image_encoder = load_image_encoder(config.model, self.dtype, self.device)
         if hasattr(image_encoder, "attach_language_model"):  # Mistral 3: its spans hold the LM's own row marks
             image_encoder.attach_language_model(self.model, tokenizer, config.model)
-        self.encoder_outputs = EncoderOutputs(image_encoder, self.device, self.dtype) \
+        self.encoder_outputs = EncoderOutputs(image_encoder, self.device) \
             if image_encoder is not None else None
         # Qwen2-VL: the language model turns image tokens by three positions (mrope_positions.py); None: one.
         self.mrope_merge_size = use_mrope(self.model, image_encoder)

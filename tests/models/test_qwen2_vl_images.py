@@ -212,3 +212,19 @@ def test_a_real_run_draws_each_image_at_its_size_and_replays_exactly(qwen2_vl, t
     with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: the real model's images take as many "
                                                r"tokens as their resolution gives, at most 64"):
         build_real_engine(workload({"type": "constant", "value": 100}), model=str(qwen2_vl), threads=1)
+
+
+def test_a_checkpoint_without_its_image_processor_serves_text(qwen2_vl, tmp_path, caplog):
+    """No preprocessor_config.json: the engine cannot prepare images, so it says so, serves text, and refuses images."""
+    import shutil
+
+    copy = tmp_path / "no-processor"
+    shutil.copytree(qwen2_vl, copy)
+    (copy / "preprocessor_config.json").unlink()
+    with caplog.at_level("WARNING"):
+        llm = LLM(model=str(copy), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
+    assert "has no preprocessor_config.json" in caplog.text and llm.image_inputs is None
+    assert len(llm.generate([[1, 5, 6]], greedy(3), use_tqdm=False)[0].outputs[0].token_ids) == 3
+    with pytest.raises(ValueError, match=r"prompt 0: multi_modal_data needs a vision-language model"):
+        llm.generate([{"prompt_token_ids": [1, START, IMAGE, END], "multi_modal_data": {"image": picture(0, 60, 60)}}],
+                     greedy(2), use_tqdm=False)
