@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.multimodal_inputs import ImageInputs
 from sim.vision_setup import VisionSetupError
 from workloads import RequestSpec, WorkloadConfig
 from workloads.distributions import ConstantLength
+
+if TYPE_CHECKING:  # the engine (and torch) only where a real run is made
+    from engine.multimodal_inputs import ImageInputs
 
 
 @dataclass(frozen=True)

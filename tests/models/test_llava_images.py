@@ -202,7 +202,8 @@ def test_bad_image_input_is_refused_by_name(llava_path, prompt, message):
     with pytest.raises(ValueError, match=message):
         llm.generate([prompt], GREEDY, use_tqdm=False)
     assert_healthy(llm)
-    assert len(llm.generate([request([1, IMAGE_TOKEN, 5], image(0))], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 6
+    after = llm.generate([request([1, IMAGE_TOKEN, 5], image(0))], GREEDY, use_tqdm=False)[0]
+    assert len(after.outputs[0].token_ids) == 6
 
 
 def test_images_are_refused_where_they_cannot_go(llava_path, tmp_path_factory):

@@ -139,32 +139,15 @@ def test_a_real_run_draws_each_grid_and_replays_exactly(mistral3, tmp_path):
     """Images of 12 tokens (3 rows of 3 tokens and a break: 84 x 84 pixels), recorded and replayed exactly; a count no
     grid within the processor's largest image makes is refused by name."""
     from analysis import read_run
-    from sim.real_engine import build_real_engine
-    from sim.real_run import run_real
     from sim.vision_setup import VisionSetupError
+    from tests.models.image_real_runs import image_workload, record
     from tests.sim.test_sliding_window_real_run import assert_replays_exactly
-    from workloads import load_workload
 
-    def workload(tokens):
-        return load_workload({
-            "name": "mistral3-images", "seed": 6, "model": "tiny", "hardware": "cpu", "dtype": "float32",
-            "engine": {"block_size": 8, "num_gpu_blocks": 64, "max_num_seqs": 6, "max_num_batched_tokens": 24,
-                       "max_model_len": 256},
-            "workload": {"num_requests": 8, "arrival": {"type": "poisson", "rate": 200},
-                         "prompt_len": {"type": "uniform", "min": 4, "max": 30},
-                         "output_len": {"type": "uniform", "min": 2, "max": 8},
-                         "images": {"fraction": 0.8, "distinct": 3,
-                                    "tokens_per_image": {"type": "constant", "value": tokens}}}})
-
-    spec = workload(12)
-    real = build_real_engine(spec, model=str(mistral3), threads=1)
-    out = tmp_path / "real"
-    run_real(spec, out, real.engine, vocab_size=real.vocab_size, reserved_token_ids=real.reserved_token_ids,
-             executor_info=real.info, images=real.images)
-    assert read_run(out).summary["num_finished"] == 8
-    assert_replays_exactly(out)
-    real = build_real_engine(workload(7), model=str(mistral3), threads=1)
+    record(image_workload("mistral3-images", 6, {"type": "constant", "value": 12}, num_requests=8, distinct=3),
+           mistral3, tmp_path / "real")
+    assert read_run(tmp_path / "real").summary["num_finished"] == 8
+    assert_replays_exactly(tmp_path / "real")
     with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: image .* of 7 tokens came out of "
                                                r"the model's image processor as"):
-        run_real(workload(7), tmp_path / "bad", real.engine, vocab_size=real.vocab_size,
-                 reserved_token_ids=real.reserved_token_ids, executor_info=real.info, images=real.images)
+        record(image_workload("mistral3-images", 6, {"type": "constant", "value": 7}, num_requests=8, distinct=3),
+               mistral3, tmp_path / "bad")

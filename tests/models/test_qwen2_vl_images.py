@@ -184,34 +184,21 @@ def test_a_real_run_draws_each_image_at_its_size_and_replays_exactly(qwen2_vl, t
     change are refused by name."""
     from analysis import read_run
     from sim.real_engine import build_real_engine
-    from sim.real_run import run_real
     from sim.vision_setup import VisionSetupError
+    from tests.models.image_real_runs import image_workload, record
     from tests.sim.test_sliding_window_real_run import assert_replays_exactly
-    from workloads import load_workload
 
-    def workload(tokens):
-        return load_workload({
-            "name": "qwen-images", "seed": 5, "model": "tiny", "hardware": "cpu", "dtype": "float32",
-            "engine": {"block_size": 8, "num_gpu_blocks": 64, "max_num_seqs": 6, "max_num_batched_tokens": 24,
-                       "max_model_len": 256},
-            "workload": {"num_requests": 10, "arrival": {"type": "poisson", "rate": 200},
-                         "prompt_len": {"type": "uniform", "min": 4, "max": 30},
-                         "output_len": {"type": "uniform", "min": 2, "max": 10},
-                         "images": {"fraction": 0.8, "distinct": 4, "tokens_per_image": tokens}}})
-
-    spec = workload({"type": "uniform", "min": 4, "max": 16})
-    real = build_real_engine(spec, model=str(qwen2_vl), threads=1)
+    real = record(image_workload("qwen-images", 5, {"type": "uniform", "min": 4, "max": 16}), qwen2_vl,
+                  tmp_path / "real")
     assert real.info["tokens_per_image"] is None
-    out = tmp_path / "real"
-    run_real(spec, out, real.engine, vocab_size=real.vocab_size, reserved_token_ids=real.reserved_token_ids,
-             executor_info=real.info, images=real.images)
-    run = read_run(out)
+    run = read_run(tmp_path / "real")
     assert run.summary["num_finished"] == 10 and int(run.steps["num_encoder_items"].sum()) > 0
     assert len(set(run.requests["num_image_tokens"]) - {0}) > 1  # images of several sizes
-    assert_replays_exactly(out)
-    with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: the real model's images take as many "
-                                               r"tokens as their resolution gives, at most 64"):
-        build_real_engine(workload({"type": "constant", "value": 100}), model=str(qwen2_vl), threads=1)
+    assert_replays_exactly(tmp_path / "real")
+    with pytest.raises(VisionSetupError, match=r"workload.images.tokens_per_image: the real model's images take as "
+                                               r"many tokens as their resolution gives, at most 64"):
+        build_real_engine(image_workload("qwen-images", 5, {"type": "constant", "value": 100}), model=str(qwen2_vl),
+                          threads=1)
 
 
 def test_a_checkpoint_without_its_image_processor_serves_text(qwen2_vl, tmp_path, caplog):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from engine.models.vision.clip_vision import ClipVisionTransformer, vision_activation
+from engine.models.vision.weights import load_encoder_weights
 
 
 class LlavaProjector(nn.Module):
@@ -101,17 +102,4 @@ class LlavaImageEncoder(nn.Module):
         return None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        loaded = set()
-        for checkpoint_name, tensor in weights:
-            name = self.own_name(checkpoint_name)
-            if name is None:
-                continue
-            if name not in params:
-                raise ValueError(f"checkpoint tensor {checkpoint_name!r} has no place in the LLaVA image encoder")
-            if params[name].shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {checkpoint_name!r} has shape {tuple(tensor.shape)}, the image "
-                                 f"encoder's {name} {tuple(params[name].shape)}")
-            params[name].data.copy_(tensor)
-            loaded.add(name)
-        return loaded
+        return load_encoder_weights(self, weights, self.own_name, "LLaVA")

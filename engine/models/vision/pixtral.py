@@ -30,6 +30,8 @@ from engine.models.layers import RMSNorm
 from engine.models.rotary_embedding import rotate_half
 from engine.models.vision.clip_vision import vision_activation
 from engine.models.vision.qwen2_5_vl import GatedVisionMLP
+from engine.models.vision.qwen2_vl import attend_per_image
+from engine.models.vision.weights import load_encoder_weights
 
 
 class PixtralAttention(nn.Module):
@@ -49,13 +51,7 @@ class PixtralAttention(nn.Module):
 
         q, k, v = (heads(projection(hidden_states)) for projection in (self.q_proj, self.k_proj, self.v_proj))
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        outputs, start = [], 0
-        for length in lengths:  # each image attends among its own patches only
-            piece = slice(start, start + length)
-            outputs.append(F.scaled_dot_product_attention(q[piece].transpose(0, 1), k[piece].transpose(0, 1),
-                                                          v[piece].transpose(0, 1)).transpose(0, 1))
-            start += length
-        return self.o_proj(torch.cat(outputs).reshape(tokens, -1))
+        return self.o_proj(attend_per_image(q, k, v, lengths).reshape(tokens, -1))
 
 
 class PixtralLayer(nn.Module):
@@ -256,15 +252,4 @@ class Mistral3ImageEncoder(nn.Module):
         return name if name.startswith(("vision_tower.", "multi_modal_projector.")) else None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        loaded = set()
-        for checkpoint_name, tensor in weights:
-            name = self.own_name(checkpoint_name)
-            if name is None:
-                continue
-            if name not in params or params[name].shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {checkpoint_name!r} {tuple(tensor.shape)} has no place in the "
-                                 "Mistral 3 image encoder")
-            params[name].data.copy_(tensor)
-            loaded.add(name)
-        return loaded
+        return load_encoder_weights(self, weights, self.own_name, "Mistral 3")

@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.models.rotary_embedding import rotate_half
 from engine.models.vision.clip_vision import vision_activation
+from engine.models.vision.weights import load_encoder_weights
 
 
 def vision_positions(grid: tuple[int, int, int], merge: int) -> torch.Tensor:
@@ -32,6 +33,18 @@ def vision_positions(grid: tuple[int, int, int], merge: int) -> torch.Tensor:
     column_ids = torch.arange(columns).view(1, 1, columns // merge, merge).expand(rows // merge, merge, -1, -1)
     positions = torch.stack([row_ids.transpose(1, 2).flatten(), column_ids.transpose(1, 2).flatten()], dim=-1)
     return positions.repeat(frames, 1)
+
+
+def attend_per_image(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """q, k, v [tokens, heads, head_dim] of consecutive images (or windows) of ``lengths`` tokens -> each token's
+    attention over its own image's tokens (no mask within it: a vision encoder is not causal)."""
+    outputs, start = [], 0
+    for length in lengths:
+        piece = slice(start, start + length)
+        outputs.append(F.scaled_dot_product_attention(q[piece].transpose(0, 1), k[piece].transpose(0, 1),
+                                                      v[piece].transpose(0, 1)).transpose(0, 1))
+        start += length
+    return torch.cat(outputs)
 
 
 class Qwen2VisionAttention(nn.Module):
@@ -48,14 +61,7 @@ class Qwen2VisionAttention(nn.Module):
         # RoPE in float32, as transformers turns them.
         q = (q.float() * cos + rotate_half(q.float()) * sin).to(v.dtype)
         k = (k.float() * cos + rotate_half(k.float()) * sin).to(v.dtype)
-        outputs = []
-        start = 0
-        for length in lengths:  # each image attends among its own patches only
-            piece = slice(start, start + length)
-            outputs.append(F.scaled_dot_product_attention(q[piece].transpose(0, 1), k[piece].transpose(0, 1),
-                                                          v[piece].transpose(0, 1)).transpose(0, 1))
-            start += length
-        return self.proj(torch.cat(outputs).reshape(tokens, -1))
+        return self.proj(attend_per_image(q, k, v, lengths).reshape(tokens, -1))
 
 
 class Qwen2VisionMLP(nn.Module):
@@ -220,15 +226,4 @@ class Qwen2VLImageEncoder(nn.Module):
         return name if name.startswith("visual.") else None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        loaded = set()
-        for checkpoint_name, tensor in weights:
-            name = self.own_name(checkpoint_name)
-            if name is None:
-                continue
-            if name not in params or params[name].shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {checkpoint_name!r} {tuple(tensor.shape)} has no place in the "
-                                 "Qwen2-VL image encoder")
-            params[name].data.copy_(tensor)
-            loaded.add(name)
-        return loaded
+        return load_encoder_weights(self, weights, self.own_name, "Qwen2-VL")
