@@ -105,6 +105,7 @@ def test_llm_chat_takes_images_as_pil_parts_or_data_urls(tiny_llava):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_images_on_cuda_give_the_cpu_tokens(tiny_llava):
     """The encoder on the GPU, its outputs kept there, steps with placeholders eager beside graph decodes."""
+    pytest.importorskip("PIL", reason="a GPU image without Pillow (the real extra's) cannot prepare images")
     prompts = [{"prompt_token_ids": [1, 40 + seed, 511, 50 + seed, 60], "multi_modal_data": {
         "image": np.random.RandomState(seed).randint(0, 256, (64, 64, 3), dtype=np.uint8)}} for seed in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
