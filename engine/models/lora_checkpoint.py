@@ -39,7 +39,11 @@ TARGET_MODULES = {
     "qkv_proj": "self_attn", "gate_up_proj": "mlp",
 }
 FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
+# A vision-language model's adapter names its language model's layers under ``language_model``: transformers 5's
+# ``model.language_model.layers`` or the older ``language_model.model.layers`` (the image encoder's layers, which the
+# runner does not adapt, are refused as any other key outside the decoder layers).
+_KEY = re.compile(r"base_model\.model\.(?:model\.language_model\.|language_model\.model\.|model\.)layers\.(\d+)\."
+                  r"(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 
 
 @dataclass(frozen=True, slots=True)

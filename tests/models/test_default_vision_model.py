@@ -131,3 +131,45 @@ def test_images_with_speculative_decoding_and_parallel_samples(tiny_llava):
                              use_tqdm=False)[0]
     assert len(samples.outputs) == 3 and len({tuple(o.token_ids) for o in samples.outputs}) > 1
     assert plain.model_runner.encoder_outputs.num_items_encoded - before <= 1
+
+
+@pytest.mark.parametrize("prefix", ["model.language_model.", "language_model.model."], ids=["transformers-5", "hub"])
+def test_a_lora_adapter_on_the_language_model_gives_transformers_tokens_merged(tiny_llava, tmp_path, prefix):
+    """PEFT names a vision-language model's decoder layers under its language model (either layout); the adapter,
+    on requests with images, gives transformers' LLaVA tokens with the adapter merged into its weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoImageProcessor, LlavaForConditionalGeneration
+
+    from engine.core import LoRARequest
+    from engine.models.make_lora import make_lora_adapter
+    from tests.engine.lora_fixtures import merged_hf_model
+
+    # The generated tiny Llama is the tiny LLaVA's language model: its adapter, renamed as a LLaVA's.
+    text_adapter = make_lora_adapter(tmp_path / "text", default_model_path("tiny", cache_dir=tiny_llava.parents[1]),
+                                     rank=4, alpha=8, seed=3)
+
+    def renamed(folder, layers_prefix):
+        shutil.copytree(text_adapter, folder)
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        save_file({key.replace("base_model.model.model.", f"base_model.model.{layers_prefix}"): tensor
+                   for key, tensor in tensors.items()}, str(folder / "adapter_model.safetensors"))
+        return folder
+
+    hf = LlavaForConditionalGeneration.from_pretrained(str(tiny_llava), dtype=torch.float32,
+                                                       attn_implementation="eager").eval()
+    merged = merged_hf_model(hf, renamed(tmp_path / "merge", "model.language_model."))  # transformers 5's modules
+    picture = np.random.RandomState(4).randint(0, 256, (64, 64, 3), dtype=np.uint8)
+    llm = LLM(model=str(tiny_llava), dtype="float32", enable_lora=True, max_lora_rank=8, max_num_batched_tokens=12)
+    output = llm.generate([{"prompt_token_ids": [1, 7, 511, 9, 10, 11], "multi_modal_data": {"image": picture}}],
+                          SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False,
+                          lora_request=LoRARequest("vlm", 1, str(renamed(tmp_path / "adapter", prefix))))[0]
+    ids = torch.tensor([output.prompt_token_ids])
+    pixels = AutoImageProcessor.from_pretrained(str(tiny_llava))(images=[picture], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        expected, base = (model.generate(input_ids=ids, pixel_values=pixels, max_new_tokens=8, min_new_tokens=8,
+                                         do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+                          for model in (merged, hf))
+    assert expected != base  # the adapter changes the tokens
+    assert list(output.outputs[0].token_ids) == expected
