@@ -106,9 +106,7 @@ class ImageInputs:
             expanded.extend(token_ids[previous_end:start])
             features.append(MultiModalFeature(identifier(data), len(expanded), tokens, data=data))
             # Most encoders' spans are the image token repeated; Mistral 3's a grid with row breaks.
-            span = self.encoder.placeholder_ids(data) if hasattr(self.encoder, "placeholder_ids") else \
-                [self.image_token_id] * tokens
-            expanded.extend(span)
+            expanded.extend(self.encoder.placeholder_ids(data, tokens))
             previous_end = start + length
         expanded.extend(token_ids[previous_end:])
         return expanded, tuple(features)

@@ -73,7 +73,7 @@ class ModelRunner:
                                                    lm_head_optional=config.pooling)
         # A vision-language checkpoint's image encoder and its kept outputs (encoder_outputs.py); None: text only.
         image_encoder = load_image_encoder(config.model, self.dtype, self.device)
-        if hasattr(image_encoder, "attach_language_model"):  # Mistral 3: its spans hold the LM's own row marks
+        if image_encoder is not None:  # Mistral 3's spans hold the language model's own row marks
             image_encoder.attach_language_model(self.model, tokenizer, config.model)
         self.encoder_outputs = EncoderOutputs(image_encoder, self.device) \
             if image_encoder is not None else None

@@ -8,26 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Protocol
 
 import torch
 
+from engine.models.vision.encoder_base import ImageEncoder
 from engine.models.vision.llava import LlavaImageEncoder
 from engine.models.vision.pixtral import Mistral3ImageEncoder
 from engine.models.vision.qwen2_5_vl import Qwen25VLImageEncoder
 from engine.models.vision.qwen2_vl import Qwen2VLImageEncoder
-
-
-class ImageEncoder(Protocol):
-    # The token id a prompt marks an image with.
-    image_token_id: int
-
-    def split_processed(self, processed) -> list[tuple[Any, int]]:
-        """The checkpoint's image processor's output -> per image (the encoder's input for it, its placeholder
-        tokens: how many embeddings it becomes)."""
-
-    def encode(self, items: list) -> list[torch.Tensor]:
-        """Each item's input -> its embeddings [placeholder tokens, the language model's hidden size]."""
 
 
 IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
@@ -39,8 +27,7 @@ IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
 def fixed_image_size(encoder) -> tuple[int, int] | None:
     """(pixels a side, placeholder tokens) of an encoder whose images all have one size (LLaVA); None for one at
     each image's own resolution (Qwen2-VL)."""
-    size = getattr(encoder, "image_size", None)
-    return None if size is None else (size, encoder.tokens_per_image)
+    return None if encoder.image_size is None else (encoder.image_size, encoder.tokens_per_image)
 
 
 def image_encoder_class(architectures: list[str]) -> type | None:

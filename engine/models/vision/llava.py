@@ -9,14 +9,13 @@ embeddings, which fill the 576 placeholder tokens the processor puts in its plac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from engine.models.vision.clip_vision import ClipVisionTransformer, vision_activation
-from engine.models.vision.weights import load_encoder_weights
+from engine.models.vision.encoder_base import ImageEncoder
 
 
 class LlavaProjector(nn.Module):
@@ -30,7 +29,9 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.activation(self.linear_1(features)))
 
 
-class LlavaImageEncoder(nn.Module):
+class LlavaImageEncoder(ImageEncoder):
+    family = "LLaVA"
+
     def __init__(self, raw: dict[str, Any]) -> None:
         super().__init__()
         vision_config = raw.get("vision_config") or {}
@@ -100,6 +101,3 @@ class LlavaImageEncoder(nn.Module):
         if name.startswith("multi_modal_projector."):
             return name
         return None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_encoder_weights(self, weights, self.own_name, "LLaVA")

@@ -18,7 +18,6 @@ language model reads exactly what transformers' reads.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from engine.models.rotary_embedding import rotate_half
 from engine.models.vision.clip_vision import vision_activation
 from engine.models.vision.qwen2_5_vl import GatedVisionMLP
 from engine.models.vision.qwen2_vl import attend_per_image
-from engine.models.vision.weights import load_encoder_weights
+from engine.models.vision.encoder_base import ImageEncoder
 
 
 class PixtralAttention(nn.Module):
@@ -148,8 +147,9 @@ class Mistral3Projector(nn.Module):
         return self.linear_2(self.activation(self.linear_1(self.patch_merger(self.norm(features), grids))))
 
 
-class Mistral3ImageEncoder(nn.Module):
+class Mistral3ImageEncoder(ImageEncoder):
     """An item's data is one image's pixels [channels, H, W] as the processor made them (unpadded)."""
+    family = "Mistral 3"
 
     def __init__(self, raw: dict[str, Any]) -> None:
         super().__init__()
@@ -193,7 +193,7 @@ class Mistral3ImageEncoder(nn.Module):
         patch = self.vision_tower.patch_size
         return image.shape[1] // patch // self.merge, image.shape[2] // patch // self.merge
 
-    def placeholder_ids(self, image: torch.Tensor) -> list[int]:
+    def placeholder_ids(self, image: torch.Tensor, tokens: int | None = None) -> list[int]:
         """The image's span in the prompt: each row of [IMG] tokens then [IMG_BREAK], the last ending [IMG_END]."""
         if self.break_token_id is None:
             raise ValueError("Mistral 3 images need the checkpoint's tokenizer, whose ids mark their rows "
@@ -250,6 +250,3 @@ class Mistral3ImageEncoder(nn.Module):
     def own_name(name: str) -> str | None:
         name = name.removeprefix("model.")
         return name if name.startswith(("vision_tower.", "multi_modal_projector.")) else None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_encoder_weights(self, weights, self.own_name, "Mistral 3")

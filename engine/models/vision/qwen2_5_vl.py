@@ -94,4 +94,5 @@ class Qwen25VisionTower(Qwen2VisionTower):
 
 class Qwen25VLImageEncoder(Qwen2VLImageEncoder):
     """The tower and merger of a ``Qwen2_5_VLForConditionalGeneration`` checkpoint."""
+    family = "Qwen2.5-VL"
     tower_class = Qwen25VisionTower

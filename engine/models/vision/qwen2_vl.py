@@ -14,7 +14,6 @@ Parameter names follow the checkpoint's (``visual.blocks.N.attn.qkv``, ``visual.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ from torch import nn
 
 from engine.models.rotary_embedding import rotate_half
 from engine.models.vision.clip_vision import vision_activation
-from engine.models.vision.weights import load_encoder_weights
+from engine.models.vision.encoder_base import ImageEncoder
 
 
 def vision_positions(grid: tuple[int, int, int], merge: int) -> torch.Tensor:
@@ -160,9 +159,10 @@ class Qwen2VisionTower(nn.Module):
         return self.merger(hidden_states)
 
 
-class Qwen2VLImageEncoder(nn.Module):
+class Qwen2VLImageEncoder(ImageEncoder):
     """The tower and merger of a ``Qwen2VLForConditionalGeneration`` checkpoint; an item's data is the processor's
     (patches, grid) for one image."""
+    family = "Qwen2-VL"
     tower_class = Qwen2VisionTower
 
     def __init__(self, raw: dict[str, Any]) -> None:
@@ -224,6 +224,3 @@ class Qwen2VLImageEncoder(nn.Module):
     def own_name(name: str) -> str | None:
         name = name.removeprefix("model.")
         return name if name.startswith("visual.") else None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_encoder_weights(self, weights, self.own_name, "Qwen2-VL")
