@@ -8,7 +8,7 @@ workload's identifiers, so the real engine shares encoder outputs and cached KV 
 and a replay rebuilds the same requests without any pixels.
 
 Each image is the model's fixed number of placeholder tokens (LLaVA: its patches; a workload asking for another count
-is refused by name), or, for a model that encodes each image at its own resolution (Qwen2-VL, Qwen2.5-VL), the
+is refused by name), or, for a model that encodes each image at its own resolution (Qwen2-VL, 2.5-VL, 3-VL), the
 workload's ``tokens_per_image`` for it: its picture is drawn at a size the processor keeps (rows x columns of merged
 blocks, as near square as the count allows), and an image the processor would resize to another count is refused by
 name. The placeholders are the workload's placeholder token (the vocabulary's last id), not the
@@ -104,5 +104,5 @@ def check_real_run_images(workload: WorkloadConfig, images: RealImages | None, e
                                "record them with --executor real and a LLaVA checkpoint (--model PATH)")
     if images is None:
         raise VisionSetupError(f"{where}: the real model encodes no images; pass --model a vision-language checkpoint "
-                               "whose images the engine encodes (LLaVA, Qwen2-VL, Qwen2.5-VL)")
+                               "whose images the engine encodes (LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3)")
     images.check(workload)

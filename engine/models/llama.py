@@ -110,16 +110,21 @@ class LlamaModel(nn.Module):
             layer.self_attn.use_rope = uses_rope
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
-                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None,
+                deepstack: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``inputs_embeds``: the step's token embeddings with images' encoder outputs in their placeholders' rows
-        (engine/runner/encoder_outputs.py); None: ``input_ids``' embeddings."""
+        (engine/runner/encoder_outputs.py); None: ``input_ids``' embeddings. ``deepstack``: (rows, [levels, rows,
+        hidden]) Qwen3-VL's DeepStack, level i added to those rows' hidden states after layer i."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         # One cos/sin per step, shared by every layer.
         cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
+            if deepstack is not None and index < deepstack[1].shape[0]:
+                rows, levels = deepstack
+                hidden_states = hidden_states.index_add(0, rows, levels[index].to(hidden_states.dtype))
         return self.norm(hidden_states)
 
 
@@ -207,12 +212,17 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.backend = backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
-                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None,
+                deepstack: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size]; ``inputs_embeds``
-        [num_tokens, hidden_size] stand in for input_ids' embeddings (a step that fills images' placeholders)."""
+        [num_tokens, hidden_size] stand in for input_ids' embeddings (a step that fills images' placeholders);
+        ``deepstack``: LlamaModel.forward's."""
         if inputs_embeds is None:
             return self.model(input_ids, positions, kv_caches, attn_metadata)
-        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds=inputs_embeds)
+        if deepstack is None:
+            return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds=inputs_embeds)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds=inputs_embeds,
+                          deepstack=deepstack)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The token embeddings the decoder's first layer reads (what images' encoder outputs replace)."""

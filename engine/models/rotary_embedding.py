@@ -135,6 +135,10 @@ class RotaryEmbedding(nn.Module):
         # positions (positions [3, num_tokens]); set by the runner for a checkpoint whose images it encodes. Text
         # tokens have three equal positions, which is plain RoPE.
         self.mrope_section: list[int] | None = None
+        # Qwen3-VL's interleaved M-RoPE: feature j of the rotary half turns by the height position where j % 3 == 1
+        # and j < 3 x mrope_section[1], by the width position where j % 3 == 2 and j < 3 x mrope_section[2], by the
+        # temporal one elsewhere (so every axis keeps low and high frequencies).
+        self.mrope_interleaved = False
 
     def fit_context(self, max_model_len: int) -> None:
         """Called once the engine's ``max_model_len`` is known, before any step: LongRoPE takes its short factors
@@ -155,8 +159,15 @@ class RotaryEmbedding(nn.Module):
         [num_tokens], or [3, num_tokens] for M-RoPE (``mrope_section``)."""
         if positions.dim() == 2:
             all_freqs = positions.to(torch.float32)[:, :, None] * self._inv_freq(positions.device)[None, None, :]
-            sections = all_freqs.split(self.mrope_section, dim=-1)
-            freqs = torch.cat([section[index % 3] for index, section in enumerate(sections)], dim=-1)
+            if self.mrope_interleaved:
+                features = torch.arange(all_freqs.shape[-1], device=positions.device)
+                axis = torch.zeros_like(features)
+                for index in (1, 2):
+                    axis[(features % 3 == index) & (features < 3 * self.mrope_section[index])] = index
+                freqs = all_freqs[axis, :, features].transpose(0, 1)
+            else:
+                sections = all_freqs.split(self.mrope_section, dim=-1)
+                freqs = torch.cat([section[index % 3] for index, section in enumerate(sections)], dim=-1)
         else:
             freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]

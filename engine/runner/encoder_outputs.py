@@ -74,7 +74,22 @@ class EncoderOutputs:
 
 
 def fill_placeholders(token_embeddings: torch.Tensor, placeholders: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The step's token embeddings with its placeholder rows replaced by their images' embeddings."""
+    """The step's token embeddings with its placeholder rows replaced by their images' embeddings (the first
+    hidden-size features of each output: Qwen3-VL's DeepStack levels follow them, ``deepstack_inputs``)."""
     rows, embeddings = placeholders
-    token_embeddings[rows] = embeddings.to(token_embeddings.dtype)
+    token_embeddings[rows] = embeddings[:, :token_embeddings.shape[1]].to(token_embeddings.dtype)
     return token_embeddings
+
+
+def deepstack_inputs(placeholders: tuple[torch.Tensor, torch.Tensor],
+                     hidden_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the placeholder rows, [levels, rows, hidden] each level's embeddings) for an encoder whose outputs carry
+    DeepStack levels after the placeholder's embedding (Qwen3-VL: the language model adds level i to those rows'
+    hidden states after its layer i); None for outputs of the hidden size alone."""
+    rows, embeddings = placeholders
+    if embeddings.shape[1] == hidden_size:
+        return None
+    if embeddings.shape[1] % hidden_size:
+        raise RuntimeError(f"image encoder outputs of {embeddings.shape[1]} features are not whole embeddings of the "
+                           f"language model's {hidden_size}")
+    return rows, embeddings[:, hidden_size:].unflatten(1, (-1, hidden_size)).transpose(0, 1)

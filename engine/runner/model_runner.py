@@ -36,7 +36,7 @@ from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
 from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, warm_up_shapes
-from engine.runner.encoder_outputs import EncoderOutputs, fill_placeholders
+from engine.runner.encoder_outputs import EncoderOutputs, deepstack_inputs, fill_placeholders
 from engine.runner.mrope_positions import batch_mrope_positions, padded_columns, use_mrope
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
@@ -330,8 +330,10 @@ class ModelRunner:
                     hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata)
                 else:
                     inputs_embeds = fill_placeholders(self.model.embed_input_ids(input_ids), placeholders)
+                    deepstack = deepstack_inputs(placeholders, inputs_embeds.shape[1])
                     hidden_states = self.model(input_ids, positions, self.kv_caches, attn_metadata,
-                                               inputs_embeds=inputs_embeds)
+                                               inputs_embeds=inputs_embeds,
+                                               **({} if deepstack is None else {"deepstack": deepstack}))
         finally:
             if lora_batch is not None:
                 self.lora.finish_step()

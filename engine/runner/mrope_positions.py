@@ -28,6 +28,7 @@ def use_mrope(model, image_encoder) -> int | None:
                 raise ValueError(f"config.json: mrope_section {section} must cover half of each head "
                                  f"({module.head_dim // 2} features)")
             module.mrope_section = list(section)
+            module.mrope_interleaved = bool(getattr(image_encoder, "mrope_interleaved", False))
     return image_encoder.spatial_merge_size
 
 

@@ -1,11 +1,11 @@
-"""Images in the real engine for Qwen2-VL and Qwen2.5-VL, on checkpoints transformers writes: the vision transformer at
-each image's own resolution (2-d RoPE over rows and columns, blocks of 2 x 2 patches merged; Qwen2.5-VL's windows)
-equals transformers', and the
+"""Images in the real engine for Qwen2-VL, Qwen2.5-VL and Qwen3-VL, on checkpoints transformers writes: the vision
+transformer at each image's own resolution (2-d RoPE over rows and columns, blocks of 2 x 2 patches merged;
+Qwen2.5-VL's windows; Qwen3-VL's resampled position table and DeepStack levels) equals transformers', and the
 language model's M-RoPE (three positions per token: an image's rows and columns, text resuming past the image, every
-output token shifted by the difference) gives transformers' greedy tokens (by its forward) and prompt logprobs
-(within 1e-4) through
-chunked prefill across images of different sizes, a prefix-cache hit past an image and preemption. Turned off,
-M-RoPE's positions would change the logprobs: the check can fail."""
+output token shifted by the difference; Qwen3-VL's interleaved) gives transformers' greedy tokens (by its forward) and
+prompt logprobs (within 1e-4) through chunked prefill across images of different sizes, a prefix-cache hit past an
+image and preemption. Turned off, M-RoPE's positions (and Qwen3-VL's DeepStack, and its interleaving) would change
+the logprobs: the checks can fail."""
 
 from __future__ import annotations
 
@@ -36,13 +36,18 @@ GREEDY = greedy(8)
 
 
 # Qwen2-VL's tower (LayerNorms, quick-GELU MLPs, full attention); Qwen2.5-VL's (RMSNorms, gated SiLU MLPs, windows
-# of 2 x 2 merged blocks in every block but the second).
+# of 2 x 2 merged blocks in every block but the second); Qwen3-VL's (a 4 x 4 position table resampled to each image,
+# DeepStack levels after the first and third blocks, added by the language model after its two layers). Qwen3-VL's
+# checkpoints cut 16-pixel patches; 14 here keeps one processor and one set of image sizes for the three families.
 FAMILIES = {
     "qwen2-vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
                  dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2)),
     "qwen2.5-vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                    dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                         window_size=56, fullatt_block_indexes=[1])),
+    "qwen3-vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                 dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                      num_position_embeddings=16, deepstack_visual_indexes=[0, 2])),
 }
 
 
@@ -57,7 +62,8 @@ def qwen2_vl(tmp_path_factory, family):
 
     config_name, model_name, vision = FAMILIES[family]
     path = tmp_path_factory.mktemp(family)
-    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0,
+            **({"mrope_interleaved": True} if family == "qwen3-vl" else {})}
     config = getattr(transformers, config_name)(
         text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2, "bos_token_id": 1},
         vision_config=dict(vision, patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
@@ -111,9 +117,15 @@ def test_the_vision_transformer_equals_transformers(qwen2_vl, hf):
     items = encoder.split_processed(processed)
     assert [tokens for _, tokens in items] == [40, 8]
     with torch.no_grad():
-        expected = model.model.get_image_features(processed["pixel_values"], processed["image_grid_thw"]).pooler_output
-        for ours, theirs in zip(encoder.encode([data for data, _ in items]), expected):
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+        features = model.model.get_image_features(processed["pixel_values"], processed["image_grid_thw"])
+        expected = list(features.pooler_output)
+        # Qwen3-VL: each image's DeepStack levels beside its embeddings, as the encoder gives them.
+        for level in getattr(features, "deepstack_features", None) or []:
+            expected = [torch.cat([before, piece], dim=-1) for before, piece in zip(expected, level)]
+        ours = encoder.encode([data for data, _ in items])
+        assert len(ours) == len(expected) == 2
+        for mine, theirs in zip(ours, expected):
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
 
 
 def test_images_of_two_sizes_give_transformers_tokens_across_chunks(qwen2_vl, hf):
@@ -151,6 +163,30 @@ def test_prompt_logprobs_equal_transformers_and_need_mrope(qwen2_vl, hf, monkeyp
     # The same engine with plain positions for every token is off: M-RoPE's positions are what the test checks.
     llm.model_runner.mrope_merge_size = None
     llm.llm_engine.scheduler.reset_prefix_cache()
+    assert assert_prompt_logprobs(llm, hf, prompt, images) > 1e-3
+
+
+def test_qwen3_vl_needs_its_deepstack_and_interleaved_mrope(qwen2_vl, hf, family, monkeypatch):
+    """Qwen3-VL's checks above can fail: without DeepStack's additions, or with M-RoPE's sections consecutive as
+    Qwen2-VL's are, the prompt logprobs move away from transformers'."""
+    import engine.runner.model_runner as model_runner
+    from engine.models.rotary_embedding import RotaryEmbedding
+
+    if family != "qwen3-vl":
+        pytest.skip("DeepStack and interleaved M-RoPE are Qwen3-VL's")
+    images = [picture(2, 100, 100)]
+    prompt = [1, 5, 6, START, IMAGE, END, 7, 8, 9, 10]
+    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", max_num_batched_tokens=12,
+              enable_prefix_caching=False)
+    assert llm.model_runner.encoder_outputs.encoder.deepstack_levels == 2
+    assert assert_prompt_logprobs(llm, hf, prompt, images) < 1e-4
+    with monkeypatch.context() as patch:
+        patch.setattr(model_runner, "deepstack_inputs", lambda placeholders, hidden_size: None)
+        assert assert_prompt_logprobs(llm, hf, prompt, images) > 1e-3
+    rotaries = [module for module in llm.model_runner.model.modules() if isinstance(module, RotaryEmbedding)]
+    assert rotaries and all(module.mrope_interleaved for module in rotaries)
+    for module in rotaries:
+        module.mrope_interleaved = False
     assert assert_prompt_logprobs(llm, hf, prompt, images) > 1e-3
 
 

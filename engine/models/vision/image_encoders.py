@@ -16,11 +16,13 @@ from engine.models.vision.llava import LlavaImageEncoder
 from engine.models.vision.pixtral import Mistral3ImageEncoder
 from engine.models.vision.qwen2_5_vl import Qwen25VLImageEncoder
 from engine.models.vision.qwen2_vl import Qwen2VLImageEncoder
+from engine.models.vision.qwen3_vl import Qwen3VLImageEncoder
 
 
 IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
                   "Qwen2VLForConditionalGeneration": Qwen2VLImageEncoder,
                   "Qwen2_5_VLForConditionalGeneration": Qwen25VLImageEncoder,
+                  "Qwen3VLForConditionalGeneration": Qwen3VLImageEncoder,
                   "Mistral3ForConditionalGeneration": Mistral3ImageEncoder}
 
 

@@ -90,10 +90,11 @@ class Qwen2VisionBlock(nn.Module):
 
 
 class Qwen2PatchEmbed(nn.Module):
-    def __init__(self, patch_size: int, temporal_patch_size: int, in_channels: int, dim: int) -> None:
+    def __init__(self, patch_size: int, temporal_patch_size: int, in_channels: int, dim: int,
+                 bias: bool = False) -> None:
         super().__init__()
         self.shape = (in_channels, temporal_patch_size, patch_size, patch_size)
-        self.proj = nn.Conv3d(in_channels, dim, kernel_size=self.shape[1:], stride=self.shape[1:], bias=False)
+        self.proj = nn.Conv3d(in_channels, dim, kernel_size=self.shape[1:], stride=self.shape[1:], bias=bias)
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         weight = self.proj.weight
@@ -119,8 +120,7 @@ class Qwen2VisionTower(nn.Module):
             raise ValueError(f"config.json: vision_config.embed_dim {dim} must split into num_heads {heads} heads "
                              "of a multiple of 4 features (a 2-d RoPE over each half)")
         self.merge = int(vision.get("spatial_merge_size", 2))
-        self.patch_embed = Qwen2PatchEmbed(int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2)),
-                                           int(vision.get("in_channels", 3)), dim)
+        self.patch_embed = self.make_patch_embed(vision, dim)
         self.blocks = nn.ModuleList(self.make_block(vision, dim, heads) for _ in range(int(vision.get("depth", 32))))
         self.merger = self.make_merger(vision, out_dim, dim)
         rope = vision.get("rope_parameters") or {}
@@ -130,6 +130,10 @@ class Qwen2VisionTower(nn.Module):
     @staticmethod
     def width(vision: dict[str, Any]) -> int:
         return int(vision.get("embed_dim", 1280))
+
+    def make_patch_embed(self, vision: dict[str, Any], dim: int) -> nn.Module:
+        return Qwen2PatchEmbed(int(vision.get("patch_size", 14)), int(vision.get("temporal_patch_size", 2)),
+                               int(vision.get("in_channels", 3)), dim)
 
     def make_block(self, vision: dict[str, Any], dim: int, heads: int) -> nn.Module:
         activation = vision_activation(vision.get("hidden_act", "quick_gelu"), "vision_config.hidden_act")
@@ -164,6 +168,8 @@ class Qwen2VLImageEncoder(ImageEncoder):
     (patches, grid) for one image."""
     family = "Qwen2-VL"
     tower_class = Qwen2VisionTower
+    # M-RoPE's sections: consecutive (Qwen2-VL, 2.5-VL) or interleaved feature by feature (Qwen3-VL).
+    mrope_interleaved = False
 
     def __init__(self, raw: dict[str, Any]) -> None:
         super().__init__()
