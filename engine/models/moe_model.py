@@ -14,7 +14,10 @@ checkpoint's naming, the attention biases and Qwen3's q/k norms:
 All also load from transformers 5's in-memory layout (``mlp.experts.gate_up_proj`` and
 ``mlp.experts.down_proj`` as stacked tensors), which is how our parameters are laid out. A per-expert
 tensor fills one expert's slice and is reported as ``...experts.gate_up_proj#{e}/gate`` (and ``up``,
-``down``), so a missing expert is named in the loader's error.
+``down``), so a missing expert is named in the loader's error. Qwen3-VL-MoE's published checkpoints stack them
+the other way round ([experts, hidden, 2 x intermediate] and [experts, intermediate, hidden], for a batched
+matmul); a stacked tensor of that shape is transposed at load, as transformers 5 does (a tensor already of our
+shape is taken as it is, which decides the square case the same way).
 """
 
 from __future__ import annotations
@@ -82,12 +85,25 @@ class MoeForCausalLM(LlamaForCausalLM):
         return one_expert if role == "down" else gate_or_up_rows(one_expert, role)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = super().load_weights(weights)
+        loaded = super().load_weights(self._stacked_in_our_layout(weights))
         # A stacked tensor loaded whole (transformers 5's layout) fills every expert's shards at once.
         for key in [key for key in loaded if key.rsplit(".", 1)[-1] in _STACKED]:
             loaded.discard(key)
             loaded.update(self._expert_shard_keys(key))
         return loaded
+
+    def _stacked_in_our_layout(self, weights: Iterable[tuple[str, torch.Tensor]]
+                               ) -> Iterable[tuple[str, torch.Tensor]]:
+        """Stacked expert tensors in the batched-matmul layout turned into ours (the module docstring)."""
+        moe = self.config.moe
+        hidden, intermediate = self.config.hidden_size, moe.expert_intermediate_size
+        ours = {"gate_up_proj": (moe.num_experts, 2 * intermediate, hidden),
+                "down_proj": (moe.num_experts, hidden, intermediate)}
+        for name, tensor in weights:
+            shape = ours.get(name.rsplit(".", 1)[-1]) if ".experts." in name else None
+            if shape is not None and tuple(tensor.shape) != shape and tuple(tensor.shape) == (shape[0], *shape[:0:-1]):
+                tensor = tensor.transpose(1, 2)
+            yield name, tensor
 
     def expected_weight_keys(self) -> set[str]:
         expected = set()

@@ -29,8 +29,12 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
     # Qwen3-VL: a Qwen3 (q/k norms) with interleaved M-RoPE, plain RoPE for text too; its DeepStack adds visual
     # features to early layers only where images are.
     "Qwen3VLForConditionalGeneration": "qwen3",
+    # Qwen3-VL-MoE (30B-A3B, 235B-A22B): the same over a Qwen3-MoE, whose top-k weights transformers always
+    # renormalizes (its config has no norm_topk_prob).
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_moe",
 }
-_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
+_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+            "Qwen3VLMoeForConditionalGeneration")
 _NOT_TEXT = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
              "model.multi_modal_projector.", "visual.", "model.visual.")
 # Keys of the outer config the language model reads too, where text_config has none.
@@ -56,6 +60,8 @@ def flatten(raw: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"config.json: a {architecture} checkpoint needs its language model's keys in text_config, "
                          f"got {text!r}")
     model_type = MULTIMODAL_ARCHITECTURES[architecture] or text.get("model_type", "llama")
+    if architecture == "Qwen3VLMoeForConditionalGeneration":
+        text = {**text, "norm_topk_prob": True}
     outer = {key: raw[key] for key in _OUTER_KEYS if raw.get(key) is not None and text.get(key) is None}
     if raw.get("tie_word_embeddings") is not None:
         # transformers ties the head to the embedding by the outer config's word (Mistral 3's true beside its

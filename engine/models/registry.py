@@ -67,6 +67,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Qwen2VLForConditionalGeneration": Qwen2ForCausalLM,
     "Qwen2_5_VLForConditionalGeneration": Qwen2ForCausalLM,
     "Qwen3VLForConditionalGeneration": Qwen3ForCausalLM,
+    "Qwen3VLMoeForConditionalGeneration": Qwen3MoeForCausalLM,
     # Base models saved without an LM head (transformers' AutoModel; e5-mistral-7b-instruct is a MistralModel):
     # their tensors lack the "model." prefix and lm_head.weight, so they can only embed (runner="pooling").
     "LlamaModel": LlamaForCausalLM,
@@ -93,7 +94,7 @@ def supported_architectures() -> list[str]:
 # A multimodal checkpoint's language model, by its text_config's model_type (multimodal_text.py).
 TEXT_MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM,
-    "gemma3_text": Gemma3ForCausalLM, "llama4_text": Llama4ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM, "gemma3_text": Gemma3ForCausalLM, "llama4_text": Llama4ForCausalLM,
 }
 
 

@@ -107,7 +107,8 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Qwen2Model", "Qwen2MoeForCausalLM", "Qwen2VLForConditionalGeneration",
                                          "Qwen2_5_VLForConditionalGeneration", "Qwen3ForCausalLM",
                                          "Qwen3ForSequenceClassification", "Qwen3Model", "Qwen3MoeForCausalLM",
-                                         "Qwen3VLForConditionalGeneration", "SeedOssForCausalLM",
+                                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                         "SeedOssForCausalLM",
                                          "SmolLM3ForCausalLM", "Starcoder2ForCausalLM"]
 
 

@@ -1,6 +1,6 @@
-"""Images in the real engine for Qwen2-VL, Qwen2.5-VL and Qwen3-VL, on checkpoints transformers writes: the vision
-transformer at each image's own resolution (2-d RoPE over rows and columns, blocks of 2 x 2 patches merged;
-Qwen2.5-VL's windows; Qwen3-VL's resampled position table and DeepStack levels) equals transformers', and the
+"""Images in the real engine for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense and MoE), on checkpoints transformers
+writes: the vision transformer at each image's own resolution (2-d RoPE over rows and columns, blocks of 2 x 2
+patches merged; Qwen2.5-VL's windows; Qwen3-VL's resampled position table and DeepStack levels) equals transformers', and the
 language model's M-RoPE (three positions per token: an image's rows and columns, text resuming past the image, every
 output token shifted by the difference; Qwen3-VL's interleaved) gives transformers' greedy tokens (by its forward) and
 prompt logprobs (within 1e-4) through chunked prefill across images of different sizes, a prefix-cache hit past an
@@ -39,16 +39,19 @@ GREEDY = greedy(8)
 # of 2 x 2 merged blocks in every block but the second); Qwen3-VL's (a 4 x 4 position table resampled to each image,
 # DeepStack levels after the first and third blocks, added by the language model after its two layers). Qwen3-VL's
 # checkpoints cut 16-pixel patches; 14 here keeps one processor and one set of image sizes for the three families.
+QWEN3_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                    num_position_embeddings=16, deepstack_visual_indexes=[0, 2])
 FAMILIES = {
     "qwen2-vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
                  dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2)),
     "qwen2.5-vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                    dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                         window_size=56, fullatt_block_indexes=[1])),
-    "qwen3-vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
-                 dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-                      num_position_embeddings=16, deepstack_visual_indexes=[0, 2])),
+    "qwen3-vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", QWEN3_VISION),
+    "qwen3-vl-moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", QWEN3_VISION),
 }
+# Qwen3-VL-MoE's language model: 4 experts, 2 a token (48 wide: its stacked tensors are not square).
+MOE_TEXT = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -63,9 +66,10 @@ def qwen2_vl(tmp_path_factory, family):
     config_name, model_name, vision = FAMILIES[family]
     path = tmp_path_factory.mktemp(family)
     rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0,
-            **({"mrope_interleaved": True} if family == "qwen3-vl" else {})}
+            **({"mrope_interleaved": True} if family.startswith("qwen3") else {})}
     config = getattr(transformers, config_name)(
-        text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2, "bos_token_id": 1},
+        text_config={**TEXT, "rope_parameters": rope, "eos_token_id": 2, "bos_token_id": 1,
+                     **(MOE_TEXT if family == "qwen3-vl-moe" else {})},
         vision_config=dict(vision, patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
         image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
     save_random(getattr(transformers, model_name)(config), path)
@@ -172,7 +176,7 @@ def test_qwen3_vl_needs_its_deepstack_and_interleaved_mrope(qwen2_vl, hf, family
     import engine.runner.model_runner as model_runner
     from engine.models.rotary_embedding import RotaryEmbedding
 
-    if family != "qwen3-vl":
+    if not family.startswith("qwen3"):
         pytest.skip("DeepStack and interleaved M-RoPE are Qwen3-VL's")
     images = [picture(2, 100, 100)]
     prompt = [1, 5, 6, START, IMAGE, END, 7, 8, 9, 10]
@@ -188,6 +192,36 @@ def test_qwen3_vl_needs_its_deepstack_and_interleaved_mrope(qwen2_vl, hf, family
     for module in rotaries:
         module.mrope_interleaved = False
     assert assert_prompt_logprobs(llm, hf, prompt, images) > 1e-3
+
+
+def test_qwen3_vl_moe_loads_the_published_layout_of_its_experts(qwen2_vl, hf, family, tmp_path):
+    """The Hub's Qwen3-VL-MoE checkpoints stack each layer's experts for a batched matmul ([experts, hidden,
+    2 x intermediate], [experts, intermediate, hidden]); transformers 5 writes them transposed. Both give the same
+    tokens."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    if family != "qwen3-vl-moe":
+        pytest.skip("stacked experts are Qwen3-VL-MoE's")
+    published = tmp_path / "published"
+    shutil.copytree(qwen2_vl, published)
+    tensors = load_file(str(published / "model.safetensors"))
+    stacked = [name for name in tensors if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert len(stacked) == 2 * TEXT["num_hidden_layers"]
+    for name in stacked:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, str(published / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((published / "config.json").read_text())
+    text = config["text_config"]
+    text["num_experts"] = text.pop("num_local_experts")  # the Hub's configs name it so
+    (published / "config.json").write_text(json.dumps(config))
+    images = [picture(4, 90, 120)]
+    prompt = [1, 5, START, IMAGE, END, 6, 7]
+    llm = LLM(model=str(published), skip_tokenizer_init=True, dtype="float32")
+    output = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}], GREEDY,
+                          use_tqdm=False)[0]
+    assert list(output.outputs[0].token_ids) == hf_tokens(hf, output.prompt_token_ids, images)
 
 
 def test_a_prefix_hit_past_an_image_and_preemption_keep_transformers_tokens(qwen2_vl, hf):

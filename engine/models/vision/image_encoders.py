@@ -23,6 +23,7 @@ IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
                   "Qwen2VLForConditionalGeneration": Qwen2VLImageEncoder,
                   "Qwen2_5_VLForConditionalGeneration": Qwen25VLImageEncoder,
                   "Qwen3VLForConditionalGeneration": Qwen3VLImageEncoder,
+                  "Qwen3VLMoeForConditionalGeneration": Qwen3VLImageEncoder,
                   "Mistral3ForConditionalGeneration": Mistral3ImageEncoder}
 
 
