@@ -139,8 +139,9 @@ class SchedulerConfig:
     # both (it then raises them to the model's largest item, which the simulator's setup does too).
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
-    # vLLM's disable_chunked_mm_input: a chunk never ends inside an item it starts (the item's placeholders are
-    # prefilled in one step), so an item longer than the step's budget or the long-prefill cut cannot be served.
+    # vLLM's disable_chunked_mm_input: a chunk never ends inside an item (the item's placeholders are prefilled in
+    # one step; encoder_cache_manager.plan_encoder_inputs), so an item longer than the step's budget or the
+    # long-prefill cut cannot be served.
     disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:

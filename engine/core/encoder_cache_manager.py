@@ -174,7 +174,11 @@ def plan_encoder_inputs(manager: EncoderCacheManager, request: Request, num_comp
     ``_try_schedule_encoder_inputs``): the items it reads that the cache holds are held at once (so that making
     room for another item cannot evict them); those it lacks must fit the step's budget and the cache, else the
     chunk is cut before the first that does not fit (possibly to nothing). With ``disable_chunked_mm_input`` a
-    chunk never ends inside an item it starts.
+    chunk never ends inside an item: it is cut before the item, or to nothing when it starts on or inside it (after
+    a prefix hit that ends there) and cannot reach its end this step. That holds whether or not the item's output is
+    kept already, which vLLM's check does not ask (its issue #52306: a chunk that starts on an item, or finds its
+    output kept, may end inside it); a model whose image tokens attend each other both ways (Gemma 3) needs every
+    item computed whole.
 
     Returns the (possibly cut) chunk, the items to allocate once the chunk is scheduled, and the identifiers held
     here, which the caller releases (``release``) if the chunk is not scheduled after all. (vLLM keeps such a
@@ -191,6 +195,9 @@ def plan_encoder_inputs(manager: EncoderCacheManager, request: Request, num_comp
             break
         if feature.end <= num_computed:
             continue  # its KV is computed (or a prefix-cache hit): the decoder reads no embedding of it
+        if disable_chunked_mm_input and end < feature.end:
+            num_new_tokens = max(feature.offset - num_computed, 0)
+            break
         identifier = feature.identifier
         if identifier in planned_identifiers or manager.holds(request_id, identifier):
             continue
@@ -198,9 +205,6 @@ def plan_encoder_inputs(manager: EncoderCacheManager, request: Request, num_comp
             manager.hold(request_id, identifier)
             newly_held.append(identifier)
             continue
-        if disable_chunked_mm_input and num_computed < feature.offset and end < feature.end:
-            num_new_tokens = feature.offset - num_computed
-            break
         if not manager.can_allocate(feature.length, num_planned_tokens):
             # The chunk stops before the item: the budget or the cache has no room for its encoder output.
             num_new_tokens = max(feature.offset - num_computed, 0)

@@ -116,6 +116,35 @@ def test_without_chunked_items_a_chunk_never_ends_inside_an_image():
     assert output.num_scheduled_tokens == {"r": 10} and output.scheduled_encoder_inputs == {"r": [0]}
 
 
+def test_without_chunked_items_a_chunk_that_starts_on_an_image_waits_for_room_for_all_of_it():
+    """vLLM's check (``num_computed < start``) lets a chunk that starts exactly on an item end inside it (its issue
+    #52306); here it waits for a step with room for the whole item."""
+    core = make_core(block_size=4, max_num_batched_tokens=10, disable_chunked_mm_input=True)
+    core.add_request(make_request("text", list(range(200, 206)), max_tokens=3))
+    core.add_request(make_request("r", image_prompt(0, 8, 4), max_tokens=1, mm_features=[MultiModalFeature("cat", 0, 8)]))
+    assert step(core).num_scheduled_tokens == {"text": 6}  # 4 left would end inside the image
+    output = step(core)
+    assert output.num_scheduled_tokens == {"text": 1, "r": 9} and output.scheduled_encoder_inputs == {"r": [0]}
+
+
+def test_without_chunked_items_a_kept_image_is_not_split_either():
+    """The image's output is kept from another request: vLLM's check passes such an item over, so a chunk could end
+    inside it; a model whose image tokens attend each other both ways needs it whole."""
+    core = make_core(block_size=4, max_num_batched_tokens=12, disable_chunked_mm_input=True)
+    core.add_request(make_request("first", image_prompt(2, 8, 1), max_tokens=4,
+                                  mm_features=[MultiModalFeature("cat", 2, 8)]))
+    assert step(core).num_scheduled_tokens == {"first": 11}
+    assert "cat" in core.scheduler.encoder_cache_manager.sizes
+    core.add_request(make_request("second", image_prompt(6, 8, 2, start=300), max_tokens=1,
+                                  mm_features=[MultiModalFeature("cat", 6, 8)]))
+    output = step(core)
+    # 11 tokens of budget would end inside the kept image (6 + 8): cut before it.
+    assert output.num_scheduled_tokens == {"first": 1, "second": 6} and not output.scheduled_encoder_inputs
+    output = step(core)
+    assert output.num_scheduled_tokens == {"first": 1, "second": 10}
+    run_to_completion(core)
+
+
 def test_a_preempted_request_gives_its_outputs_back_and_encodes_again_only_if_evicted():
     core = make_core(block_size=4, num_gpu_blocks=6, max_num_batched_tokens=8, enable_prefix_caching=False)
     prompt = image_prompt(0, 6, 8)

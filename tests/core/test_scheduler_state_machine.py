@@ -258,6 +258,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert count == len(drafts) + 1 and request.num_computed_tokens == request.num_tokens + len(drafts)
             # Never a step past the request's length.
             assert request.num_tokens + placeholders - request.num_prompt_tokens <= max(request.max_tokens, 1)
+            if scheduler.disable_chunked_mm_input:
+                # No chunk ends inside an item, wherever it starts and whether the item's output is kept.
+                assert not any(feature.offset < request.num_computed_tokens < feature.end
+                               for feature in request.mm_features)
         check_scheduler_invariants(scheduler)
         self.check_host_copies(output)
         self.in_flight.append((output, self.core.executor.execute_model(output)))
