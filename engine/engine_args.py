@@ -159,9 +159,12 @@ class EngineArgs:
                              f"folder with a config.json, got {speculative.model!r}")
         return speculative
 
-    def create_scheduler_config(self, max_model_len: int, tokens_per_image: int = 0) -> SchedulerConfig:
+    def create_scheduler_config(self, max_model_len: int, tokens_per_image: int = 0,
+                                images_whole: bool = False) -> SchedulerConfig:
         """``tokens_per_image``: a vision-language model's placeholders per image (0: text only); a step's encoder
-        budget and the runner's encoder cache hold at least one image, as vLLM sizes them."""
+        budget and the runner's encoder cache hold at least one image, as vLLM sizes them. ``images_whole``: the
+        model's image tokens attend each other both ways (Gemma 3), so each image is prefilled in one chunk
+        (disable_chunked_mm_input, as vLLM sets it for such models)."""
         def encoder_tokens(configured: int | None) -> int | None:
             return max(configured or self.max_num_batched_tokens, tokens_per_image) if tokens_per_image else configured
         return SchedulerConfig(
@@ -175,7 +178,7 @@ class EngineArgs:
             max_loras=self.max_loras if self.enable_lora else 0,
             max_num_encoder_input_tokens=encoder_tokens(self.max_num_encoder_input_tokens),
             encoder_cache_size=encoder_tokens(self.encoder_cache_size),
-            disable_chunked_mm_input=self.disable_chunked_mm_input)
+            disable_chunked_mm_input=self.disable_chunked_mm_input or images_whole)
 
     def check_kv_offloading(self) -> None:
         """A ValueError naming kv_offloading_size_gib when it cannot be honoured."""

@@ -94,7 +94,8 @@ def build_engine(args: EngineArgs) -> EngineComponents:
     # back; Llama 4's chunked layers likewise), unless turned off, when every block is kept for every layer. The
     # share of windowed (or chunked) layers prices a step's attention in the trace (sim/cost_models/step_batch.py).
     image_inputs, tokens_per_image = image_inputs_of(model_path, runner)
-    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len, tokens_per_image),
+    images_whole = image_inputs is not None and image_inputs.encoder.bidirectional_image_attention
+    scheduler = Scheduler(args.create_scheduler_config(runner.max_model_len, tokens_per_image, images_whole),
                           args.create_cache_config(num_gpu_blocks, num_offload_blocks, model_config.sliding_window,
                                                    model_config.sliding_window_fraction, grouping,
                                                    model_config.attention_chunk))

@@ -32,6 +32,8 @@ class ImageInputs:
         self.checkpoint = Path(checkpoint)
         self.encoder = encoder
         self.image_token_id = encoder.image_token_id
+        # What a prompt marks each image with (the image token, or Gemma 3's <start_of_image>).
+        self.mark_token_id = encoder.mark_token_id if encoder.mark_token_id is not None else encoder.image_token_id
         fixed = fixed_image_size(encoder)
         # Pixels a side and placeholder tokens of every image, for an encoder of one image size (None otherwise).
         self.image_size, self.tokens_per_image = fixed if fixed is not None else (None, None)
@@ -88,26 +90,42 @@ class ImageInputs:
             raise ValueError(f"{label}: multi_modal_data has {unknown}; this engine takes images only ('image')")
         images = multi_modal_data.get("image")
         images = list(images) if isinstance(images, (list, tuple)) else [images] if images is not None else []
-        marks = _runs(token_ids, self.image_token_id)
+        marks = _runs(token_ids, self.mark_token_id)
         if len(marks) != len(images):
             raise ValueError(f"{label}: multi_modal_data['image'] has {len(images)} image(s) but the prompt marks "
-                             f"{len(marks)} (image token id {self.image_token_id}); put one mark where each image goes")
+                             f"{len(marks)} (image token id {self.mark_token_id}); put one mark where each image goes")
         if not images:
             return token_ids, ()
         inputs = self.encoder_inputs(label, images)
-        for index, ((_, length), (_, tokens)) in enumerate(zip(marks, inputs)):
-            if length not in (1, tokens):
-                raise ValueError(f"{label}: image {index}'s mark is a run of {length} image tokens; it must be 1 "
-                                 f"(expanded here) or {tokens} (its placeholder tokens)")
         expanded: list[int] = []
         features = []
         previous_end = 0
-        for (start, length), (data, tokens) in zip(marks, inputs):
+        for index, ((start, length), (data, tokens)) in enumerate(zip(marks, inputs)):
+            # Most encoders' spans are the image token repeated; Mistral 3's a grid with row breaks; Gemma 3's
+            # placeholders sit between a blank line and its mark, and its end mark and a blank line.
+            try:
+                before, placeholders, after = self.encoder.placeholder_span(data, tokens)
+            except ValueError as error:
+                raise ValueError(f"{label}: model {str(self.checkpoint)!r}: {error}") from None
+            span = before + placeholders + after
+            at = span.index(self.mark_token_id)
+            # An expanded image is recognized from its mark through the placeholders and the mark after them, if
+            # any (Gemma 3's <end_of_image>): the text around it is the prompt's own.
+            from_mark = span[at:len(before) + len(placeholders) + min(1, len(after))]
             expanded.extend(token_ids[previous_end:start])
-            features.append(MultiModalFeature(identifier(data), len(expanded), tokens, data=data))
-            # Most encoders' spans are the image token repeated; Mistral 3's a grid with row breaks.
-            expanded.extend(self.encoder.placeholder_ids(data, tokens))
-            previous_end = start + length
+            if token_ids[start:start + len(from_mark)] == from_mark and length == _run_length(from_mark):
+                # Already expanded (as transformers' processor writes the prompt): taken as it is.
+                features.append(MultiModalFeature(identifier(data), len(expanded) + len(before) - at, tokens,
+                                                  data=data))
+                expanded.extend(from_mark)
+                previous_end = start + len(from_mark)
+            elif length == 1:
+                features.append(MultiModalFeature(identifier(data), len(expanded) + len(before), tokens, data=data))
+                expanded.extend(span)
+                previous_end = start + 1
+            else:
+                raise ValueError(f"{label}: image {index}'s mark is a run of {length} image tokens; it must be 1 "
+                                 f"(expanded here) or {tokens} (its placeholder tokens)")
         expanded.extend(token_ids[previous_end:])
         return expanded, tuple(features)
 
@@ -123,6 +141,14 @@ def _runs(token_ids: list[int], token: int) -> list[tuple[int, int]]:
         else:
             runs.append((position, 1))
     return runs
+
+
+def _run_length(tokens: list[int]) -> int:
+    """How many times ``tokens`` repeats its first token at its start."""
+    count = 0
+    while count < len(tokens) and tokens[count] == tokens[0]:
+        count += 1
+    return count
 
 
 def identifier(data) -> str:

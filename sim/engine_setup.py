@@ -229,7 +229,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
         requests = generate_requests(workload, vocab_size=model.vocab_size, model_max_len=max_model_len,
                                      tokens_per_image=None if vision is None else vision.tokens_per_image)
     if vision is not None:
-        scheduler_config = size_encoder_budget(scheduler_config, workload, requests)
+        scheduler_config = size_encoder_budget(scheduler_config, workload, requests, vision.encoder)
     return RunSetup(workload, model, hardware, scheduler_config, cache_config, cost_model, requests, host_link,
                     speculation, lora, vision)
 

@@ -196,7 +196,8 @@ def _patch_grid_side(vision: dict, path: Path) -> int:
 def _gemma3_siglip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
                    ) -> VisionEncoderShape:
     """SigLIP at a fixed resolution; average pooling turns its patch grid into ``mm_tokens_per_image`` tokens
-    (4096 patches into 256 at 896 px), which one linear maps into the LM's width."""
+    (4096 patches into 256 at 896 px), which one linear maps into the LM's width. The LM attends among an image's
+    tokens both ways: each image is prefilled whole."""
     patches = _patch_grid_side(vision, path) ** 2
     tokens = _positive(config, "mm_tokens_per_image", "", path, _DEFAULT_GEMMA3_TOKENS_PER_IMAGE)
     if patches % tokens:
@@ -207,7 +208,7 @@ def _gemma3_siglip(name: str, config: dict, vision: dict, language_hidden_size: 
         name=name, num_layers=_vision(vision, "num_hidden_layers", path), hidden_size=hidden_size,
         intermediate_size=_vision(vision, "intermediate_size", path),
         num_attention_heads=_vision(vision, "num_attention_heads", path), patches_per_token=patches // tokens,
-        tokens_per_image=tokens, projector_parameters=hidden_size * language_hidden_size)
+        tokens_per_image=tokens, projector_parameters=hidden_size * language_hidden_size, images_whole=True)
 
 
 def _llava_clip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path) -> VisionEncoderShape:

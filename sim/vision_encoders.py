@@ -37,6 +37,9 @@ class VisionEncoderShape:
     # attends over the whole image), and full_attention_layers of the layers attend over the whole image anyway.
     window_tokens: int | None = None
     full_attention_layers: int = 0
+    # The language model attends among one image's tokens both ways (Gemma 3), so vLLM prefills each image in one
+    # chunk (it turns disable_chunked_mm_input on for such models), as the engine does.
+    images_whole: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -59,6 +62,8 @@ class VisionEncoderShape:
         if self.window_tokens is not None and (not _is_int(self.window_tokens) or self.window_tokens <= 0):
             raise ValueError(f"vision_encoder.window_tokens must be a positive integer or None, got "
                              f"{self.window_tokens!r}")
+        if not isinstance(self.images_whole, bool):
+            raise ValueError(f"vision_encoder.images_whole must be true or false, got {self.images_whole!r}")
         if not _is_int(self.full_attention_layers) or not 0 <= self.full_attention_layers <= self.num_layers:
             raise ValueError(f"vision_encoder.full_attention_layers must be an integer in [0, num_layers "
                              f"{self.num_layers}], got {self.full_attention_layers!r}")
@@ -135,7 +140,7 @@ CLIP_VIT_L_336 = VisionEncoderShape(
 # report's 417M adds the embeddings.
 SIGLIP_SO400M_896 = VisionEncoderShape(
     name="siglip-so400m-896", num_layers=27, hidden_size=1152, intermediate_size=4304, num_attention_heads=16,
-    patches_per_token=16, tokens_per_image=256, projector_parameters=1152 * 3840)
+    patches_per_token=16, tokens_per_image=256, projector_parameters=1152 * 3840, images_whole=True)
 
 # Qwen2-VL-7B (Qwen/Qwen2-VL-7B-Instruct): depth 32, embed_dim 1280, mlp_ratio 4 (5120), 16 heads, patch 14,
 # spatial_merge_size 2 (four patches a token). Dynamic resolution: an image's tokens depend on its size. The

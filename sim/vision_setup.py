@@ -89,10 +89,11 @@ def _encoder_of_model_path(workload: WorkloadConfig) -> VisionEncoderShape | Non
         raise VisionSetupError(str(error)) from None
 
 
-def size_encoder_budget(scheduler_config: SchedulerConfig, workload: WorkloadConfig,
-                        requests: list[RequestSpec]) -> SchedulerConfig:
+def size_encoder_budget(scheduler_config: SchedulerConfig, workload: WorkloadConfig, requests: list[RequestSpec],
+                        encoder: VisionEncoderShape) -> SchedulerConfig:
     """The scheduler's encoder budget and cache, as vLLM sizes them: the engine's figure (or
-    max_num_batched_tokens), raised to the largest image of ``requests``."""
+    max_num_batched_tokens), raised to the largest image of ``requests``; images kept whole in a chunk where the
+    engine asks it or the model attends among an image's tokens both ways (``encoder.images_whole``)."""
     largest = max((tokens for spec in requests for _, _, tokens in spec.images), default=0)
     if not largest:
         return scheduler_config
@@ -100,4 +101,4 @@ def size_encoder_budget(scheduler_config: SchedulerConfig, workload: WorkloadCon
     budget = max(engine.max_num_encoder_input_tokens or engine.max_num_batched_tokens, largest)
     cache = max(engine.encoder_cache_size or engine.max_num_batched_tokens, largest)
     return replace(scheduler_config, max_num_encoder_input_tokens=budget, encoder_cache_size=cache,
-                   disable_chunked_mm_input=engine.disable_chunked_mm_input)
+                   disable_chunked_mm_input=engine.disable_chunked_mm_input or encoder.images_whole)

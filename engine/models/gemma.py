@@ -89,13 +89,18 @@ class GemmaModel(nn.Module):
         self.local_rotary_emb = (self.global_rotary_emb if config.local_rope_theta is None
                                  else RotaryEmbedding(config.head_dim, config.local_rope_theta, None))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
+    def scaled_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeddings = self.embed_tokens(input_ids)
         # The factor in the weights' dtype first (bfloat16 rounds sqrt(1152) to 34.0), as transformers multiplies.
-        hidden_states = embeddings * torch.tensor(self.embed_scale, dtype=embeddings.dtype)
+        return embeddings * torch.tensor(self.embed_scale, dtype=embeddings.dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVCache],
+                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """``inputs_embeds``: the scaled token embeddings with images' (unscaled, as transformers puts them) in their
+        placeholders' rows; None: ``input_ids``' scaled embeddings."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
+        hidden_states = self.scaled_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         cos_sin = cos_sin_per_layer(self.global_rotary_emb, self.local_rotary_emb, self.layers, positions,
                                     hidden_states.dtype)
         for layer, kv_cache, (cos, sin) in zip(self.layers, kv_caches, cos_sin):
@@ -115,6 +120,9 @@ class GemmaForCausalLM(LlamaForCausalLM):
                                 qk_norm=config.model_type == "gemma3_text", attention_soft_cap=attention_soft_cap)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                           bias=False)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.scaled_embeddings(input_ids)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden_states)

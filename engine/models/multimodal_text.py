@@ -1,5 +1,5 @@
 """Multimodal checkpoints served as their language model: text in, text out (vLLM serves them so when no image
-comes). The images of LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3 checkpoints go through
+comes). The images of Gemma 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3 checkpoints go through
 engine/models/vision/, beside it.
 
 The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA, Qwen2-VL /

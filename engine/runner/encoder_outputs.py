@@ -93,3 +93,15 @@ def deepstack_inputs(placeholders: tuple[torch.Tensor, torch.Tensor],
         raise RuntimeError(f"image encoder outputs of {embeddings.shape[1]} features are not whole embeddings of the "
                            f"language model's {hidden_size}")
     return rows, embeddings[:, hidden_size:].unflatten(1, (-1, hidden_size)).transpose(0, 1)
+
+
+def bidirectional_spans(states: list[CachedRequestState], num_computed: np.ndarray,
+                        num_scheduled: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+    """Per row, the [offset, end) of each image its chunk computes: AttentionMetadata.bidirectional_spans, for a
+    model whose image tokens attend each other both ways (Gemma 3)."""
+    spans = []
+    for row, state in enumerate(states):
+        first, end = int(num_computed[row]), int(num_computed[row] + num_scheduled[row])
+        spans.append(tuple((feature.offset, feature.end) for feature in state.mm_features
+                           if feature.offset < end and feature.end > first))
+    return spans

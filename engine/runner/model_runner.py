@@ -36,7 +36,7 @@ from engine.runner.attention_builders import get_metadata_builder
 from engine.runner.config import RunnerConfig, resolve_attention_backend, resolve_device, resolve_runtime_dtype
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
 from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, warm_up_shapes
-from engine.runner.encoder_outputs import EncoderOutputs, deepstack_inputs, fill_placeholders
+from engine.runner.encoder_outputs import EncoderOutputs, bidirectional_spans, deepstack_inputs, fill_placeholders
 from engine.runner.mrope_positions import batch_mrope_positions, padded_columns, use_mrope
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
@@ -73,6 +73,13 @@ class ModelRunner:
                                                    lm_head_optional=config.pooling)
         # A vision-language checkpoint's image encoder and its kept outputs (encoder_outputs.py); None: text only.
         image_encoder = load_image_encoder(config.model, self.dtype, self.device)
+        if image_encoder is not None and image_encoder.bidirectional_image_attention \
+                and self.model.attention_backend.name != "torch":
+            # Gemma 3's image tokens attend each other both ways; only the torch backend takes such spans.
+            logger.warning("%s images need attention_backend='torch' (their tokens attend each other both ways, "
+                           "which the %s kernels do not); images are refused, text is served", image_encoder.family,
+                           self.model.attention_backend.name)
+            image_encoder = None
         if image_encoder is not None:  # Mistral 3's spans hold the language model's own row marks
             image_encoder.attach_language_model(self.model, tokenizer, config.model)
         self.encoder_outputs = EncoderOutputs(image_encoder, self.device) \
@@ -304,6 +311,10 @@ class ModelRunner:
         placeholders = self.encoder_outputs.placeholder_embeddings(
             batch.request_states[:num_reqs], prepared.common.num_computed_tokens, num_scheduled_tokens) \
             if self.encoder_outputs is not None else None
+        # Gemma 3: the spans of images the step computes, attended both ways (None: every row causal).
+        spans = bidirectional_spans(batch.request_states[:num_reqs], prepared.common.num_computed_tokens,
+                                    num_scheduled_tokens) \
+            if placeholders is not None and self.encoder_outputs.encoder.bidirectional_image_attention else None
         # M-RoPE's three positions for a step with a request that shows images (None: the plain positions).
         mrope = batch_mrope_positions(batch.request_states[:num_reqs], prepared.common.num_computed_tokens,
                                       num_scheduled_tokens) if self.mrope_merge_size else None
@@ -321,7 +332,7 @@ class ModelRunner:
                                                                prepared.common, self.eager_token_padding)
                 attn_metadata = step_attention_metadata(self.metadata_builder, prepared, common,
                                                         self.eager_token_padding, self.kv_cache_grouping,
-                                                        self.attention_chunk_size, self.block_size)
+                                                        self.attention_chunk_size, self.block_size, spans)
                 input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                 if mrope is not None:
                     positions = padded_columns(mrope, len(positions))

@@ -15,15 +15,19 @@ from engine.runner.eager_shapes import pad_step_inputs
 
 
 def step_attention_metadata(metadata_builder, prepared, common, padding: int, grouping: KVCacheGrouping | None,
-                            attention_chunk_size: int | None, block_size: int):
-    """``common``: the batch's padded common metadata (group 0's); returns the metadata the forward reads."""
+                            attention_chunk_size: int | None, block_size: int, bidirectional_spans=None):
+    """``common``: the batch's padded common metadata (group 0's); returns the metadata the forward reads.
+    ``bidirectional_spans``: AttentionMetadata's, given to every group's."""
     attn_metadata = metadata_builder.build(common)
+    attn_metadata.bidirectional_spans = bidirectional_spans
     group_commons = [common]
     if prepared.group_commons is not None:
         group_commons += [pad_step_inputs(prepared.input_ids, prepared.positions, group_common, padding)[2]
                           for group_common in prepared.group_commons[1:]]
         attn_metadata.groups = [attn_metadata] + [metadata_builder.build(group_common)
                                                   for group_common in group_commons[1:]]
+        for metadata in attn_metadata.groups[1:]:
+            metadata.bidirectional_spans = bidirectional_spans
     if attention_chunk_size:
         spans = (attention_chunk_size,) if grouping is None else grouping.windows
         for metadata, group_common, span in zip(attn_metadata.groups or [attn_metadata], group_commons, spans):

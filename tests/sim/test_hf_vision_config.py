@@ -234,6 +234,8 @@ def test_a_workload_whose_model_is_a_gemma_3_folder_finds_its_encoder(tmp_path):
     assert fields_but_name(setup.vision.encoder) == fields_but_name(resolve_vision_encoder("gemma-3-12b", None))
     # Each image is the encoder's 256 tokens (the workload sets no tokens_per_image).
     assert {tokens for spec in setup.requests for _, _, tokens in spec.images} == {256}
+    # Its image tokens attend each other both ways: each image is prefilled in one chunk, as vLLM does.
+    assert setup.vision.encoder.images_whole and setup.scheduler_config.disable_chunked_mm_input
     # A vision_encoder the workload names wins over the config's.
     setup = build_setup(load_workload_text(WORKLOAD.format(model=folder) + "vision_encoder: clip-vit-l-336\n"))
     assert setup.vision.encoder.name == "clip-vit-l-336"

@@ -81,6 +81,16 @@ def test_the_encoder_budget_and_cache_are_raised_to_the_largest_image(tmp_path):
     assert steps["num_encoder_items"].max() == 1  # one 700-token image a step at most
 
 
+def test_gemma_3_keeps_each_image_in_one_chunk_as_vllm_does(tmp_path):
+    """Gemma 3's image tokens attend each other both ways, so vLLM (and the engine) prefill an image in one chunk;
+    other models chunk images unless the workload says not to."""
+    assert not build_setup(small()).scheduler_config.disable_chunked_mm_input
+    gemma = small("model=gemma-3-4b", "workload.images.tokens_per_image=null", "engine.max_num_batched_tokens=300")
+    assert build_setup(gemma).scheduler_config.disable_chunked_mm_input
+    summary, _, steps = run(gemma, tmp_path)
+    assert summary["num_finished"] == 80 and steps["num_encoder_items"].sum() > 0
+
+
 @pytest.mark.filterwarnings("ignore:cost_model")  # the profile's model is not this one: it says so too
 def test_a_profile_without_an_encoder_term_is_refused():
     with pytest.raises(SetupError, match=r"workload.images: the cost model \(calibrated\) has no term for the vision "

@@ -19,6 +19,11 @@ class ImageEncoder(nn.Module):
     # Pixels a side of every image, for an encoder of one image size (LLaVA: its ``tokens_per_image`` then too);
     # None for one that encodes each image at its own resolution.
     image_size: int | None = None
+    # The token a prompt marks an image with, when not the image token itself (Gemma 3's <start_of_image>).
+    mark_token_id: int | None = None
+    # Whether the language model attends among one image's placeholders both ways (Gemma 3): the runner gives the
+    # attention each image's span, and the engine keeps every image in one prefill chunk.
+    bidirectional_image_attention = False
 
     def split_processed(self, processed) -> list[tuple[Any, int]]:
         """The checkpoint's image processor's output -> per image (the encoder's input for it, its placeholder
@@ -32,6 +37,12 @@ class ImageEncoder(nn.Module):
     def placeholder_ids(self, data, tokens: int) -> list[int]:
         """The image's span in the prompt (``tokens`` long)."""
         return [self.image_token_id] * tokens
+
+    def placeholder_span(self, data, tokens: int) -> tuple[list[int], list[int], list[int]]:
+        """(the tokens a mark's expansion puts before the placeholders, the placeholders, those after); the item is
+        the placeholders. Most families put nothing around them; the mark is one of the ``before`` tokens, or the
+        placeholders' first."""
+        return [], self.placeholder_ids(data, tokens), []
 
     def attach_language_model(self, model, tokenizer, checkpoint) -> None:
         """Called once the language model (and the tokenizer, or None) is loaded; for a span that holds the

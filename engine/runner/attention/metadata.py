@@ -56,6 +56,10 @@ class AttentionMetadata:
     # Chunked local attention (Llama 4): the step as per-chunk virtual requests (local_attention.py), which the
     # chunked layers attend with. None: the model has no such layers.
     local: "AttentionMetadata | None" = field(default=None)
+    # Per request, the [start, end) positions whose tokens attend each other both ways (Gemma 3's images: each
+    # image's tokens see the whole image, the rest stays causal); the scheduler keeps each such span in one chunk
+    # (disable_chunked_mm_input). None: every request is causal. Only the torch backend reads it.
+    bidirectional_spans: list[tuple[tuple[int, int], ...]] | None = field(default=None)
 
     @property
     def num_reqs(self) -> int:

@@ -126,15 +126,19 @@ class TorchAttentionBackend(AttentionBackend):
         values = value_cache[block_ids].reshape(-1, num_kv_heads, head_size)[:seq_len - offset].to(query.dtype)
         keys_by_head = values_by_head = None  # [Hkv, seq - offset, D], made on the first masked slice
         key_positions = torch.arange(offset, seq_len, device=query.device)
+        spans = chunk_spans(metadata, req, context_len, seq_len)
         for slice_start in range(0, query_len, PREFILL_QUERY_SLICE):
             slice_end = min(query_len, slice_start + PREFILL_QUERY_SLICE)
             rows = slice_end - slice_start
-            # The slice's last query sits at position context_len + slice_end - 1: later keys are all masked;
-            # its first sits at context_len + slice_start, and with a window earlier keys than that one's
-            # first are masked too. Gathered keys [first_key, last_key) cover exactly the slice's visible ones.
-            last_key = context_len + slice_end - offset
+            # The slice's last query sits at position context_len + slice_end - 1: later keys are all masked
+            # (but those of a span both ways its queries reach); its first sits at context_len + slice_start, and
+            # with a window earlier keys than that one's first are masked too. Gathered keys [first_key,
+            # last_key) cover exactly the slice's visible ones.
+            slice_spans = [(low, high) for low, high in spans
+                           if low < context_len + slice_end and high > context_len + slice_start]
+            last_key = max([context_len + slice_end, *(high for _, high in slice_spans)]) - offset
             first_key = max(0, context_len + slice_start - window + 1 - offset)
-            if last_key == rows and rows <= window:
+            if last_key == rows and rows <= window and not slice_spans:
                 # A fresh prompt's first slice within the window: plain causal attention, no mask to build
                 # (measured: small fresh prompts, the common case, ran ~12% slower through the masked path below).
                 q = query[start:start + rows].transpose(0, 1)  # [Hq, rows, D]
@@ -149,6 +153,10 @@ class TorchAttentionBackend(AttentionBackend):
             query_positions = context_len + torch.arange(slice_start, slice_end, device=query.device)
             visible_positions = key_positions[None, first_key:last_key]
             mask = visible_positions <= query_positions[:, None]  # [rows, last_key - first_key]
+            for low, high in slice_spans:
+                # transformers' Gemma 3: OR(causal, same image), then AND the window.
+                mask |= (((query_positions >= low) & (query_positions < high))[:, None]
+                         & (visible_positions >= low) & (visible_positions < high))
             if sliding_window is not None:
                 mask &= visible_positions > query_positions[:, None] - sliding_window
             # [rows, Hq, D] -> [Hkv, group * rows, D]: query head h reads KV head h // group_size.
@@ -162,6 +170,20 @@ class TorchAttentionBackend(AttentionBackend):
                                      sinks=slice_sinks)
             output[start + slice_start:start + slice_end] = (
                 out.view(num_kv_heads, group_size, rows, head_size).permute(2, 0, 1, 3).reshape(rows, num_heads, head_size))
+
+
+def chunk_spans(metadata: AttentionMetadata, req: int, context_len: int, seq_len: int) -> list[tuple[int, int]]:
+    """Request ``req``'s spans attended both ways that meet its chunk [context_len, seq_len). A span must end within
+    the chunk (its later keys are not computed yet otherwise): one that does not is a broken promise of the
+    scheduler's (disable_chunked_mm_input), raised rather than attended wrong."""
+    if not metadata.bidirectional_spans:
+        return []
+    spans = [(low, high) for low, high in metadata.bidirectional_spans[req] if low < seq_len and high > context_len]
+    for low, high in spans:
+        if high > seq_len:
+            raise RuntimeError(f"request row {req}: a span attended both ways [{low}, {high}) runs past its chunk's end "
+                               f"{seq_len}; such items must be prefilled whole (disable_chunked_mm_input)")
+    return spans
 
 
 def scaled_dot_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
