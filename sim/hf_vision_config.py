@@ -16,7 +16,10 @@ Four families, as their checkpoints save them:
 - Qwen3-VL (``Qwen3VLForConditionalGeneration``, and ``Qwen3VLMoeForConditionalGeneration`` whose LM is a Qwen3
   mixture of experts): the LM in ``text_config`` (its M-RoPE is plain RoPE for text), a ViT with a plain GELU MLP,
   its merger and the DeepStack mergers (one per ``deepstack_visual_indexes`` entry, feeding intermediate ViT
-  features into the LM's first layers) in ``vision_config``.
+  features into the LM's first layers) in ``vision_config``;
+- InternVL3 / 3.5 in transformers' layout (``InternVLForConditionalGeneration``): a Qwen2, Qwen3 or Llama LM in
+  ``text_config``, InternViT over 448-pixel tiles in ``vision_config``, the pixel shuffle's ``downsample_ratio`` at
+  the top level.
 
 A checkpoint's ``text_config`` holds only the keys that differ from its config class's defaults (LLaVA-1.5-7B's
 holds seven), so the defaults of transformers' config classes fill in the rest, as transformers does on loading.
@@ -40,9 +43,11 @@ QWEN2_5_VL = "Qwen2_5_VLForConditionalGeneration"
 MISTRAL3 = "Mistral3ForConditionalGeneration"
 QWEN3_VL = "Qwen3VLForConditionalGeneration"
 QWEN3_VL_MOE = "Qwen3VLMoeForConditionalGeneration"
-VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3, QWEN3_VL, QWEN3_VL_MOE)
+INTERNVL = "InternVLForConditionalGeneration"
+VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3, QWEN3_VL, QWEN3_VL_MOE, INTERNVL)
 _ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
-                               "mistral3": MISTRAL3, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE}
+                               "mistral3": MISTRAL3, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
+                               "internvl": INTERNVL}
 # transformers' Qwen3VLTextConfig defaults (and Qwen3VLMoeTextConfig's expert keys), for keys a text_config leaves
 # out; each with the architecture its language model reads as.
 _QWEN3_VL_TEXT_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
@@ -74,6 +79,16 @@ _LLAVA_TEXT_MODELS = {
                                        "num_attention_heads": 32, "num_key_value_heads": 8,
                                        "max_position_embeddings": 4096 * 32, "vocab_size": 32000,
                                        "sliding_window": 4096}),
+}
+# transformers' Qwen2Config and Qwen3Config defaults, for InternVL's text_config (a Qwen2 by default, InternVL3's;
+# InternVL3.5's a Qwen3); a Llama reads as LLaVA's does.
+_QWEN_TEXT_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+                       "vocab_size": 151936}
+_INTERNVL_TEXT_MODELS = {
+    "qwen2": ("Qwen2ForCausalLM", _QWEN_TEXT_DEFAULTS),
+    "qwen3": ("Qwen3ForCausalLM", {**_QWEN_TEXT_DEFAULTS, "head_dim": 128}),
+    "llama": _LLAVA_TEXT_MODELS["llama"],
 }
 # What a config may leave out at its top level: LlavaConfig's and Gemma3Config's defaults.
 _DEFAULT_VISION_FEATURE_LAYER = -2
@@ -111,6 +126,12 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
             text_architecture, text_model_type, defaults = _QWEN3_VL_TEXT_MODELS[architecture]
         elif architecture == MISTRAL3:
             text_architecture, text_model_type, defaults = "MistralForCausalLM", "mistral", _MISTRAL3_TEXT_DEFAULTS
+        elif architecture == INTERNVL:
+            text_model_type = text.get("model_type", "qwen2")  # InternVLConfig's default text config is Qwen2's
+            if text_model_type not in _INTERNVL_TEXT_MODELS:
+                raise ValueError(f"model: {path}: key 'text_config.model_type' is {text_model_type!r}; InternVL's "
+                                 f"language model is read for {', '.join(_INTERNVL_TEXT_MODELS)}")
+            text_architecture, defaults = _INTERNVL_TEXT_MODELS[text_model_type]
         else:
             text_model_type = text.get("model_type", "llama")  # LlavaConfig's default text config is Llama's
             if text_model_type not in _LLAVA_TEXT_MODELS:
@@ -124,7 +145,7 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
         outer_tie = {"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}
         language = {**defaults, **outer_tie, **text, "architectures": [text_architecture],
                     "model_type": text_model_type}
-        if architecture in (MISTRAL3, QWEN3_VL, QWEN3_VL_MOE):
+        if architecture in (MISTRAL3, QWEN3_VL, QWEN3_VL_MOE, INTERNVL):
             # transformers ties Mistral 3's and Qwen3-VL's head by the outer config (true beside a text_config's
             # false: its checkpoints then hold no lm_head), as the engine reads it (engine/models/multimodal_text.py).
             language.update(outer_tie)
@@ -149,7 +170,8 @@ def vision_encoder_from_hf_config(config: dict, language_hidden_size: int, path:
     path = Path(path)
     name = f"{config.get('_name_or_path') or path.parent.name or path.stem} vision"
     read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit,
-            MISTRAL3: _mistral3_pixtral, QWEN3_VL: _qwen3_vl_vit, QWEN3_VL_MOE: _qwen3_vl_vit}
+            MISTRAL3: _mistral3_pixtral, QWEN3_VL: _qwen3_vl_vit, QWEN3_VL_MOE: _qwen3_vl_vit,
+            INTERNVL: _internvl_vit}
     return read[architecture](name, config, vision, language_hidden_size, path)
 
 
@@ -323,6 +345,37 @@ def _qwen3_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: i
         intermediate_size=_vision(vision, "intermediate_size", path),
         num_attention_heads=_vision(vision, "num_heads", path), patches_per_token=merge * merge,
         tokens_per_image=None, projector_parameters=(1 + len(deepstack)) * merger)
+
+
+def _internvl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                  ) -> VisionEncoderShape:
+    """InternViT over 448-pixel tiles (the workload states each image's tokens: 256 a tile, as many tiles as the
+    image's shape gives); attention within a tile, so each tile is a window of its tokens' patches. The pixel shuffle
+    joins ``1 / downsample_ratio`` squared patches into a token; the projector: a LayerNorm and two linears (the
+    shuffled width to the LM's, the LM's to itself)."""
+    def square(key: str) -> int:
+        value = vision.get(key)
+        if isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
+            value = value[0]
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"model: {path}: key 'vision_config.{key}' must be a positive integer or a square "
+                             f"[height, width], got {value!r}")
+        return value
+
+    side, patch = square("image_size"), square("patch_size")
+    ratio = config.get("downsample_ratio", 0.5)
+    shuffle = round(1 / ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0 else 0
+    if side % patch or not shuffle or abs(shuffle * ratio - 1) > 1e-6 or (side // patch) % shuffle:
+        raise ValueError(f"model: {path}: key 'downsample_ratio' must be 1 / n for an n that divides the tile's "
+                         f"patches a side (vision_config.image_size / patch_size), got {ratio!r}")
+    hidden_size = _vision(vision, "hidden_size", path)
+    shuffled = hidden_size * shuffle * shuffle
+    return VisionEncoderShape(
+        name=name, num_layers=_vision(vision, "num_hidden_layers", path), hidden_size=hidden_size,
+        intermediate_size=_vision(vision, "intermediate_size", path),
+        num_attention_heads=_vision(vision, "num_attention_heads", path), patches_per_token=shuffle * shuffle,
+        tokens_per_image=None, window_tokens=(side // patch // shuffle) ** 2,
+        projector_parameters=shuffled * language_hidden_size + language_hidden_size * language_hidden_size)
 
 
 def _is_int(value: object) -> bool:

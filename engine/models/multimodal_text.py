@@ -1,5 +1,5 @@
 """Multimodal checkpoints served as their language model: text in, text out (vLLM serves them so when no image
-comes). The images of Gemma 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3 checkpoints go through
+comes). The images of Gemma 3, InternVL, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3 checkpoints go through
 engine/models/vision/, beside it.
 
 The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA, Qwen2-VL /
@@ -21,6 +21,8 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
     "Gemma3ForConditionalGeneration": "gemma3_text",
     "Mistral3ForConditionalGeneration": None,
     "LlavaForConditionalGeneration": None,
+    # InternVL3 / 3.5 in transformers' layout ("-hf" checkpoints): a Qwen2, Qwen3 or Llama in text_config.
+    "InternVLForConditionalGeneration": None,
     "Llama4ForConditionalGeneration": "llama4_text",
     # Qwen2-VL / Qwen2.5-VL: a Qwen2 whose RoPE is M-RoPE, three position streams over sections of each head; for
     # text the three positions are equal, which is plain RoPE over the whole head.

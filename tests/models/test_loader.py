@@ -96,7 +96,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                          "Glm4ForCausalLM", "Glm4MoeForCausalLM", "GlmForCausalLM",
                                          "GptOssForCausalLM", "GraniteForCausalLM", "HunYuanDenseV1ForCausalLM",
-                                         "InternLM3ForCausalLM",
+                                         "InternLM3ForCausalLM", "InternVLForConditionalGeneration",
                                          "Llama4ForCausalLM",
                                          "Llama4ForConditionalGeneration", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",

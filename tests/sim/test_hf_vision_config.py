@@ -336,3 +336,31 @@ def test_a_qwen3_vl_moe_config_reads_its_experts(tmp_path):
                                       "vision_config": {**vision, "deepstack_visual_indexes": 3}}, "bad")
     with pytest.raises(ValueError, match="deepstack_visual_indexes"):
         vision_encoder_from_hf_path(bad)
+
+
+# In the shape of OpenGVLab/InternVL3-1B-hf: a Qwen2 language model, InternViT-300M over 448-pixel tiles.
+INTERNVL3_1B_CONFIG = {
+    "architectures": ["InternVLForConditionalGeneration"], "model_type": "internvl", "downsample_ratio": 0.5,
+    "image_token_id": 151667, "image_seq_length": 256, "projector_hidden_act": "gelu",
+    "text_config": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151674,
+                    "max_position_embeddings": 32768},
+    "vision_config": {"model_type": "internvl_vision", "hidden_size": 1024, "intermediate_size": 4096,
+                      "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": [448, 448],
+                      "patch_size": [14, 14]},
+}
+
+
+def test_an_internvl_config_gives_its_qwen2_and_internvit_attending_per_tile(tmp_path):
+    folder = write_checkpoint(tmp_path, INTERNVL3_1B_CONFIG, "internvl3-1b")
+    language = language_model_config(INTERNVL3_1B_CONFIG, folder)
+    assert language["architectures"] == ["Qwen2ForCausalLM"] and language["hidden_size"] == 896
+    encoder = vision_encoder_from_hf_path(folder)
+    # 32 x 32 patches a tile, shuffled 2 x 2: 256 tokens a tile, each tile a window of attention.
+    assert (encoder.patches_per_token, encoder.window_tokens, encoder.tokens_per_image) == (4, 256, None)
+    assert encoder.projector_parameters == 4096 * 896 + 896 * 896
+    setup = build_setup(load_workload_text(WORKLOAD.format(model=folder), overrides=[
+        "workload.images.tokens_per_image={type: constant, value: 1280}"]))
+    assert setup.vision.encoder.name == "internvl3-1b vision" and not setup.scheduler_config.disable_chunked_mm_input
+    with pytest.raises(ValueError, match="key 'downsample_ratio' must be 1 / n"):
+        vision_encoder_from_hf_config({**INTERNVL3_1B_CONFIG, "downsample_ratio": 0.3}, 896, folder)
