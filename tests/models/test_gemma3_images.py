@@ -15,6 +15,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.models.engine_generation import save_random
+from tests.models.image_references import greedy_by_forward, prompt_logprob_error
 from tests.models.test_multimodal_text import TEXT
 
 IMAGE, START, END, BLANK = 500, 501, 502, 503
@@ -86,21 +87,13 @@ def hf_logits(hf, ids: list[int], images: list[np.ndarray]) -> torch.Tensor:
 
 
 def hf_tokens(hf, prompt_ids: list[int], images: list[np.ndarray], max_tokens: int = 8) -> list[int]:
-    """transformers' greedy tokens by its forward over the whole sequence at each step."""
-    sequence = list(prompt_ids)
-    for _ in range(max_tokens):
-        logits = hf_logits(hf, sequence, images)[-1]
-        sequence.append(TEXT_IDS[int(logits[TEXT_IDS].argmax())])
-    return sequence[len(prompt_ids):]
+    return greedy_by_forward(lambda ids: hf_logits(hf, ids, images), prompt_ids, TEXT_IDS, max_tokens)
 
 
-def prompt_logprob_error(llm, hf, prompt: list[int], images: list[np.ndarray]) -> float:
+def logprob_error(llm, hf, prompt: list[int], images: list[np.ndarray]) -> float:
     output = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}],
                           SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
-    ids = output.prompt_token_ids
-    reference = torch.log_softmax(hf_logits(hf, ids, images).float(), dim=-1)
-    return max(abs(output.prompt_logprobs[position][ids[position]].logprob
-                   - reference[position - 1, ids[position]].item()) for position in range(1, len(ids)))
+    return prompt_logprob_error(output, hf_logits(hf, output.prompt_token_ids, images))
 
 
 def test_the_tower_and_projector_equal_transformers(gemma3, hf):
@@ -125,11 +118,11 @@ def test_a_mark_becomes_the_processors_span_and_the_logprobs_need_both_ways_atte
                           use_tqdm=False)[0]
     assert output.prompt_token_ids == [1, 5, 6, BLANK, START] + [IMAGE] * TOKENS + [END, BLANK, 7, 8, 9]
     llm.llm_engine.scheduler.reset_prefix_cache()
-    assert prompt_logprob_error(llm, hf, prompt, [picture(2)]) < 1e-4
+    assert logprob_error(llm, hf, prompt, [picture(2)]) < 1e-4
     # The same engine attending image tokens causally is off: the both-ways spans are what the check checks.
     llm.llm_engine.scheduler.reset_prefix_cache()
     monkeypatch.setattr(model_runner, "bidirectional_spans", lambda *args: None)
-    assert prompt_logprob_error(llm, hf, prompt, [picture(2)]) > 1e-3
+    assert logprob_error(llm, hf, prompt, [picture(2)]) > 1e-3
 
 
 def test_an_expanded_prompt_is_taken_as_it_is(llm, hf):

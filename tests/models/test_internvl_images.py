@@ -15,6 +15,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.models.engine_generation import save_random
+from tests.models.image_references import greedy_by_forward, prompt_logprob_error
 from tests.models.test_multimodal_text import TEXT
 
 IMAGE, START, END = 500, 501, 502
@@ -72,12 +73,7 @@ def hf_logits(hf, ids: list[int], images: list[np.ndarray]) -> torch.Tensor:
 
 
 def hf_tokens(hf, prompt_ids: list[int], images: list[np.ndarray], max_tokens: int = 8) -> list[int]:
-    """transformers' greedy tokens by its forward over the whole sequence at each step."""
-    sequence = list(prompt_ids)
-    for _ in range(max_tokens):
-        logits = hf_logits(hf, sequence, images)[-1]
-        sequence.append(TEXT_IDS[int(logits[TEXT_IDS].argmax())])
-    return sequence[len(prompt_ids):]
+    return greedy_by_forward(lambda ids: hf_logits(hf, ids, images), prompt_ids, TEXT_IDS, max_tokens)
 
 
 def test_the_tower_shuffle_and_projector_equal_transformers(internvl, hf):
@@ -104,10 +100,7 @@ def test_a_mark_becomes_the_span_and_prompt_logprobs_equal_transformers(internvl
                           SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
     ids = output.prompt_token_ids
     assert ids == [1, 5, 6, START] + [IMAGE] * 4 * PER_TILE + [END, 7, 8, 9]  # 1 x 3 tiles and a thumbnail
-    reference = torch.log_softmax(hf_logits(hf, ids, [image]).float(), dim=-1)
-    error = max(abs(output.prompt_logprobs[position][ids[position]].logprob - reference[position - 1, ids[position]].item())
-                for position in range(1, len(ids)))
-    assert error < 1e-4
+    assert prompt_logprob_error(output, hf_logits(hf, ids, [image])) < 1e-4
     # Already expanded (as transformers' processor writes the prompt): taken as it is.
     again = llm.generate([{"prompt_token_ids": ids, "multi_modal_data": {"image": image}}], greedy(1),
                          use_tqdm=False)[0]

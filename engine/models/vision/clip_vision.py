@@ -110,23 +110,36 @@ class ClipEncoder(nn.Module):
         self.layers = nn.ModuleList(layers)
 
 
+def clip_encoder(vision_config: dict[str, Any], defaults: dict[str, Any]) -> tuple[int, float, ClipEncoder]:
+    """(hidden size, LayerNorm eps, the encoder's layers) of a CLIP-style tower (CLIP, SigLIP), keys the config
+    leaves out taken from ``defaults`` (its config class's)."""
+    def get(key: str):
+        return vision_config.get(key, defaults[key])
+
+    hidden_size, num_heads = int(get("hidden_size")), int(get("num_attention_heads"))
+    if hidden_size % num_heads:
+        raise ValueError(f"config.json: vision_config.hidden_size {hidden_size} is not a multiple of "
+                         f"vision_config.num_attention_heads {num_heads}")
+    eps = float(get("layer_norm_eps"))
+    activation = vision_activation(get("hidden_act"), "vision_config.hidden_act")
+    return hidden_size, eps, ClipEncoder([ClipEncoderLayer(hidden_size, int(get("intermediate_size")), num_heads, eps,
+                                                           activation)
+                                          for _ in range(int(get("num_hidden_layers")))])
+
+
+# transformers' CLIPVisionConfig defaults.
+CLIP_DEFAULTS = {"hidden_size": 1024, "num_attention_heads": 16, "layer_norm_eps": 1e-5, "hidden_act": "quick_gelu",
+                 "intermediate_size": 4096, "num_hidden_layers": 24}
+
+
 class ClipVisionTransformer(nn.Module):
     def __init__(self, vision_config: dict[str, Any]) -> None:
         super().__init__()
         get = vision_config.get
-        hidden_size = int(get("hidden_size", 1024))
-        num_heads = int(get("num_attention_heads", 16))
-        if hidden_size % num_heads:
-            raise ValueError(f"config.json: vision_config.hidden_size {hidden_size} is not a multiple of "
-                             f"vision_config.num_attention_heads {num_heads}")
-        eps = float(get("layer_norm_eps", 1e-5))
-        activation = vision_activation(get("hidden_act", "quick_gelu"), "vision_config.hidden_act")
+        hidden_size, eps, self.encoder = clip_encoder(vision_config, CLIP_DEFAULTS)
         self.embeddings = ClipVisionEmbeddings(hidden_size, int(get("image_size", 224)), int(get("patch_size", 32)),
                                                int(get("num_channels", 3)))
         self.pre_layrnorm = nn.LayerNorm(hidden_size, eps=eps)
-        self.encoder = ClipEncoder([ClipEncoderLayer(hidden_size, int(get("intermediate_size", 4096)), num_heads, eps,
-                                                     activation)
-                                    for _ in range(int(get("num_hidden_layers", 24)))])
         # Kept so a checkpoint's weights load by name; LLaVA reads a hidden layer's output, never this norm's.
         self.post_layernorm = nn.LayerNorm(hidden_size, eps=eps)
 

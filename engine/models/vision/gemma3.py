@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.gemma import GemmaRMSNorm
-from engine.models.vision.clip_vision import ClipEncoder, ClipEncoderLayer, vision_activation
+from engine.models.vision.clip_vision import clip_encoder
 from engine.models.vision.encoder_base import ImageEncoder
 
 
@@ -46,22 +46,18 @@ class SiglipVisionEmbeddings(nn.Module):
         return patches + self.position_embedding.weight
 
 
+# Gemma 3's SigLIP (so400m at 896 pixels), for keys a vision_config leaves out.
+SIGLIP_DEFAULTS = {"hidden_size": 1152, "num_attention_heads": 16, "layer_norm_eps": 1e-6,
+                   "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304, "num_hidden_layers": 27}
+
+
 class SiglipVisionTransformer(nn.Module):
     def __init__(self, vision_config: dict[str, Any]) -> None:
         super().__init__()
         get = vision_config.get
-        hidden_size = int(get("hidden_size", 1152))
-        num_heads = int(get("num_attention_heads", 16))
-        if hidden_size % num_heads:
-            raise ValueError(f"config.json: vision_config.hidden_size {hidden_size} is not a multiple of "
-                             f"vision_config.num_attention_heads {num_heads}")
-        eps = float(get("layer_norm_eps", 1e-6))
-        activation = vision_activation(get("hidden_act", "gelu_pytorch_tanh"), "vision_config.hidden_act")
+        hidden_size, eps, self.encoder = clip_encoder(vision_config, SIGLIP_DEFAULTS)
         self.embeddings = SiglipVisionEmbeddings(hidden_size, int(get("image_size", 896)), int(get("patch_size", 14)),
                                                  int(get("num_channels", 3)))
-        self.encoder = ClipEncoder([ClipEncoderLayer(hidden_size, int(get("intermediate_size", 4304)), num_heads, eps,
-                                                     activation)
-                                    for _ in range(int(get("num_hidden_layers", 27)))])
         self.post_layernorm = nn.LayerNorm(hidden_size, eps=eps)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:

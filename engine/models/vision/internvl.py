@@ -21,21 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.vision.clip_vision import vision_activation
+from engine.models.layers import RMSNorm
+from engine.models.vision.clip_vision import ClipMLP, vision_activation
 from engine.models.vision.encoder_base import ImageEncoder
-
-
-class VisionRMSNorm(nn.Module):
-    """x / rms(x) in float32, cast back, then times the weight (transformers' InternVLVisionRMSNorm)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.to(torch.float32)
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def _pair(value, field: str) -> int:
@@ -55,8 +43,8 @@ class InternVisionAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, hidden, bias=bias)
         self.v_proj = nn.Linear(hidden, hidden, bias=bias)
         self.projection_layer = nn.Linear(hidden, hidden)
-        self.q_norm = VisionRMSNorm(hidden, eps) if qk_norm else nn.Identity()
-        self.k_norm = VisionRMSNorm(hidden, eps) if qk_norm else nn.Identity()
+        self.q_norm = RMSNorm(hidden, eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(hidden, eps) if qk_norm else nn.Identity()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         tiles, tokens, hidden = hidden_states.shape
@@ -71,23 +59,12 @@ class InternVisionAttention(nn.Module):
         return self.projection_layer(attended.transpose(1, 2).reshape(tiles, tokens, hidden))
 
 
-class InternVisionMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, activation) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, intermediate)
-        self.fc2 = nn.Linear(intermediate, hidden)
-        self.activation = activation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation(self.fc1(x)))
-
-
 class InternVisionLayer(nn.Module):
     def __init__(self, vision: dict[str, Any], hidden: int, heads: int, eps: float, norm) -> None:
         super().__init__()
         self.attention = InternVisionAttention(hidden, heads, bool(vision.get("attention_bias", False)),
                                                bool(vision.get("use_qk_norm", False)), eps)
-        self.mlp = InternVisionMLP(hidden, int(vision.get("intermediate_size", 4096)),
+        self.mlp = ClipMLP(hidden, int(vision.get("intermediate_size", 4096)),
                                    vision_activation(vision.get("hidden_act", "gelu"), "vision_config.hidden_act"))
         self.layernorm_before = norm(hidden)
         self.layernorm_after = norm(hidden)
@@ -126,7 +103,7 @@ class InternVisionModel(nn.Module):
                              f"vision_config.num_attention_heads {heads}")
         eps = float(vision.get("layer_norm_eps", 1e-6))
         norm_type = vision.get("norm_type", "layer_norm")
-        norms = {"layer_norm": lambda size: nn.LayerNorm(size, eps=eps), "rms_norm": lambda size: VisionRMSNorm(size, eps)}
+        norms = {"layer_norm": lambda size: nn.LayerNorm(size, eps=eps), "rms_norm": lambda size: RMSNorm(size, eps)}
         if norm_type not in norms:
             raise ValueError(f"config.json: vision_config.norm_type must be one of {sorted(norms)}, got {norm_type!r}")
         if not vision.get("use_absolute_position_embeddings", True) or vision.get("use_mask_token", False):
