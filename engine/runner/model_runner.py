@@ -37,7 +37,7 @@ from engine.runner.config import RunnerConfig, resolve_attention_backend, resolv
 from engine.runner.decode_graphs import DecodeGraphs, cuda_graphs_unavailable_reason
 from engine.runner.eager_shapes import pad_step_inputs, resolve_token_padding, warm_up_shapes
 from engine.runner.encoder_outputs import EncoderOutputs, bidirectional_spans, deepstack_inputs, fill_placeholders
-from engine.runner.mrope_positions import batch_mrope_positions, padded_columns, use_mrope
+from engine.runner.mrope_positions import as_plain_positions, batch_mrope_positions, padded_columns, use_mrope
 from engine.runner.input_batch import InputBatch
 from engine.runner.kv_cache_sizing import determine_num_gpu_blocks
 from engine.runner.logprobs_lists import split_logprobs
@@ -318,6 +318,9 @@ class ModelRunner:
         # M-RoPE's three positions for a step with a request that shows images (None: the plain positions).
         mrope = batch_mrope_positions(batch.request_states[:num_reqs], prepared.common.num_computed_tokens,
                                       num_scheduled_tokens) if self.mrope_merge_size else None
+        if mrope is not None and (plain := as_plain_positions(mrope)) is not None:
+            # Decodes of requests with images (index + delta): plain positions, which a graph can replay.
+            prepared.positions, mrope = plain, None
         graphs = self.decode_graphs
         try:
             # Captured graphs hold no adapter and read token ids only: a step with an adapter or with an image's

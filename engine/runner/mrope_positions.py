@@ -63,6 +63,15 @@ def batch_mrope_positions(states, num_computed: np.ndarray, num_scheduled: np.nd
                                 num_computed, num_scheduled)
 
 
+def as_plain_positions(positions: np.ndarray) -> np.ndarray | None:
+    """A step's [3, tokens] positions as plain [tokens] ones when every token's three are equal (decodes, and text
+    after the images, at index + delta): M-RoPE then turns each head as plain RoPE at that position, so the step
+    needs no M-RoPE and a decode step may replay a CUDA graph. None when some token's three differ (an image's)."""
+    if (positions[0] == positions[1]).all() and (positions[0] == positions[2]).all():
+        return positions[0].copy()
+    return None
+
+
 def padded_columns(positions: np.ndarray, length: int) -> np.ndarray:
     """``positions`` [3, n] with zero columns up to ``length`` (the eager step's padded token count)."""
     padded = np.zeros((3, length), dtype=np.int64)

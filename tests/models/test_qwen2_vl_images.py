@@ -224,6 +224,28 @@ def test_qwen3_vl_moe_loads_the_published_layout_of_its_experts(qwen2_vl, hf, fa
     assert list(output.outputs[0].token_ids) == hf_tokens(hf, output.prompt_token_ids, images)
 
 
+def test_decodes_after_images_replay_graphs_at_their_shifted_positions(qwen2_vl, hf, family):
+    """A decode's three M-RoPE positions are equal (index + delta), so its step runs as plain RoPE at that position
+    and replays a CUDA graph (emulated on the CPU: the same static buffers and padding), with transformers' tokens."""
+    from kernels.triton_support import triton_unavailable_reason
+    from tests.runner.test_step_fast_paths import _generate_through_emulated_graphs
+
+    if family != "qwen2-vl":
+        pytest.skip("one family shows it: the graph path is the language model's")
+    if triton_unavailable_reason() is not None:
+        pytest.skip(f"triton cannot run here: {triton_unavailable_reason()}")
+    llm = LLM(model=str(qwen2_vl), skip_tokenizer_init=True, dtype="float32", attention_backend="triton",
+              enforce_eager=True, max_num_seqs=4)
+    images = [picture(20, 90, 150), picture(21, 60, 60)]
+    prompts = [{"prompt_token_ids": [1, 5, START, IMAGE, END, 7], "multi_modal_data": {"image": [image]}}
+               for image in images]
+    tokens, batch_sizes = _generate_through_emulated_graphs(llm, prompts, GREEDY)
+    assert batch_sizes and max(batch_sizes) == 2  # both requests' decodes on the graph path
+    for prompt, image, output in zip(prompts, images, tokens):
+        expanded = llm.generate([prompt], greedy(1), use_tqdm=False)[0].prompt_token_ids
+        assert list(output) == hf_tokens(hf, expanded, [image])
+
+
 def test_a_prefix_hit_past_an_image_and_preemption_keep_transformers_tokens(qwen2_vl, hf):
     images = [picture(3, 70, 130)]
     prompt = [1, 5, 6, 7, START, IMAGE, END, 8, 9]
