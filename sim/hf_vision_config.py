@@ -8,6 +8,8 @@ Four families, as their checkpoints save them:
 - LLaVA (``LlavaForConditionalGeneration``): the LM in ``text_config`` (Llama for LLaVA-1.5, Mistral for
   BakLLaVA), a CLIP ViT in ``vision_config``, the layer whose features the LM reads (``vision_feature_layer``)
   at the top level;
+- LLaVA-NeXT (``LlavaNextForConditionalGeneration``, LLaVA-1.6): LLaVA's keys, with ``image_grid_pinpoints`` for
+  its tiles;
 - Qwen2-VL and Qwen2.5-VL: the LM's keys at the top level, as a Qwen2 config's (newer transformers may save
   them under ``text_config``), the ViT and its merger in ``vision_config``;
 - Mistral 3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.1+): a Mistral LM in ``text_config``, a Pixtral
@@ -31,6 +33,7 @@ Imports no torch (the simulator runs without it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from sim.hf_config_file import read_config_json
@@ -44,10 +47,12 @@ MISTRAL3 = "Mistral3ForConditionalGeneration"
 QWEN3_VL = "Qwen3VLForConditionalGeneration"
 QWEN3_VL_MOE = "Qwen3VLMoeForConditionalGeneration"
 INTERNVL = "InternVLForConditionalGeneration"
-VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3, QWEN3_VL, QWEN3_VL_MOE, INTERNVL)
+LLAVA_NEXT = "LlavaNextForConditionalGeneration"
+VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3, QWEN3_VL, QWEN3_VL_MOE, INTERNVL,
+                                 LLAVA_NEXT)
 _ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                                "mistral3": MISTRAL3, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
-                               "internvl": INTERNVL}
+                               "internvl": INTERNVL, "llava_next": LLAVA_NEXT}
 # transformers' Qwen3VLTextConfig defaults (and Qwen3VLMoeTextConfig's expert keys), for keys a text_config leaves
 # out; each with the architecture its language model reads as.
 _QWEN3_VL_TEXT_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
@@ -171,7 +176,7 @@ def vision_encoder_from_hf_config(config: dict, language_hidden_size: int, path:
     name = f"{config.get('_name_or_path') or path.parent.name or path.stem} vision"
     read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit,
             MISTRAL3: _mistral3_pixtral, QWEN3_VL: _qwen3_vl_vit, QWEN3_VL_MOE: _qwen3_vl_vit,
-            INTERNVL: _internvl_vit}
+            INTERNVL: _internvl_vit, LLAVA_NEXT: _llava_next_clip}
     return read[architecture](name, config, vision, language_hidden_size, path)
 
 
@@ -262,6 +267,16 @@ def _llava_clip(name: str, config: dict, vision: dict, language_hidden_size: int
         tokens_per_image=_patch_grid_side(vision, path) ** 2 + (strategy == "full"),
         projector_parameters=(hidden_size * len(depths) * language_hidden_size
                               + language_hidden_size * language_hidden_size))
+
+
+def _llava_next_clip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                     ) -> VisionEncoderShape:
+    """LLaVA-1.5's CLIP and projector over "any resolution" tiles (the workload states each image's tokens: a base
+    tile's and the unpadded grid's, a newline a row); attention within a tile, so each tile is a window."""
+    shape = _llava_clip(name, config, vision, language_hidden_size, path)
+    if config.get("vision_feature_select_strategy", "default") != "default":
+        raise ValueError(f"model: {path}: key 'vision_feature_select_strategy' must be 'default' for LLaVA-NeXT")
+    return replace(shape, tokens_per_image=None, window_tokens=shape.tokens_per_image)
 
 
 def _qwen2_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path

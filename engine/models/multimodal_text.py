@@ -1,6 +1,6 @@
 """Multimodal checkpoints served as their language model: text in, text out (vLLM serves them so when no image
-comes). The images of Gemma 3, InternVL, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3 checkpoints go through
-engine/models/vision/, beside it.
+comes). The images of Gemma 3, InternVL, LLaVA, LLaVA-NeXT, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3
+checkpoints go through engine/models/vision/, beside it.
 
 The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA, Qwen2-VL /
 Qwen2.5-VL / Qwen3-VL and Llama 4 checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
@@ -21,6 +21,7 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
     "Gemma3ForConditionalGeneration": "gemma3_text",
     "Mistral3ForConditionalGeneration": None,
     "LlavaForConditionalGeneration": None,
+    "LlavaNextForConditionalGeneration": None,
     # InternVL3 / 3.5 in transformers' layout ("-hf" checkpoints): a Qwen2, Qwen3 or Llama in text_config.
     "InternVLForConditionalGeneration": None,
     "Llama4ForConditionalGeneration": "llama4_text",
@@ -37,7 +38,8 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
 }
 _QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
             "Qwen3VLMoeForConditionalGeneration")
-_NOT_TEXT = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
+_NOT_TEXT = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.", "image_newline",
+             "model.image_newline",
              "model.multi_modal_projector.", "visual.", "model.visual.")
 # Keys of the outer config the language model reads too, where text_config has none.
 _OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id")

@@ -64,6 +64,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,
     "Mistral3ForConditionalGeneration": MistralForCausalLM,
     "LlavaForConditionalGeneration": LlamaForCausalLM,
+    "LlavaNextForConditionalGeneration": LlamaForCausalLM,
     "InternVLForConditionalGeneration": Qwen2ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2ForCausalLM,
     "Qwen2_5_VLForConditionalGeneration": Qwen2ForCausalLM,

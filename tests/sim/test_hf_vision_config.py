@@ -204,7 +204,7 @@ def test_a_malformed_vision_config_names_the_key(tmp_path, config, message):
 @pytest.mark.parametrize("config, message", [
     ({**LLAVA_1_5_7B_CONFIG, "text_config": {"model_type": "qwen2"}}, "key 'text_config.model_type' is 'qwen2'"),
     ({**GEMMA_3_12B_CONFIG, "text_config": "gemma3_text"}, "key 'text_config' must be a mapping"),
-    ({**LLAVA_1_5_7B_CONFIG, "architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next"},
+    ({**LLAVA_1_5_7B_CONFIG, "architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3"},
      "is not supported; .*vision-language .*LlavaForConditionalGeneration"),
 ])
 def test_a_language_model_not_read_is_refused_by_name(tmp_path, config, message):
@@ -364,3 +364,17 @@ def test_an_internvl_config_gives_its_qwen2_and_internvit_attending_per_tile(tmp
     assert setup.vision.encoder.name == "internvl3-1b vision" and not setup.scheduler_config.disable_chunked_mm_input
     with pytest.raises(ValueError, match="key 'downsample_ratio' must be 1 / n"):
         vision_encoder_from_hf_config({**INTERNVL3_1B_CONFIG, "downsample_ratio": 0.3}, 896, folder)
+
+
+def test_a_llava_next_config_is_llava_over_tiles_of_any_resolution(tmp_path):
+    """LLaVA-1.6 keeps LLaVA-1.5's keys, adds the tiles' pinpoints: its images' tokens follow their size (the workload
+    states them), each tile attending within itself."""
+    config = {**LLAVA_1_5_7B_CONFIG, "architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next",
+              "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]}
+    folder = write_checkpoint(tmp_path, config, "llava-v1.6")
+    encoder = vision_encoder_from_hf_path(folder)
+    llava = resolve_vision_encoder("llava-1.5-7b", None)
+    assert fields_but_name(encoder) == fields_but_name(replace(llava, tokens_per_image=None, window_tokens=576))
+    assert fields_but_name(resolve_model(str(folder))) == fields_but_name(resolve_model("llava-1.5-7b"))
+    with pytest.raises(ValueError, match="must be 'default' for LLaVA-NeXT"):
+        vision_encoder_from_hf_config({**config, "vision_feature_select_strategy": "full"}, 4096, folder)
