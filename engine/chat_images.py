@@ -82,7 +82,7 @@ def mark_images(messages: list[dict[str, Any]], image_token: str | None, templat
         shown = [part["image"] for part in content if part["type"] == "image"]
         if shown and image_token is None:
             raise ValueError(f"messages[{index}]: image content needs a vision-language model whose images this "
-                             "engine encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3); this engine takes "
+                             "engine encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3); this engine takes "
                              "text only")
         images += shown
         text = "".join(part["text"] for part in content if part["type"] == "text")

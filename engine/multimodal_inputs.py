@@ -69,14 +69,16 @@ class ImageInputs:
             self._processor = AutoImageProcessor.from_pretrained(str(self.checkpoint))
         return self._processor
 
-    def encoder_inputs(self, label: str, images: list[Any]) -> list[tuple[Any, int]]:
-        """Per image (the encoder's input, its placeholder tokens), as the checkpoint's processor makes them."""
+    def encoder_inputs(self, label: str, images: list[Any], one_prompt: bool = False) -> list[tuple[Any, int]]:
+        """Per image (the encoder's input, its placeholder tokens), as the checkpoint's processor makes them;
+        ``one_prompt``: the images of one prompt, which some families process as a group (each alone otherwise)."""
         for index, image in enumerate(images):
             if not (_is_pil_image(image) or (isinstance(image, np.ndarray) and image.ndim == 3)):
                 raise ValueError(f"{label}: multi_modal_data['image'][{index}] must be a PIL image or an H x W x C "
                                  f"numpy array, got {type(image).__name__}")
         try:
-            return self.encoder.split_processed(self.processor(images=images, return_tensors="pt"))
+            grouped = [images] if one_prompt and self.encoder.groups_prompt_images else images
+            return self.encoder.split_processed(self.processor(images=grouped, return_tensors="pt"))
         except ValueError as error:
             raise ValueError(f"{label}: model {str(self.checkpoint)!r}: {error}") from None
 
@@ -96,7 +98,7 @@ class ImageInputs:
                              f"{len(marks)} (image token id {self.mark_token_id}); put one mark where each image goes")
         if not images:
             return token_ids, ()
-        inputs = self.encoder_inputs(label, images)
+        inputs = self.encoder_inputs(label, images, one_prompt=True)
         expanded: list[int] = []
         features = []
         previous_end = 0

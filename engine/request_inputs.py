@@ -48,7 +48,7 @@ def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int, images: Im
             return parsed
         if images is None:
             raise ValueError(f"{label}: multi_modal_data needs a vision-language model whose images this engine "
-                             "encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3, with their "
+                             "encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3, with their "
                              "preprocessor_config.json); this engine takes text only")
         token_ids, features = images.process(label, parsed.token_ids, multi_modal_data)
         return Prompt(text, token_ids, features)

@@ -9,7 +9,7 @@ Four families, as their checkpoints save them:
   BakLLaVA), a CLIP ViT in ``vision_config``, the layer whose features the LM reads (``vision_feature_layer``)
   at the top level;
 - LLaVA-NeXT (``LlavaNextForConditionalGeneration``, LLaVA-1.6): LLaVA's keys, with ``image_grid_pinpoints`` for
-  its tiles;
+  its tiles; LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``) the same with a Qwen2 LM and a SigLIP ViT;
 - Qwen2-VL and Qwen2.5-VL: the LM's keys at the top level, as a Qwen2 config's (newer transformers may save
   them under ``text_config``), the ViT and its merger in ``vision_config``;
 - Mistral 3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.1+): a Mistral LM in ``text_config``, a Pixtral
@@ -48,11 +48,12 @@ QWEN3_VL = "Qwen3VLForConditionalGeneration"
 QWEN3_VL_MOE = "Qwen3VLMoeForConditionalGeneration"
 INTERNVL = "InternVLForConditionalGeneration"
 LLAVA_NEXT = "LlavaNextForConditionalGeneration"
+LLAVA_ONEVISION = "LlavaOnevisionForConditionalGeneration"
 VISION_LANGUAGE_ARCHITECTURES = (GEMMA3, LLAVA, QWEN2_VL, QWEN2_5_VL, MISTRAL3, QWEN3_VL, QWEN3_VL_MOE, INTERNVL,
-                                 LLAVA_NEXT)
+                                 LLAVA_NEXT, LLAVA_ONEVISION)
 _ARCHITECTURE_OF_MODEL_TYPE = {"gemma3": GEMMA3, "llava": LLAVA, "qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL,
                                "mistral3": MISTRAL3, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL_MOE,
-                               "internvl": INTERNVL, "llava_next": LLAVA_NEXT}
+                               "internvl": INTERNVL, "llava_next": LLAVA_NEXT, "llava_onevision": LLAVA_ONEVISION}
 # transformers' Qwen3VLTextConfig defaults (and Qwen3VLMoeTextConfig's expert keys), for keys a text_config leaves
 # out; each with the architecture its language model reads as.
 _QWEN3_VL_TEXT_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
@@ -85,12 +86,12 @@ _LLAVA_TEXT_MODELS = {
                                        "max_position_embeddings": 4096 * 32, "vocab_size": 32000,
                                        "sliding_window": 4096}),
 }
-# transformers' Qwen2Config and Qwen3Config defaults, for InternVL's text_config (a Qwen2 by default, InternVL3's;
-# InternVL3.5's a Qwen3); a Llama reads as LLaVA's does.
+# transformers' Qwen2Config and Qwen3Config defaults, for InternVL's and LLaVA-OneVision's text_config (a Qwen2 by
+# default, InternVL3's and OneVision's; InternVL3.5's a Qwen3); a Llama reads as LLaVA's does.
 _QWEN_TEXT_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
                        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
                        "vocab_size": 151936}
-_INTERNVL_TEXT_MODELS = {
+_QWEN_OR_LLAMA_TEXT_MODELS = {
     "qwen2": ("Qwen2ForCausalLM", _QWEN_TEXT_DEFAULTS),
     "qwen3": ("Qwen3ForCausalLM", {**_QWEN_TEXT_DEFAULTS, "head_dim": 128}),
     "llama": _LLAVA_TEXT_MODELS["llama"],
@@ -131,12 +132,12 @@ def language_model_config(config: dict, path: str | Path) -> dict | None:
             text_architecture, text_model_type, defaults = _QWEN3_VL_TEXT_MODELS[architecture]
         elif architecture == MISTRAL3:
             text_architecture, text_model_type, defaults = "MistralForCausalLM", "mistral", _MISTRAL3_TEXT_DEFAULTS
-        elif architecture == INTERNVL:
-            text_model_type = text.get("model_type", "qwen2")  # InternVLConfig's default text config is Qwen2's
-            if text_model_type not in _INTERNVL_TEXT_MODELS:
-                raise ValueError(f"model: {path}: key 'text_config.model_type' is {text_model_type!r}; InternVL's "
-                                 f"language model is read for {', '.join(_INTERNVL_TEXT_MODELS)}")
-            text_architecture, defaults = _INTERNVL_TEXT_MODELS[text_model_type]
+        elif architecture in (INTERNVL, LLAVA_ONEVISION):
+            text_model_type = text.get("model_type", "qwen2")  # both config classes' default text config is Qwen2's
+            if text_model_type not in _QWEN_OR_LLAMA_TEXT_MODELS:
+                raise ValueError(f"model: {path}: key 'text_config.model_type' is {text_model_type!r}; its "
+                                 f"language model is read for {', '.join(_QWEN_OR_LLAMA_TEXT_MODELS)}")
+            text_architecture, defaults = _QWEN_OR_LLAMA_TEXT_MODELS[text_model_type]
         else:
             text_model_type = text.get("model_type", "llama")  # LlavaConfig's default text config is Llama's
             if text_model_type not in _LLAVA_TEXT_MODELS:
@@ -176,7 +177,7 @@ def vision_encoder_from_hf_config(config: dict, language_hidden_size: int, path:
     name = f"{config.get('_name_or_path') or path.parent.name or path.stem} vision"
     read = {GEMMA3: _gemma3_siglip, LLAVA: _llava_clip, QWEN2_VL: _qwen2_vl_vit, QWEN2_5_VL: _qwen2_5_vl_vit,
             MISTRAL3: _mistral3_pixtral, QWEN3_VL: _qwen3_vl_vit, QWEN3_VL_MOE: _qwen3_vl_vit,
-            INTERNVL: _internvl_vit, LLAVA_NEXT: _llava_next_clip}
+            INTERNVL: _internvl_vit, LLAVA_NEXT: _llava_next_clip, LLAVA_ONEVISION: _llava_onevision_siglip}
     return read[architecture](name, config, vision, language_hidden_size, path)
 
 
@@ -238,7 +239,8 @@ def _gemma3_siglip(name: str, config: dict, vision: dict, language_hidden_size: 
         tokens_per_image=tokens, projector_parameters=hidden_size * language_hidden_size, images_whole=True)
 
 
-def _llava_clip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path) -> VisionEncoderShape:
+def _llava_clip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path,
+                grid_side: int | None = None) -> VisionEncoderShape:
     """CLIP at a fixed resolution, one token a patch. The LM reads the features of layer
     ``vision_feature_layer`` (counting the embeddings as 0, so -2 is the penultimate layer), and the server runs
     no layer past it; ``vision_feature_select_strategy`` "default" drops the CLS patch, "full" keeps it. The
@@ -264,7 +266,7 @@ def _llava_clip(name: str, config: dict, vision: dict, language_hidden_size: int
         name=name, num_layers=max(depths), hidden_size=hidden_size,
         intermediate_size=_vision(vision, "intermediate_size", path),
         num_attention_heads=_vision(vision, "num_attention_heads", path), patches_per_token=1,
-        tokens_per_image=_patch_grid_side(vision, path) ** 2 + (strategy == "full"),
+        tokens_per_image=(grid_side or _patch_grid_side(vision, path)) ** 2 + (strategy == "full"),
         projector_parameters=(hidden_size * len(depths) * language_hidden_size
                               + language_hidden_size * language_hidden_size))
 
@@ -277,6 +279,16 @@ def _llava_next_clip(name: str, config: dict, vision: dict, language_hidden_size
     if config.get("vision_feature_select_strategy", "default") != "default":
         raise ValueError(f"model: {path}: key 'vision_feature_select_strategy' must be 'default' for LLaVA-NeXT")
     return replace(shape, tokens_per_image=None, window_tokens=shape.tokens_per_image)
+
+
+def _llava_onevision_siglip(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path
+                           ) -> VisionEncoderShape:
+    """LLaVA-NeXT's tiles through a SigLIP tower (its last layer's features by default, every patch kept; the grid's
+    map shrunk past ``vision_aspect_ratio``): the workload states each image's tokens."""
+    # SigLIP-so400m at 384 pixels cuts 27 patches of 14 a side: its convolution drops the remainder.
+    side = _vision(vision, "image_size", path) // _vision(vision, "patch_size", path)
+    shape = _llava_clip(name, {"vision_feature_layer": -1, **config}, vision, language_hidden_size, path, side)
+    return replace(shape, tokens_per_image=None, window_tokens=side ** 2)
 
 
 def _qwen2_vl_vit(name: str, config: dict, vision: dict, language_hidden_size: int, path: Path

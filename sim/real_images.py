@@ -104,5 +104,5 @@ def check_real_run_images(workload: WorkloadConfig, images: RealImages | None, e
                                "record them with --executor real and a LLaVA checkpoint (--model PATH)")
     if images is None:
         raise VisionSetupError(f"{where}: the real model encodes no images; pass --model a vision-language checkpoint "
-                               "whose images the engine encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3)")
+                               "whose images the engine encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3)")
     images.check(workload)

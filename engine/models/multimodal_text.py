@@ -1,6 +1,6 @@
 """Multimodal checkpoints served as their language model: text in, text out (vLLM serves them so when no image
-comes). The images of Gemma 3, InternVL, LLaVA, LLaVA-NeXT, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and Mistral 3
-checkpoints go through engine/models/vision/, beside it.
+comes). The images of Gemma 3, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and
+Mistral 3 checkpoints go through engine/models/vision/, beside it.
 
 The published Gemma 3 (4B-27B), Mistral Small 3.1+ (``Mistral3ForConditionalGeneration``), LLaVA, Qwen2-VL /
 Qwen2.5-VL / Qwen3-VL and Llama 4 checkpoints keep the language model's keys in ``text_config`` and its weights under ``language_model.`` (transformers
@@ -22,6 +22,7 @@ MULTIMODAL_ARCHITECTURES: dict[str, str | None] = {
     "Mistral3ForConditionalGeneration": None,
     "LlavaForConditionalGeneration": None,
     "LlavaNextForConditionalGeneration": None,
+    "LlavaOnevisionForConditionalGeneration": None,  # a Qwen2
     # InternVL3 / 3.5 in transformers' layout ("-hf" checkpoints): a Qwen2, Qwen3 or Llama in text_config.
     "InternVLForConditionalGeneration": None,
     "Llama4ForConditionalGeneration": "llama4_text",

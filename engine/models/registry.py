@@ -65,6 +65,7 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Mistral3ForConditionalGeneration": MistralForCausalLM,
     "LlavaForConditionalGeneration": LlamaForCausalLM,
     "LlavaNextForConditionalGeneration": LlamaForCausalLM,
+    "LlavaOnevisionForConditionalGeneration": Qwen2ForCausalLM,
     "InternVLForConditionalGeneration": Qwen2ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2ForCausalLM,
     "Qwen2_5_VLForConditionalGeneration": Qwen2ForCausalLM,

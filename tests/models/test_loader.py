@@ -101,6 +101,7 @@ def test_unsupported_architecture_names_it(qwen_path, tmp_path):
                                          "Llama4ForConditionalGeneration", "LlamaForCausalLM",
                                          "LlamaForSequenceClassification", "LlamaModel",
                                          "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                                         "LlavaOnevisionForConditionalGeneration",
                                          "Mistral3ForConditionalGeneration",
                                          "MistralForCausalLM", "MistralForSequenceClassification", "MistralModel",
                                          "MixtralForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",

@@ -378,3 +378,22 @@ def test_a_llava_next_config_is_llava_over_tiles_of_any_resolution(tmp_path):
     assert fields_but_name(resolve_model(str(folder))) == fields_but_name(resolve_model("llava-1.5-7b"))
     with pytest.raises(ValueError, match="must be 'default' for LLaVA-NeXT"):
         vision_encoder_from_hf_config({**config, "vision_feature_select_strategy": "full"}, 4096, folder)
+
+
+def test_a_llava_onevision_config_is_a_qwen2_behind_siglip_tiles(tmp_path):
+    """In the shape of llava-onevision-qwen2-0.5b-ov-hf: SigLIP at 384 pixels (27 x 27 patches a tile), its last
+    layer read, a Qwen2 language model."""
+    config = {"architectures": ["LlavaOnevisionForConditionalGeneration"], "model_type": "llava_onevision",
+              "image_token_index": 151646, "vision_aspect_ratio": "anyres_max_9",
+              "image_grid_pinpoints": [[384, 384], [384, 768], [768, 384]],
+              "text_config": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+                              "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                              "vocab_size": 152000},
+              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                                "num_hidden_layers": 26, "num_attention_heads": 16, "image_size": 384,
+                                "patch_size": 14}}
+    folder = write_checkpoint(tmp_path, config, "llava-onevision")
+    assert resolve_model(str(folder)).hidden_size == 896
+    encoder = vision_encoder_from_hf_path(folder)
+    assert (encoder.num_layers, encoder.window_tokens, encoder.tokens_per_image) == (26, 729, None)
+    assert encoder.projector_parameters == 1152 * 896 + 896 * 896

@@ -133,6 +133,8 @@ CLIP_DEFAULTS = {"hidden_size": 1024, "num_attention_heads": 16, "layer_norm_eps
 
 
 class ClipVisionTransformer(nn.Module):
+    has_class_token = True
+
     def __init__(self, vision_config: dict[str, Any]) -> None:
         super().__init__()
         get = vision_config.get

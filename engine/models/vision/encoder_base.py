@@ -24,6 +24,9 @@ class ImageEncoder(nn.Module):
     # Whether the language model attends among one image's placeholders both ways (Gemma 3): the runner gives the
     # attention each image's span, and the engine keeps every image in one prefill chunk.
     bidirectional_image_attention = False
+    # Whether a prompt's images are processed as one group (LLaVA-OneVision treats an image shown with others
+    # differently from one shown alone); otherwise each image alone.
+    groups_prompt_images = False
 
     def split_processed(self, processed) -> list[tuple[Any, int]]:
         """The checkpoint's image processor's output -> per image (the encoder's input for it, its placeholder

@@ -2,8 +2,7 @@
 projection into the language model's embedding space (transformers' ``Gemma3ForConditionalGeneration`` without its
 language model).
 
-SigLIP is CLIP's encoder (engine/models/vision/clip_vision.py) without a class token or a norm before the first
-layer: a biased patch convolution plus a learned position per patch, the layers, a final LayerNorm. The projector
+SigLIP is engine/models/vision/siglip_vision.py's (its final LayerNorm applied). The projector
 pools the square grid of patches (896 pixels / 14 = 64 a side) down to 16 x 16, normalizes each pooled vector by
 Gemma's RMSNorm (times 1 + weight) and multiplies it by ``mm_input_projection_weight``: 256 embeddings an image,
 which take the language model's embeddings' place unscaled (the text's are scaled by sqrt(hidden)).
@@ -24,47 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.gemma import GemmaRMSNorm
-from engine.models.vision.clip_vision import clip_encoder
 from engine.models.vision.encoder_base import ImageEncoder
-
-
-class SiglipVisionEmbeddings(nn.Module):
-    def __init__(self, hidden_size: int, image_size: int, patch_size: int, num_channels: int) -> None:
-        super().__init__()
-        self.image_size = image_size
-        self.patch_embedding = nn.Conv2d(num_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
-        self.patches_per_side = image_size // patch_size
-        self.position_embedding = nn.Embedding(self.patches_per_side ** 2, hidden_size)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """[images, channels, H, W] -> [images, patches, hidden]."""
-        height, width = pixel_values.shape[-2:]
-        if (height, width) != (self.image_size, self.image_size):
-            raise ValueError(f"the vision tower takes {self.image_size}x{self.image_size} images, got {height}x{width}")
-        weight = self.patch_embedding.weight
-        patches = self.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)
-        return patches + self.position_embedding.weight
-
-
-# Gemma 3's SigLIP (so400m at 896 pixels), for keys a vision_config leaves out.
-SIGLIP_DEFAULTS = {"hidden_size": 1152, "num_attention_heads": 16, "layer_norm_eps": 1e-6,
-                   "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304, "num_hidden_layers": 27}
-
-
-class SiglipVisionTransformer(nn.Module):
-    def __init__(self, vision_config: dict[str, Any]) -> None:
-        super().__init__()
-        get = vision_config.get
-        hidden_size, eps, self.encoder = clip_encoder(vision_config, SIGLIP_DEFAULTS)
-        self.embeddings = SiglipVisionEmbeddings(hidden_size, int(get("image_size", 896)), int(get("patch_size", 14)),
-                                                 int(get("num_channels", 3)))
-        self.post_layernorm = nn.LayerNorm(hidden_size, eps=eps)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.embeddings(pixel_values)
-        for layer in self.encoder.layers:
-            hidden_states = layer(hidden_states)
-        return self.post_layernorm(hidden_states)
+from engine.models.vision.siglip_vision import SiglipVisionTransformer
 
 
 class Gemma3Projector(nn.Module):

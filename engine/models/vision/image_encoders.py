@@ -16,6 +16,7 @@ from engine.models.vision.gemma3 import Gemma3ImageEncoder
 from engine.models.vision.internvl import InternVLImageEncoder
 from engine.models.vision.llava import LlavaImageEncoder
 from engine.models.vision.llava_next import LlavaNextImageEncoder
+from engine.models.vision.llava_onevision import LlavaOnevisionImageEncoder
 from engine.models.vision.pixtral import Mistral3ImageEncoder
 from engine.models.vision.qwen2_5_vl import Qwen25VLImageEncoder
 from engine.models.vision.qwen2_vl import Qwen2VLImageEncoder
@@ -24,6 +25,7 @@ from engine.models.vision.qwen3_vl import Qwen3VLImageEncoder
 
 IMAGE_ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
                   "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
+                  "LlavaOnevisionForConditionalGeneration": LlavaOnevisionImageEncoder,
                   "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
                   "InternVLForConditionalGeneration": InternVLImageEncoder,
                   "Qwen2VLForConditionalGeneration": Qwen2VLImageEncoder,

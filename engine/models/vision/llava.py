@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.models.vision.clip_vision import ClipVisionTransformer, vision_activation
 from engine.models.vision.encoder_base import ImageEncoder
+from engine.models.vision.siglip_vision import SiglipVisionTransformer
 
 
 class LlavaProjector(nn.Module):
@@ -29,22 +30,29 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.activation(self.linear_1(features)))
 
 
+# The towers a LLaVA-family checkpoint's vision_config may name: CLIP (LLaVA-1.5, NeXT) or SigLIP (OneVision).
+TOWERS = {"clip_vision_model": ClipVisionTransformer, "siglip_vision_model": SiglipVisionTransformer}
+
+
 class LlavaImageEncoder(ImageEncoder):
     family = "LLaVA"
+    # transformers' LlavaConfig default (LLaVA-OneVision's is "full").
+    default_strategy = "default"
 
     def __init__(self, raw: dict[str, Any]) -> None:
         super().__init__()
         vision_config = raw.get("vision_config") or {}
         tower_type = vision_config.get("model_type", "clip_vision_model")
-        if tower_type != "clip_vision_model":
-            raise ValueError(f"config.json: vision_config.model_type {tower_type!r} is not supported for LLaVA images "
-                             "(a CLIP tower, 'clip_vision_model', is)")
-        strategy = raw.get("vision_feature_select_strategy", "default")
+        if tower_type not in TOWERS:
+            raise ValueError(f"config.json: vision_config.model_type {tower_type!r} is not supported for "
+                             f"{self.family} images (the towers taken: {', '.join(TOWERS)})")
+        strategy = raw.get("vision_feature_select_strategy", self.default_strategy)
         if strategy not in ("default", "full"):
             raise ValueError("config.json: vision_feature_select_strategy must be 'default' or 'full', got "
                              f"{strategy!r}")
+        # "default" drops the tower's first feature (CLIP's class token; transformers drops SigLIP's first patch too).
         self.keep_class_token = strategy == "full"
-        self.vision_tower = ClipVisionTransformer(vision_config)
+        self.vision_tower = TOWERS[tower_type](vision_config)
         layers = raw.get("vision_feature_layer", -2)
         layers = [layers] if isinstance(layers, int) else list(layers)
         count = self.vision_tower.num_layers + 1  # the embeddings' output, then each layer's
@@ -68,7 +76,8 @@ class LlavaImageEncoder(ImageEncoder):
 
     @property
     def tokens_per_image(self) -> int:
-        return self.vision_tower.embeddings.num_patches + int(self.keep_class_token)
+        embeddings = self.vision_tower.embeddings
+        return embeddings.num_patches + int(self.vision_tower.has_class_token) - int(not self.keep_class_token)
 
     def encode(self, items: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each item's pixels [channels, H, W] -> its embeddings [tokens_per_image, hidden]; one batch."""
@@ -97,7 +106,9 @@ class LlavaImageEncoder(ImageEncoder):
         write ``vision_tower.vision_model.``, transformers 5 ``vision_tower.`` (or ``model.vision_tower.``)."""
         name = name.removeprefix("model.")
         if name.startswith("vision_tower."):
-            return "vision_tower." + name.removeprefix("vision_tower.").removeprefix("vision_model.")
+            inner = name.removeprefix("vision_tower.").removeprefix("vision_model.")
+            # SigLIP's pooling head (a OneVision checkpoint's tower may carry it) is never read.
+            return None if inner.startswith("head.") else "vision_tower." + inner
         if name.startswith("multi_modal_projector."):
             return name
         return None

@@ -49,9 +49,10 @@ class LlavaNextImageEncoder(LlavaImageEncoder):
 
     def __init__(self, raw: dict[str, Any]) -> None:
         super().__init__(raw)
-        if self.keep_class_token:
-            raise ValueError("config.json: LLaVA-NeXT's features are laid out as a grid of patches; "
-                             "vision_feature_select_strategy must be 'default'")
+        if self.tokens_per_image != self.vision_tower.embeddings.num_patches:
+            raise ValueError(f"config.json: {self.family}'s features are laid out as a grid of patches; "
+                             "vision_feature_select_strategy must drop the class token ('default' for a CLIP tower, "
+                             "'full' for SigLIP's, which has none)")
         pinpoints = raw.get("image_grid_pinpoints")
         if not isinstance(pinpoints, list) or not pinpoints or any(
                 not isinstance(pin, (list, tuple)) or len(pin) != 2 for pin in pinpoints):
@@ -69,10 +70,13 @@ class LlavaNextImageEncoder(LlavaImageEncoder):
         pin_height, pin_width = best_resolution(height, width, self.pinpoints)
         return pin_height // self.tile, pin_width // self.tile
 
-    def tokens_of(self, height: int, width: int) -> int:
+    def feature_map(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, columns) of the grid's feature map of an image of ``height`` x ``width`` pixels, unpadded."""
         grid_rows, grid_columns = self.grid(height, width)
-        rows, columns = unpadded_rows_and_columns(height, width, grid_rows * self.patches,
-                                                  grid_columns * self.patches)
+        return unpadded_rows_and_columns(height, width, grid_rows * self.patches, grid_columns * self.patches)
+
+    def tokens_of(self, height: int, width: int) -> int:
+        rows, columns = self.feature_map(height, width)
         return self.patches ** 2 + rows * (columns + 1)
 
     def split_processed(self, processed) -> list[tuple[tuple[torch.Tensor, tuple[int, int]], int]]:
@@ -105,9 +109,13 @@ class LlavaNextImageEncoder(LlavaImageEncoder):
         grid = grid.permute(0, 2, 1, 3, 4).reshape(grid_rows * patches, grid_columns * patches, hidden)
         rows, columns = unpadded_rows_and_columns(*size, grid_rows * patches, grid_columns * patches)
         top, left = (grid.shape[0] - rows) // 2, (grid.shape[1] - columns) // 2
-        grid = grid[top:top + rows, left:left + columns]
-        newlines = self.image_newline.to(grid.dtype).expand(rows, 1, hidden)
+        grid = self.resample(grid[top:top + rows, left:left + columns])
+        newlines = self.image_newline.to(grid.dtype).expand(grid.shape[0], 1, hidden)
         return torch.cat([features[0], torch.cat([grid, newlines], dim=1).reshape(-1, hidden)])
+
+    def resample(self, grid: torch.Tensor) -> torch.Tensor:
+        """The unpadded feature map [rows, columns, hidden] as the language model reads it (LLaVA-NeXT: as is)."""
+        return grid
 
     def max_tokens(self, processor) -> int:
         """The tokens of the largest image the pinpoints hold: one of a pinpoint's exact shape (nothing unpadded)."""
