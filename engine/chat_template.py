@@ -43,12 +43,15 @@ def check_messages(messages: Any, label: str = "messages") -> list[dict[str, Any
 
 
 def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                tools: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template;
-    ``tools`` (OpenAI's function definitions) go to the template, for templates that render them."""
+    ``tools`` (OpenAI's function definitions) go to the template, for templates that render them;
+    ``template_kwargs``, the template's own variables (vLLM's ``chat_template_kwargs``: Qwen3's
+    ``enable_thinking``)."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise NoChatTemplateError("this model has no chat template; send a prompt instead")
-    extra = {"tools": tools} if tools else {}
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                              **extra)

@@ -48,25 +48,31 @@ from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updat
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
 from engine.serve.state import ServerState
+from engine.serve.reasoning_parsers import get_parser as get_reasoning_parser
 from engine.serve.tool_parsers import get_parser
 from engine.serve.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, server_version, tokenize
 
 
 def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = None, *,
               shutdown_engine: bool = False, on_shutdown: Callable[[], None] | None = None,
-              tool_parser: str | None = None, lora_requests: dict[str, LoRARequest] | None = None,
+              tool_parser: str | None = None, reasoning_parser: str | None = None,
+              lora_requests: dict[str, LoRARequest] | None = None,
               lora_parents: dict[str, str] | None = None,
               allow_runtime_lora_updating: bool | None = None) -> FastAPI:
     """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it.
+    ``reasoning_parser`` names the parser that splits chat answers' reasoning from their content
+    (engine/serve/reasoning_parsers/); None: no split.
     ``allow_runtime_lora_updating``: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (None: as the
     environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says)."""
     if tool_parser is not None:
         get_parser(tool_parser)  # a ValueError listing the known names
+    if reasoning_parser is not None:
+        get_reasoning_parser(reasoning_parser)  # likewise
     if served_model_names is None:
         served_model_names = [str(engine.engine_args.model or engine.model_path.name)]
     elif isinstance(served_model_names, str):
         served_model_names = [served_model_names]
-    state = ServerState(engine, list(served_model_names), tool_parser=tool_parser,
+    state = ServerState(engine, list(served_model_names), tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                         lora_requests=dict(lora_requests or {}), lora_parents=dict(lora_parents or {}))
 
     @asynccontextmanager

@@ -5,7 +5,10 @@ without adding special tokens again: templates put BOS in themselves. Streaming 
 choice, ``delta: {"role": "assistant", "content": ...}`` first, then ``{"content": ...}``; each choice's
 last chunk has its finish reason; usage and ``[DONE]`` follow as for completions.
 
-With tools (tool_calls.py decides the mode), each choice's text goes through its ``ChoiceToolOutput``
+With a reasoning parser (``--reasoning-parser``; reasoning_parsers/), each choice's text is split first: the
+reasoning goes to the message's (or delta's) ``reasoning`` (unless the request sets ``include_reasoning: false``),
+the rest on as its content. With tools (tool_calls.py decides the mode), each choice's content goes through its
+``ChoiceToolOutput``
 (tool_output.py): whole, into ``content`` and ``tool_calls``; streamed, into deltas carrying ``content`` and/or
 ``tool_calls`` (a delta can then be empty while text is held back), and ``tool_calls`` as the finish reason.
 
@@ -33,6 +36,7 @@ from engine.serve.chat_prompt import render_chat_prompt
 from engine.serve.logprobs_format import chat_logprobs, prompt_logprobs_json
 from engine.serve.protocol import (ChatCompletionRequest, chat_param_names, chat_sampling_params,
                                    returned_prompt_logprobs)
+from engine.serve.reasoning_parsers import StreamingReasoningParser, get_parser
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured_request
@@ -42,9 +46,13 @@ from engine.serve.tool_output import ChoiceToolOutput, choice_tool_output
 class _Messages(UsageCounter):
     """The assistant messages being built from delta outputs, one per choice index."""
 
-    def __init__(self, params: SamplingParams, body: ChatCompletionRequest, mode: ToolMode) -> None:
+    def __init__(self, params: SamplingParams, body: ChatCompletionRequest, mode: ToolMode,
+                 reasoning_parser: str | None = None) -> None:
         super().__init__()
         self.mode = mode
+        self.reasoning = get_parser(reasoning_parser) if reasoning_parser is not None else None
+        self.include_reasoning = body.include_reasoning
+        self.reasoning_streams: dict[int, StreamingReasoningParser] = {}  # per choice index, when streaming
         self.tool_outputs: dict[int, ChoiceToolOutput] = {}  # per choice index
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
@@ -70,15 +78,26 @@ class _Messages(UsageCounter):
         return self.tool_outputs[index]
 
     def _choice(self, completion: CompletionOutput) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": completion.text}
+        text, reasoning = completion.text, ""
         finish_reason = completion.finish_reason
+        if self.streaming and self.reasoning is not None:
+            stream = self.reasoning_streams.setdefault(completion.index, self.reasoning.streaming())
+            reasoning, text = stream.feed(text)
+            if finish_reason is not None:
+                rest_reasoning, rest_text = stream.finish()
+                reasoning, text = reasoning + rest_reasoning, text + rest_text
+        delta: dict[str, Any] = {"content": text}
         if self.streaming and self.mode.kind != "none":
             tools = self.tool_output(completion.index)
-            content, tool_calls = tools.stream(completion.text, finished=finish_reason is not None)
+            content, tool_calls = tools.stream(text, finished=finish_reason is not None)
             delta = {"content": content} if content else {}
             if tool_calls:
                 delta["tool_calls"] = tool_calls
             finish_reason = tools.finish_reason(finish_reason)
+        elif self.streaming and self.reasoning is not None and not text:
+            delta = {}  # all reasoning, or held back
+        if reasoning and self.include_reasoning:
+            delta = {"reasoning": reasoning, **delta}
         if completion.index not in self.sent_role:
             delta = {"role": "assistant", **delta}
             self.sent_role.add(completion.index)
@@ -106,7 +125,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
     outputs = state.engine.generate(prompt, params, request_id, priority=body.priority, lora_request=lora_request)
-    messages = _Messages(params, body, mode)
+    messages = _Messages(params, body, mode, state.reasoning_parser)
     messages.streaming = body.stream
     if body.stream:
         chunk_header = {**header, "object": "chat.completion.chunk"}
@@ -143,7 +162,16 @@ async def _collect(outputs: AsyncIterator[RequestOutput], messages: _Messages) -
     choices = []
     for index in sorted(last):
         tools = messages.tool_output(index)
-        choice = {"index": index, "message": {"role": "assistant", **tools.message("".join(text[index]))},
+        whole, reasoning = "".join(text[index]), None
+        if messages.reasoning is not None:
+            reasoning, content = messages.reasoning.extract(whole)
+            whole = content or ""
+        message = {"role": "assistant", **tools.message(whole)}
+        if messages.reasoning is not None:
+            message["content"] = message["content"] or None
+            if messages.include_reasoning:
+                message["reasoning"] = reasoning
+        choice = {"index": index, "message": message,
                   "logprobs": {"content": content_logprobs[index]} if index in content_logprobs else None,
                   "finish_reason": tools.finish_reason(last[index]["finish_reason"]),
                   "stop_reason": last[index]["stop_reason"]}

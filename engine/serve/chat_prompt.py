@@ -23,7 +23,8 @@ def render_chat_prompt(state: ServerState, body: Any, mode: ToolMode | None = No
     if mode is not None and mode.kind != "none":
         messages = with_tools_described(messages, tools, tokenizer)
     try:
-        rendered = render_chat(tokenizer, messages, body.add_generation_prompt, tools=tools)
+        rendered = render_chat(tokenizer, messages, body.add_generation_prompt, tools=tools,
+                               template_kwargs=getattr(body, "chat_template_kwargs", None))
         return {**rendered, "multi_modal_data": {"image": images}} if images else rendered
     except NoChatTemplateError:
         raise OpenAIError("this model has no chat template; use /v1/completions", param="messages",

@@ -21,6 +21,7 @@ from engine.async_llm import AsyncLLM
 from engine.engine_args import DEFAULT_MODEL, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.serve.app import build_app
+from engine.serve.reasoning_parsers import parser_names as reasoning_parser_names
 from engine.serve.tool_parsers import parser_names
 from engine.serve.cli_checks import (HelpFormatter, OneLineErrorParser, check_args, check_unchunked_budget,
                                      tokenizer_error_line)
@@ -51,6 +52,9 @@ def make_parser() -> argparse.ArgumentParser:
     tools.add_argument("--tool-call-parser", default=None, metavar="NAME",
                        help=f"the format the model writes tool calls in, for tool_choice auto: "
                             f"{', '.join(parser_names())} (default: none)")
+    parser.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                        help=f"split chat answers' reasoning (<think>...</think>) from their content: "
+                             f"{', '.join(reasoning_parser_names())} (default: none)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
                         help="most requests running at once, >= 1")
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          for name, request in lora_requests.items()))
     app = build_app(engine, names, shutdown_engine=True, on_shutdown=lambda: _print_summary(engine),
                     tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+                    reasoning_parser=args.reasoning_parser,
                     lora_requests=lora_requests, lora_parents={module.name: module.base_model_name
                                                                for module in args.lora_modules or []
                                                                if module.base_model_name},

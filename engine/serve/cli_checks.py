@@ -19,6 +19,7 @@ from engine.core.scheduling_policy import policy_rank
 from engine.engine_args import DEFAULT_MODEL_NAMES, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.models.config import ModelConfig
+from engine.serve.reasoning_parsers import parser_names as reasoning_parser_names
 from engine.serve.tool_parsers import parser_names
 
 # dest -> (lowest, highest) accepted; None: unbounded. The engine's own limits, spelled as the CLI's flags.
@@ -89,6 +90,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser NAME (the format the model writes calls "
                      f"in: {', '.join(parser_names())})")
+    if args.reasoning_parser is not None and args.reasoning_parser not in reasoning_parser_names():
+        parser.error(f"--reasoning-parser {args.reasoning_parser!r} is not a known parser; known: "
+                     f"{', '.join(reasoning_parser_names())}")
     if args.tool_call_parser is not None and args.tool_call_parser not in parser_names():
         parser.error(f"--tool-call-parser {args.tool_call_parser!r} is not a known parser; known: "
                      f"{', '.join(parser_names())}")

@@ -208,6 +208,10 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    # Extra variables for the chat template (vLLM's: Qwen3's enable_thinking, Granite's thinking...).
+    chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: with a reasoning parser, whether the message carries its reasoning (False: dropped).
+    include_reasoning: bool = True
     # Tool calling (tool_protocol.py; what the choice does is tool_calls.py's). Declared in this order so that
     # tool_choice's validator sees the tools.
     tools: list[ChatTool] | None = None

@@ -1,0 +1,38 @@
+"""Reasoning parsers (vLLM's ``--reasoning-parser NAME``): a chat answer's reasoning split from its content.
+
+A reasoning model writes its chain of thought before the answer, between ``<think>`` and ``</think>``; with a parser
+the server returns the thought as the message's ``reasoning`` (a streamed delta's too) and the rest as its
+``content``, which the tool-call parser then reads. ``deepseek_r1``: the model starts thinking at once (its template
+opens the thought; a ``<think>`` it writes anyway is dropped), so everything before ``</think>`` is reasoning, all of
+it when the answer is cut before the tag. ``qwen3``: reasoning only when the answer opens with ``<think>`` (Qwen3 with
+``enable_thinking`` off writes none: all content). Registered by name as the tool-call parsers are.
+"""
+
+from __future__ import annotations
+
+from engine.serve.reasoning_parsers.think_tags import ReasoningParser, StreamingReasoningParser, ThinkTagsParser
+
+_PARSERS: dict[str, ReasoningParser] = {}
+
+
+def register(name: str, parser: ReasoningParser) -> None:
+    if name in _PARSERS:
+        raise ValueError(f"a reasoning parser named {name!r} is already registered")
+    _PARSERS[name] = parser
+
+
+def parser_names() -> list[str]:
+    return sorted(_PARSERS)
+
+
+def get_parser(name: str) -> ReasoningParser:
+    """The parser registered as ``name``; a ValueError listing the known names otherwise."""
+    if name not in _PARSERS:
+        raise ValueError(f"unknown reasoning parser {name!r}; known: {', '.join(parser_names())}")
+    return _PARSERS[name]
+
+
+register("deepseek_r1", ThinkTagsParser(thinks_at_once=True))
+register("qwen3", ThinkTagsParser(thinks_at_once=False))
+
+__all__ = ["ReasoningParser", "StreamingReasoningParser", "get_parser", "parser_names", "register"]
