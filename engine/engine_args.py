@@ -79,6 +79,11 @@ class EngineArgs:
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
     disable_chunked_mm_input: bool = False
+    # vLLM's --reasoning-parser as the engine reads it: a reasoning model's structured outputs steer the answer
+    # after its thought (engine/reasoning_parsers/), unless structured_outputs_in_reasoning (vLLM's
+    # structured_outputs_config.enable_in_reasoning) has them steer the whole output.
+    reasoning_parser: str | None = None
+    structured_outputs_in_reasoning: bool = False
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
@@ -89,6 +94,10 @@ class EngineArgs:
         if not isinstance(self.enable_lora, bool):
             raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
         self.check_runner()
+        if self.reasoning_parser is not None:
+            from engine.reasoning_parsers import get_parser
+
+            get_parser(self.reasoning_parser)  # a ValueError listing the known names
 
     def check_runner(self) -> None:
         """The runner and its pooler config, or a ValueError naming the field; pooling_config is resolved."""

@@ -50,8 +50,15 @@ class EngineComponents:
         """Give the engine's grammars ``tokenizer`` to read the vocabulary from: a front end that checks requests
         on another thread than the engine's (AsyncLLM) passes its own instance, since a Hugging Face tokenizer
         must not be used from two threads at once. Call before the engine starts stepping."""
+        args = self.engine_args
+        tags = None
+        if args.reasoning_parser is not None and not args.structured_outputs_in_reasoning and tokenizer is not None:
+            from engine.reasoning_parsers import get_parser
+
+            parser = get_parser(args.reasoning_parser)
+            tags = tuple(tokenizer.encode(tag, add_special_tokens=False) for tag in (parser.start_tag, parser.end_tag))
         self.model_runner.structured_outputs = StructuredOutputs(tokenizer, self.model_runner.vocab_size,
-                                                                 self.eos_token_ids)
+                                                                 self.eos_token_ids, tags)
 
 
 class TokenizerLoadError(ValueError):

@@ -79,6 +79,8 @@ class LLM:
         max_num_encoder_input_tokens: int | None = None,
         encoder_cache_size: int | None = None,
         disable_chunked_mm_input: bool = False,
+        reasoning_parser: str | None = None,
+        structured_outputs_in_reasoning: bool = False,
     ) -> None:
         args = EngineArgs(
             model=model, tokenizer=tokenizer, skip_tokenizer_init=skip_tokenizer_init, dtype=dtype, device=device,
@@ -93,7 +95,8 @@ class LLM:
             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager, speculative_config=speculative_config,
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
             runner=runner, pooler_config=pooler_config, max_num_encoder_input_tokens=max_num_encoder_input_tokens,
-            encoder_cache_size=encoder_cache_size, disable_chunked_mm_input=disable_chunked_mm_input)
+            encoder_cache_size=encoder_cache_size, disable_chunked_mm_input=disable_chunked_mm_input,
+            reasoning_parser=reasoning_parser, structured_outputs_in_reasoning=structured_outputs_in_reasoning)
         self.engine_args = args
         components = build_engine(args)
         self.tokenizer = components.tokenizer

@@ -260,7 +260,7 @@ class ModelRunner:
                              "none (text only)")
         return mm_features
 
-    def _new_grammar(self, req_id: str, params):
+    def _new_grammar(self, req_id: str, params, prompt_token_ids: list[int] = ()):
         """The request's grammar matcher, or None when it asks for no structured outputs. The front end checked
         the grammar when the request was added (engine/request_inputs.py), so compiling here cannot fail
         for a request that came through it; a runner driven directly gets the same ValueError."""
@@ -269,7 +269,7 @@ class ModelRunner:
         if self.structured_outputs is None:
             raise ValueError("SamplingParams.structured_outputs needs a grammar backend; this runner was created "
                              "without one (build_engine gives it one)")
-        grammar = self.structured_outputs.new_request_grammar(req_id, params.structured_outputs)
+        grammar = self.structured_outputs.new_request_grammar(req_id, params.structured_outputs, prompt_token_ids)
         self.grammar_req_ids.add(req_id)
         return grammar
 

@@ -58,7 +58,7 @@ def update_states(runner: ModelRunner, scheduler_output: SchedulerOutput) -> Non
             output_token_ids=[],
             eos_token_id=new_request.eos_token_id,
             bad_words_token_ids=bad_words_token_ids(runner.tokenizer, params.bad_words) if params.bad_words else None,
-            grammar=runner._new_grammar(new_request.req_id, params),
+            grammar=runner._new_grammar(new_request.req_id, params, new_request.prompt_token_ids),
             lora_request=runner._check_lora(new_request.lora_request),
             pooling_params=runner._check_pooling(new_request.pooling_params),
             mm_features=runner._check_images(new_request.mm_features),

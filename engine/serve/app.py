@@ -48,7 +48,7 @@ from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updat
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
 from engine.serve.state import ServerState
-from engine.serve.reasoning_parsers import get_parser as get_reasoning_parser
+from engine.reasoning_parsers import get_parser as get_reasoning_parser
 from engine.serve.tool_parsers import get_parser
 from engine.serve.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, server_version, tokenize
 
@@ -61,7 +61,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
               allow_runtime_lora_updating: bool | None = None) -> FastAPI:
     """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it.
     ``reasoning_parser`` names the parser that splits chat answers' reasoning from their content
-    (engine/serve/reasoning_parsers/); None: no split.
+    (engine/reasoning_parsers/); None: no split.
     ``allow_runtime_lora_updating``: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (None: as the
     environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says)."""
     if tool_parser is not None:

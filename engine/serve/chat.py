@@ -5,7 +5,7 @@ without adding special tokens again: templates put BOS in themselves. Streaming 
 choice, ``delta: {"role": "assistant", "content": ...}`` first, then ``{"content": ...}``; each choice's
 last chunk has its finish reason; usage and ``[DONE]`` follow as for completions.
 
-With a reasoning parser (``--reasoning-parser``; reasoning_parsers/), each choice's text is split first: the
+With a reasoning parser (``--reasoning-parser``; engine/reasoning_parsers/), each choice's text is split first: the
 reasoning goes to the message's (or delta's) ``reasoning`` (unless the request sets ``include_reasoning: false``),
 the rest on as its content. With tools (tool_calls.py decides the mode), each choice's content goes through its
 ``ChoiceToolOutput``
@@ -36,7 +36,7 @@ from engine.serve.chat_prompt import render_chat_prompt
 from engine.serve.logprobs_format import chat_logprobs, prompt_logprobs_json
 from engine.serve.protocol import (ChatCompletionRequest, chat_param_names, chat_sampling_params,
                                    returned_prompt_logprobs)
-from engine.serve.reasoning_parsers import StreamingReasoningParser, get_parser
+from engine.reasoning_parsers import StreamingReasoningParser, get_parser
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured_request

@@ -21,7 +21,7 @@ from engine.async_llm import AsyncLLM
 from engine.engine_args import DEFAULT_MODEL, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.serve.app import build_app
-from engine.serve.reasoning_parsers import parser_names as reasoning_parser_names
+from engine.reasoning_parsers import parser_names as reasoning_parser_names
 from engine.serve.tool_parsers import parser_names
 from engine.serve.cli_checks import (HelpFormatter, OneLineErrorParser, check_args, check_unchunked_budget,
                                      tokenizer_error_line)
@@ -54,7 +54,11 @@ def make_parser() -> argparse.ArgumentParser:
                             f"{', '.join(parser_names())} (default: none)")
     parser.add_argument("--reasoning-parser", default=None, metavar="NAME",
                         help=f"split chat answers' reasoning (<think>...</think>) from their content: "
-                             f"{', '.join(reasoning_parser_names())} (default: none)")
+                             f"{', '.join(reasoning_parser_names())} (default: none); structured outputs then "
+                             "steer the answer after the thought")
+    parser.add_argument("--structured-outputs-in-reasoning", action="store_true",
+                        help="with --reasoning-parser, structured outputs steer the whole output, thought included "
+                             "(vLLM's structured_outputs_config.enable_in_reasoning)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
                         help="most requests running at once, >= 1")
@@ -126,7 +130,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         speculative_config=args.speculative_config, enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras, runner=args.runner,
-        pooler_config=args.pooler_config)
+        pooler_config=args.pooler_config, reasoning_parser=args.reasoning_parser,
+        structured_outputs_in_reasoning=args.structured_outputs_in_reasoning)
 
 
 def main(argv: list[str] | None = None) -> int:

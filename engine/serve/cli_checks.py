@@ -19,7 +19,7 @@ from engine.core.scheduling_policy import policy_rank
 from engine.engine_args import DEFAULT_MODEL_NAMES, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.models.config import ModelConfig
-from engine.serve.reasoning_parsers import parser_names as reasoning_parser_names
+from engine.reasoning_parsers import parser_names as reasoning_parser_names
 from engine.serve.tool_parsers import parser_names
 
 # dest -> (lowest, highest) accepted; None: unbounded. The engine's own limits, spelled as the CLI's flags.

@@ -22,7 +22,7 @@ class ServerState:
     served_model_names: list[str]
     # The tool-call parser's name when tool_choice "auto" is enabled (--enable-auto-tool-choice), else None.
     tool_parser: str | None = None
-    # The reasoning parser's name (--reasoning-parser; engine/serve/reasoning_parsers/), else None.
+    # The reasoning parser's name (--reasoning-parser; engine/reasoning_parsers/), else None.
     reasoning_parser: str | None = None
     # Adapter name -> its LoRARequest (--lora-modules, and /v1/load_lora_adapter when runtime updates are
     # allowed): a request whose model is the name runs with it.

@@ -1,4 +1,4 @@
-"""The reasoning parsers (engine/serve/reasoning_parsers/): what each splits off a whole answer, by name, and that
+"""The reasoning parsers (engine/reasoning_parsers/): what each splits off a whole answer, by name, and that
 streaming the answer in any cut of deltas gives the same reasoning and content (a hypothesis property, answers
 built from the tags, their fragments and text)."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.serve.reasoning_parsers import get_parser, parser_names
+from engine.reasoning_parsers import get_parser, parser_names
 
 
 @pytest.mark.parametrize("text, deepseek_r1, qwen3", [

@@ -1,7 +1,8 @@
 """Reasoning outputs through the server (``--reasoning-parser deepseek_r1``) with the official openai client: the
 message's ``reasoning`` and ``content``, streamed and whole, ``include_reasoning: false``, and a hermes tool call
 found in the content after the reasoning. The tiny model has random weights, so its answers are forced with
-guided_choice (which constrains the whole answer here, reasoning included)."""
+guided_choice over the whole answer (``--structured-outputs-in-reasoning``; by default a grammar steers only the
+answer after the thought, tests/engine/test_structured_outputs_after_reasoning.py)."""
 
 import json
 
@@ -19,7 +20,8 @@ ANSWER = "<think>compare the tenths</think>9.8"
 @pytest.fixture(scope="module")
 def reasoning_server(tiny_model_path, tmp_path_factory):
     process = start_server(tiny_model_path, tmp_path_factory.mktemp("reasoning-log"),
-                           [*SERVER_ARGS, "--reasoning-parser", "deepseek_r1", "--enable-auto-tool-choice",
+                           [*SERVER_ARGS, "--reasoning-parser", "deepseek_r1", "--structured-outputs-in-reasoning",
+                            "--enable-auto-tool-choice",
                             "--tool-call-parser", "hermes", "--max-model-len", "2048"])
     yield process
     process.stop()

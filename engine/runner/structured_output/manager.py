@@ -20,13 +20,16 @@ from engine.optional_dependencies import missing_extra_message
 from engine.runner.structured_output.request_grammar import RequestGrammar
 
 class StructuredOutputs:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int],
+                 reasoning_tags: tuple[list[int], list[int]] | None = None) -> None:
         """``tokenizer`` must be one no other thread uses while the first structured request is checked (the
         backend reads its vocabulary then); ``vocab_size`` is the model's (its logits' width); the stop tokens
-        are the engine's EOS ids."""
+        are the engine's EOS ids. ``reasoning_tags``: a reasoning model's (start, end) tag token ids, whose
+        grammars steer only the answer after the thought (None: the whole output)."""
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
+        self.reasoning_tags = reasoning_tags
         self._backend = None
         self._backend_lock = threading.Lock()
 
@@ -56,6 +59,19 @@ class StructuredOutputs:
         """Compile the request's grammar (ValueError naming the field when it does not compile)."""
         self.backend.compile(params)
 
-    def new_request_grammar(self, req_id: str, params: StructuredOutputsParams) -> RequestGrammar:
+    def new_request_grammar(self, req_id: str, params: StructuredOutputsParams,
+                            prompt_token_ids: list[int] = ()) -> RequestGrammar:
         backend = self.backend
-        return RequestGrammar(req_id, backend.new_matcher(backend.compile(params)))
+        thinking = self.reasoning_tags is not None and not thought_ended(prompt_token_ids, *self.reasoning_tags)
+        return RequestGrammar(req_id, backend.new_matcher(backend.compile(params)),
+                              self.reasoning_tags[1] if thinking else None)
+
+
+def thought_ended(prompt_token_ids: list[int], start: list[int], end: list[int]) -> bool:
+    """Whether the prompt closes its last thought itself (Qwen3's template with enable_thinking off writes an
+    empty one): the end tag after the prompt's last start tag (vLLM asks the same of the prompt)."""
+    tokens = list(prompt_token_ids)
+    last_start = max((index + len(start) for index in range(len(tokens) - len(start) + 1)
+                      if tokens[index:index + len(start)] == start), default=0)
+    tail = tokens[last_start:]
+    return any(tail[index:index + len(end)] == end for index in range(len(tail) - len(end) + 1))

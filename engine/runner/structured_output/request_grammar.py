@@ -12,6 +12,10 @@ output, except in two cases where the grammar stops steering the request:
   tokens of a finished grammar, say) and the sampler drew from what was left. The output has left the
   grammar; constraining it further cannot make it valid, so the request continues unconstrained.
 
+With a reasoning model (``reasoning_end``: the end tag's token ids, vLLM's structured outputs under a reasoning
+parser), the grammar steers the answer after the thought: it sleeps, every token allowed, until the output holds
+the end tag, and ``token_ids`` is a prefix of the output after it (``start``: where that is; None while thinking).
+
 ``sync`` restores the invariant whenever the scheduler's copy of the output changes under the runner: after
 it keeps fewer tokens than were sampled (truncation) and after a preemption, when the request resumes with
 the output the scheduler kept. It rolls the matcher back to the longest common prefix and replays the rest.
@@ -25,18 +29,21 @@ logger = logging.getLogger(__name__)
 
 
 class RequestGrammar:
-    __slots__ = ("req_id", "matcher", "token_ids", "abandoned")
+    __slots__ = ("req_id", "matcher", "token_ids", "abandoned", "reasoning_end", "start", "thought")
 
-    def __init__(self, req_id: str, matcher) -> None:
+    def __init__(self, req_id: str, matcher, reasoning_end: list[int] | None = None) -> None:
         self.req_id = req_id
         self.matcher = matcher  # an xgrammar.GrammarMatcher (typed loosely: this module never imports xgrammar)
         self.token_ids: list[int] = []
         self.abandoned = False
+        self.reasoning_end = list(reasoning_end) if reasoning_end else None
+        self.start: int | None = None if self.reasoning_end else 0
+        self.thought: list[int] = []  # the output so far while thinking
 
     @property
     def constrains(self) -> bool:
-        """Whether the next token is masked: the grammar is neither over nor abandoned."""
-        return not self.abandoned and not self.matcher.is_terminated()
+        """Whether the next token is masked: the thought is over and the grammar neither over nor abandoned."""
+        return self.start is not None and not self.abandoned and not self.matcher.is_terminated()
 
     def fill_bitmask(self, bitmask, row: int) -> bool:
         """Write the allowed next tokens into ``bitmask[row]``; False when every token is allowed (no need to
@@ -44,7 +51,14 @@ class RequestGrammar:
         return self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token_id: int) -> None:
-        """Advance over a sampled token. Tokens after the grammar ended or was abandoned are not tracked."""
+        """Advance over a sampled token. Tokens after the grammar ended or was abandoned are not tracked; a
+        token of the thought only moves the wait for its end tag."""
+        if self.start is None:
+            self.thought.append(token_id)
+            end = self.reasoning_end
+            if self.thought[-len(end):] == end:
+                self.start = len(self.thought)
+            return
         if not self.constrains:
             return
         if self.matcher.accept_token(token_id):
@@ -88,6 +102,22 @@ class RequestGrammar:
 
     def sync(self, output_token_ids: list[int]) -> None:
         """Make the matcher's state the grammar after ``output_token_ids`` (see the module docstring)."""
+        if self.reasoning_end is not None:
+            if self.start is None or len(output_token_ids) < self.start \
+                    or output_token_ids[:self.start] != self.thought[:self.start]:
+                # The thought itself changed (or never ended): wait again from the output's first token.
+                self.matcher.rollback(len(self.token_ids))
+                self.token_ids.clear()
+                self.start, self.thought = None, []
+                for index, token_id in enumerate(output_token_ids):
+                    self.accept(token_id)
+                    if self.start is not None:
+                        output_token_ids = output_token_ids[index + 1:]
+                        break
+                else:
+                    return
+            else:
+                output_token_ids = output_token_ids[self.start:]
         token_ids = self.token_ids
         common = 0
         limit = min(len(token_ids), len(output_token_ids))

@@ -71,6 +71,8 @@ class ThinkTagsParser:
     # True: the answer starts inside the thought (DeepSeek-R1's template opens it); False: only an answer that
     # opens with <think> thinks (Qwen3).
     thinks_at_once: bool
+    start_tag: str = START
+    end_tag: str = END
 
     def extract(self, text: str) -> tuple[str | None, str | None]:
         """(reasoning, content) of a whole answer; None where there is none."""

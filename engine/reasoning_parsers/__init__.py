@@ -10,7 +10,7 @@ it when the answer is cut before the tag. ``qwen3``: reasoning only when the ans
 
 from __future__ import annotations
 
-from engine.serve.reasoning_parsers.think_tags import ReasoningParser, StreamingReasoningParser, ThinkTagsParser
+from engine.reasoning_parsers.think_tags import ReasoningParser, StreamingReasoningParser, ThinkTagsParser
 
 _PARSERS: dict[str, ReasoningParser] = {}
 
