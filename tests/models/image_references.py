@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
+
+
+def picture(seed: int, height: int, width: int) -> np.ndarray:
+    """A ``height`` x ``width`` RGB picture of random pixels (the same for the same seed)."""
+    return np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
 
 
 def greedy_by_forward(logits_of: Callable[[list[int]], torch.Tensor], prompt_ids: list[int], text_ids: list[int],

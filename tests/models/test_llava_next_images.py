@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.models.engine_generation import save_random
-from tests.models.image_references import greedy_by_forward, prompt_logprob_error
+from tests.models.image_references import greedy_by_forward, picture, prompt_logprob_error
 from tests.models.test_multimodal_text import TEXT
 
 IMAGE = 500
@@ -58,10 +58,6 @@ def hf(llava_next):
     model = LlavaNextForConditionalGeneration.from_pretrained(str(llava_next), dtype=torch.float32,
                                                               attn_implementation="eager").eval()
     return model, AutoImageProcessor.from_pretrained(str(llava_next))
-
-
-def picture(seed: int, height: int, width: int) -> np.ndarray:
-    return np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
 
 
 def hf_logits(hf, ids: list[int], images: list[np.ndarray]) -> torch.Tensor:

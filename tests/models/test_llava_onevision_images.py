@@ -13,7 +13,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.models.engine_generation import save_random
-from tests.models.image_references import greedy_by_forward, prompt_logprob_error
+from tests.models.image_references import greedy_by_forward, picture, prompt_logprob_error
 from tests.models.test_multimodal_text import TEXT
 
 IMAGE = 500
@@ -57,10 +57,6 @@ def hf(onevision):
     model = LlavaOnevisionForConditionalGeneration.from_pretrained(str(onevision), dtype=torch.float32,
                                                                    attn_implementation="eager").eval()
     return model, AutoImageProcessor.from_pretrained(str(onevision))
-
-
-def picture(seed: int, height: int, width: int) -> np.ndarray:
-    return np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
 
 
 def hf_logits(hf, ids: list[int], images: list[np.ndarray]) -> torch.Tensor:

@@ -11,6 +11,18 @@ import torch
 from torch import nn
 
 
+def tower_and_projector_name(name: str) -> str | None:
+    """A checkpoint tensor's name in an encoder made of ``vision_tower`` and ``multi_modal_projector`` (LLaVA's
+    family, Gemma 3), or None for the language model's and a SigLIP tower's pooling head, which none of them reads.
+    Published checkpoints write ``vision_tower.vision_model.``, transformers 5 ``vision_tower.`` (or
+    ``model.vision_tower.``)."""
+    name = name.removeprefix("model.")
+    if name.startswith("vision_tower."):
+        inner = name.removeprefix("vision_tower.").removeprefix("vision_model.")
+        return None if inner.startswith("head.") else "vision_tower." + inner
+    return name if name.startswith("multi_modal_projector.") else None
+
+
 class ImageEncoder(nn.Module):
     # Named in errors ("the LLaVA image encoder").
     family = "vision-language"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.gemma import GemmaRMSNorm
-from engine.models.vision.encoder_base import ImageEncoder
+from engine.models.vision.encoder_base import ImageEncoder, tower_and_projector_name
 from engine.models.vision.siglip_vision import SiglipVisionTransformer
 
 
@@ -117,15 +117,4 @@ class Gemma3ImageEncoder(ImageEncoder):
                              f"{self.image_size}x{self.image_size}")
         return [(image, self.tokens_per_image) for image in pixels]
 
-    @staticmethod
-    def own_name(name: str) -> str | None:
-        """A checkpoint tensor's name in this module, or None for the language model's and SigLIP's pooling head
-        (which Gemma 3 never reads). Published checkpoints write ``vision_tower.vision_model.``, transformers 5
-        ``vision_tower.`` (or ``model.vision_tower.``)."""
-        name = name.removeprefix("model.")
-        if name.startswith("vision_tower."):
-            inner = name.removeprefix("vision_tower.").removeprefix("vision_model.")
-            return None if inner.startswith("head.") else "vision_tower." + inner
-        if name.startswith("multi_modal_projector."):
-            return name
-        return None
+    own_name = staticmethod(tower_and_projector_name)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.models.vision.clip_vision import ClipVisionTransformer, vision_activation
-from engine.models.vision.encoder_base import ImageEncoder
+from engine.models.vision.encoder_base import ImageEncoder, tower_and_projector_name
 from engine.models.vision.siglip_vision import SiglipVisionTransformer
 
 
@@ -100,15 +100,4 @@ class LlavaImageEncoder(ImageEncoder):
             features = features[:, 1:]
         return self.multi_modal_projector(features)
 
-    @staticmethod
-    def own_name(name: str) -> str | None:
-        """A checkpoint tensor's name in this module, or None for the language model's. Published checkpoints
-        write ``vision_tower.vision_model.``, transformers 5 ``vision_tower.`` (or ``model.vision_tower.``)."""
-        name = name.removeprefix("model.")
-        if name.startswith("vision_tower."):
-            inner = name.removeprefix("vision_tower.").removeprefix("vision_model.")
-            # SigLIP's pooling head (a OneVision checkpoint's tower may carry it) is never read.
-            return None if inner.startswith("head.") else "vision_tower." + inner
-        if name.startswith("multi_modal_projector."):
-            return name
-        return None
+    own_name = staticmethod(tower_and_projector_name)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.models.vision.encoder_base import tower_and_projector_name
 from engine.models.vision.llava import LlavaImageEncoder
 
 
@@ -134,4 +135,4 @@ class LlavaNextImageEncoder(LlavaImageEncoder):
     def own_name(name: str) -> str | None:
         if name.removeprefix("model.") == "image_newline":
             return "image_newline"
-        return LlavaImageEncoder.own_name(name)
+        return tower_and_projector_name(name)
