@@ -1,5 +1,5 @@
-"""The hermes tool-call parser on crafted texts: calls, the content around them, malformed blocks, and the
-streaming parser fed the same texts split at every position (it must agree with the whole-text parse)."""
+"""The tool-call parsers on crafted texts (hermes, llama3_json): calls, the content around them, malformed ones,
+and each streaming parser fed the same texts split at every position (it must agree with the whole-text parse)."""
 
 import json
 
@@ -75,7 +75,49 @@ def test_streaming_holds_back_only_what_could_open_a_call():
 def test_registry_names_the_known_parsers():
     assert "hermes" in parser_names()
     assert isinstance(get_parser("hermes"), HermesToolParser)
-    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json"):
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("hermes", HermesToolParser)
+
+
+LLAMA3 = {
+    "one call": ('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}', "",
+                 [("get_weather", {"city": "Paris", "days": 2})]),
+    "python tag, two calls, arguments key": (
+        '<|python_tag|>{"name": "get_time", "arguments": {}}; {"name": "ping", "parameters": {"n": [1]}}', "",
+        [("get_time", {}), ("ping", {"n": [1]})]),
+    "leading whitespace, no parameters": ('\n {"name": "ping"}', "", [("ping", {})]),
+    "prose": ("The weather is fine.", "The weather is fine.", []),
+    "prose quoting an object": ('Call {"name": "f"} yourself', 'Call {"name": "f"} yourself', []),
+    "cut short": ('{"name": "f", "parameters": {"a"', '{"name": "f", "parameters": {"a"', []),
+    "not a call": ('{"answer": 42}', '{"answer": 42}', []),
+    "trailing prose": ('{"name": "f", "parameters": {}} and more', '{"name": "f", "parameters": {}} and more', []),
+    "empty": ("", "", []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA3))
+def test_llama3_json_extract_and_streaming_agree(name):
+    text, content, calls = LLAMA3[name]
+    parser = get_parser("llama3_json")
+    extracted = parser.extract(text)
+    assert (extracted.content, calls_of(extracted.tool_calls)) == (content, calls)
+    for cuts in [[cut] for cut in range(len(text) + 1)] + [list(range(1, len(text)))]:
+        streamed = parser.streaming()
+        pieces, found = [], []
+        for start, end in zip([0, *cuts], [*cuts, len(text)]):
+            piece, new_calls = streamed.feed(text[start:end])
+            pieces.append(piece)
+            found.extend(new_calls)
+        piece, new_calls = streamed.finish()
+        assert ("".join([*pieces, piece]), found + new_calls) == (extracted.content, extracted.tool_calls), cuts
+
+
+def test_llama3_json_streams_prose_at_once():
+    streamed = get_parser("llama3_json").streaming()
+    assert streamed.feed("  ") == ("", [])  # too little to tell
+    assert streamed.feed("Sure") == ("  Sure", [])
+    calls = get_parser("llama3_json").streaming()
+    assert calls.feed('{"name": "f", ') == ("", []) and calls.feed('"parameters": {}}') == ("", [])
+    assert calls.finish() == ("", [ParsedToolCall("f", "{}")])

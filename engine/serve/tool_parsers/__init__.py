@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
 from engine.serve.tool_parsers.hermes import HermesToolParser
+from engine.serve.tool_parsers.llama3_json import Llama3JsonToolParser
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 
@@ -32,6 +33,7 @@ def get_parser(name: str) -> ToolParser:
 
 
 register("hermes", HermesToolParser)
+register("llama3_json", Llama3JsonToolParser)
 
 __all__ = ["ExtractedToolCalls", "ParsedToolCall", "StreamingToolParser", "ToolParser", "get_parser",
            "parser_names", "register"]
