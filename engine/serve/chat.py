@@ -21,6 +21,7 @@ vLLM's ``use_beam_search`` goes to beam_search_chat.py: ``n`` whole messages, be
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -120,6 +121,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     mode = resolve_tool_mode(body, state.tool_parser)
     tool_structured = tool_structured_request(body, mode)
     params = chat_sampling_params(body, tool_structured)
+    if mode.kind == "auto" and mode.parser.keeps_special_tokens and params.skip_special_tokens:
+        # The parser reads a special token (Mistral's [TOOL_CALLS]) the text would drop, as vLLM keeps them.
+        params = dataclasses.replace(params, skip_special_tokens=False)
     prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
                                   param_names=chat_param_names(body, tool_structured), lora_request=lora_request)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -1,4 +1,4 @@
-"""The tool-call parsers on crafted texts (hermes, llama3_json): calls, the content around them, malformed ones,
+"""The tool-call parsers on crafted texts (hermes, llama3_json, mistral): calls, the content around them, malformed ones,
 and each streaming parser fed the same texts split at every position (it must agree with the whole-text parse)."""
 
 import json
@@ -75,7 +75,7 @@ def test_streaming_holds_back_only_what_could_open_a_call():
 def test_registry_names_the_known_parsers():
     assert "hermes" in parser_names()
     assert isinstance(get_parser("hermes"), HermesToolParser)
-    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral"):
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("hermes", HermesToolParser)
@@ -97,10 +97,24 @@ LLAMA3 = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(LLAMA3))
-def test_llama3_json_extract_and_streaming_agree(name):
-    text, content, calls = LLAMA3[name]
-    parser = get_parser("llama3_json")
+MISTRAL = {
+    "a json array after content": ('Sure. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 1}}, {"name": "ping"}]',
+                                   "Sure. ", [("add", {"a": 1}), ("ping", {})]),
+    "v11 calls": ('[TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]mul[ARGS]{"b": [2]}', "",
+                  [("add", {"a": 1}), ("mul", {"b": [2]})]),
+    "no marker": ("[TOOL but not a call", "[TOOL but not a call", []),
+    "cut arguments": ('x[TOOL_CALLS]add[ARGS]{"a": ', 'x[TOOL_CALLS]add[ARGS]{"a": ', []),
+    "a name without arguments": ("[TOOL_CALLS]add", "[TOOL_CALLS]add", []),
+    "text after the array": ('[TOOL_CALLS] [{"name": "f"}] ok', '[TOOL_CALLS] [{"name": "f"}] ok', []),
+}
+PARSED = {"llama3_json": LLAMA3, "mistral": MISTRAL}
+
+
+@pytest.mark.parametrize("parser_name, name", [(parser, name) for parser, texts in sorted(PARSED.items())
+                                               for name in sorted(texts)])
+def test_json_call_parsers_extract_and_streaming_agree(parser_name, name):
+    text, content, calls = PARSED[parser_name][name]
+    parser = get_parser(parser_name)
     extracted = parser.extract(text)
     assert (extracted.content, calls_of(extracted.tool_calls)) == (content, calls)
     for cuts in [[cut] for cut in range(len(text) + 1)] + [list(range(1, len(text)))]:
@@ -121,3 +135,12 @@ def test_llama3_json_streams_prose_at_once():
     calls = get_parser("llama3_json").streaming()
     assert calls.feed('{"name": "f", ') == ("", []) and calls.feed('"parameters": {}}') == ("", [])
     assert calls.finish() == ("", [ParsedToolCall("f", "{}")])
+
+
+def test_mistral_keeps_special_tokens_and_streams_content_before_the_marker():
+    parser = get_parser("mistral")
+    assert parser.keeps_special_tokens and not get_parser("hermes").keeps_special_tokens
+    streamed = parser.streaming()
+    assert streamed.feed("Sure. [TOOL") == ("Sure. ", [])
+    assert streamed.feed('_CALLS]add[ARGS]{"a": 1}') == ("", [])
+    assert streamed.finish() == ("", [ParsedToolCall("add", '{"a": 1}')])

@@ -236,29 +236,33 @@ def assert_engine_is_clean(client, server) -> None:
     assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
 
 
-def test_auto_parses_llama3_json_calls(tiny_model_path, tmp_path_factory):
-    """--tool-call-parser llama3_json: an answer that is a JSON call (Llama 3.1-3.3's format) comes back as a tool
-    call, whole and streamed; prose stays content."""
-    process = start_server(tiny_model_path, tmp_path_factory.mktemp("llama3-log"),
-                           [*SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+@pytest.mark.parametrize("parser, call", [
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo", "metric": true}}'),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "metric": true}'),
+])
+def test_auto_parses_json_calls_of_other_formats(tiny_model_path, tmp_path_factory, parser, call):
+    """--tool-call-parser llama3_json (Llama 3.1-3.3's JSON calls) and mistral ([TOOL_CALLS] and the calls, which
+    the chat route keeps special tokens for): the call comes back as a tool call, whole and streamed; prose stays
+    content."""
+    process = start_server(tiny_model_path, tmp_path_factory.mktemp(f"{parser}-log"),
+                           [*SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", parser,
                             "--max-model-len", "2048"])
     try:
-        with openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=60.0) as llama3:
-            call = '{"name": "get_weather", "parameters": {"city": "Oslo", "metric": true}}'
-            response = llama3.chat.completions.create(
+        with openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=60.0) as other:
+            response = other.chat.completions.create(
                 model="tiny", messages=MESSAGES, tools=TOOLS, max_completion_tokens=300, temperature=0.0,
                 extra_body={"guided_choice": [call]})
             choice = response.choices[0]
             assert choice.finish_reason == "tool_calls" and choice.message.content is None
             assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
                 ("get_weather", {"city": "Oslo", "metric": True})]
-            chunks = list(llama3.chat.completions.create(
+            chunks = list(other.chat.completions.create(
                 model="tiny", messages=MESSAGES, tools=TOOLS, max_completion_tokens=300, temperature=0.0,
                 stream=True, extra_body={"guided_choice": [call]}))
             calls, finish_reason, content = streamed_calls(chunks)
             assert finish_reason == "tool_calls" and not content
             assert [call["name"] for call in calls.values()] == ["get_weather"]
-            prose = llama3.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS,
+            prose = other.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS,
                                                    max_completion_tokens=300, temperature=0.0,
                                                    extra_body={"guided_choice": ["It is sunny."]})
             assert prose.choices[0].message.content == "It is sunny." and not prose.choices[0].message.tool_calls

@@ -11,6 +11,7 @@ from __future__ import annotations
 from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
 from engine.serve.tool_parsers.hermes import HermesToolParser
 from engine.serve.tool_parsers.llama3_json import Llama3JsonToolParser
+from engine.serve.tool_parsers.mistral import MistralToolParser
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 
@@ -34,6 +35,7 @@ def get_parser(name: str) -> ToolParser:
 
 register("hermes", HermesToolParser)
 register("llama3_json", Llama3JsonToolParser)
+register("mistral", MistralToolParser)
 
 __all__ = ["ExtractedToolCalls", "ParsedToolCall", "StreamingToolParser", "ToolParser", "get_parser",
            "parser_names", "register"]

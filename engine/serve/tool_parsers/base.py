@@ -30,6 +30,10 @@ class StreamingToolParser:
 
 
 class ToolParser:
+    # Whether the parser reads special tokens the answer's text drops by default (Mistral's [TOOL_CALLS]): the chat
+    # route then keeps them (skip_special_tokens off) for requests it parses.
+    keeps_special_tokens = False
+
     def extract(self, text: str) -> ExtractedToolCalls:
         raise NotImplementedError
 
