@@ -56,7 +56,9 @@ def resolve_tool_mode(body: Any, tool_parser: str | None) -> ToolMode:
             raise OpenAIError(f'tool_choice "auto" needs the server started with {AUTO_FLAGS} NAME (known: '
                               f'{", ".join(parser_names())}); or send tool_choice "required", "none" or a named '
                               f"function", param="tool_choice", code="invalid_value")
-        return ToolMode("auto", parser=get_parser(tool_parser), parallel=body.parallel_tool_calls)
+        parser = get_parser(tool_parser)
+        parser.use_tools(tools)
+        return ToolMode("auto", parser=parser, parallel=body.parallel_tool_calls)
     _refuse_structured_outputs(body, choice)
     if isinstance(choice, NamedToolChoice):
         return ToolMode("named", name=choice.function.name, parallel=False)

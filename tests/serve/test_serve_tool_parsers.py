@@ -75,7 +75,7 @@ def test_streaming_holds_back_only_what_could_open_a_call():
 def test_registry_names_the_known_parsers():
     assert "hermes" in parser_names()
     assert isinstance(get_parser("hermes"), HermesToolParser)
-    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral, qwen3_coder"):
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("hermes", HermesToolParser)
@@ -144,3 +144,41 @@ def test_mistral_keeps_special_tokens_and_streams_content_before_the_marker():
     assert streamed.feed("Sure. [TOOL") == ("Sure. ", [])
     assert streamed.feed('_CALLS]add[ARGS]{"a": 1}') == ("", [])
     assert streamed.finish() == ("", [ParsedToolCall("add", '{"a": 1}')])
+
+
+QWEN3_CODER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "<parameter=days>\n2\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n</function>\n</tool_call>")
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                     "zip": {"type": "string"}}}}}
+
+
+def qwen3_coder():
+    parser = get_parser("qwen3_coder")
+    parser.use_tools([WEATHER_TOOL])
+    return parser
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("Checking.\n" + QWEN3_CODER_CALL, "Checking.\n", [("get_weather", {"city": "Paris", "days": 2, "zip": "75001"})]),
+    ('<tool_call>{"name": "f", "arguments": {}}</tool_call>', '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+     []),  # Hermes' JSON is not this format: content
+    ("<tool_call>\n<function=ping>\n</function>\n</tool_call>", "", [("ping", {})]),
+    ("<tool_call>\n<function=f>\nstray<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=f>\nstray<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>", []),
+])
+def test_qwen3_coder_reads_xml_calls_typed_by_the_schema(text, content, calls):
+    extracted = qwen3_coder().extract(text)
+    assert (extracted.content, calls_of(extracted.tool_calls)) == (content, calls)
+    for cut in range(len(text) + 1):
+        streamed = qwen3_coder().streaming()
+        first, first_calls = streamed.feed(text[:cut])
+        second, second_calls = streamed.feed(text[cut:])
+        rest, rest_calls = streamed.finish()
+        assert (first + second + rest, first_calls + second_calls + rest_calls) == (
+            extracted.content, extracted.tool_calls), cut
+
+
+def test_qwen3_coder_without_a_schema_reads_json_values_as_json():
+    extracted = get_parser("qwen3_coder").extract(QWEN3_CODER_CALL)
+    assert calls_of(extracted.tool_calls) == [("get_weather", {"city": "Paris", "days": 2, "zip": 75001})]

@@ -239,11 +239,13 @@ def assert_engine_is_clean(client, server) -> None:
 @pytest.mark.parametrize("parser, call", [
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo", "metric": true}}'),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "metric": true}'),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                    "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>"),
 ])
 def test_auto_parses_json_calls_of_other_formats(tiny_model_path, tmp_path_factory, parser, call):
-    """--tool-call-parser llama3_json (Llama 3.1-3.3's JSON calls) and mistral ([TOOL_CALLS] and the calls, which
-    the chat route keeps special tokens for): the call comes back as a tool call, whole and streamed; prose stays
-    content."""
+    """--tool-call-parser llama3_json (Llama 3.1-3.3's JSON calls), mistral ([TOOL_CALLS] and the calls, which the
+    chat route keeps special tokens for) and qwen3_coder (XML in <tool_call> blocks, values typed by the tool's
+    schema): the call comes back as a tool call, whole and streamed; prose stays content."""
     process = start_server(tiny_model_path, tmp_path_factory.mktemp(f"{parser}-log"),
                            [*SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", parser,
                             "--max-model-len", "2048"])

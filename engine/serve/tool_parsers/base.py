@@ -34,6 +34,10 @@ class ToolParser:
     # route then keeps them (skip_special_tokens off) for requests it parses.
     keeps_special_tokens = False
 
+    def use_tools(self, tools: list) -> None:
+        """The request's tools (OpenAI's function definitions), for a format whose values take their types from
+        the schemas (Qwen3-Coder's); most formats carry JSON and need none. A parser serves one request."""
+
     def extract(self, text: str) -> ExtractedToolCalls:
         raise NotImplementedError
 

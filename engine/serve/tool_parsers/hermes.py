@@ -34,12 +34,15 @@ def parse_call(inside: str) -> ParsedToolCall | None:
 
 
 class HermesToolParser(ToolParser):
+    # What a block's inside is read with (Qwen3-Coder's XML calls share the blocks: qwen3_coder.py).
+    parse_call = staticmethod(parse_call)
+
     def extract(self, text: str) -> ExtractedToolCalls:
         content: list[str] = []
         calls: list[ParsedToolCall] = []
         position = 0
         for match in _BLOCK.finditer(text):
-            call = parse_call(match.group(1))
+            call = self.parse_call(match.group(1))
             if call is None:
                 continue  # stays in the content, with the text around it
             content.append(text[position:match.start()])
@@ -49,7 +52,7 @@ class HermesToolParser(ToolParser):
         return ExtractedToolCalls("".join(content), calls)
 
     def streaming(self) -> StreamingToolParser:
-        return HermesStreamingParser()
+        return HermesStreamingParser(self.parse_call)
 
 
 def _held_back(text: str) -> int:
@@ -64,9 +67,10 @@ class HermesStreamingParser(StreamingToolParser):
     """Outside a block, text goes out as content except a tail that could begin ``<tool_call>``; inside, it
     waits for ``</tool_call>``, then sends the whole call at once (its arguments in one delta)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_call=parse_call) -> None:
         self._buffer = ""  # outside: the held-back tail; inside: the block's text after the opening tag
         self._inside = False
+        self._read_call = read_call
 
     def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
         self._buffer += delta
@@ -79,7 +83,7 @@ class HermesStreamingParser(StreamingToolParser):
                     break
                 inside, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE):]
                 self._inside = False
-                call = parse_call(inside)
+                call = self._read_call(inside)
                 if call is None:
                     content.append(OPEN + inside + CLOSE)
                 else:
