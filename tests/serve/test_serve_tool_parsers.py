@@ -1,4 +1,4 @@
-"""The tool-call parsers on crafted texts (hermes, llama3_json, mistral): calls, the content around them, malformed ones,
+"""The tool-call parsers on crafted texts (hermes, llama3_json, mistral, pythonic, qwen3_coder): calls, the content around them, malformed ones,
 and each streaming parser fed the same texts split at every position (it must agree with the whole-text parse)."""
 
 import json
@@ -75,7 +75,7 @@ def test_streaming_holds_back_only_what_could_open_a_call():
 def test_registry_names_the_known_parsers():
     assert "hermes" in parser_names()
     assert isinstance(get_parser("hermes"), HermesToolParser)
-    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral, qwen3_coder"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral, pythonic, qwen3_coder"):
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("hermes", HermesToolParser)
@@ -107,7 +107,18 @@ MISTRAL = {
     "a name without arguments": ("[TOOL_CALLS]add", "[TOOL_CALLS]add", []),
     "text after the array": ('[TOOL_CALLS] [{"name": "f"}] ok', '[TOOL_CALLS] [{"name": "f"}] ok', []),
 }
-PARSED = {"llama3_json": LLAMA3, "mistral": MISTRAL}
+PYTHONIC = {
+    "two calls": ('[get_weather(city="Paris", days=2), get_time()]', "",
+                  [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {})]),
+    "literals and a dotted name": ("\n[api.search(q='naïve', filters={'a': [1, None]}, exact=True)]", "",
+                                   [("api.search", {"q": "naïve", "filters": {"a": [1, None]}, "exact": True})]),
+    "prose": ("Use get_time() for that.", "Use get_time() for that.", []),
+    "a list that is not calls": ("[1, 2]", "[1, 2]", []),
+    "a positional argument": ('[f("x")]', '[f("x")]', []),
+    "not a literal": ("[f(a=b)]", "[f(a=b)]", []),
+    "cut short": ('[get_weather(city="Par', '[get_weather(city="Par', []),
+}
+PARSED = {"llama3_json": LLAMA3, "mistral": MISTRAL, "pythonic": PYTHONIC}
 
 
 @pytest.mark.parametrize("parser_name, name", [(parser, name) for parser, texts in sorted(PARSED.items())

@@ -239,6 +239,7 @@ def assert_engine_is_clean(client, server) -> None:
 @pytest.mark.parametrize("parser, call", [
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo", "metric": true}}'),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "metric": true}'),
+    ("pythonic", '[get_weather(city="Oslo", metric=True)]'),
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
                     "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>"),
 ])

@@ -12,6 +12,7 @@ from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, S
 from engine.serve.tool_parsers.hermes import HermesToolParser
 from engine.serve.tool_parsers.llama3_json import Llama3JsonToolParser
 from engine.serve.tool_parsers.mistral import MistralToolParser
+from engine.serve.tool_parsers.pythonic import PythonicToolParser
 from engine.serve.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
 _PARSERS: dict[str, type[ToolParser]] = {}
@@ -37,6 +38,7 @@ def get_parser(name: str) -> ToolParser:
 register("hermes", HermesToolParser)
 register("llama3_json", Llama3JsonToolParser)
 register("mistral", MistralToolParser)
+register("pythonic", PythonicToolParser)
 register("qwen3_coder", Qwen3CoderToolParser)
 
 __all__ = ["ExtractedToolCalls", "ParsedToolCall", "StreamingToolParser", "ToolParser", "get_parser",
