@@ -5,7 +5,9 @@ the server returns the thought as the message's ``reasoning`` (a streamed delta'
 ``content``, which the tool-call parser then reads. ``deepseek_r1``: the model starts thinking at once (its template
 opens the thought; a ``<think>`` it writes anyway is dropped), so everything before ``</think>`` is reasoning, all of
 it when the answer is cut before the tag. ``qwen3``: reasoning only when the answer opens with ``<think>`` (Qwen3 with
-``enable_thinking`` off writes none: all content). Registered by name as the tool-call parsers are.
+``enable_thinking`` off writes none: all content); ``glm45`` (GLM-4.5) the same. ``deepseek_v3`` (DeepSeek-V3.1):
+``deepseek_r1``'s rule for a request whose ``chat_template_kwargs`` turn ``thinking`` on, all content otherwise.
+Registered by name as the tool-call parsers are.
 """
 
 from __future__ import annotations
@@ -34,5 +36,7 @@ def get_parser(name: str) -> ReasoningParser:
 
 register("deepseek_r1", ThinkTagsParser(thinks_at_once=True))
 register("qwen3", ThinkTagsParser(thinks_at_once=False))
+register("glm45", ThinkTagsParser(thinks_at_once=False))
+register("deepseek_v3", ThinkTagsParser(thinks_at_once=True, thinking_switch="thinking"))
 
 __all__ = ["ReasoningParser", "StreamingReasoningParser", "get_parser", "parser_names", "register"]

@@ -73,6 +73,15 @@ class ThinkTagsParser:
     thinks_at_once: bool
     start_tag: str = START
     end_tag: str = END
+    # A model that thinks only when the request's chat_template_kwargs turn this on (DeepSeek-V3.1's "thinking");
+    # None: the answer alone tells.
+    thinking_switch: str | None = None
+
+    def for_request(self, chat_template_kwargs: dict | None) -> "ThinkTagsParser | None":
+        """The parser of one request (None: it does not think, its answer is all content)."""
+        if self.thinking_switch is None or (chat_template_kwargs or {}).get(self.thinking_switch):
+            return self
+        return None
 
     def extract(self, text: str) -> tuple[str | None, str | None]:
         """(reasoning, content) of a whole answer; None where there is none."""

@@ -51,7 +51,8 @@ class _Messages(UsageCounter):
                  reasoning_parser: str | None = None) -> None:
         super().__init__()
         self.mode = mode
-        self.reasoning = get_parser(reasoning_parser) if reasoning_parser is not None else None
+        self.reasoning = get_parser(reasoning_parser).for_request(body.chat_template_kwargs) \
+            if reasoning_parser is not None else None
         self.include_reasoning = body.include_reasoning
         self.reasoning_streams: dict[int, StreamingReasoningParser] = {}  # per choice index, when streaming
         self.tool_outputs: dict[int, ChoiceToolOutput] = {}  # per choice index

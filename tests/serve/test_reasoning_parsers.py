@@ -23,11 +23,17 @@ from engine.reasoning_parsers import get_parser, parser_names
 def test_each_parser_splits_a_whole_answer(text, deepseek_r1, qwen3):
     assert get_parser("deepseek_r1").extract(text) == deepseek_r1
     assert get_parser("qwen3").extract(text) == qwen3
+    assert get_parser("glm45").extract(text) == qwen3
+    # DeepSeek-V3.1 thinks only when the request turns thinking on; then as R1.
+    v3 = get_parser("deepseek_v3")
+    assert v3.for_request({"thinking": True}).extract(text) == deepseek_r1
+    assert v3.for_request(None) is None and v3.for_request({"thinking": False}) is None
+    assert get_parser("deepseek_r1").for_request(None) is get_parser("deepseek_r1")
 
 
 def test_an_unknown_parser_is_refused_with_the_known_names():
-    assert parser_names() == ["deepseek_r1", "qwen3"]
-    with pytest.raises(ValueError, match=r"unknown reasoning parser 'r2'; known: deepseek_r1, qwen3"):
+    assert parser_names() == ["deepseek_r1", "deepseek_v3", "glm45", "qwen3"]
+    with pytest.raises(ValueError, match=r"unknown reasoning parser 'r2'; known: deepseek_r1, deepseek_v3, glm45"):
         get_parser("r2")
 
 
@@ -36,7 +42,7 @@ PIECES = st.sampled_from(["<think>", "</think>", "<", "</", "<th", "think>", ">"
 
 @settings(max_examples=300, deadline=None)
 @given(pieces=st.lists(PIECES, max_size=12), cuts=st.lists(st.integers(0, 60), max_size=6),
-       name=st.sampled_from(["deepseek_r1", "qwen3"]))
+       name=st.sampled_from(["deepseek_r1", "qwen3", "glm45"]))
 def test_streamed_deltas_join_to_the_whole_answers_split(pieces, cuts, name):
     text = "".join(pieces)
     bounds = sorted({min(cut, len(text)) for cut in cuts} | {0, len(text)})

@@ -81,7 +81,7 @@ def test_an_unknown_reasoning_parser_is_refused_by_the_cli(tiny_model_path, tmp_
     result = subprocess.run([sys.executable, "-m", "engine.serve", "--model", str(tiny_model_path),
                              "--reasoning-parser", "r2"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "--reasoning-parser 'r2' is not a known parser; known: deepseek_r1, qwen3" in result.stderr
+    assert "--reasoning-parser 'r2' is not a known parser; known: deepseek_r1, deepseek_v3, glm45, qwen3" in result.stderr
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_model_path):
@@ -97,3 +97,16 @@ def test_chat_template_kwargs_reach_the_template(tiny_model_path):
     thinking = llm.chat(MESSAGES, params, use_tqdm=False)[0].prompt
     quiet = llm.chat(MESSAGES, params, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})[0].prompt
     assert quiet == thinking + "<think></think>"
+
+
+def test_deepseek_v3_thinks_only_when_the_request_turns_thinking_on(tiny_model_path, tmp_path_factory):
+    process = start_server(tiny_model_path, tmp_path_factory.mktemp("v3-log"),
+                           [*SERVER_ARGS, "--reasoning-parser", "deepseek_v3", "--structured-outputs-in-reasoning"])
+    try:
+        with openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=60.0) as v3:
+            thinking = forced(v3, ANSWER, extra_body={"chat_template_kwargs": {"thinking": True}}).choices[0].message
+            assert (thinking.reasoning, thinking.content) == ("compare the tenths", "9.8")
+            plain = forced(v3, ANSWER).choices[0].message
+            assert getattr(plain, "reasoning", None) is None and plain.content == ANSWER
+    finally:
+        process.stop()
