@@ -29,6 +29,31 @@ class StreamingToolParser:
         raise NotImplementedError
 
 
+class WholeAnswerStreamingParser(StreamingToolParser):
+    """For formats whose calls are the whole answer (llama3_json, pythonic): prose streams as content at once; an
+    answer that opens like a call (``opens``: True, False, or None while too little is known) is held until
+    ``finish``, then parsed whole (``extract``)."""
+
+    def __init__(self, opens, extract) -> None:
+        self._opens, self._extract = opens, extract
+        self._text = ""
+        self._calls: bool | None = None
+
+    def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
+        self._text += delta
+        if self._calls is None:
+            self._calls = self._opens(self._text)
+        if self._calls is False:
+            content, self._text = self._text, ""
+            return content, []
+        return "", []
+
+    def finish(self) -> tuple[str, list[ParsedToolCall]]:
+        text, self._text = self._text, ""
+        extracted = self._extract(text) if self._calls is not False else ExtractedToolCalls(text)
+        return extracted.content, extracted.tool_calls
+
+
 class ToolParser:
     # Whether the parser reads special tokens the answer's text drops by default (Mistral's [TOOL_CALLS]): the chat
     # route then keeps them (skip_special_tokens off) for requests it parses.

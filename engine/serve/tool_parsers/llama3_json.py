@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
+from engine.serve.tool_parsers.base import (ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser,
+                                            WholeAnswerStreamingParser)
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
@@ -55,26 +56,4 @@ class Llama3JsonToolParser(ToolParser):
         return ExtractedToolCalls("", calls) if calls else ExtractedToolCalls(text, [])
 
     def streaming(self) -> StreamingToolParser:
-        return Llama3JsonStreamingParser()
-
-
-class Llama3JsonStreamingParser(StreamingToolParser):
-    """Prose streams as content at once; an answer that opens like a call is held whole until ``finish``."""
-
-    def __init__(self) -> None:
-        self._text = ""
-        self._calls: bool | None = None  # None: not known yet
-
-    def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
-        self._text += delta
-        if self._calls is None:
-            self._calls = _opens_a_call(self._text)
-        if self._calls is False:
-            content, self._text = self._text, ""
-            return content, []
-        return "", []
-
-    def finish(self) -> tuple[str, list[ParsedToolCall]]:
-        text, self._text = self._text, ""
-        extracted = Llama3JsonToolParser().extract(text) if self._calls is not False else ExtractedToolCalls(text)
-        return extracted.content, extracted.tool_calls
+        return WholeAnswerStreamingParser(_opens_a_call, self.extract)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ast
 import json
 
-from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
+from engine.serve.tool_parsers.base import (ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser,
+                                            WholeAnswerStreamingParser)
 
 
 def _name(node: ast.expr) -> str | None:
@@ -52,30 +53,15 @@ def parse_calls(text: str) -> list[ParsedToolCall] | None:
     return calls
 
 
+def _opens_a_call(text: str) -> bool | None:
+    """Whether ``text`` opens like a list of calls (None: only whitespace so far)."""
+    return text.lstrip().startswith("[") if text.strip() else None
+
+
 class PythonicToolParser(ToolParser):
     def extract(self, text: str) -> ExtractedToolCalls:
         calls = parse_calls(text) if text.lstrip().startswith("[") else None
         return ExtractedToolCalls("", calls) if calls else ExtractedToolCalls(text, [])
 
     def streaming(self) -> StreamingToolParser:
-        return PythonicStreamingParser()
-
-
-class PythonicStreamingParser(StreamingToolParser):
-    def __init__(self) -> None:
-        self._text = ""
-        self._calls: bool | None = None  # None: only whitespace so far
-
-    def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
-        self._text += delta
-        if self._calls is None and self._text.strip():
-            self._calls = self._text.lstrip().startswith("[")
-        if self._calls is False:
-            content, self._text = self._text, ""
-            return content, []
-        return "", []
-
-    def finish(self) -> tuple[str, list[ParsedToolCall]]:
-        text, self._text = self._text, ""
-        extracted = PythonicToolParser().extract(text)
-        return extracted.content, extracted.tool_calls
+        return WholeAnswerStreamingParser(_opens_a_call, self.extract)
