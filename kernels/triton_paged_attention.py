@@ -101,14 +101,14 @@ def _tanh(x):
 def _paged_attention_kernel(
     output_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    partial_out_ptr, partial_max_ptr, partial_sum_ptr, sinks_ptr,
+    partial_out_ptr, partial_max_ptr, partial_sum_ptr, sinks_ptr, span_start_ptr, span_end_ptr,
     softmax_scale_log2, v_scale, num_reqs, head_size, sliding_window, soft_cap_log2,
     query_stride_token, query_stride_head, output_stride_token, output_stride_head,
     cache_stride_block, cache_stride_offset, cache_stride_head, block_table_stride,
     GROUP: tl.constexpr, GROUP_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_PADDED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SPANS: tl.constexpr,
 ):
     query_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -138,9 +138,14 @@ def _paged_attention_kernel(
     if DOT_IN_FP32:
         query = query.to(tl.float32)
 
-    # Causality bounds the keys this block needs by its last row's position, not by seq_len.
+    # Causality bounds the keys this block needs by its last row's position, not by seq_len; a row inside a span
+    # attended both ways (an image of Gemma 3's) sees to the span's end, which lies within the chunk.
     last_token = tl.minimum(query_len, (local_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(context_len + last_token, TILE)
+    if HAS_SPANS:
+        row_span_start = tl.load(span_start_ptr + token, mask=row_valid, other=0)
+        row_span_end = tl.load(span_end_ptr + token, mask=row_valid, other=0)
+        num_tiles = tl.cdiv(tl.maximum(context_len + last_token, tl.max(row_span_end, 0)), TILE)
     if HAS_WINDOW:
         # The window bounds them from below by the first row's window start (rows only move it later);
         # the splits divide the tiles from there on.
@@ -184,7 +189,11 @@ def _paged_attention_kernel(
         if HAS_SOFT_CAP:
             # C2 * tanh(x / C2) on base-2 scores (module docstring), before the mask: masked stays -inf.
             scores = soft_cap_log2 * _tanh(scores * inverse_cap_log2)
-        visible = (key_position[None, :] <= query_position[:, None]) & key_valid[None, :]
+        visible = key_position[None, :] <= query_position[:, None]
+        if HAS_SPANS:
+            visible = visible | ((key_position[None, :] >= row_span_start[:, None])
+                                 & (key_position[None, :] < row_span_end[:, None]))
+        visible = visible & key_valid[None, :]
         if HAS_WINDOW:
             visible = visible & (key_position[None, :] > query_position[:, None] - sliding_window)
         scores = tl.where(visible, scores, float("-inf"))
@@ -268,6 +277,7 @@ def triton_paged_attention(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    spans: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Fill the rows of ``output`` owned by requests, as ``paged_attention_reference`` does.
 
@@ -275,7 +285,9 @@ def triton_paged_attention(
     overrides the split-KV choice (None: one split unless a decode-only step leaves the GPU idle).
     ``sliding_window``: as in the reference (None: full causal attention); tiles before a query block's
     window are skipped, not just masked. ``logits_soft_cap``, ``sinks`` ([num_heads]): as in the reference (None:
-    no cap, no sinks).
+    no cap, no sinks). ``spans``: per query token, the [start, end) positions of the span it attends both ways
+    (end 0: none), int32 [num_tokens] each (AttentionMetadata.bidirectional_spans; the torch backend's rule:
+    causal OR the span, then the window); a span must end within its chunk.
     Nothing here reads device memory on the host, so the call can be captured in a CUDA graph.
     """
     check_paged_attention_args(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
@@ -318,9 +330,10 @@ def triton_paged_attention(
                                   device=query.device)
     # The sinks in the scores' base-2 units, float32; the placeholder is never read without sinks.
     sinks_or_placeholder = output if sinks is None else (sinks.float() * LOG2_E).contiguous()
+    span_start, span_end = spans if spans is not None else (seq_lens, seq_lens)  # placeholders, never read
     _paged_attention_kernel[(num_query_blocks, num_kv_heads, splits)](
         output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        partial_out, partial_max, partial_sum, sinks_or_placeholder,
+        partial_out, partial_max, partial_sum, sinks_or_placeholder, span_start, span_end,
         scale * float(k_scale) * LOG2_E, float(v_scale), num_reqs, head_size, sliding_window or 0,
         # The cap in the scores' base-2 units; 1.0 is a placeholder that no uncapped variant reads.
         float(logits_soft_cap) * LOG2_E if logits_soft_cap is not None else 1.0,
@@ -336,6 +349,7 @@ def triton_paged_attention(
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFT_CAP=logits_soft_cap is not None,
         HAS_SINKS=sinks is not None,
+        HAS_SPANS=spans is not None,
         num_warps=4,
     )
     if splits > 1:

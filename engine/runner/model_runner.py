@@ -74,11 +74,11 @@ class ModelRunner:
         # A vision-language checkpoint's image encoder and its kept outputs (encoder_outputs.py); None: text only.
         image_encoder = load_image_encoder(config.model, self.dtype, self.device)
         if image_encoder is not None and image_encoder.bidirectional_image_attention \
-                and self.model.attention_backend.name != "torch":
-            # Gemma 3's image tokens attend each other both ways; only the torch backend takes such spans.
-            logger.warning("%s images need attention_backend='torch' (their tokens attend each other both ways, "
-                           "which the %s kernels do not); images are refused, text is served", image_encoder.family,
-                           self.model.attention_backend.name)
+                and not self.model.attention_backend.supports_bidirectional_spans:
+            # Gemma 3's image tokens attend each other both ways; the torch and triton backends take such spans.
+            logger.warning("%s images need attention_backend 'torch' or 'triton' (their tokens attend each other both "
+                           "ways, which the %s kernels do not); images are refused, text is served",
+                           image_encoder.family, self.model.attention_backend.name)
             image_encoder = None
         if image_encoder is not None:  # Mistral 3's spans hold the language model's own row marks
             image_encoder.attach_language_model(self.model, tokenizer, config.model)

@@ -42,21 +42,23 @@ SCRIPT = textwrap.dedent("""
 
     # Full attention (what every model ran before windows and caps), a sliding window with and without
     # splits, the soft cap (Gemma 2) with and without a window and splits, and sinks (gpt-oss) with a window,
-    # with and without splits.
-    for dtype, cache_type, splits, block_m, window, soft_cap, sinks in (
-            ("bf16", "*bf16", 1, 64, False, False, False), ("fp16", "*fp8e4nv", 4, 16, True, False, False),
-            ("bf16", "*bf16", 1, 64, True, False, False), ("bf16", "*bf16", 1, 64, True, True, False),
-            ("bf16", "*bf16", 4, 16, False, True, False), ("bf16", "*bf16", 1, 64, True, False, True),
-            ("bf16", "*bf16", 4, 16, True, False, True)):
+    # with and without splits; spans attended both ways (Gemma 3's images) with a window and a soft cap.
+    for dtype, cache_type, splits, block_m, window, soft_cap, sinks, spans in (
+            ("bf16", "*bf16", 1, 64, False, False, False, False), ("fp16", "*fp8e4nv", 4, 16, True, False, False, False),
+            ("bf16", "*bf16", 1, 64, True, False, False, False), ("bf16", "*bf16", 1, 64, True, True, False, False),
+            ("bf16", "*bf16", 4, 16, False, True, False, False), ("bf16", "*bf16", 1, 64, True, False, True, False),
+            ("bf16", "*bf16", 4, 16, True, False, True, False), ("bf16", "*bf16", 1, 64, True, True, False, True)):
         compile_for_sm90(attention._paged_attention_kernel,
                          {"output_ptr": "*" + dtype, "query_ptr": "*" + dtype, "key_cache_ptr": cache_type,
                           "value_cache_ptr": cache_type, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
                           "query_start_loc_ptr": "*i32", "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32",
-                          "partial_sum_ptr": "*fp32", "sinks_ptr": "*fp32", "softmax_scale_log2": "fp32",
-                          "v_scale": "fp32", "soft_cap_log2": "fp32"},
+                          "partial_sum_ptr": "*fp32", "sinks_ptr": "*fp32", "span_start_ptr": "*i32",
+                          "span_end_ptr": "*i32", "softmax_scale_log2": "fp32", "v_scale": "fp32",
+                          "soft_cap_log2": "fp32"},
                          dict(GROUP=4, GROUP_PADDED=4, BLOCK_Q=block_m // 4, BLOCK_M=block_m, HEAD_PADDED=128,
                               BLOCK_SIZE=16, TILE=attention.TILE_N, NUM_SPLITS=splits, DOT_PRECISION="tf32",
-                              DOT_IN_FP32=False, HAS_WINDOW=window, HAS_SOFT_CAP=soft_cap, HAS_SINKS=sinks))
+                              DOT_IN_FP32=False, HAS_WINDOW=window, HAS_SOFT_CAP=soft_cap, HAS_SINKS=sinks,
+                              HAS_SPANS=spans))
     for sinks in (False, True):
         compile_for_sm90(attention._combine_splits_kernel,
                          {"output_ptr": "*fp16", "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32",

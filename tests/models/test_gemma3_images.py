@@ -202,3 +202,21 @@ def test_a_real_run_keeps_images_whole_and_replays_exactly(gemma3, tmp_path):
     run = read_run(tmp_path / "real")
     assert run.summary["num_finished"] == 10 and int(run.steps["num_encoder_items"].sum()) > 0
     assert_replays_exactly(tmp_path / "real")
+
+
+def test_the_triton_backend_attends_images_both_ways_too(gemma3, hf):
+    """The triton kernel (under Triton's interpreter here) takes the same spans: logprobs within 1e-4 of
+    transformers' and greedy tokens equal, with images cut out of chunks before them."""
+    from kernels.triton_support import triton_unavailable_reason
+
+    if triton_unavailable_reason() is not None:
+        pytest.skip(f"triton cannot run here: {triton_unavailable_reason()}")
+    llm = LLM(model=str(gemma3), dtype="float32", block_size=4, max_num_batched_tokens=24, attention_backend="triton",
+              enforce_eager=True)
+    assert llm.image_inputs is not None
+    images = [picture(8), picture(9, 70, 70)]
+    prompt = [1, 5, 6, START, 7, START, 8]
+    assert logprob_error(llm, hf, prompt, images) < 1e-4
+    output = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}], greedy(6),
+                          use_tqdm=False)[0]
+    assert list(output.outputs[0].token_ids) == hf_tokens(hf, output.prompt_token_ids, images, max_tokens=6)

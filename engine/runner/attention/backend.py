@@ -33,6 +33,8 @@ class AttentionBackend(ABC):
     name: str = "abstract"
     # Whether ``attend`` takes attention sinks (gpt-oss); forward refuses them by name otherwise.
     supports_sinks: bool = False
+    # Whether the backend reads AttentionMetadata.bidirectional_spans (Gemma 3's images attended both ways).
+    supports_bidirectional_spans: bool = False
 
     def forward(
         self,

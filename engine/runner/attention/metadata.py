@@ -58,7 +58,8 @@ class AttentionMetadata:
     local: "AttentionMetadata | None" = field(default=None)
     # Per request, the [start, end) positions whose tokens attend each other both ways (Gemma 3's images: each
     # image's tokens see the whole image, the rest stays causal); the scheduler keeps each such span in one chunk
-    # (disable_chunked_mm_input). None: every request is causal. Only the torch backend reads it.
+    # (disable_chunked_mm_input). None: every request is causal. The torch and triton backends read it
+    # (``supports_bidirectional_spans``).
     bidirectional_spans: list[tuple[tuple[int, int], ...]] | None = field(default=None)
 
     @property

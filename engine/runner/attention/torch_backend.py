@@ -45,6 +45,7 @@ PREFILL_QUERY_SLICE = 128
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     supports_sinks = True
+    supports_bidirectional_spans = True
 
     def __init__(self) -> None:
         # Scratch for the gathered decode keys/values, reused by every layer and step: allocating tens

@@ -25,6 +25,7 @@ from kernels.triton_support import triton_unavailable_reason
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_sinks = True
+    supports_bidirectional_spans = True
 
     def __init__(self, k_scale: Scale = 1.0, v_scale: Scale = 1.0) -> None:
         """``k_scale``/``v_scale`` apply to an fp8 (float8_e4m3fn) cache only; see ``kernels/fp8.py``."""
@@ -51,4 +52,24 @@ class TritonAttentionBackend(AttentionBackend):
         # a request owns, and reads the device tensors only (no host sync, graph-capturable).
         self._paged_attention(query, key_cache, value_cache, output, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_table, scale, metadata.max_query_len, self.k_scale, self.v_scale,
-                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, sinks=sinks)
+                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                              spans=token_spans(metadata))
+
+
+def token_spans(metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per query token, the [start, end) of the span it attends both ways (end 0: none), int32 on the metadata's
+    device, built once per step from ``bidirectional_spans`` (the host lists); None without spans."""
+    if not metadata.bidirectional_spans or not any(metadata.bidirectional_spans):
+        return None
+    cached = metadata.__dict__.get("_token_spans")
+    if cached is None:
+        num_tokens = metadata.slot_mapping.shape[0]
+        start, end = torch.zeros(num_tokens, dtype=torch.int32), torch.zeros(num_tokens, dtype=torch.int32)
+        for req, spans in enumerate(metadata.bidirectional_spans):
+            first_token, context_len = metadata.query_start_loc_cpu[req], metadata.num_computed_tokens_cpu[req]
+            for low, high in spans:
+                chunk_low, chunk_high = max(low, context_len), min(high, metadata.seq_lens_cpu[req])
+                rows = slice(first_token + chunk_low - context_len, first_token + chunk_high - context_len)
+                start[rows], end[rows] = low, high
+        cached = metadata.__dict__["_token_spans"] = (start.to(metadata.device), end.to(metadata.device))
+    return cached
