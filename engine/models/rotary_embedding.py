@@ -139,6 +139,18 @@ class RotaryEmbedding(nn.Module):
         # and j < 3 x mrope_section[1], by the width position where j % 3 == 2 and j < 3 x mrope_section[2], by the
         # temporal one elsewhere (so every axis keeps low and high frequencies).
         self.mrope_interleaved = False
+        self._mrope_axis_by_device: dict[torch.device, torch.Tensor] = {}
+
+    def _mrope_axis(self, device: torch.device) -> torch.Tensor:
+        """Interleaved M-RoPE: which position (0 temporal, 1 height, 2 width) turns each feature of the rotary half;
+        built once per device (the sections never change once set)."""
+        if device not in self._mrope_axis_by_device:
+            features = torch.arange(len(self._inv_freq_cpu))
+            axis = torch.zeros_like(features)
+            for index in (1, 2):
+                axis[(features % 3 == index) & (features < 3 * self.mrope_section[index])] = index
+            self._mrope_axis_by_device[device] = axis.to(device)
+        return self._mrope_axis_by_device[device]
 
     def fit_context(self, max_model_len: int) -> None:
         """Called once the engine's ``max_model_len`` is known, before any step: LongRoPE takes its short factors
@@ -161,10 +173,7 @@ class RotaryEmbedding(nn.Module):
             all_freqs = positions.to(torch.float32)[:, :, None] * self._inv_freq(positions.device)[None, None, :]
             if self.mrope_interleaved:
                 features = torch.arange(all_freqs.shape[-1], device=positions.device)
-                axis = torch.zeros_like(features)
-                for index in (1, 2):
-                    axis[(features % 3 == index) & (features < 3 * self.mrope_section[index])] = index
-                freqs = all_freqs[axis, :, features].transpose(0, 1)
+                freqs = all_freqs[self._mrope_axis(positions.device), :, features].transpose(0, 1)
             else:
                 sections = all_freqs.split(self.mrope_section, dim=-1)
                 freqs = torch.cat([section[index % 3] for index, section in enumerate(sections)], dim=-1)

@@ -38,6 +38,14 @@ def vision_activation(name: str, field: str):
     return VISION_ACTIVATIONS[name]
 
 
+def embed_patches(convolution: nn.Conv2d, pixel_values: torch.Tensor, image_size: int) -> torch.Tensor:
+    """[images, channels, H, W] of the tower's size -> [images, patches, hidden] (CLIP's and SigLIP's patches)."""
+    height, width = pixel_values.shape[-2:]
+    if (height, width) != (image_size, image_size):
+        raise ValueError(f"the vision tower takes {image_size}x{image_size} images, got {height}x{width}")
+    return convolution(pixel_values.to(convolution.weight.dtype)).flatten(2).transpose(1, 2)
+
+
 class ClipVisionEmbeddings(nn.Module):
     def __init__(self, hidden_size: int, image_size: int, patch_size: int, num_channels: int) -> None:
         super().__init__()
@@ -50,11 +58,7 @@ class ClipVisionEmbeddings(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[images, channels, H, W] -> [images, 1 + patches, hidden]."""
-        height, width = pixel_values.shape[-2:]
-        if (height, width) != (self.image_size, self.image_size):
-            raise ValueError(f"the vision tower takes {self.image_size}x{self.image_size} images, got {height}x{width}")
-        weight = self.patch_embedding.weight
-        patches = self.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)
+        patches = embed_patches(self.patch_embedding, pixel_values, self.image_size)
         class_token = self.class_embedding.expand(patches.shape[0], 1, -1)
         return torch.cat([class_token, patches], dim=1) + self.position_embedding.weight
 

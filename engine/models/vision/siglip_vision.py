@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.models.vision.clip_vision import clip_encoder
+from engine.models.vision.clip_vision import clip_encoder, embed_patches
 
 
 class SiglipVisionEmbeddings(nn.Module):
@@ -23,12 +23,7 @@ class SiglipVisionEmbeddings(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[images, channels, H, W] -> [images, patches, hidden]."""
-        height, width = pixel_values.shape[-2:]
-        if (height, width) != (self.image_size, self.image_size):
-            raise ValueError(f"the vision tower takes {self.image_size}x{self.image_size} images, got {height}x{width}")
-        weight = self.patch_embedding.weight
-        patches = self.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)
-        return patches + self.position_embedding.weight
+        return embed_patches(self.patch_embedding, pixel_values, self.image_size) + self.position_embedding.weight
 
 
 # Gemma 3's SigLIP (so400m at 896 pixels), for keys a vision_config leaves out.
