@@ -4,6 +4,9 @@
                                LoRA adapter (root: its folder, parent: its base_model_name, else the model's)
     POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
+    POST /v1/responses         OpenAI's Responses API: one assistant turn as output items (reasoning, message,
+                               function calls), streamed as typed events or not; kept responses continued with
+                               previous_response_id, read and deleted at /v1/responses/{id} (responses.py)
     POST /v1/embeddings        one vector per input, on an engine created with runner="pooling" (embeddings.py);
                                the two generation routes then answer 404, as this one does on a generating engine
                                (current vLLM registers each route only for the engines that serve it)
@@ -47,6 +50,8 @@ from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
+from engine.serve.responses import (create_response, delete_response, stored_input_items, stored_response)
+from engine.serve.responses_protocol import ResponsesRequest
 from engine.serve.state import ServerState
 from engine.reasoning_parsers import get_parser as get_reasoning_parser
 from engine.serve.tool_parsers import get_parser
@@ -118,6 +123,25 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
             raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Chat Completions API"), status=404,
                               code="model_not_supported")
         return await create_chat_completion(body, raw_request, state)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, raw_request: Request) -> Response:
+        if engine.is_pooling:
+            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Responses API"), status=404,
+                              code="model_not_supported")
+        return await create_response(body, raw_request, state)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> JSONResponse:
+        return stored_response(state, response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def get_input_items(response_id: str, order: str = "desc") -> JSONResponse:
+        return stored_input_items(state, response_id, order)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_stored_response(response_id: str) -> JSONResponse:
+        return delete_response(state, response_id)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, raw_request: Request) -> Response:

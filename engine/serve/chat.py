@@ -44,8 +44,9 @@ from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured
 from engine.serve.tool_output import ChoiceToolOutput, choice_tool_output
 
 
-class _Messages(UsageCounter):
-    """The assistant messages being built from delta outputs, one per choice index."""
+class AssistantMessages(UsageCounter):
+    """The assistant messages being built from delta outputs, one per choice index (also what /v1/responses
+    builds its output items from: engine/serve/responses_output.py)."""
 
     def __init__(self, params: SamplingParams, body: ChatCompletionRequest, mode: ToolMode,
                  reasoning_parser: str | None = None) -> None:
@@ -130,7 +131,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
     outputs = state.engine.generate(prompt, params, request_id, priority=body.priority, lora_request=lora_request)
-    messages = _Messages(params, body, mode, state.reasoning_parser)
+    messages = AssistantMessages(params, body, mode, state.reasoning_parser)
     messages.streaming = body.stream
     if body.stream:
         chunk_header = {**header, "object": "chat.completion.chunk"}
@@ -150,7 +151,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     return JSONResponse(response)
 
 
-async def _collect(outputs: AsyncIterator[RequestOutput], messages: _Messages) -> list[dict[str, Any]]:
+async def _collect(outputs: AsyncIterator[RequestOutput], messages: AssistantMessages) -> list[dict[str, Any]]:
     """Fold the deltas into one message per choice index, in index order."""
     text: dict[int, list[str]] = {}
     content_logprobs: dict[int, list[dict[str, Any]]] = {}

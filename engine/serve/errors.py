@@ -47,7 +47,7 @@ def validation_error(exc: RequestValidationError) -> OpenAIError:
     errors = exc.errors()
     if not errors:
         return OpenAIError("invalid request body", code="invalid_request")
-    first = errors[0]
+    first = _most_specific(errors)
     if first.get("type") == "json_invalid":
         return OpenAIError(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
                            code="invalid_json")
@@ -74,6 +74,22 @@ def validation_error(exc: RequestValidationError) -> OpenAIError:
     # Our validators' messages are complete sentences; pydantic's "Value error, " prefix adds nothing.
     message = first["msg"].removeprefix("Value error, ")
     return OpenAIError(f"{where}{message} (got {shown})", param=param, code="invalid_value")
+
+
+def _most_specific(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first error, unless it is one member's of a union (``input`` may be a text or a list of items): then
+    the deepest error about the same field, which says what is wrong inside the value the client meant (a list's
+    item) rather than that it is not a text."""
+    first = errors[0]
+    location = first.get("loc", ())
+    if not any(part in _UNION_MEMBER_NAMES for part in location):
+        return first
+    field = location[:2] if location[:1] == ("body",) else location[:1]
+    same_field = [error for error in errors if tuple(error.get("loc", ()))[:len(field)] == tuple(field)]
+    return max(same_field, key=lambda error: len(error.get("loc", ())))
+
+
+_UNION_MEMBER_NAMES = ("str", "int", "float", "bool")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -14,6 +14,7 @@ from engine.engine_loop import EngineDeadError, EngineStepError
 from engine.request_inputs import Prompt, check_priority
 from engine.serve.errors import OpenAIError
 from engine.serve.protocol import sampling_error
+from engine.serve.responses_store import ResponseStore
 
 
 @dataclass
@@ -34,6 +35,8 @@ class ServerState:
     # runner and the prefix cache key adapters by id; engine/serve/lora_updates.py).
     next_lora_int_id: int = 0
     lora_update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # /v1/responses' kept responses (previous_response_id, GET and DELETE /v1/responses/{id}).
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     def __post_init__(self) -> None:
         self.next_lora_int_id = max([self.next_lora_int_id, 1, *(request.lora_int_id + 1
