@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.serve.conftest import SERVER_ARGS, start_server
+from tests.serve.serve_helpers import metric, parse_metrics, wait_until_idle
 
 pytest.importorskip("xgrammar")
 
@@ -184,3 +185,17 @@ def test_bad_requests_are_400s_naming_the_field(client, fields, param):
     with pytest.raises(openai.BadRequestError) as error:
         client.responses.create(**body)
     assert error.value.body["param"] == param, error.value.body
+
+
+def test_a_client_that_leaves_a_stream_leaves_nothing_behind(client, responses_server):
+    stream = client.responses.create(model="tiny", input="go on", max_output_tokens=1000, temperature=0.0,
+                                     stream=True, extra_body={"ignore_eos": True})
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            break
+    aborted = metric(parse_metrics(httpx.get(f"{responses_server.url}/metrics").text),
+                     "servesim_requests_finished_total", finished_reason="abort")
+    stream.close()  # the request is aborted; its blocks come back
+    samples = wait_until_idle(responses_server.url)
+    assert metric(samples, "servesim_requests_finished_total", finished_reason="abort") == aborted + 1
+    assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
