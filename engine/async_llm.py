@@ -142,6 +142,13 @@ class AsyncLLM:
             return False
         return self._lora.remove_lora(lora_int_id)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every prefix the KV cache holds (vLLM's ``reset_prefix_cache``: a benchmark's next run starts
+        cold), between two steps. False, and nothing forgotten, while a request holds blocks; the host tier of
+        KV offloading keeps its blocks, as vLLM's connector does by default."""
+        self.check_health()
+        return await asyncio.wrap_future(self._engine_loop.reset_prefix_cache())
+
     def process_prompt(self, prompt: Any, sampling_params: SamplingParams,
                        lora_request: LoRARequest | None = None) -> Prompt:
         """Parse, truncate (``truncate_prompt_tokens``) and validate a prompt as ``generate`` will (ValueError

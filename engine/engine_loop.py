@@ -25,6 +25,7 @@ Shutdown aborts every request in flight, reports them finished with ``abort``, t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
 import queue
@@ -63,6 +64,11 @@ class _AbortRequests:
     request_ids: list[str]
 
 
+@dataclass(slots=True)
+class _ResetPrefixCache:
+    done: concurrent.futures.Future  # True: forgotten; False: requests still hold blocks
+
+
 class _Shutdown:
     pass
 
@@ -96,6 +102,13 @@ class EngineLoop:
 
     def abort(self, request_ids: list[str]) -> None:
         self._commands.put(_AbortRequests(request_ids))
+
+    def reset_prefix_cache(self) -> concurrent.futures.Future:
+        """Forget every cached prefix between two steps; the future says whether it was done (refused while any
+        request holds blocks)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(_ResetPrefixCache(done))
+        return done
 
     def request_shutdown(self) -> None:
         self._commands.put(_Shutdown())
@@ -142,6 +155,8 @@ class EngineLoop:
                 # The core reports each abort as an output of the next step; the output processor turns
                 # it into the request's final output (finish_reason "abort").
                 self.engine_core.abort_requests(command.request_ids)
+            elif isinstance(command, _ResetPrefixCache):
+                command.done.set_result(self.engine_core.scheduler.reset_prefix_cache())
             else:
                 self.engine_core.abort_requests(list(self.engine_core.scheduler.requests))
                 return False

@@ -122,6 +122,12 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every prefix the KV cache holds (vLLM's ``LLM.reset_prefix_cache``), so that the next prompts
+        run cold. False while a request holds blocks (none does between ``generate`` calls); the host tier of KV
+        offloading keeps its blocks, as vLLM's connector does by default."""
+        return self.engine_core.scheduler.reset_prefix_cache()
+
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

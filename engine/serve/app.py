@@ -23,6 +23,7 @@
     GET  /metrics              Prometheus text format
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter
                                only when runtime LoRA updates are allowed (engine/serve/lora_updates.py)
+    POST /reset_prefix_cache   only in development mode (engine/serve/dev_routes.py)
 
 The app does not own the engine unless asked (``shutdown_engine=True``, what ``python -m engine.serve``
 does): then leaving the server's lifespan shuts the engine down, aborting requests still in flight.
@@ -46,6 +47,7 @@ from engine.serve.completions import create_completion
 from engine.serve.embeddings import GENERATION_UNSUPPORTED, EmbeddingRequest, create_embedding
 from engine.serve.classify import ClassificationRequest, create_classify
 from engine.serve.scores import RerankRequest, ScoreRequest, create_rerank, create_score
+from engine.serve.dev_routes import add_dev_routes, dev_mode_enabled
 from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
@@ -63,12 +65,13 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
               tool_parser: str | None = None, reasoning_parser: str | None = None,
               lora_requests: dict[str, LoRARequest] | None = None,
               lora_parents: dict[str, str] | None = None,
-              allow_runtime_lora_updating: bool | None = None) -> FastAPI:
+              allow_runtime_lora_updating: bool | None = None, dev_mode: bool | None = None) -> FastAPI:
     """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it.
     ``reasoning_parser`` names the parser that splits chat answers' reasoning from their content
     (engine/reasoning_parsers/); None: no split.
     ``allow_runtime_lora_updating``: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (None: as the
-    environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says)."""
+    environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says).
+    ``dev_mode``: serve vLLM's development routes (dev_routes.py; None: as SERVESIM_SERVER_DEV_MODE says)."""
     if tool_parser is not None:
         get_parser(tool_parser)  # a ValueError listing the known names
     if reasoning_parser is not None:
@@ -95,6 +98,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     install_error_handlers(app)
     if runtime_lora_updating_allowed(allow_runtime_lora_updating):
         add_lora_update_routes(app, state)
+    if dev_mode_enabled(dev_mode):
+        add_dev_routes(app, state)
 
     @app.get("/v1/models")
     async def list_models() -> JSONResponse:
