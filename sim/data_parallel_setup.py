@@ -40,8 +40,8 @@ def _lockstep_refusals(workload: WorkloadConfig) -> list[tuple[bool, str]]:
         (engine.async_scheduling, "engine.async_scheduling: true"),
         (engine.speculative_decoding is not None and engine.speculative_decoding.num_speculative_tokens > 0
          and engine.speculative_decoding.method == "draft_model",
-         "engine.speculative_decoding.method draft_model (a separate draft's ranks are not modelled; mtp and ngram "
-         "are)"),
+         "engine.speculative_decoding.method draft_model (a separate draft's ranks are not modelled; mtp, eagle, "
+         "eagle3 and ngram are)"),
         (engine.kv_offloading_size_gib > 0, f"engine.kv_offloading_size_gib {engine.kv_offloading_size_gib:g}"),
         (workload.workload.lora is not None, "workload.lora"),
         (workload.workload.images is not None, "workload.images"),

@@ -21,6 +21,7 @@ from sim.vision_setup import VisionSetup, VisionSetupError, size_encoder_budget,
 from sim.model_presets import resolve_model
 from sim.kv_cache_capacity import kv_cache_num_blocks
 from sim.model_shapes import ModelShape, kv_cache_storage_dtype
+from sim.eagle_draft import EAGLE_METHODS, eagle_draft_shape
 from sim.mtp_draft import mtp_draft_shape
 from sim.data_parallel_setup import DataParallelError, check_data_parallel
 from sim.expert_popularity import price_expert_popularity
@@ -182,7 +183,7 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             # A proposer with a model writes its KV past the chunk before the next step (vLLM's lookahead slots;
             # engine/runner/spec_decode/draft_model.py), so its requests hold that many more slots.
             num_lookahead_tokens=num_speculative_tokens if num_speculative_tokens and
-            engine.speculative_decoding.method in ("draft_model", "mtp") else 0,
+            engine.speculative_decoding.drafts_with_a_model else 0,
             max_loras=engine.max_loras)
     except ValueError as error:
         # The one scheduler field the workload spells differently (vLLM's engine argument's name).
@@ -304,8 +305,8 @@ def _drafts_with_mtp(workload: WorkloadConfig) -> bool:
 
 
 def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[int, ModelShape | None]:
-    """engine.speculative_decoding's drafts per step (0: off) and its draft model (method draft_model, or the model's
-    MTP module for method mtp), refusing
+    """engine.speculative_decoding's drafts per step (0: off) and its draft model (method draft_model, the model's
+    MTP module for method mtp, its EAGLE head for eagle and eagle3), refusing
     what the simulator does not model with it."""
     section = workload.engine.speculative_decoding
     if section is None or section.num_speculative_tokens == 0:
@@ -330,6 +331,8 @@ def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[
             return tokens, mtp_draft_shape(model)
         except ValueError as error:
             raise SetupError(f"{field_name}.{error}") from None
+    if section.method in EAGLE_METHODS:
+        return tokens, eagle_draft_shape(model, section.method, section.draft_vocab_size)
     try:
         draft_model = resolve_model(section.draft_model)
         draft_model.shard(engine.tensor_parallel_size)

@@ -97,6 +97,9 @@ class ModelShape:
     # their blocks before a request's current chunk are handed back. None: no chunked layer.
     attention_chunk_size: int | None = None
     num_chunked_layers: int | None = None
+    # A speculative-decoding head that looks tokens up in the target's embedding (EAGLE's, sim/eagle_draft.py): no
+    # embedding weights of its own (and none for its lm_head too when tied_embeddings says it uses the target's).
+    embeddings_from_target: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -255,6 +258,8 @@ class ModelShape:
     def num_parameters(self) -> int:
         embedding = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tied_embeddings else embedding
+        if self.embeddings_from_target:
+            embedding = 0
         final_norm = self.hidden_size
         return embedding + sum(self._layers_parameters(self.num_dense_mlp_layers, self.num_moe_layers)) \
             + final_norm + lm_head

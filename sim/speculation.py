@@ -27,6 +27,9 @@ before the engine can schedule the next step):
   their sequences so far plus the i drafts before (``decode_features``).
 * ``mtp``: the model's own multi-token-prediction module (DeepSeek-V3/R1; ``sim/mtp_draft.py``), priced as a
   one-layer draft model of the target's shape, quantized as the target is, the same way.
+* ``eagle`` and ``eagle3``: an EAGLE or EAGLE-3 head (``sim/eagle_draft.py``), priced as a one-layer dense draft
+  model at the target's width, scoring over the target's vocabulary (eagle) or its own smaller one (eagle3), the
+  same way.
 """
 
 from __future__ import annotations
@@ -62,14 +65,14 @@ class SpeculationSetup:
     acceptance_by_position: tuple[float, ...]
     method: str
     seed: int
-    # The draft model's cost on the target's hardware (methods draft_model and mtp), else None.
+    # The draft model's cost on the target's hardware (every method but ngram), else None.
     draft_cost_model: AnalyticalCostModel | None = None
 
     def __post_init__(self) -> None:
         if len(self.acceptance_by_position) != self.num_speculative_tokens:
             raise ValueError(f"acceptance_by_position has {len(self.acceptance_by_position)} entries for "
                              f"num_speculative_tokens {self.num_speculative_tokens}")
-        if (self.method in ("draft_model", "mtp")) != (self.draft_cost_model is not None):
+        if (self.method != "ngram") != (self.draft_cost_model is not None):
             raise ValueError(f"method {self.method!r} with draft_cost_model {self.draft_cost_model!r}")
 
     def describe(self) -> dict:

@@ -2,8 +2,8 @@
 
 vLLM's ``--speculative-config``, reduced to what decides a simulated run's timing: how many draft tokens a
 decode carries (``num_speculative_tokens``), how likely each is accepted (``acceptance_rate``), and what
-proposing them costs (``method``: an n-gram lookup on the CPU, a smaller ``draft_model`` on the GPU, or the
-model's own multi-token-prediction layer, ``mtp``).
+proposing them costs (``method``: an n-gram lookup on the CPU, a smaller ``draft_model`` on the GPU, the
+model's own multi-token-prediction layer, ``mtp``, or an EAGLE head, ``eagle`` and ``eagle3``).
 The simulator draws acceptances; it never looks at token values (sim/speculative_executor.py).
 """
 
@@ -29,8 +29,10 @@ class SpeculativeDecodingSection(SchemaModel):
       before it were (what vLLM reports as per-position acceptance). A list needs an entry for every
       position up to ``num_speculative_tokens``; entries past it are unused (so one measured list serves a
       sweep over ``num_speculative_tokens``).
-    - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step), ``draft_model``, or ``mtp``
-      (the model's own multi-token-prediction module, DeepSeek-V3/R1's: sim/mtp_draft.py).
+    - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step), ``draft_model``, ``mtp``
+      (the model's own multi-token-prediction module, DeepSeek-V3/R1's: sim/mtp_draft.py), ``eagle`` or ``eagle3``
+      (a one-layer EAGLE or EAGLE-3 head over the model's hidden states: sim/eagle_draft.py).
+    - ``draft_vocab_size``: for ``eagle3``, the head's own vocabulary (default 32,000, the published heads').
     - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``.
     - ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths the real runner's proposer tries (real
       runs, ``--executor real``, use them and measure the acceptance instead of assuming ``acceptance_rate``).
@@ -38,8 +40,9 @@ class SpeculativeDecodingSection(SchemaModel):
 
     num_speculative_tokens: int = Field(ge=0, le=MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float | list[float]
-    method: Literal["ngram", "draft_model", "mtp"] = "ngram"
+    method: Literal["ngram", "draft_model", "mtp", "eagle", "eagle3"] = "ngram"
     draft_model: str | None = Field(default=None, min_length=1)
+    draft_vocab_size: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int = Field(default=2, ge=1)
     prompt_lookup_max: int = Field(default=5, ge=1)
 
@@ -79,9 +82,18 @@ class SpeculativeDecodingSection(SchemaModel):
         if self.method != "draft_model" and self.draft_model is not None:
             problems.append(("draft_model", f"is only used with method: draft_model (method is {self.method})",
                              self.draft_model))
+        if self.method != "eagle3" and self.draft_vocab_size is not None:
+            problems.append(("draft_vocab_size", f"is only used with method: eagle3 (method is {self.method})",
+                             self.draft_vocab_size))
         if problems:
             raise problems_error(problems)
         return self
+
+    @property
+    def drafts_with_a_model(self) -> bool:
+        """A proposer that runs a network on the GPU (a draft model, the MTP module, an EAGLE head): its passes
+        cost GPU time, its layers hold KV, and its requests hold lookahead slots."""
+        return self.method != "ngram"
 
     def acceptance_by_position(self) -> list[float]:
         """The probability that the i-th draft is accepted when those before it were, i < num_speculative_tokens."""
