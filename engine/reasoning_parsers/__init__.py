@@ -7,12 +7,19 @@ opens the thought; a ``<think>`` it writes anyway is dropped), so everything bef
 it when the answer is cut before the tag. ``qwen3``: reasoning only when the answer opens with ``<think>`` (Qwen3 with
 ``enable_thinking`` off writes none: all content); ``glm45`` (GLM-4.5) the same. ``deepseek_v3`` (DeepSeek-V3.1):
 ``deepseek_r1``'s rule for a request whose ``chat_template_kwargs`` turn ``thinking`` on, all content otherwise.
-Registered by name as the tool-call parsers are.
+``openai_gptoss`` (gpt-oss): its harmony messages, the ``analysis`` channel as reasoning, ``final`` and preambles as
+content, calls passed on to the ``openai`` tool-call parser (harmony.py). Registered by name as the tool-call parsers
+are.
 """
 
 from __future__ import annotations
 
-from engine.reasoning_parsers.think_tags import ReasoningParser, StreamingReasoningParser, ThinkTagsParser
+from engine.reasoning_parsers.harmony import HarmonyReasoningParser, StreamingHarmonyReasoning
+from engine.reasoning_parsers.think_tags import StreamingReasoningParser, ThinkTagsParser
+
+# What a parser is: ``for_request``, ``extract``, ``streaming`` (feed and finish giving (reasoning, content)),
+# ``start_tag`` and ``end_tag`` (for structured outputs) and ``keeps_special_tokens``.
+ReasoningParser = ThinkTagsParser | HarmonyReasoningParser
 
 _PARSERS: dict[str, ReasoningParser] = {}
 
@@ -38,5 +45,7 @@ register("deepseek_r1", ThinkTagsParser(thinks_at_once=True))
 register("qwen3", ThinkTagsParser(thinks_at_once=False))
 register("glm45", ThinkTagsParser(thinks_at_once=False))
 register("deepseek_v3", ThinkTagsParser(thinks_at_once=True, thinking_switch="thinking"))
+register("openai_gptoss", HarmonyReasoningParser())
 
-__all__ = ["ReasoningParser", "StreamingReasoningParser", "get_parser", "parser_names", "register"]
+__all__ = ["ReasoningParser", "StreamingHarmonyReasoning", "StreamingReasoningParser", "get_parser", "parser_names",
+           "register"]

@@ -76,6 +76,8 @@ class ThinkTagsParser:
     # A model that thinks only when the request's chat_template_kwargs turn this on (DeepSeek-V3.1's "thinking");
     # None: the answer alone tells.
     thinking_switch: str | None = None
+    # The tags are text, not special tokens the answer's text would drop (harmony.py's markers are).
+    keeps_special_tokens: bool = False
 
     def for_request(self, chat_template_kwargs: dict | None) -> "ThinkTagsParser | None":
         """The parser of one request (None: it does not think, its answer is all content)."""
@@ -94,4 +96,3 @@ class ThinkTagsParser:
         return StreamingReasoningParser(self.thinks_at_once)
 
 
-ReasoningParser = ThinkTagsParser

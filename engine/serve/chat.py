@@ -37,7 +37,7 @@ from engine.serve.chat_prompt import render_chat_prompt
 from engine.serve.logprobs_format import chat_logprobs, prompt_logprobs_json
 from engine.serve.protocol import (ChatCompletionRequest, chat_param_names, chat_sampling_params,
                                    returned_prompt_logprobs)
-from engine.reasoning_parsers import StreamingReasoningParser, get_parser
+from engine.reasoning_parsers import StreamingHarmonyReasoning, StreamingReasoningParser, get_parser
 from engine.serve.state import ServerState, UsageCounter, engine_error
 from engine.serve.streaming import ClientDisconnected, run_unless_disconnected, sse_response, stream_chunks
 from engine.serve.tool_calls import ToolMode, resolve_tool_mode, tool_structured_request
@@ -55,7 +55,8 @@ class AssistantMessages(UsageCounter):
         self.reasoning = get_parser(reasoning_parser).for_request(body.chat_template_kwargs) \
             if reasoning_parser is not None else None
         self.include_reasoning = body.include_reasoning
-        self.reasoning_streams: dict[int, StreamingReasoningParser] = {}  # per choice index, when streaming
+        # Per choice index, when streaming.
+        self.reasoning_streams: dict[int, StreamingReasoningParser | StreamingHarmonyReasoning] = {}
         self.tool_outputs: dict[int, ChoiceToolOutput] = {}  # per choice index
         self.num_top_logprobs = params.logprobs
         self.return_token_ids = body.return_token_ids
@@ -115,6 +116,17 @@ class AssistantMessages(UsageCounter):
         return choice
 
 
+def keeping_parsed_special_tokens(params: SamplingParams, mode: ToolMode, reasoning_parser: str | None
+                                  ) -> SamplingParams:
+    """``params`` with special tokens kept in the text when a parser of this request reads some (Mistral's
+    [TOOL_CALLS], gpt-oss's harmony markers), as vLLM keeps them for these parsers."""
+    tool_parser_reads = mode.kind == "auto" and mode.parser.keeps_special_tokens
+    reasoning_reads = reasoning_parser is not None and get_parser(reasoning_parser).keeps_special_tokens
+    if (tool_parser_reads or reasoning_reads) and params.skip_special_tokens:
+        return dataclasses.replace(params, skip_special_tokens=False)
+    return params
+
+
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
     lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
@@ -123,9 +135,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     mode = resolve_tool_mode(body, state.tool_parser)
     tool_structured = tool_structured_request(body, mode)
     params = chat_sampling_params(body, tool_structured)
-    if mode.kind == "auto" and mode.parser.keeps_special_tokens and params.skip_special_tokens:
-        # The parser reads a special token (Mistral's [TOOL_CALLS]) the text would drop, as vLLM keeps them.
-        params = dataclasses.replace(params, skip_special_tokens=False)
+    params = keeping_parsed_special_tokens(params, mode, state.reasoning_parser)
     prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
                                   param_names=chat_param_names(body, tool_structured), lora_request=lora_request)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.core import SamplingParams
 from engine.outputs import RequestOutput
-from engine.serve.chat import AssistantMessages
+from engine.serve.chat import AssistantMessages, keeping_parsed_special_tokens
 from engine.serve.chat_prompt import render_chat_prompt
 from engine.serve.errors import OpenAIError
 from engine.serve.protocol import chat_param_names, chat_sampling_params
@@ -124,8 +124,7 @@ def _prepared(form: ChatForm, state: ServerState, lora_request: Any) -> tuple[An
     mode = resolve_tool_mode(chat, state.tool_parser)
     tool_structured = tool_structured_request(chat, mode)
     params = chat_sampling_params(chat, tool_structured)
-    if mode.kind == "auto" and mode.parser.keeps_special_tokens and params.skip_special_tokens:
-        params = dataclasses.replace(params, skip_special_tokens=False)  # as the chat route does
+    params = keeping_parsed_special_tokens(params, mode, state.reasoning_parser)
     prompt = state.prepare_prompt(render_chat_prompt(state, chat, mode), params, param="messages",
                                   param_names=chat_param_names(chat, tool_structured), lora_request=lora_request)
     return prompt, params, mode

@@ -32,7 +32,7 @@ def test_each_parser_splits_a_whole_answer(text, deepseek_r1, qwen3):
 
 
 def test_an_unknown_parser_is_refused_with_the_known_names():
-    assert parser_names() == ["deepseek_r1", "deepseek_v3", "glm45", "qwen3"]
+    assert parser_names() == ["deepseek_r1", "deepseek_v3", "glm45", "openai_gptoss", "qwen3"]
     with pytest.raises(ValueError, match=r"unknown reasoning parser 'r2'; known: deepseek_r1, deepseek_v3, glm45"):
         get_parser("r2")
 

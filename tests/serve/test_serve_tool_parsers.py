@@ -75,7 +75,7 @@ def test_streaming_holds_back_only_what_could_open_a_call():
 def test_registry_names_the_known_parsers():
     assert "hermes" in parser_names()
     assert isinstance(get_parser("hermes"), HermesToolParser)
-    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral, pythonic, qwen3_coder"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral, openai, pythonic, qwen3_coder"):
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("hermes", HermesToolParser)

@@ -71,3 +71,44 @@ def test_a_rolled_back_thought_waits_again(thinking_model):
     assert grammar.start is None and not grammar.constrains
     grammar.sync([7, 9, *end, *yes])
     assert grammar.start == 2 + len(end) and grammar.token_ids == yes
+
+
+HARMONY_MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>"]
+
+
+@pytest.fixture(scope="module")
+def harmony_model(tiny_model_path, tmp_path_factory):
+    """The tiny model with a tokenizer whose last seven ids are gpt-oss's harmony markers, as special tokens."""
+    from engine.models.synthetic_tokenizer import train_tokenizer
+
+    path = tmp_path_factory.mktemp("harmony")
+    for item in tiny_model_path.iterdir():
+        if item.suffix in (".json", ".safetensors") and "token" not in item.name:
+            shutil.copy(item, path / item.name)
+    tokenizer = train_tokenizer(512 - len(HARMONY_MARKERS), 256)
+    tokenizer.add_special_tokens({"additional_special_tokens": HARMONY_MARKERS})
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def test_under_harmony_the_grammar_waits_for_the_final_channel(harmony_model):
+    """gpt-oss's answer starts after <|channel|>final<|message|> (special tokens and a word): the grammar sleeps until
+    that sequence, and the markers the parser reads stay in the text when special tokens are kept."""
+    llm = LLM(model=str(harmony_model), reasoning_parser="openai_gptoss", max_model_len=256)
+    channel, message = (llm.tokenizer.convert_tokens_to_ids(marker) for marker in ("<|channel|>", "<|message|>"))
+    assert channel >= 505 and message >= 505
+    structured = llm.model_runner.structured_outputs
+    end = structured.reasoning_tags[1]
+    assert end[0] == channel and end[-1] == message and len(end) >= 3
+    grammar = structured.new_request_grammar("r", StructuredOutputsParams(choice=CHOICES), [1, 5, 6])
+    analysis = llm.tokenizer.encode("<|channel|>analysis<|message|>hm<|end|><|start|>assistant", add_special_tokens=False)
+    for token in analysis:
+        grammar.accept(token)
+    assert not grammar.constrains
+    for token in end:
+        grammar.accept(token)
+    assert grammar.constrains and grammar.start == len(analysis) + len(end)
+    kept = llm.generate(["x"], SamplingParams(max_tokens=2, logit_bias={channel: 100.0}, skip_special_tokens=False),
+                        use_tqdm=False)[0].outputs[0].text
+    skipped = llm.generate(["x"], SamplingParams(max_tokens=2, logit_bias={channel: 100.0}), use_tqdm=False)[0]
+    assert kept == "<|channel|><|channel|>" and skipped.outputs[0].text == ""

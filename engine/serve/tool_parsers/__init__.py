@@ -12,6 +12,7 @@ from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, S
 from engine.serve.tool_parsers.hermes import HermesToolParser
 from engine.serve.tool_parsers.llama3_json import Llama3JsonToolParser
 from engine.serve.tool_parsers.mistral import MistralToolParser
+from engine.serve.tool_parsers.openai import OpenAIToolParser
 from engine.serve.tool_parsers.pythonic import PythonicToolParser
 from engine.serve.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
@@ -38,6 +39,7 @@ def get_parser(name: str) -> ToolParser:
 register("hermes", HermesToolParser)
 register("llama3_json", Llama3JsonToolParser)
 register("mistral", MistralToolParser)
+register("openai", OpenAIToolParser)
 register("pythonic", PythonicToolParser)
 register("qwen3_coder", Qwen3CoderToolParser)
 
