@@ -118,6 +118,13 @@ class AsyncLLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def set_chat_template(self, chat_template: str) -> None:
+        """Render conversations with ``chat_template`` (a Jinja template) instead of the tokenizer's own (vLLM's
+        ``--chat-template``): the server's chat routes and /tokenize read it from the front end's tokenizer."""
+        if self.tokenizer is None:
+            raise ValueError("a chat template needs a tokenizer; this engine was made without one")
+        self.tokenizer.chat_template = chat_template
+
     def get_stats(self) -> EngineStatsSnapshot:
         return self.stats.snapshot()
 

@@ -10,6 +10,7 @@ does not know), is a ``ChatTemplateError`` that says so.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.chat_images import content_parts
@@ -42,16 +43,32 @@ def check_messages(messages: Any, label: str = "messages") -> list[dict[str, Any
     return checked
 
 
+def load_chat_template(value: str) -> str:
+    """vLLM's ``--chat-template``: a file holding a Jinja template, or the template itself; a ValueError for a value
+    that is neither (a path that does not exist, most likely)."""
+    path = Path(value).expanduser()
+    try:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read the chat template file {value!r}: {error}") from None
+    if any(mark in value for mark in ("{{", "{%")):
+        return value
+    raise ValueError(f"{value!r} is neither a file nor a Jinja template (no '{{{{' or '{{%' in it)")
+
+
 def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                 tools: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template;
-    ``tools`` (OpenAI's function definitions) go to the template, for templates that render them;
-    ``template_kwargs``, the template's own variables (vLLM's ``chat_template_kwargs``: Qwen3's
+                template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None) -> dict[str, Any]:
+    """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template (or
+    ``chat_template``, which replaces it); ``tools`` (OpenAI's function definitions) go to the template, for templates
+    that render them; ``template_kwargs``, the template's own variables (vLLM's ``chat_template_kwargs``: Qwen3's
     ``enable_thinking``)."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if tokenizer is None or not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise NoChatTemplateError("this model has no chat template; send a prompt instead")
     extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
+    if chat_template:
+        extra["chat_template"] = chat_template
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                              **extra)

@@ -14,6 +14,7 @@ real run with its recorded step durations and checks that every scheduling decis
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--speed-probe", action="store_true",
                       help="--executor real: time a fixed probe before and after the run (sim/speed_probe.py)")
     real.add_argument("--url", default="http://127.0.0.1:8000", help="--executor server: the server's base URL")
+    real.add_argument("--api-key", default=None,
+                      help="--executor server: the key the server asks for (default: the OPENAI_API_KEY environment "
+                           "variable, as vLLM's bench serve reads it)")
     real.add_argument("--replay", type=Path, metavar="REAL_RUN_DIR",
                       help="re-simulate a real run with its recorded step durations and compare decisions")
     args = parser.parse_args(argv)
@@ -75,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 EXECUTOR_FLAGS = {
     "sim": ["--cost-model", "--jobs", "--no-fast-forward"],
     "real": ["--model", "--device", "--dtype", "--attention-backend", "--enforce-eager", "--threads", "--speed-probe"],
-    "server": ["--url"],
+    "server": ["--url", "--api-key"],
 }
 
 
@@ -160,7 +164,8 @@ def _real(args, workload, out_dir: Path, progress: bool, console: Console) -> in
     if args.executor == "server":
         from sim.server_run import run_against_server
 
-        summary = run_against_server(workload, args.url, out_dir, progress=progress)
+        summary = run_against_server(workload, args.url, out_dir, progress=progress,
+                                     api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or None)
         wall = summary.get("duration_s") or 0.0
     else:
         from sim.real_engine import build_real_engine

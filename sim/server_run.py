@@ -76,17 +76,26 @@ class _Record:
     output_token_ids: list[int] | None = field(default_factory=list)
 
 
-def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: str | Path | None = None
-                      ) -> tuple[str, int, list[int], dict[str, Any]]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header that carries ``api_key`` (none without one), as the openai client sends it."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: str | Path | None = None,
+                      api_key: str | None = None) -> tuple[str, int, list[int], dict[str, Any]]:
     """(model name, vocab size, reserved token ids, model card) of the server's model.
 
     The vocabulary comes from ``tokenizer_path`` when given, else from the model card's
     ``vocab_size`` / ``reserved_token_ids`` (fields this project's server adds to ``/v1/models``).
     """
     try:
-        response = httpx.get(f"{url}/v1/models", timeout=30.0)
+        response = httpx.get(f"{url}/v1/models", timeout=30.0, headers=auth_headers(api_key))
     except httpx.HTTPError as error:  # nothing listening, a wrong host, a timeout: the user's --url
         raise ValueError(f"cannot reach the server at {url}: {error or type(error).__name__}") from None
+    if response.status_code == 401:
+        raise ValueError(f"{url} asks for an API key ({server_error_message(response.text)}): pass --api-key, or set "
+                         "OPENAI_API_KEY" if api_key is None else f"{url} refused the API key given: "
+                         f"{server_error_message(response.text)}")
     if response.status_code != 200:
         raise ValueError(f"{url}/v1/models answered HTTP {response.status_code}: "
                          f"{server_error_message(response.text)} (is {url} an OpenAI-compatible server?)")
@@ -113,12 +122,13 @@ def server_vocabulary(url: str, model_name: str | None = None, tokenizer_path: s
 
 def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path | None, *,
                        model_name: str | None = None, tokenizer_path: str | Path | None = None,
-                       progress: bool = False) -> dict[str, Any]:
+                       progress: bool = False, api_key: str | None = None) -> dict[str, Any]:
     """Send the workload to the server at ``url``; write the run directory (if ``out_dir``); return the
-    summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``)."""
+    summary (mode "real", ``config.executor = {"kind": "server", "url": ...}``). ``api_key``: sent as a bearer
+    token with every request (vLLM's and this project's ``--api-key``)."""
     check_real_run_images(workload, None, executor="server")
     url = url.rstrip("/")
-    model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path)
+    model, vocab_size, reserved, card = server_vocabulary(url, model_name, tokenizer_path, api_key)
     specs = generate_requests(workload, vocab_size=vocab_size, reserved_token_ids=reserved,
                               model_max_len=card.get("max_model_len"))
     started = time.perf_counter()
@@ -126,7 +136,7 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     # a server that schedules fcfs refuses them, which the run reports); otherwise none is sent.
     send_priority = reads_priority(workload.engine.scheduling_policy)
     records = asyncio.run(_send_all(specs, url, model, progress, workload.name, send_priority,
-                                    workload.workload.max_concurrency))
+                                    workload.workload.max_concurrency, api_key))
     wall_s = time.perf_counter() - started
     requests = requests_table(_columns(records))
     steps = steps_table({name: [] for name in REQUIRED_STEP_COLUMNS})
@@ -152,12 +162,14 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
 
 
 async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bool, name: str,
-                    send_priority: bool = False, max_concurrency: int | None = None) -> list[_Record]:
+                    send_priority: bool = False, max_concurrency: int | None = None,
+                    api_key: str | None = None) -> list[_Record]:
     # No pool limit: a request queued inside the client would be charged the wait as server latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     bar = tqdm(total=count_requests(specs), desc=f"{name} (server)", unit="req", disable=not progress,
                mininterval=0.5, leave=False)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S,
+                                 headers=auth_headers(api_key)) as client:
         origin = time.perf_counter()
         # The client's limit (workload.max_concurrency): a request waits for a slot, and its latencies count from
         # when it is sent, as in vLLM's bench serve --max-concurrency (asyncio's semaphore wakes waiters in order).

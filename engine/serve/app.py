@@ -47,6 +47,7 @@ from engine.serve.completions import create_completion
 from engine.serve.embeddings import GENERATION_UNSUPPORTED, EmbeddingRequest, create_embedding
 from engine.serve.classify import ClassificationRequest, create_classify
 from engine.serve.scores import RerankRequest, ScoreRequest, create_rerank, create_score
+from engine.serve.api_keys import add_api_key_check
 from engine.serve.dev_routes import add_dev_routes, dev_mode_enabled
 from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
@@ -65,17 +66,22 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
               tool_parser: str | None = None, reasoning_parser: str | None = None,
               lora_requests: dict[str, LoRARequest] | None = None,
               lora_parents: dict[str, str] | None = None,
-              allow_runtime_lora_updating: bool | None = None, dev_mode: bool | None = None) -> FastAPI:
+              allow_runtime_lora_updating: bool | None = None, dev_mode: bool | None = None,
+              api_keys: list[str] | None = None, chat_template: str | None = None) -> FastAPI:
     """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it.
     ``reasoning_parser`` names the parser that splits chat answers' reasoning from their content
     (engine/reasoning_parsers/); None: no split.
     ``allow_runtime_lora_updating``: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (None: as the
     environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says).
-    ``dev_mode``: serve vLLM's development routes (dev_routes.py; None: as SERVESIM_SERVER_DEV_MODE says)."""
+    ``dev_mode``: serve vLLM's development routes (dev_routes.py; None: as SERVESIM_SERVER_DEV_MODE says).
+    ``api_keys``: the /v1 routes answer only requests that send one of them (api_keys.py; None or []: open).
+    ``chat_template``: a Jinja chat template that replaces the tokenizer's (vLLM's --chat-template)."""
     if tool_parser is not None:
         get_parser(tool_parser)  # a ValueError listing the known names
     if reasoning_parser is not None:
         get_reasoning_parser(reasoning_parser)  # likewise
+    if chat_template is not None:
+        engine.set_chat_template(chat_template)
     if served_model_names is None:
         served_model_names = [str(engine.engine_args.model or engine.model_path.name)]
     elif isinstance(served_model_names, str):
@@ -96,6 +102,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     app = FastAPI(title="servesim OpenAI-compatible server", lifespan=lifespan, strict_content_type=False)
     app.state.server = state
     install_error_handlers(app)
+    if api_keys:
+        add_api_key_check(app, api_keys)
     if runtime_lora_updating_allowed(allow_runtime_lora_updating):
         add_lora_update_routes(app, state)
     if dev_mode_enabled(dev_mode):

@@ -20,6 +20,7 @@ import uvicorn
 from engine.async_llm import AsyncLLM
 from engine.engine_args import DEFAULT_MODEL, EngineArgs
 from engine.engine_components import TokenizerLoadError
+from engine.serve.api_keys import server_api_keys
 from engine.serve.app import build_app
 from engine.reasoning_parsers import parser_names as reasoning_parser_names
 from engine.serve.tool_parsers import parser_names
@@ -43,6 +44,11 @@ def make_parser() -> argparse.ArgumentParser:
                         help="name(s) clients use in 'model' (default: the --model value)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="0-65535; 0 picks a free port")
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help="the /v1 routes answer only requests sending 'Authorization: Bearer KEY' with one of "
+                             "these (default: the SERVESIM_API_KEY environment variable, else none: open)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                        help="a Jinja chat template, or a file holding one, used instead of the tokenizer's")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server and engine log level")
     tools = parser.add_argument_group("tool calling")
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                for module in args.lora_modules or []
                                                                if module.base_model_name},
                     # The flag turns the routes on; without it the environment variable decides.
-                    allow_runtime_lora_updating=True if args.allow_runtime_lora_updating else None)
+                    allow_runtime_lora_updating=True if args.allow_runtime_lora_updating else None,
+                    api_keys=server_api_keys(args.api_key), chat_template=args.chat_template)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 

@@ -81,6 +81,14 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         check_eviction_policy(args.prefix_cache_eviction_policy)
     except ValueError as error:
         parser.error(f"--prefix-cache-eviction-policy must be {error}, got {args.prefix_cache_eviction_policy!r}")
+    if args.chat_template is not None:
+        from engine.chat_template import load_chat_template
+        try:
+            args.chat_template = load_chat_template(args.chat_template)
+        except ValueError as error:
+            parser.error(f"--chat-template: {error}")
+    if args.api_key is not None and not all(args.api_key):
+        parser.error("--api-key: a key must not be empty")
     if args.speculative_config is not None:
         from engine.runner.spec_decode.config import SpeculativeConfig
         try:
