@@ -4,6 +4,10 @@ Written by hand (the format is a few lines per metric) rather than with ``promet
 the serving extra free of another dependency. Every sample carries a ``model_name`` label.
 ``servesim_kv_cache_free_blocks`` and ``servesim_kv_cache_usable_blocks`` are there for checks: once
 every request has finished or been aborted, the two are equal (no block leaked).
+
+Every metric vLLM also exports is written a second time under vLLM's name (``vllm:num_requests_running``,
+``vllm:kv_cache_usage_perc``, ``vllm:request_success_total``, ``vllm:time_to_first_token_seconds``...), with vLLM's
+``engine`` label, so that dashboards and alerts written for a vLLM server read this one unchanged.
 """
 
 from __future__ import annotations
@@ -28,17 +32,48 @@ def _number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
+# This server's metric -> vLLM's name for the same one (metrics vLLM does not export are not repeated).
+VLLM_NAMES = {
+    "num_requests_running": "num_requests_running", "num_requests_waiting": "num_requests_waiting",
+    "kv_cache_usage_perc": "kv_cache_usage_perc", "prefix_cache_queries_total": "prefix_cache_queries_total",
+    "prefix_cache_hits_total": "prefix_cache_hits_total", "num_preemptions_total": "num_preemptions_total",
+    "prompt_tokens_total": "prompt_tokens_total", "generation_tokens_total": "generation_tokens_total",
+    "spec_decode_num_drafts_total": "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total": "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total": "spec_decode_num_accepted_tokens_total",
+    "lora_requests_info": "lora_requests_info", "requests_finished_total": "request_success_total",
+    "time_to_first_token_seconds": "time_to_first_token_seconds",
+    "inter_token_latency_seconds": "inter_token_latency_seconds",
+    "e2e_request_latency_seconds": "e2e_request_latency_seconds",
+}
+VLLM_PREFIX = "vllm:"
+
+
 class _Writer:
-    def __init__(self, model_name: str) -> None:
-        self.base = {"model_name": model_name}
+    """One family of names: this server's (``servesim_``), or vLLM's (``vllm:``, only the metrics in ``names``)."""
+
+    def __init__(self, model_name: str, prefix: str = PREFIX, names: dict[str, str] | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+        self.base = {"model_name": model_name, **(labels or {})}
+        self.prefix = prefix
+        self.names = names
         self.lines: list[str] = []
 
-    def header(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {PREFIX}{name} {help_text}")
-        self.lines.append(f"# TYPE {PREFIX}{name} {kind}")
+    def _full(self, name: str) -> str | None:
+        if self.names is None:
+            return self.prefix + name
+        return self.prefix + self.names[name] if name in self.names else None
 
-    def sample(self, name: str, value: float, **labels: str) -> None:
-        self.lines.append(f"{PREFIX}{name}{_labels({**self.base, **labels})} {_number(value)}")
+    def header(self, name: str, kind: str, help_text: str) -> None:
+        full = self._full(name)
+        if full is not None:
+            self.lines.append(f"# HELP {full} {help_text}")
+            self.lines.append(f"# TYPE {full} {kind}")
+
+    def sample(self, name: str, value: float, suffix: str = "", **labels: str) -> None:
+        full = self._full(name)
+        if full is not None:
+            self.lines.append(f"{full}{suffix}{_labels({**self.base, **labels})} {_number(value)}")
 
     def single(self, name: str, kind: str, help_text: str, value: float) -> None:
         self.header(name, kind, help_text)
@@ -47,14 +82,20 @@ class _Writer:
     def histogram(self, name: str, help_text: str, histogram: Histogram) -> None:
         self.header(name, "histogram", help_text)
         for bound, count in zip(histogram.buckets, histogram.bucket_counts):
-            self.sample(f"{name}_bucket", count, le=_number(float(bound)))
-        self.sample(f"{name}_bucket", histogram.count, le="+Inf")
-        self.sample(f"{name}_sum", float(histogram.total))
-        self.sample(f"{name}_count", histogram.count)
+            self.sample(name, count, "_bucket", le=_number(float(bound)))
+        self.sample(name, histogram.count, "_bucket", le="+Inf")
+        self.sample(name, float(histogram.total), "_sum")
+        self.sample(name, histogram.count, "_count")
 
 
 def render_metrics(stats: EngineStatsSnapshot, model_name: str) -> str:
-    out = _Writer(model_name)
+    """Both families: this server's names, then vLLM's."""
+    own = _write(_Writer(model_name), stats)
+    vllm = _write(_Writer(model_name, VLLM_PREFIX, VLLM_NAMES, {"engine": "0"}), stats)
+    return "\n".join(own.lines + vllm.lines) + "\n"
+
+
+def _write(out: _Writer, stats: EngineStatsSnapshot) -> _Writer:
     out.single("num_requests_running", "gauge", "Requests in the running set (holding KV blocks).",
                stats.num_running_reqs)
     out.single("num_requests_waiting", "gauge", "Requests waiting to be scheduled (new or preempted).",
@@ -94,4 +135,4 @@ def render_metrics(stats: EngineStatsSnapshot, model_name: str) -> str:
                   stats.inter_token_latency)
     out.histogram("e2e_request_latency_seconds", "Time from arrival to the finish of a request.",
                   stats.e2e_request_latency)
-    return "\n".join(out.lines) + "\n"
+    return out

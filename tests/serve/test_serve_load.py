@@ -103,3 +103,19 @@ def test_metrics_text_is_prometheus_shaped(server):
     for name in ("servesim_num_requests_running", "servesim_num_requests_waiting", "servesim_kv_cache_usage_perc",
                  "servesim_prefix_cache_queries_total", "servesim_prefix_cache_hits_total"):
         assert metric(samples, name, model_name="tiny") >= 0
+
+
+def test_metrics_are_also_under_vllms_names(server):
+    """Dashboards written for vLLM read this server: every metric vLLM exports is repeated under its name, with the
+    same value and vLLM's engine label."""
+    samples = parse_metrics(httpx.get(f"{server.url}/metrics").text)
+    pairs = {"num_requests_running": "num_requests_running", "kv_cache_usage_perc": "kv_cache_usage_perc",
+             "generation_tokens_total": "generation_tokens_total", "prompt_tokens_total": "prompt_tokens_total",
+             "time_to_first_token_seconds_count": "time_to_first_token_seconds_count"}
+    for own, vllm in pairs.items():
+        assert metric(samples, f"vllm:{vllm}", model_name="tiny", engine="0") == metric(samples, f"servesim_{own}")
+    assert metric(samples, "vllm:e2e_request_latency_seconds_bucket", le="+Inf") == \
+        metric(samples, "servesim_e2e_request_latency_seconds_bucket", le="+Inf")
+    assert metric(samples, "vllm:request_success_total", finished_reason="length") == \
+        metric(samples, "servesim_requests_finished_total", finished_reason="length")
+    assert not any(name.startswith(("vllm:engine_steps", "vllm:kv_cache_free")) for name in samples)
