@@ -48,6 +48,7 @@ from engine.serve.embeddings import GENERATION_UNSUPPORTED, EmbeddingRequest, cr
 from engine.serve.classify import ClassificationRequest, create_classify
 from engine.serve.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from engine.serve.api_keys import add_api_key_check
+from engine.serve.cors import CorsSettings, add_cors
 from engine.serve.dev_routes import add_dev_routes, dev_mode_enabled
 from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
@@ -67,7 +68,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
               lora_requests: dict[str, LoRARequest] | None = None,
               lora_parents: dict[str, str] | None = None,
               allow_runtime_lora_updating: bool | None = None, dev_mode: bool | None = None,
-              api_keys: list[str] | None = None, chat_template: str | None = None) -> FastAPI:
+              api_keys: list[str] | None = None, chat_template: str | None = None,
+              cors: CorsSettings | None = None) -> FastAPI:
     """``tool_parser`` names the parser of tool_choice "auto" (engine/serve/tool_parsers/); None refuses it.
     ``reasoning_parser`` names the parser that splits chat answers' reasoning from their content
     (engine/reasoning_parsers/); None: no split.
@@ -75,7 +77,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     environment variable SERVESIM_ALLOW_RUNTIME_LORA_UPDATING says).
     ``dev_mode``: serve vLLM's development routes (dev_routes.py; None: as SERVESIM_SERVER_DEV_MODE says).
     ``api_keys``: the /v1 routes answer only requests that send one of them (api_keys.py; None or []: open).
-    ``chat_template``: a Jinja chat template that replaces the tokenizer's (vLLM's --chat-template)."""
+    ``chat_template``: a Jinja chat template that replaces the tokenizer's (vLLM's --chat-template).
+    ``cors``: which browser origins may call the server (None: vLLM's defaults, any origin, no credentials)."""
     if tool_parser is not None:
         get_parser(tool_parser)  # a ValueError listing the known names
     if reasoning_parser is not None:
@@ -104,6 +107,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     install_error_handlers(app)
     if api_keys:
         add_api_key_check(app, api_keys)
+    add_cors(app, cors or CorsSettings())  # last added, so outermost: a preflight is answered before the key check
     if runtime_lora_updating_allowed(allow_runtime_lora_updating):
         add_lora_update_routes(app, state)
     if dev_mode_enabled(dev_mode):

@@ -22,6 +22,7 @@ from engine.engine_args import DEFAULT_MODEL, EngineArgs
 from engine.engine_components import TokenizerLoadError
 from engine.serve.api_keys import server_api_keys
 from engine.serve.app import build_app
+from engine.serve.cors import CorsSettings
 from engine.reasoning_parsers import parser_names as reasoning_parser_names
 from engine.serve.tool_parsers import parser_names
 from engine.serve.cli_checks import (HelpFormatter, OneLineErrorParser, check_args, check_unchunked_budget,
@@ -35,7 +36,7 @@ def make_parser() -> argparse.ArgumentParser:
     defaults = EngineArgs()
     parser = OneLineErrorParser(
         prog="python -m engine.serve", description="An OpenAI-compatible server (/v1/completions, "
-        "/v1/chat/completions, /v1/models, /health, /metrics) over the servesim engine.",
+        "/v1/chat/completions, /v1/responses, /v1/models, /health, /metrics) over the servesim engine.",
         formatter_class=HelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="'tiny' or 'small' (generated locally) or a local checkpoint folder")
@@ -49,6 +50,14 @@ def make_parser() -> argparse.ArgumentParser:
                              "these (default: the SERVESIM_API_KEY environment variable, else none: open)")
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                         help="a Jinja chat template, or a file holding one, used instead of the tokenizer's")
+    parser.add_argument("--allowed-origins", nargs="+", default=["*"], metavar="ORIGIN",
+                        help="browser origins allowed to call the server (CORS; default: any)")
+    parser.add_argument("--allowed-methods", nargs="+", default=["*"], metavar="METHOD",
+                        help="HTTP methods allowed from other origins (default: any)")
+    parser.add_argument("--allowed-headers", nargs="+", default=["*"], metavar="HEADER",
+                        help="request headers allowed from other origins (default: any)")
+    parser.add_argument("--allow-credentials", action="store_true",
+                        help="let cross-origin requests carry credentials (cookies, HTTP authentication)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server and engine log level")
     tools = parser.add_argument_group("tool calling")
@@ -183,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                if module.base_model_name},
                     # The flag turns the routes on; without it the environment variable decides.
                     allow_runtime_lora_updating=True if args.allow_runtime_lora_updating else None,
-                    api_keys=server_api_keys(args.api_key), chat_template=args.chat_template)
+                    api_keys=server_api_keys(args.api_key), chat_template=args.chat_template,
+                    cors=CorsSettings(args.allowed_origins, args.allowed_methods, args.allowed_headers,
+                                      args.allow_credentials))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 

@@ -71,3 +71,24 @@ def test_chat_template_values_are_files_or_templates(tmp_path, capsys):
     assert load_chat_template(str(path)) == TEMPLATE == load_chat_template(TEMPLATE)
     status, error = run_cli(["--model", "tiny", "--chat-template", str(tmp_path / "missing.jinja")], capsys)
     assert status == 2 and "--chat-template: " in error and "is neither a file nor a Jinja template" in error
+
+
+def test_browsers_may_call_from_another_origin(guarded_server, tiny_model_path):
+    """CORS as vLLM answers it by default (any origin); the preflight needs no key."""
+    preflight = httpx.options(f"{guarded_server.url}/v1/chat/completions", headers={
+        "Origin": "http://playground.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "*"
+    answer = httpx.get(f"{guarded_server.url}/v1/models", headers={"Origin": "http://playground.example",
+                                                                   "Authorization": "Bearer key-one"})
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "*"
+    from engine.serve.cors import CorsSettings
+
+    engine = AsyncLLM(model=str(tiny_model_path), max_num_seqs=4, num_gpu_blocks=64, max_model_len=256)
+    settings = CorsSettings(allowed_origins=["http://allowed.example"])
+    with ServerThread(build_app(engine, "tiny", shutdown_engine=True, cors=settings)) as server:
+        refused = httpx.options(f"{server.url}/v1/models", headers={
+            "Origin": "http://other.example", "Access-Control-Request-Method": "GET"})
+        assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+        allowed = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://allowed.example"})
+        assert allowed.headers["access-control-allow-origin"] == "http://allowed.example"
