@@ -146,7 +146,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     if body.stream:
         chunk_header = {**header, "object": "chat.completion.chunk"}
         return sse_response(stream_chunks(outputs, messages, chunk_header, body.include_usage, state.engine.abort,
-                                          request_id))
+                                          request_id, continuous_usage=body.continuous_usage))
     try:
         choices = await run_unless_disconnected(raw_request, _collect(outputs, messages))
     except ClientDisconnected:

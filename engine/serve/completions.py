@@ -148,7 +148,7 @@ async def create_completion(body: CompletionRequest, raw_request: Request, state
     choices = _Choices(params, body, prompts, state.engine.get_tokenizer())
     if body.stream:
         return sse_response(stream_chunks(outputs, choices, header, body.include_usage, state.engine.abort,
-                                          request_ids))
+                                          request_ids, continuous_usage=body.continuous_usage))
     try:
         final = await run_unless_disconnected(raw_request, _collect(outputs, choices))
     except ClientDisconnected:

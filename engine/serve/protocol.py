@@ -51,6 +51,8 @@ _STRICT = ConfigDict(extra="ignore", strict=True)
 class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far (not only the last, choice-less one).
+    continuous_usage_stats: bool = False
 
 
 class _SamplingRequest(BaseModel):
@@ -121,6 +123,10 @@ class _SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(_SamplingRequest):

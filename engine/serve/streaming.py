@@ -46,11 +46,13 @@ class ChunkFormatter(Protocol):
 
 
 async def stream_chunks(outputs: AsyncIterator[Any], formatter: ChunkFormatter, header: dict[str, Any],
-                        include_usage: bool, abort: Any, request_ids: str | list[str]) -> AsyncIterator[bytes]:
+                        include_usage: bool, abort: Any, request_ids: str | list[str],
+                        continuous_usage: bool = False) -> AsyncIterator[bytes]:
     """The SSE body shared by completions and chat: one chunk per choice per output (as vLLM and OpenAI send
-    them), the usage chunk when asked, ``[DONE]``; an error after the start becomes one more event. A request
-    that did not finish (the client went away and the response was cancelled, or it failed) is aborted on
-    the way out."""
+    them), the usage chunk when asked, ``[DONE]``; an error after the start becomes one more event. With
+    ``continuous_usage`` (vLLM's ``continuous_usage_stats``) every chunk carries the usage so far instead of null.
+    A request that did not finish (the client went away and the response was cancelled, or it failed) is aborted
+    on the way out."""
     finished = False
     try:
         async for output in outputs:
@@ -59,7 +61,7 @@ async def stream_chunks(outputs: AsyncIterator[Any], formatter: ChunkFormatter, 
             for choice in formatter.choices(output):
                 chunk = {**header, "choices": [choice]}
                 if include_usage:
-                    chunk["usage"] = None
+                    chunk["usage"] = formatter.usage() if continuous_usage else None
                 yield sse_event(chunk)
         if include_usage:
             yield sse_event({**header, "choices": [], "usage": formatter.usage()})

@@ -131,3 +131,21 @@ def test_prefix_cache_hits_show_in_usage_and_metrics(client, server):
     assert second.usage.prompt_tokens_details.cached_tokens == 48
     samples = wait_until_idle(server.url)
     assert metric(samples, "servesim_prefix_cache_hits_total") >= 48
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client, route):
+    """vLLM's stream_options.continuous_usage_stats: each chunk's usage counts the tokens streamed up to it."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    if route == "completions":
+        stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, stream=True,
+                                           stream_options=options, extra_body={"ignore_eos": True})
+    else:
+        stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_completion_tokens=8,
+                                                stream=True, stream_options=options, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    counts = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices]
+    assert counts == sorted(counts) and counts[-1] == 8 and len(counts) >= 2
+    assert all(chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+               for chunk in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
