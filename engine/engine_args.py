@@ -87,10 +87,11 @@ class EngineArgs:
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
-        if self.speculative_config is not None and self.speculative_config.method == "draft_model" \
+        if self.speculative_config is not None and self.speculative_config.method in ("draft_model", "eagle") \
                 and self.kv_offloading_size_gib:
             # The host tier copies the target's KV only; a block loaded back would hold no draft KV.
-            raise ValueError("speculative_config with a draft model does not run with kv_offloading_size_gib > 0")
+            raise ValueError(f"speculative_config with method {self.speculative_config.method} (a proposer with a "
+                             "KV cache of its own) does not run with kv_offloading_size_gib > 0")
         if not isinstance(self.enable_lora, bool):
             raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
         self.check_runner()

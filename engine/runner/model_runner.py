@@ -49,6 +49,7 @@ from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler
 from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.draft_model import DraftModelProposer
+from engine.runner.spec_decode.eagle import EagleProposer
 from engine.runner.spec_decode.runner_step import SpeculativeStep
 from engine.runner.state_updates import update_states
 from engine.runner.step_metadata import step_attention_metadata
@@ -144,12 +145,17 @@ class ModelRunner:
         self.num_steps = 0
 
     def _draft_model(self) -> DraftModelProposer | None:
+        """The proposer with a network of its own: a draft model, or an EAGLE head (a DraftModelProposer that reads
+        the target's features); None for n-gram drafts."""
         speculative = self.config.speculative_config
-        if speculative.method != "draft_model":
+        if speculative.method == "ngram":
             return None
-        return DraftModelProposer(speculative.model, speculative.num_speculative_tokens,
-                                  dtype=self.dtype, device=self.device, attention_backend=self.attention_backend,
-                                  target_config=self.model_config, max_model_len=self.max_model_len)
+        options = dict(dtype=self.dtype, device=self.device, attention_backend=self.attention_backend,
+                       target_config=self.model_config, max_model_len=self.max_model_len)
+        if speculative.method == "eagle":
+            return EagleProposer(speculative.model, speculative.num_speculative_tokens, target_model=self.model,
+                                 **options)
+        return DraftModelProposer(speculative.model, speculative.num_speculative_tokens, **options)
 
     @property
     def draft_model(self) -> DraftModelProposer | None:
@@ -384,7 +390,8 @@ class ModelRunner:
                 sampled_token_ids[row] = [token]
         spec_token_ids = {}
         if self.speculative is not None and (len(sampled_rows) or self.draft_model is not None):
-            spec_token_ids = self.speculative.propose(batch, sampled_rows.tolist(), prepared, self.metadata_builder)
+            spec_token_ids = self.speculative.propose(batch, sampled_rows.tolist(), prepared, self.metadata_builder,
+                                                      hidden_states)
 
         self.num_steps += 1
         self.last_step_duration_s = time.perf_counter() - started

@@ -1,8 +1,9 @@
 """vLLM's ``speculative_config`` for the real engine: which proposer, how many drafts, its settings.
 
-Two proposers run here: ``ngram`` (prompt lookup decoding: no second model) and ``draft_model`` (a smaller
-checkpoint of the same vocabulary, ``model``: draft_model.py). As in vLLM, giving ``model`` without ``method``
-means ``draft_model``. EAGLE heads and MTP modules are priced by the simulator only.
+Three proposers run here: ``ngram`` (prompt lookup decoding: no second model), ``draft_model`` (a smaller
+checkpoint of the same vocabulary, ``model``: draft_model.py) and ``eagle`` (an EAGLE head over the target's features,
+``model``: eagle.py). As in vLLM, giving ``model`` without ``method`` means ``draft_model``. EAGLE-3 heads and MTP
+modules are priced by the simulator only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from engine.core.json_options import json_object_option
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle")
+MODEL_METHODS = ("draft_model", "eagle")  # the proposers that run a checkpoint of their own
 _KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 
 
@@ -34,10 +36,11 @@ class SpeculativeConfig:
         def positive(value: object) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-        require(self.method in METHODS, "method", f"one of {', '.join(METHODS)} (the real engine has no EAGLE "
+        require(self.method in METHODS, "method", f"one of {', '.join(METHODS)} (the real engine has no EAGLE-3 "
                                                   "head or MTP module)")
-        require((self.model is not None) == (self.method == "draft_model"), "model",
-                "a draft model's checkpoint for method draft_model, and nothing for ngram")
+        require((self.model is not None) == (self.method in MODEL_METHODS), "model",
+                "the checkpoint of a draft model or EAGLE head for methods draft_model and eagle, and nothing for "
+                "ngram")
         require(self.model is None or isinstance(self.model, str) and self.model, "model", "a path")
         require(positive(self.num_speculative_tokens), "num_speculative_tokens", "an integer >= 1")
         require(positive(self.prompt_lookup_min), "prompt_lookup_min", "an integer >= 1")
@@ -58,5 +61,5 @@ class SpeculativeConfig:
 
     @property
     def num_lookahead_tokens(self) -> int:
-        """KV slots past each chunk the proposer writes into before the next step (draft_model.py)."""
-        return self.num_speculative_tokens if self.method == "draft_model" else 0
+        """KV slots past each chunk the proposer writes into before the next step (draft_model.py, eagle.py)."""
+        return self.num_speculative_tokens if self.method in MODEL_METHODS else 0

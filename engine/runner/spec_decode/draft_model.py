@@ -79,9 +79,10 @@ class DraftModelProposer:
     # ------------------------------------------------------------------ one proposal
 
     def propose(self, batch: InputBatch, known_ends: np.ndarray, proposing_rows: list[int], metadata_builder,
-                ) -> dict[int, list[int]]:
+                hidden_states: torch.Tensor | None = None, prepared=None) -> dict[int, list[int]]:
         """Catch rows ``0 .. len(known_ends) - 1`` up to ``known_ends`` (their tokens known after this step), then
-        draft for ``proposing_rows`` (rows that just sampled and may speculate). Returns row -> drafts."""
+        draft for ``proposing_rows`` (rows that just sampled and may speculate). Returns row -> drafts. (The target's
+        ``hidden_states`` and the step's ``prepared`` inputs are for heads that read them: eagle.py.)"""
         # Only into slots the row holds: the scheduler's lookahead covers every write below, and a row whose pool
         # had no room for it (a transferred request's first step) catches up and drafts in the next step.
         slots = batch.block_table.num_blocks_per_row[:len(known_ends)].astype(np.int64) * batch.block_table.block_size
@@ -125,9 +126,10 @@ class DraftModelProposer:
         return self.model.compute_logits(hidden_states).argmax(dim=-1).tolist()
 
     def _forward(self, batch: InputBatch, rows: list[int], starts: np.ndarray, tokens: list[np.ndarray],
-                 metadata_builder) -> torch.Tensor:
+                 metadata_builder, features: torch.Tensor | None = None) -> torch.Tensor:
         """The draft over ``tokens[i]`` of batch row ``rows[i]`` at positions ``starts[i] ..``, writing their KV into
-        the row's blocks; the hidden state of each row's last token."""
+        the row's blocks; the hidden state of each row's last token. ``features``: one row per token, for a draft
+        that reads the target's (an EAGLE head, eagle.py)."""
         counts = np.array([len(row_tokens) for row_tokens in tokens], dtype=np.int64)
         cumulative = np.cumsum(counts)
         row_array = np.asarray(rows, dtype=np.int64)
@@ -151,5 +153,9 @@ class DraftModelProposer:
         chunk = getattr(self.model, "attention_chunk_size", None)
         if chunk:  # a Llama 4 draft's chunked layers (engine/runner/attention/local_attention.py)
             metadata.local = metadata_builder.build(local_attention_common(common, chunk, block_size))
-        hidden = self.model(input_ids, torch.from_numpy(positions).to(self.device), self.kv_caches, metadata)
+        hidden = self._model_forward(input_ids, torch.from_numpy(positions).to(self.device), metadata, features)
         return hidden[torch.from_numpy(cumulative - 1).to(self.device)]
+
+    def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata,
+                       features: torch.Tensor | None) -> torch.Tensor:
+        return self.model(input_ids, positions, self.kv_caches, metadata)

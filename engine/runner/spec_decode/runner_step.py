@@ -85,16 +85,18 @@ class SpeculativeStep:
         return tokens, logprobs
 
     def propose(self, batch: InputBatch, rows: list[int], prepared: PreparedInputs | None = None,
-                metadata_builder=None) -> dict[str, list[int]]:
+                metadata_builder=None, hidden_states: torch.Tensor | None = None) -> dict[str, list[int]]:
         """Drafts for each of ``rows`` (requests that just sampled) whose sampling allows speculation. A draft model
-        also catches up on every row's newly known tokens (``prepared``: the step's inputs), drafting or not."""
+        also catches up on every row's newly known tokens (``prepared``: the step's inputs), drafting or not; an
+        EAGLE head does so from the target's ``hidden_states`` of the step."""
         speculating = [row for row in rows if can_speculate(batch.request_states[row].sampling_params,
                                                             len(batch.request_states[row].output_token_ids))]
         if self.draft_model is not None:
             # Known after this step: a sampled row's every token, another row's computed chunk.
             known_ends = prepared.common.seq_lens.astype(np.int64)
             known_ends[rows] = batch.num_tokens[rows]
-            drafts = self.draft_model.propose(batch, known_ends, speculating, metadata_builder)
+            drafts = self.draft_model.propose(batch, known_ends, speculating, metadata_builder, hidden_states,
+                                              prepared)
         else:
             drafts = {row: self.proposer.propose(batch.token_ids_cpu[row, :batch.num_tokens[row]])
                       for row in speculating}

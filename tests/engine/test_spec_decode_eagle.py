@@ -1,0 +1,102 @@
+"""Speculative decoding with an EAGLE head (speculative_config={"method": "eagle", "model": PATH, ...}): a one-layer head
+over the target's features (engine/models/eagle.py, engine/runner/spec_decode/eagle.py).
+
+Greedy requests produce exactly the tokens of decoding one token per step, whatever the head proposes, through chunked
+prefill, preemption and the prefix cache. A head whose features are the target's own ("copying") must draft the last
+token at every step: the target's greedy token at a position is the argmax of its feature there, so any feature taken
+from the wrong position, or a chain fed the wrong input, shows as a different draft.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.models import make_test_model
+from engine.models.eagle import make_eagle_head
+from engine.runner.spec_decode import SpeculativeConfig
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_test_model(tmp_path_factory.mktemp("target"), "llama", seed=1, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def random_head(target, tmp_path_factory):
+    return make_eagle_head(target, tmp_path_factory.mktemp("eagle") / "head", seed=3)
+
+
+@pytest.fixture(scope="module")
+def copying_head(target, tmp_path_factory):
+    return make_eagle_head(target, tmp_path_factory.mktemp("copying") / "head", copying=True)
+
+
+def _prompts(count, length=30, seed=0):
+    return [[random.Random(seed + index).randrange(4, 500) for _ in range(length)] for index in range(count)]
+
+
+def _generate(llm, prompts, params):
+    return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _eagle(path, k=3):
+    return {"method": "eagle", "model": str(path), "num_speculative_tokens": k}
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    {},
+    {"max_num_batched_tokens": 7},  # chunked prompts, and a budget that cuts drafts
+    {"num_gpu_blocks": 14, "max_num_seqs": 4},  # a pool small enough to preempt
+    {"enable_prefix_caching": False},
+])
+def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, random_head, engine_kwargs):
+    prompts = _prompts(5)
+    prompts.append(prompts[0][:20] + [5, 6])  # shares a block with the first
+    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
+    llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(random_head), **engine_kwargs)
+    assert _generate(llm, prompts, GREEDY) == expected
+    assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+@pytest.mark.parametrize("engine_kwargs", [{}, {"max_num_batched_tokens": 7},
+                                           {"num_gpu_blocks": 14, "max_num_seqs": 4}])
+def test_a_copying_head_drafts_the_last_token_at_every_step(target, copying_head, engine_kwargs):
+    llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(copying_head, 4), **engine_kwargs)
+    core, scheduler = llm.engine_core, llm.scheduler
+    prompts = _prompts(6, seed=10)
+    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True), prompts, GREEDY)
+    for index, prompt in enumerate(prompts):
+        llm._add_request(f"r{index}", llm._parse_prompts([prompt])[0], GREEDY)
+    checked = 0
+    while core.has_work():
+        for request in list(scheduler.running):
+            if request.spec_token_ids:  # proposed after the last step, verified in the next
+                assert request.spec_token_ids == [request.all_token_ids[-1]] * len(request.spec_token_ids)
+                checked += 1
+        core.step()
+    assert checked > 20
+    stats = scheduler.make_stats().spec_decoding
+    # The target repeats tokens now and then: those drafts are accepted, and the tokens stay the target's.
+    assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
+    again = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(copying_head, 4),
+                **engine_kwargs)
+    assert _generate(again, prompts, GREEDY) == expected
+
+
+def test_bad_heads_are_refused_by_key(target, tmp_path):
+    with pytest.raises(ValueError, match="is not an EAGLE head: it has 3 layers"):
+        LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(target))
+    wide = make_test_model(tmp_path / "wide", "llama", hidden_size=128, num_hidden_layers=1)
+    with pytest.raises(ValueError, match="has hidden_size 128, the target 64"):
+        LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(wide))
+    with pytest.raises(ValueError, match="for methods draft_model and eagle"):
+        SpeculativeConfig.parse({"method": "eagle", "num_speculative_tokens": 2})
+    assert SpeculativeConfig.parse(_eagle("/some/head")).num_lookahead_tokens == 3
