@@ -211,7 +211,7 @@ if [[ -n $PY ]]; then
     || FAILED=1
   step "tests/runner (CUDA graphs, flash-attn and device tests), KV offloading, speculative decoding, DeepSeek, gpt-oss, Llama 4, images" \
     120 "$PY" -m pytest tests/runner tests/engine/test_kv_offloading_real.py tests/engine/test_spec_decode_real.py \
-    tests/engine/test_spec_decode_draft_model.py tests/models/test_deepseek_model.py tests/models/test_gpt_oss_model.py \
+    tests/engine/test_spec_decode_draft_model.py tests/engine/test_spec_decode_eagle.py tests/models/test_deepseek_model.py tests/models/test_gpt_oss_model.py \
     tests/models/test_llama4_model.py tests/models/test_default_vision_model.py -q -rs -p no:cacheprovider \
     -n "$WORKERS" \
     || FAILED=1

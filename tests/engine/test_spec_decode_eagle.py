@@ -100,3 +100,14 @@ def test_bad_heads_are_refused_by_key(target, tmp_path):
     with pytest.raises(ValueError, match="for methods draft_model and eagle"):
         SpeculativeConfig.parse({"method": "eagle", "num_speculative_tokens": 2})
     assert SpeculativeConfig.parse(_eagle("/some/head")).num_lookahead_tokens == 3
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_an_eagle_head_keeps_the_cpu_tokens(target, random_head):
+    """The head's cache and forwards on the GPU beside CUDA-graph decodes, whose features it reads
+    (benchmarks/gpu_check.sh runs it)."""
+    prompts = _prompts(4)
+    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, device="cpu"), prompts, GREEDY)
+    llm = LLM(model=str(target), skip_tokenizer_init=True, device="cuda", speculative_config=_eagle(random_head))
+    assert _generate(llm, prompts, GREEDY) == expected
+    assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0
