@@ -49,7 +49,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="the /v1 routes answer only requests sending 'Authorization: Bearer KEY' with one of "
                              "these (default: the SERVESIM_API_KEY environment variable, else none: open)")
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
-                        help="a Jinja chat template, or a file holding one, used instead of the tokenizer's")
+                        help="a Jinja chat template, or a file holding one, used instead of the tokenizer's "
+                             "(default: the tokenizer's)")
     parser.add_argument("--allowed-origins", nargs="+", default=["*"], metavar="ORIGIN",
                         help="browser origins allowed to call the server (CORS; default: any)")
     parser.add_argument("--allowed-methods", nargs="+", default=["*"], metavar="METHOD",

@@ -71,7 +71,11 @@ def test_the_stream_builds_the_response_the_request_answers_whole(client):
     assert events[0].type == "response.created" and events[0].response.status == "in_progress"
     assert events[1].type == "response.in_progress" and events[-1].type == "response.completed"
     final = events[-1].response
-    assert without_ids(final.output) == without_ids(whole.output) and final.usage == whole.usage
+    assert without_ids(final.output) == without_ids(whole.output)
+    # The same counts (the prefix cache may hit the second request's prompt: cached_tokens may differ).
+    counts = [(usage.input_tokens, usage.output_tokens, usage.output_tokens_details.reasoning_tokens)
+              for usage in (final.usage, whole.usage)]
+    assert counts[0] == counts[1]
     text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
     thought = "".join(event.delta for event in events if event.type == "response.reasoning_text.delta")
     assert (thought, text) == ("compare the tenths", "9.8 is larger.")
