@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engine.reasoning_parsers.think_tags import split_whole
+
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 MARKERS = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
@@ -183,10 +185,7 @@ class HarmonyReasoningParser:
         return self
 
     def extract(self, text: str) -> tuple[str | None, str | None]:
-        stream = self.streaming()
-        reasoning, content = stream.feed(text)
-        rest_reasoning, rest_content = stream.finish()
-        return (reasoning + rest_reasoning) or None, (content + rest_content) or None
+        return split_whole(self.streaming(), text)
 
     def streaming(self) -> StreamingHarmonyReasoning:
         return StreamingHarmonyReasoning()

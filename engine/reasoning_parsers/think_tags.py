@@ -58,6 +58,14 @@ class StreamingReasoningParser:
         return (held, "") if self._state == "thinking" else ("", held)
 
 
+def split_whole(stream, text: str) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a whole answer through a parser's ``stream`` (fed it at once, then finished), so that
+    the whole and the streamed split are one code path; None where there is none."""
+    reasoning, content = stream.feed(text)
+    rest_reasoning, rest_content = stream.finish()
+    return (reasoning + rest_reasoning) or None, (content + rest_content) or None
+
+
 def _tag_prefix_length(text: str, tag: str) -> int:
     """The length of the longest end of ``text`` that begins ``tag`` (what may still become the tag)."""
     for length in range(min(len(text), len(tag) - 1), 0, -1):
@@ -87,10 +95,7 @@ class ThinkTagsParser:
 
     def extract(self, text: str) -> tuple[str | None, str | None]:
         """(reasoning, content) of a whole answer; None where there is none."""
-        stream = self.streaming()
-        reasoning, content = stream.feed(text)
-        rest_reasoning, rest_content = stream.finish()
-        return (reasoning + rest_reasoning) or None, (content + rest_content) or None
+        return split_whole(self.streaming(), text)
 
     def streaming(self) -> StreamingReasoningParser:
         return StreamingReasoningParser(self.thinks_at_once)

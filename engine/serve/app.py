@@ -127,25 +127,24 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
                   for name, lora_request in state.lora_requests.items()]
         return JSONResponse({"object": "list", "data": cards})
 
+    def generating(route: str) -> None:
+        """A 404 from a generation route on an engine that embeds (current vLLM does not register them there)."""
+        if engine.is_pooling:
+            raise OpenAIError(GENERATION_UNSUPPORTED.format(route=route), status=404, code="model_not_supported")
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw_request: Request) -> Response:
-        if engine.is_pooling:
-            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Completions API"), status=404,
-                              code="model_not_supported")
+        generating("Completions API")
         return await create_completion(body, raw_request, state)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw_request: Request) -> Response:
-        if engine.is_pooling:
-            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Chat Completions API"), status=404,
-                              code="model_not_supported")
+        generating("Chat Completions API")
         return await create_chat_completion(body, raw_request, state)
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, raw_request: Request) -> Response:
-        if engine.is_pooling:
-            raise OpenAIError(GENERATION_UNSUPPORTED.format(route="Responses API"), status=404,
-                              code="model_not_supported")
+        generating("Responses API")
         return await create_response(body, raw_request, state)
 
     @app.get("/v1/responses/{response_id}")

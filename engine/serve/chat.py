@@ -127,17 +127,24 @@ def keeping_parsed_special_tokens(params: SamplingParams, mode: ToolMode, reason
     return params
 
 
+def prepare_chat(body: ChatCompletionRequest, state: ServerState, lora_request) -> tuple[Any, SamplingParams,
+                                                                                         ToolMode]:
+    """The request's prompt (its template's rendering, checked by the engine), sampling parameters and tool mode:
+    what the chat route and /v1/responses (which is served as a chat request) send to the engine."""
+    mode = resolve_tool_mode(body, state.tool_parser)
+    tool_structured = tool_structured_request(body, mode)
+    params = keeping_parsed_special_tokens(chat_sampling_params(body, tool_structured), mode, state.reasoning_parser)
+    prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
+                                  param_names=chat_param_names(body, tool_structured), lora_request=lora_request)
+    return prompt, params, mode
+
+
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request, state: ServerState) -> Response:
     lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
     if body.use_beam_search:
         return await create_beam_search_chat_completion(body, raw_request, state, lora_request)
-    mode = resolve_tool_mode(body, state.tool_parser)
-    tool_structured = tool_structured_request(body, mode)
-    params = chat_sampling_params(body, tool_structured)
-    params = keeping_parsed_special_tokens(params, mode, state.reasoning_parser)
-    prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
-                                  param_names=chat_param_names(body, tool_structured), lora_request=lora_request)
+    prompt, params, mode = prepare_chat(body, state, lora_request)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "created": int(time.time()), "model": body.model or state.model_name}
     outputs = state.engine.generate(prompt, params, request_id, priority=body.priority, lora_request=lora_request)

@@ -29,17 +29,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.core import SamplingParams
 from engine.outputs import RequestOutput
-from engine.serve.chat import AssistantMessages, keeping_parsed_special_tokens
-from engine.serve.chat_prompt import render_chat_prompt
+from engine.serve.chat import AssistantMessages, prepare_chat
 from engine.serve.errors import OpenAIError
-from engine.serve.protocol import chat_param_names, chat_sampling_params
 from engine.serve.responses_output import ResponseOutput
-from engine.serve.responses_protocol import ChatForm, ResponsesRequest, input_items, to_chat_request
+from engine.serve.responses_protocol import ResponsesRequest, input_items, to_chat_request
 from engine.serve.state import ServerState, engine_error
 from engine.serve.streaming import SSE_HEADERS, ClientDisconnected, run_unless_disconnected
-from engine.serve.tool_calls import resolve_tool_mode, tool_structured_request
 
 
 @dataclasses.dataclass
@@ -94,7 +90,7 @@ async def create_response(body: ResponsesRequest, raw_request: Request, state: S
                if body.previous_response_id is not None else [])
     form = to_chat_request(body, history)
     try:
-        prompt, params, mode = _prepared(form, state, lora_request)
+        prompt, params, mode = prepare_chat(form.request, state, lora_request)
     except OpenAIError as error:
         raise form.renamed(error) from None
     response_id = f"resp_{uuid.uuid4().hex}"
@@ -116,18 +112,6 @@ async def create_response(body: ResponsesRequest, raw_request: Request, state: S
     if body.store:
         state.responses.put(response, turn.input_items)
     return JSONResponse(response)
-
-
-def _prepared(form: ChatForm, state: ServerState, lora_request: Any) -> tuple[Any, SamplingParams, Any]:
-    """The chat request's prompt, sampling parameters and tool mode, as the chat route makes them."""
-    chat = form.request
-    mode = resolve_tool_mode(chat, state.tool_parser)
-    tool_structured = tool_structured_request(chat, mode)
-    params = chat_sampling_params(chat, tool_structured)
-    params = keeping_parsed_special_tokens(params, mode, state.reasoning_parser)
-    prompt = state.prepare_prompt(render_chat_prompt(state, chat, mode), params, param="messages",
-                                  param_names=chat_param_names(chat, tool_structured), lora_request=lora_request)
-    return prompt, params, mode
 
 
 async def _consume(outputs: AsyncIterator[RequestOutput], turn: _Turn) -> None:

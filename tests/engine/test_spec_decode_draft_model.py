@@ -8,8 +8,6 @@ reads (after a prefix-cache hit, after a preemption, after rejected drafts).
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ from engine import LLM, SamplingParams
 from engine.core import CacheConfig, Request, Scheduler, SchedulerConfig
 from engine.core.sampling_params import SamplingParams as CoreSamplingParams
 from engine.models import make_test_model
+from tests.engine.spec_decode_helpers import ENGINE_VARIANTS, GREEDY_30, generate_tokens, random_prompts
 from engine.models.layer_skip_draft import write_layer_skip_draft
 from engine.runner.spec_decode import SpeculativeConfig
 
@@ -38,33 +37,22 @@ def identical_draft(target, tmp_path_factory):
     return write_layer_skip_draft(target, tmp_path_factory.mktemp("identical") / "draft", 3)
 
 
-def _prompts(count, length=30, seed=0):
-    return [[random.Random(seed + index).randrange(4, 500) for _ in range(length)] for index in range(count)]
-
-
-def _generate(llm, prompts, params):
-    return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def _draft(path, k=3):
     return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}
 
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+GREEDY = GREEDY_30
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {},
-    {"max_num_batched_tokens": 7},  # chunked prompts, and a budget that cuts drafts
-    {"num_gpu_blocks": 14, "max_num_seqs": 4},  # a pool small enough to preempt
-    {"enable_prefix_caching": False},
-])
+@pytest.mark.parametrize("engine_kwargs", ENGINE_VARIANTS)
 def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, shallow_draft, engine_kwargs):
-    prompts = _prompts(5)
+    prompts = random_prompts(5)
     prompts.append(prompts[0][:20] + [5, 6])  # shares a block with the first
-    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
+    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
     llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft), **engine_kwargs)
-    assert _generate(llm, prompts, GREEDY) == expected
+    assert generate_tokens(llm, prompts, GREEDY) == expected
     stats = llm.engine_core.scheduler.make_stats().spec_decoding
     assert stats["num_drafts"] > 0 and 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
     manager = llm.scheduler.kv_cache_manager
@@ -74,8 +62,8 @@ def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, shallow_
 def test_a_draft_equal_to_the_target_has_every_draft_accepted(target, identical_draft):
     llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(identical_draft, 4),
               num_gpu_blocks=10, max_num_seqs=4, max_num_batched_tokens=24, max_model_len=128)
-    prompts = _prompts(6, length=40)
-    assert _generate(llm, prompts, GREEDY) == _generate(LLM(model=str(target), skip_tokenizer_init=True), prompts,
+    prompts = random_prompts(6, length=40)
+    assert generate_tokens(llm, prompts, GREEDY) == generate_tokens(LLM(model=str(target), skip_tokenizer_init=True), prompts,
                                                        GREEDY)
     scheduler = llm.scheduler
     assert scheduler.num_preemptions_total > 0  # resumed requests' draft KV came back with them
@@ -83,8 +71,8 @@ def test_a_draft_equal_to_the_target_has_every_draft_accepted(target, identical_
     assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"]
     # A later request hits the first one's cached blocks: the draft's KV is in them too.
     roomy = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(identical_draft, 4))
-    _generate(roomy, prompts[:1], GREEDY)
-    _generate(roomy, [prompts[0][:32] + [7, 8, 9]], GREEDY)
+    generate_tokens(roomy, prompts[:1], GREEDY)
+    generate_tokens(roomy, [prompts[0][:32] + [7, 8, 9]], GREEDY)
     assert roomy.scheduler.kv_cache_manager.prefix_cache_stats.hits >= 32
     stats = roomy.scheduler.make_stats().spec_decoding
     assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
@@ -96,26 +84,26 @@ def test_a_draft_runs_on_the_hybrid_kv_cache_beside_the_full_groups_blocks(tmp_p
     accepted, through preemption."""
     hybrid = make_test_model(tmp_path / "hybrid", "cohere2", seed=2, num_hidden_layers=4)
     options = dict(model=str(hybrid), skip_tokenizer_init=True, max_model_len=128)
-    prompts = _prompts(5, length=10)  # short prompts, so that four run at once and outgrow the pool
-    expected = _generate(LLM(**options), prompts, GREEDY)
+    prompts = random_prompts(5, length=10)  # short prompts, so that four run at once and outgrow the pool
+    expected = generate_tokens(LLM(**options), prompts, GREEDY)
     llm = LLM(**options, speculative_config=_draft(hybrid, 3), num_gpu_blocks=44, max_num_seqs=4,
               max_num_batched_tokens=24, block_size=4)
     assert llm.scheduler.cache_config.kv_cache_groups == (None, 8, 8, 8)
-    assert _generate(llm, prompts, GREEDY) == expected
+    assert generate_tokens(llm, prompts, GREEDY) == expected
     assert llm.scheduler.num_preemptions_total > 0
     stats = llm.scheduler.make_stats().spec_decoding
     assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"]
 
 
 def test_random_sampling_runs_and_greedy_rows_beside_it_keep_their_tokens(target, shallow_draft):
-    prompts = _prompts(4, seed=30)
+    prompts = random_prompts(4, seed=30)
     params = [GREEDY, SamplingParams(temperature=0.8, top_k=20, max_tokens=30, ignore_eos=True, seed=3)] * 2
-    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True), prompts, params)
+    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True), prompts, params)
     llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft))
-    got = _generate(llm, prompts, params)
+    got = generate_tokens(llm, prompts, params)
     assert got[0] == expected[0] and got[2] == expected[2]
     assert all(len(tokens) == 30 for tokens in got)
-    again = _generate(LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft)),
+    again = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft(shallow_draft)),
                       prompts, params)
     assert again == got  # seeded: the same draws again
 
@@ -168,8 +156,8 @@ def test_bad_draft_models_are_refused_by_key(target, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_drafts_keep_the_cpu_tokens(target, shallow_draft):
     """The draft's cache and forwards on the GPU beside CUDA-graph decodes (benchmarks/gpu_check.sh runs it)."""
-    prompts = _prompts(4)
-    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, device="cpu"), prompts, GREEDY)
+    prompts = random_prompts(4)
+    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True, device="cpu"), prompts, GREEDY)
     llm = LLM(model=str(target), skip_tokenizer_init=True, device="cuda", speculative_config=_draft(shallow_draft))
-    assert _generate(llm, prompts, GREEDY) == expected
+    assert generate_tokens(llm, prompts, GREEDY) == expected
     assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0

@@ -9,12 +9,11 @@ from the wrong position, or a chain fed the wrong input, shows as a different dr
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from engine import LLM, SamplingParams
 from engine.models import make_test_model
+from tests.engine.spec_decode_helpers import ENGINE_VARIANTS, generate_tokens, random_prompts
 from engine.models.eagle import make_eagle_head
 from engine.runner.spec_decode import SpeculativeConfig
 
@@ -34,12 +33,6 @@ def copying_head(target, tmp_path_factory):
     return make_eagle_head(target, tmp_path_factory.mktemp("copying") / "head", copying=True)
 
 
-def _prompts(count, length=30, seed=0):
-    return [[random.Random(seed + index).randrange(4, 500) for _ in range(length)] for index in range(count)]
-
-
-def _generate(llm, prompts, params):
-    return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def _eagle(path, k=3):
@@ -49,18 +42,13 @@ def _eagle(path, k=3):
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {},
-    {"max_num_batched_tokens": 7},  # chunked prompts, and a budget that cuts drafts
-    {"num_gpu_blocks": 14, "max_num_seqs": 4},  # a pool small enough to preempt
-    {"enable_prefix_caching": False},
-])
+@pytest.mark.parametrize("engine_kwargs", ENGINE_VARIANTS)
 def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, random_head, engine_kwargs):
-    prompts = _prompts(5)
+    prompts = random_prompts(5)
     prompts.append(prompts[0][:20] + [5, 6])  # shares a block with the first
-    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
+    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
     llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(random_head), **engine_kwargs)
-    assert _generate(llm, prompts, GREEDY) == expected
+    assert generate_tokens(llm, prompts, GREEDY) == expected
     assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0
     manager = llm.scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks
@@ -71,8 +59,8 @@ def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, random_h
 def test_a_copying_head_drafts_the_last_token_at_every_step(target, copying_head, engine_kwargs):
     llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(copying_head, 4), **engine_kwargs)
     core, scheduler = llm.engine_core, llm.scheduler
-    prompts = _prompts(6, seed=10)
-    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True), prompts, GREEDY)
+    prompts = random_prompts(6, seed=10)
+    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True), prompts, GREEDY)
     for index, prompt in enumerate(prompts):
         llm._add_request(f"r{index}", llm._parse_prompts([prompt])[0], GREEDY)
     checked = 0
@@ -88,7 +76,7 @@ def test_a_copying_head_drafts_the_last_token_at_every_step(target, copying_head
     assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
     again = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(copying_head, 4),
                 **engine_kwargs)
-    assert _generate(again, prompts, GREEDY) == expected
+    assert generate_tokens(again, prompts, GREEDY) == expected
 
 
 def test_bad_heads_are_refused_by_key(target, tmp_path):
@@ -106,8 +94,8 @@ def test_bad_heads_are_refused_by_key(target, tmp_path):
 def test_on_cuda_an_eagle_head_keeps_the_cpu_tokens(target, random_head):
     """The head's cache and forwards on the GPU beside CUDA-graph decodes, whose features it reads
     (benchmarks/gpu_check.sh runs it)."""
-    prompts = _prompts(4)
-    expected = _generate(LLM(model=str(target), skip_tokenizer_init=True, device="cpu"), prompts, GREEDY)
+    prompts = random_prompts(4)
+    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True, device="cpu"), prompts, GREEDY)
     llm = LLM(model=str(target), skip_tokenizer_init=True, device="cuda", speculative_config=_eagle(random_head))
-    assert _generate(llm, prompts, GREEDY) == expected
+    assert generate_tokens(llm, prompts, GREEDY) == expected
     assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0

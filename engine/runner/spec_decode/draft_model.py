@@ -43,6 +43,11 @@ class DraftModelProposer:
         if max_model_len > self.model.max_model_len_limit:
             raise ValueError(f"speculative_config.model {path!r} supports {self.model.max_model_len_limit} tokens, "
                              f"fewer than max_model_len {max_model_len}")
+        self._init_state(num_speculative_tokens, max_model_len, dtype, device)
+
+    def _init_state(self, num_speculative_tokens: int, max_model_len: int, dtype: torch.dtype,
+                    device: torch.device) -> None:
+        """What every proposer with a network keeps, once ``self.model`` is loaded."""
         self.model.fit_context(max_model_len)
         self.num_speculative_tokens = num_speculative_tokens
         self.max_model_len = max_model_len

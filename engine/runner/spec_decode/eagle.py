@@ -40,13 +40,8 @@ class EagleProposer(DraftModelProposer):
         if max_model_len > self.model.max_model_len_limit:
             raise ValueError(f"speculative_config.model {path!r} supports {self.model.max_model_len_limit} tokens, "
                              f"fewer than max_model_len {max_model_len}")
-        self.model.fit_context(max_model_len)
         self.target = target_model
-        self.num_speculative_tokens = num_speculative_tokens
-        self.max_model_len = max_model_len
-        self.dtype, self.device = dtype, device
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.num_computed: dict[str, int] = {}
+        self._init_state(num_speculative_tokens, max_model_len, dtype, device)
 
     def propose(self, batch: InputBatch, known_ends: np.ndarray, proposing_rows: list[int], metadata_builder,
                 hidden_states: torch.Tensor | None = None, prepared=None) -> dict[int, list[int]]:
