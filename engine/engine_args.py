@@ -87,7 +87,7 @@ class EngineArgs:
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
-        if self.speculative_config is not None and self.speculative_config.method in ("draft_model", "eagle") \
+        if self.speculative_config is not None and self.speculative_config.method in ("draft_model", "eagle", "eagle3") \
                 and self.kv_offloading_size_gib:
             # The host tier copies the target's KV only; a block loaded back would hold no draft KV.
             raise ValueError(f"speculative_config with method {self.speculative_config.method} (a proposer with a "

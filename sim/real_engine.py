@@ -126,14 +126,15 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
     speculative = workload.engine.speculative_decoding
     speculative_config = None
     if speculative is not None and speculative.num_speculative_tokens:
-        if speculative.method in ("mtp", "eagle3"):
-            what = "multi-token-prediction module" if speculative.method == "mtp" else "EAGLE-3 proposer"
-            raise SetupError(f"engine.speculative_decoding.method: {speculative.method!r} is simulated only; the real "
-                             f"runner has no {what} (set engine.speculative_decoding.method=ngram or draft_model)")
-        if speculative.method == "eagle":
-            raise SetupError("engine.speculative_decoding.method: 'eagle' is simulated only in workloads, which name no "
-                             "head checkpoint (engine.LLM(speculative_config={'method': 'eagle', 'model': HEAD}) runs "
-                             "one; set engine.speculative_decoding.method=ngram or draft_model here)")
+        if speculative.method == "mtp":
+            raise SetupError("engine.speculative_decoding.method: 'mtp' is simulated only; the real runner has no "
+                             "multi-token-prediction module (set engine.speculative_decoding.method=ngram or "
+                             "draft_model)")
+        if speculative.method in ("eagle", "eagle3"):
+            raise SetupError(f"engine.speculative_decoding.method: {speculative.method!r} is simulated only in "
+                             "workloads, which name no head checkpoint (engine.LLM(speculative_config={'method': "
+                             f"'{speculative.method}', 'model': HEAD}}) runs one; set "
+                             "engine.speculative_decoding.method=ngram or draft_model here)")
         # The real proposer's drafts are accepted as often as the model agrees: acceptance_rate is what the
         # simulation assumes, the real run measures it (summary.json's spec_decoding).
         speculative_config = {"method": speculative.method, "num_speculative_tokens": speculative.num_speculative_tokens}

@@ -69,7 +69,7 @@ def load_eagle_head(path: str | Path, dtype: torch.dtype | str | None, device: t
         raise ValueError(f"{where} has hidden_size {config.hidden_size}, the target {target_config.hidden_size}: an "
                          "EAGLE head reads the target's features")
     files = safetensors_files(path)
-    names = set(_names(files))
+    names = set(head_tensor_names(files))
     if "fc.weight" not in names:
         raise ValueError(f"{where} has no fc.weight: not an EAGLE head (EAGLE-3 heads, with midlayer.* tensors, are "
                          "not supported)")
@@ -88,7 +88,7 @@ def load_eagle_head(path: str | Path, dtype: torch.dtype | str | None, device: t
     return head.eval().requires_grad_(False)
 
 
-def _names(files: list[Path]) -> Iterable[str]:
+def head_tensor_names(files: list[Path]) -> Iterable[str]:
     from safetensors import safe_open
 
     for file in files:

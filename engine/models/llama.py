@@ -91,6 +91,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    # Layers whose input (the residual stream entering them) the forward keeps in ``aux_hidden_states``, for an
+    # EAGLE-3 head (engine/models/eagle3.py); empty: none kept.
+    aux_hidden_state_layers: tuple[int, ...] = ()
+
     def __init__(self, config: ModelConfig, backend: AttentionBackend, qkv_bias: bool, o_proj_bias: bool,
                  make_mlp: Callable[[int], nn.Module], qk_norm: bool = False,
                  make_layer: Callable[[int], nn.Module] | None = None) -> None:
@@ -120,11 +124,16 @@ class LlamaModel(nn.Module):
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         # One cos/sin per step, shared by every layer.
         cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
+        entering: dict[int, torch.Tensor] = {}
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            if index in self.aux_hidden_state_layers:
+                entering[index] = hidden_states
             hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
             if deepstack is not None and index < deepstack[1].shape[0]:
                 rows, levels = deepstack
                 hidden_states = hidden_states.index_add(0, rows, levels[index].to(hidden_states.dtype))
+        if self.aux_hidden_state_layers:  # in the order asked (a layer may be asked twice)
+            self.aux_hidden_states = [entering[index] for index in self.aux_hidden_state_layers]
         return self.norm(hidden_states)
 
 

@@ -49,7 +49,7 @@ from engine.runner.request_state import CachedRequestState
 from engine.runner.sampler import Sampler
 from engine.runner.sampling_batch import SamplingMetadataCache
 from engine.runner.spec_decode.draft_model import DraftModelProposer
-from engine.runner.spec_decode.eagle import EagleProposer
+from engine.runner.spec_decode.eagle import Eagle3Proposer, EagleProposer
 from engine.runner.spec_decode.runner_step import SpeculativeStep
 from engine.runner.state_updates import update_states
 from engine.runner.step_metadata import step_attention_metadata
@@ -136,9 +136,11 @@ class ModelRunner:
         self.host_kv_cache: HostKVCache | None = None
         # Decode-only steps replay captured CUDA graphs when this is set (see decode_graphs.py).
         self.decode_graphs: DecodeGraphs | None = None
-        self.cuda_graphs_off_reason = cuda_graphs_unavailable_reason(self.device, self.attention_backend,
-                                                                     config.enforce_eager,
-                                                                     self.model.cuda_graph_unsafe_reason)
+        # An EAGLE-3 head reads the target's intermediate layers, which a captured graph does not hand out.
+        eagle3 = config.speculative_config is not None and config.speculative_config.method == "eagle3"
+        self.cuda_graphs_off_reason = cuda_graphs_unavailable_reason(
+            self.device, self.attention_backend, config.enforce_eager,
+            "an EAGLE-3 head reads the target's intermediate layers" if eagle3 else self.model.cuda_graph_unsafe_reason)
         self.eager_token_padding = resolve_token_padding(config.eager_token_padding, self.device)
         # Wall time of the last execute_model, including the device sync that reads the samples back.
         self.last_step_duration_s = 0.0
@@ -152,9 +154,9 @@ class ModelRunner:
             return None
         options = dict(dtype=self.dtype, device=self.device, attention_backend=self.attention_backend,
                        target_config=self.model_config, max_model_len=self.max_model_len)
-        if speculative.method == "eagle":
-            return EagleProposer(speculative.model, speculative.num_speculative_tokens, target_model=self.model,
-                                 **options)
+        if speculative.method in ("eagle", "eagle3"):
+            proposer = EagleProposer if speculative.method == "eagle" else Eagle3Proposer
+            return proposer(speculative.model, speculative.num_speculative_tokens, target_model=self.model, **options)
         return DraftModelProposer(speculative.model, speculative.num_speculative_tokens, **options)
 
     @property

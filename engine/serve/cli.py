@@ -109,7 +109,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                              "(also prompt_lookup_min, prompt_lookup_max) or "
                              '\'{"method": "draft_model", "model": "/path/to/draft", "num_speculative_tokens": 3}\' '
-                             '(or "method": "eagle" with an EAGLE head\'s folder); default: off')
+                             '(or "method": "eagle" or "eagle3" with an EAGLE head\'s folder); default: off')
     engine.add_argument("--runner", choices=["generate", "pooling"], default=defaults.runner,
                         help="'generate' (text: the completions and chat routes) or 'pooling' (embeddings: "
                              "/v1/embeddings), as vLLM's --runner")

@@ -144,7 +144,7 @@ def test_bad_draft_models_are_refused_by_key(target, tmp_path):
     with pytest.raises(ValueError, match="speculative_config.model must be one of .* got '/no/such/folder'"):
         LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_draft("/no/such/folder"))
     with pytest.raises(ValueError, match="speculative_config.model must be the checkpoint of a draft model or EAGLE "
-                                         "head for methods draft_model and eagle"):
+                                         "head for methods draft_model, eagle and eagle3"):
         SpeculativeConfig.parse({"method": "draft_model", "num_speculative_tokens": 2})
     windowed = make_test_model(tmp_path / "windowed", "mistral", config_overrides={"sliding_window": 8})
     with pytest.raises(ValueError, match="attends further back than the target's sliding_window 8"):

@@ -85,7 +85,7 @@ def test_bad_heads_are_refused_by_key(target, tmp_path):
     wide = make_test_model(tmp_path / "wide", "llama", hidden_size=128, num_hidden_layers=1)
     with pytest.raises(ValueError, match="has hidden_size 128, the target 64"):
         LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(wide))
-    with pytest.raises(ValueError, match="for methods draft_model and eagle"):
+    with pytest.raises(ValueError, match="for methods draft_model, eagle and eagle3"):
         SpeculativeConfig.parse({"method": "eagle", "num_speculative_tokens": 2})
     assert SpeculativeConfig.parse(_eagle("/some/head")).num_lookahead_tokens == 3
 
@@ -99,3 +99,59 @@ def test_on_cuda_an_eagle_head_keeps_the_cpu_tokens(target, random_head):
     llm = LLM(model=str(target), skip_tokenizer_init=True, device="cuda", speculative_config=_eagle(random_head))
     assert generate_tokens(llm, prompts, GREEDY) == expected
     assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0
+
+
+@pytest.fixture(scope="module")
+def deep_target(tmp_path_factory):
+    """Six layers: an EAGLE-3 head reads the inputs of layers 2, 3 and 3 (2, L / 2, L - 3)."""
+    return make_test_model(tmp_path_factory.mktemp("deep"), "llama", seed=4, num_hidden_layers=6)
+
+
+@pytest.fixture(scope="module")
+def eagle3_head(deep_target, tmp_path_factory):
+    from engine.models.eagle3 import make_eagle3_head
+
+    return make_eagle3_head(deep_target, tmp_path_factory.mktemp("eagle3") / "head", draft_vocab_size=200, seed=5)
+
+
+@pytest.mark.parametrize("engine_kwargs", ENGINE_VARIANTS)
+def test_an_eagle3_head_keeps_the_targets_tokens_and_drafts_in_its_vocabulary(deep_target, eagle3_head,
+                                                                                engine_kwargs):
+    prompts = random_prompts(5, seed=20)
+    prompts.append(prompts[0][:20] + [5, 6])
+    expected = generate_tokens(LLM(model=str(deep_target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
+    llm = LLM(model=str(deep_target), skip_tokenizer_init=True, **engine_kwargs,
+              speculative_config={"method": "eagle3", "model": str(eagle3_head), "num_speculative_tokens": 3})
+    core, scheduler = llm.engine_core, llm.scheduler
+    for index, prompt in enumerate(prompts):
+        llm._add_request(f"r{index}", llm._parse_prompts([prompt])[0], GREEDY)
+    drafted = []
+    while core.has_work():
+        drafted += [token for request in scheduler.running for token in request.spec_token_ids]
+        core.step()
+    # Draft id i is target id 2 i: every draft is an even id below 400.
+    assert drafted and all(token % 2 == 0 and token < 400 for token in drafted)
+    assert generate_tokens(LLM(model=str(deep_target), skip_tokenizer_init=True, **engine_kwargs, speculative_config={
+        "method": "eagle3", "model": str(eagle3_head), "num_speculative_tokens": 3}), prompts, GREEDY) == expected
+    manager = llm.scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks
+
+
+def test_an_eagle3_head_reads_the_inputs_of_three_target_layers(deep_target, eagle3_head):
+    """The target keeps the residual stream entering layers 2, 3 and 3 for the head, and only when one is loaded."""
+    plain = LLM(model=str(deep_target), skip_tokenizer_init=True)
+    assert plain.model_runner.model.model.aux_hidden_state_layers == ()
+    llm = LLM(model=str(deep_target), skip_tokenizer_init=True,
+              speculative_config={"method": "eagle3", "model": str(eagle3_head), "num_speculative_tokens": 2})
+    target = llm.model_runner.model.model
+    assert target.aux_hidden_state_layers == (2, 3, 3)
+    generate_tokens(llm, random_prompts(1), SamplingParams(max_tokens=2, ignore_eos=True))
+    assert len(target.aux_hidden_states) == 3 and target.aux_hidden_states[1] is target.aux_hidden_states[2]
+    eagle1 = make_eagle_head(deep_target, eagle3_head.parent / "eagle1")
+    with pytest.raises(ValueError, match="is not an EAGLE-3 head .* an EAGLE-1 head is method eagle"):
+        LLM(model=str(deep_target), skip_tokenizer_init=True,
+            speculative_config={"method": "eagle3", "model": str(eagle1), "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="cannot read this target's layers: it has 3 layers"):
+        LLM(model=str(make_test_model(eagle3_head.parent / "shallow", "llama", num_hidden_layers=3)),
+            skip_tokenizer_init=True,
+            speculative_config={"method": "eagle3", "model": str(eagle3_head), "num_speculative_tokens": 2})

@@ -184,7 +184,7 @@ def test_ngram_proposer_matches_its_definition(tokens, k, low, extra):
 
 @pytest.mark.parametrize("value, message", [
     ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1, got 0"),
-    ({"method": "eagle3", "num_speculative_tokens": 2}, "speculative_config.method must be one of ngram"),
+    ({"method": "mtp", "num_speculative_tokens": 2}, "speculative_config.method must be one of ngram"),
     ({"num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_max must be"),
     ({"num_speculative_tokens": 2, "lookahead": 1}, "unknown key\\(s\\) \\['lookahead'\\]"),
     ("{not json", "speculative_config must be a JSON object"),

@@ -89,7 +89,7 @@ def test_a_draft_models_real_run_and_its_replay_take_the_same_decisions(drafting
 
 @pytest.mark.parametrize("section, message", [
     ({"method": "mtp"}, "method: 'mtp' is simulated only"),
-    ({"method": "eagle3"}, "method: 'eagle3' is simulated only; the real runner has no EAGLE-3 proposer"),
+    ({"method": "eagle3"}, "method: 'eagle3' is simulated only in workloads, which name no head checkpoint"),
     ({"method": "eagle"}, "method: 'eagle' is simulated only in workloads, which name no head checkpoint"),
     ({"method": "draft_model", "draft_model": "llama-3.2-1b"}, "draft_model: 'llama-3.2-1b' names no checkpoint"),
 ])

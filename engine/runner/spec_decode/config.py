@@ -1,8 +1,8 @@
 """vLLM's ``speculative_config`` for the real engine: which proposer, how many drafts, its settings.
 
 Three proposers run here: ``ngram`` (prompt lookup decoding: no second model), ``draft_model`` (a smaller
-checkpoint of the same vocabulary, ``model``: draft_model.py) and ``eagle`` (an EAGLE head over the target's features,
-``model``: eagle.py). As in vLLM, giving ``model`` without ``method`` means ``draft_model``. EAGLE-3 heads and MTP
+checkpoint of the same vocabulary, ``model``: draft_model.py), ``eagle`` and ``eagle3`` (an EAGLE or EAGLE-3 head over
+the target's features, ``model``: eagle.py). As in vLLM, giving ``model`` without ``method`` means ``draft_model``. MTP
 modules are priced by the simulator only.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from engine.core.json_options import json_object_option
 
-METHODS = ("ngram", "draft_model", "eagle")
-MODEL_METHODS = ("draft_model", "eagle")  # the proposers that run a checkpoint of their own
+METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+MODEL_METHODS = ("draft_model", "eagle", "eagle3")  # the proposers that run a checkpoint of their own
 _KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 
 
@@ -36,11 +36,11 @@ class SpeculativeConfig:
         def positive(value: object) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-        require(self.method in METHODS, "method", f"one of {', '.join(METHODS)} (the real engine has no EAGLE-3 "
-                                                  "head or MTP module)")
+        require(self.method in METHODS, "method", f"one of {', '.join(METHODS)} (the real engine has no MTP "
+                                                  "module)")
         require((self.model is not None) == (self.method in MODEL_METHODS), "model",
-                "the checkpoint of a draft model or EAGLE head for methods draft_model and eagle, and nothing for "
-                "ngram")
+                "the checkpoint of a draft model or EAGLE head for methods draft_model, eagle and eagle3, and "
+                "nothing for ngram")
         require(self.model is None or isinstance(self.model, str) and self.model, "model", "a path")
         require(positive(self.num_speculative_tokens), "num_speculative_tokens", "an integer >= 1")
         require(positive(self.prompt_lookup_min), "prompt_lookup_min", "an integer >= 1")

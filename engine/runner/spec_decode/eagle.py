@@ -23,6 +23,7 @@ import torch
 
 from engine.models.config import ModelConfig
 from engine.models.eagle import load_eagle_head
+from engine.models.eagle3 import aux_layers, load_eagle3_head, reads_aux_hidden_states
 from engine.runner.input_batch import InputBatch
 from engine.runner.spec_decode.draft_model import DraftModelProposer
 
@@ -30,8 +31,7 @@ from engine.runner.spec_decode.draft_model import DraftModelProposer
 class EagleProposer(DraftModelProposer):
     def __init__(self, path: str, num_speculative_tokens: int, *, dtype: torch.dtype, device: torch.device,
                  attention_backend: str, target_config: ModelConfig, max_model_len: int, target_model) -> None:
-        self.model = load_eagle_head(path, dtype, device, attention_backend=attention_backend,
-                                     target_config=target_config)
+        self.model = self._load(path, dtype, device, attention_backend, target_config, target_model)
         self.model_config = self.model.config
         if target_config.sliding_window is not None and target_config.sliding_window_fraction == 1.0:
             # The core hands back blocks that leave every target layer's window; the head attends further back.
@@ -42,6 +42,10 @@ class EagleProposer(DraftModelProposer):
                              f"fewer than max_model_len {max_model_len}")
         self.target = target_model
         self._init_state(num_speculative_tokens, max_model_len, dtype, device)
+
+    @staticmethod
+    def _load(path: str, dtype, device, attention_backend: str, target_config: ModelConfig, target_model):
+        return load_eagle_head(path, dtype, device, attention_backend=attention_backend, target_config=target_config)
 
     def propose(self, batch: InputBatch, known_ends: np.ndarray, proposing_rows: list[int], metadata_builder,
                 hidden_states: torch.Tensor | None = None, prepared=None) -> dict[int, list[int]]:
@@ -73,7 +77,8 @@ class EagleProposer(DraftModelProposer):
         num_drafts = {row: count for row, count in num_drafts.items() if count > 0}
         if not rows:
             return {}
-        features = hidden_states[torch.from_numpy(np.concatenate(feature_rows)).to(hidden_states.device)]
+        features = self._target_features(hidden_states,
+                                         torch.from_numpy(np.concatenate(feature_rows)).to(hidden_states.device))
         outputs = self._forward(batch, rows, np.asarray(starts), tokens, metadata_builder, features)
         drafting = list(num_drafts)
         if not drafting:
@@ -93,9 +98,35 @@ class EagleProposer(DraftModelProposer):
                 drafts[row].append(token)
         return drafts
 
+    def _target_features(self, hidden_states: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The target's features the head reads at the step's token ``rows``: its final hidden states."""
+        return hidden_states[rows]
+
     def _greedy(self, hidden_states: torch.Tensor) -> list[int]:
         return self.target.compute_logits(hidden_states).argmax(dim=-1).tolist()
 
     def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata,
                        features: torch.Tensor | None) -> torch.Tensor:
         return self.model(input_ids, positions, features, self.kv_caches, metadata, self.target.embed_input_ids)
+
+
+class Eagle3Proposer(EagleProposer):
+    """An EAGLE-3 head (engine/models/eagle3.py): the same catch-up and chain, reading the inputs of three of the
+    target's layers (which the target's forward keeps for it) and scoring over its own vocabulary, mapped to the
+    target's ids."""
+
+    @staticmethod
+    def _load(path: str, dtype, device, attention_backend: str, target_config: ModelConfig, target_model):
+        reason = reads_aux_hidden_states(target_model)
+        if reason is not None:
+            raise ValueError(f"speculative_config method eagle3 cannot read this target's layers: {reason}")
+        head = load_eagle3_head(path, dtype, device, attention_backend=attention_backend, target_config=target_config)
+        target_model.model.aux_hidden_state_layers = aux_layers(len(target_model.model.layers))
+        return head
+
+    def _target_features(self, hidden_states: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.model.combine([aux[rows] for aux in self.target.model.aux_hidden_states])
+
+    def _greedy(self, hidden_states: torch.Tensor) -> list[int]:
+        return self.model.greedy_target_ids(hidden_states)
+
