@@ -25,8 +25,9 @@ from engine.serve.tool_calls import ToolMode, new_tool_call_id
 from engine.serve.tool_parsers import ParsedToolCall
 
 
-def tool_call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": new_tool_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+def tool_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    """A call as the message carries it; ``call_id``: the model's own id for it (Kimi K2's), else a new one."""
+    return {"id": call_id or new_tool_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ChoiceToolOutput:
@@ -104,7 +105,7 @@ class _AutoOutput(ChoiceToolOutput):
             content, calls = content + rest, calls + more
         deltas = []
         for call in self._kept(calls):
-            deltas.append({"index": self._num_calls, **tool_call(call.name, call.arguments)})
+            deltas.append({"index": self._num_calls, **tool_call(call.name, call.arguments, call.id)})
             self._num_calls += 1
             self.called = True
         return content or None, deltas
@@ -116,7 +117,7 @@ class _AutoOutput(ChoiceToolOutput):
             return {"content": extracted.content}
         self.called = True
         return {"content": extracted.content if extracted.content.strip() else None,
-                "tool_calls": [tool_call(call.name, call.arguments) for call in calls]}
+                "tool_calls": [tool_call(call.name, call.arguments, call.id) for call in calls]}
 
 
 _OUTPUTS = {"none": ChoiceToolOutput, "named": _NamedOutput, "required": _RequiredOutput, "auto": _AutoOutput}

@@ -1,4 +1,5 @@
-"""The tool-call parsers on crafted texts (hermes, llama3_json, mistral, pythonic, qwen3_coder): calls, the content around them, malformed ones,
+"""The tool-call parsers on crafted texts (hermes, llama3_json, mistral, pythonic, qwen3_coder, glm45, deepseek_v3,
+deepseek_v31, kimi_k2): calls, the content around them, malformed ones,
 and each streaming parser fed the same texts split at every position (it must agree with the whole-text parse)."""
 
 import json
@@ -75,7 +76,8 @@ def test_streaming_holds_back_only_what_could_open_a_call():
 def test_registry_names_the_known_parsers():
     assert "hermes" in parser_names()
     assert isinstance(get_parser("hermes"), HermesToolParser)
-    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: hermes, llama3_json, mistral, openai, pythonic, qwen3_coder"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'; known: deepseek_v3, deepseek_v31, glm45, hermes, kimi_k2, llama3_json, mistral, openai, pythonic, "
+                                         "qwen3_coder"):
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("hermes", HermesToolParser)
@@ -118,7 +120,44 @@ PYTHONIC = {
     "not a literal": ("[f(a=b)]", "[f(a=b)]", []),
     "cut short": ('[get_weather(city="Par', '[get_weather(city="Par', []),
 }
-PARSED = {"llama3_json": LLAMA3, "mistral": MISTRAL, "pythonic": PYTHONIC}
+V3_CALL = ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```"
+           "<｜tool▁call▁end｜>")
+DEEPSEEK_V3 = {
+    "two calls after content": ("Checking.<｜tool▁calls▁begin｜>" + V3_CALL + "\n" + V3_CALL.replace("Oslo", "Rome")
+                                + "<｜tool▁calls▁end｜>", "Checking.",
+                                [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]),
+    "arguments that are not json": ("<｜tool▁calls▁begin｜>" + V3_CALL.replace('{"city": "Oslo"}', "{city") +
+                                    "<｜tool▁calls▁end｜>", "<｜tool▁calls▁begin｜>" +
+                                    V3_CALL.replace('{"city": "Oslo"}', "{city") + "<｜tool▁calls▁end｜>", []),
+    "never closed": ("<｜tool▁calls▁begin｜>" + V3_CALL, "<｜tool▁calls▁begin｜>" + V3_CALL, []),
+}
+DEEPSEEK_V31 = {
+    "a call": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>'
+               '<｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "",
+               [("get_time", {}), ("add", {"a": 1})]),
+    "text between calls": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>x"
+                           "<｜tool▁calls▁end｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"
+                           "<｜tool▁call▁end｜>x<｜tool▁calls▁end｜>", []),
+    "plain": ("<｜ but no call", "<｜ but no call", []),
+}
+KIMI_K2 = {
+    "two calls": ("Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                  '<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+                  "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", "Sure.",
+                  [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    "an empty section": ("<|tool_calls_section_begin|><|tool_calls_section_end|>",
+                         "<|tool_calls_section_begin|><|tool_calls_section_end|>", []),
+}
+GLM45 = {
+    "a call typed by json": ("Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo"
+                             "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+                             "Let me look.\n", [("get_weather", {"city": "Oslo", "days": 2})]),
+    "no arguments": ("<tool_call>get_time\n</tool_call>", "", [("get_time", {})]),
+    "a key without its value": ("<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>",
+                                "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>", []),
+}
+PARSED = {"llama3_json": LLAMA3, "mistral": MISTRAL, "pythonic": PYTHONIC, "deepseek_v3": DEEPSEEK_V3,
+          "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2, "glm45": GLM45}
 
 
 @pytest.mark.parametrize("parser_name, name", [(parser, name) for parser, texts in sorted(PARSED.items())
@@ -193,3 +232,15 @@ def test_qwen3_coder_reads_xml_calls_typed_by_the_schema(text, content, calls):
 def test_qwen3_coder_without_a_schema_reads_json_values_as_json():
     extracted = get_parser("qwen3_coder").extract(QWEN3_CODER_CALL)
     assert calls_of(extracted.tool_calls) == [("get_weather", {"city": "Paris", "days": 2, "zip": 75001})]
+
+
+def test_kimi_k2_calls_keep_their_ids_and_glm45_types_values_by_the_schema():
+    parser = get_parser("kimi_k2")
+    assert parser.keeps_special_tokens
+    extracted = parser.extract(KIMI_K2["two calls"][0])
+    assert [call.id for call in extracted.tool_calls] == ["functions.get_weather:0", "functions.get_time:1"]
+    glm = get_parser("glm45")
+    glm.use_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "string"}}}}}])
+    assert calls_of(glm.extract(GLM45["a call typed by json"][0]).tool_calls) == [
+        ("get_weather", {"city": "Oslo", "days": "2"})]

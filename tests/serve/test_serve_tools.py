@@ -87,8 +87,10 @@ def streamed_calls(chunks) -> tuple[dict[int, dict], str | None, str]:
         finish_reason = choice.finish_reason or finish_reason
         for entry in choice.delta.tool_calls or []:
             if entry.index not in calls:
-                assert entry.id.startswith("chatcmpl-tool-") and entry.type == "function" and entry.function.name
-                calls[entry.index] = {"name": entry.function.name, "arguments": ""}
+                # The server's ids, or the model's own (Kimi K2's functions.NAME:INDEX).
+                assert entry.id.startswith(("chatcmpl-tool-", f"functions.{entry.function.name}:"))
+                assert entry.type == "function" and entry.function.name
+                calls[entry.index] = {"name": entry.function.name, "arguments": "", "id": entry.id}
             else:
                 assert entry.id is None and not entry.function.name
             calls[entry.index]["arguments"] += entry.function.arguments or ""
@@ -242,6 +244,12 @@ def assert_engine_is_clean(client, server) -> None:
     ("pythonic", '[get_weather(city="Oslo", metric=True)]'),
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
                     "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>"),
+    ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>metric"
+              "</arg_key>\n<arg_value>true</arg_value>\n</tool_call>"),
+    ("deepseek_v31", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo", "metric": '
+                     'true}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+    ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+                '{"city": "Oslo", "metric": true}<|tool_call_end|><|tool_calls_section_end|>'),
 ])
 def test_auto_parses_json_calls_of_other_formats(tiny_model_path, tmp_path_factory, parser, call):
     """--tool-call-parser llama3_json (Llama 3.1-3.3's JSON calls), mistral ([TOOL_CALLS] and the calls, which the
@@ -265,6 +273,8 @@ def test_auto_parses_json_calls_of_other_formats(tiny_model_path, tmp_path_facto
             calls, finish_reason, content = streamed_calls(chunks)
             assert finish_reason == "tool_calls" and not content
             assert [call["name"] for call in calls.values()] == ["get_weather"]
+            if parser == "kimi_k2":  # the model's own id for the call, which its template writes back
+                assert choice.message.tool_calls[0].id == calls[0]["id"] == "functions.get_weather:0"
             prose = other.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS,
                                                    max_completion_tokens=300, temperature=0.0,
                                                    extra_body={"guided_choice": ["It is sunny."]})

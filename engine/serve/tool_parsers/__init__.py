@@ -9,12 +9,14 @@ here with ``register``; ``parser_names()`` lists them for the CLI's error on an 
 from __future__ import annotations
 
 from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
+from engine.serve.tool_parsers.glm45 import Glm45ToolParser
 from engine.serve.tool_parsers.hermes import HermesToolParser
 from engine.serve.tool_parsers.llama3_json import Llama3JsonToolParser
 from engine.serve.tool_parsers.mistral import MistralToolParser
 from engine.serve.tool_parsers.openai import OpenAIToolParser
 from engine.serve.tool_parsers.pythonic import PythonicToolParser
 from engine.serve.tool_parsers.qwen3_coder import Qwen3CoderToolParser
+from engine.serve.tool_parsers.section_formats import DeepSeekV3ToolParser, DeepSeekV31ToolParser, KimiK2ToolParser
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 
@@ -36,7 +38,11 @@ def get_parser(name: str) -> ToolParser:
     return _PARSERS[name]()
 
 
+register("deepseek_v3", DeepSeekV3ToolParser)
+register("deepseek_v31", DeepSeekV31ToolParser)
+register("glm45", Glm45ToolParser)
 register("hermes", HermesToolParser)
+register("kimi_k2", KimiK2ToolParser)
 register("llama3_json", Llama3JsonToolParser)
 register("mistral", MistralToolParser)
 register("openai", OpenAIToolParser)

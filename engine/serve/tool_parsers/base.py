@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 class ParsedToolCall:
     name: str
     arguments: str  # a JSON text, as OpenAI's function.arguments
+    # The id the model gave the call (Kimi K2's "functions.NAME:INDEX"), returned as the call's id; None: the server
+    # makes one.
+    id: str | None = None
 
 
 @dataclass

@@ -13,9 +13,8 @@ them, a block that is not a call kept as written) holding XML instead of JSON::
     </tool_call>
 
 A parameter's value is its text with the newlines around it trimmed, typed by the request's tool schema as vLLM
-types it: a ``string`` parameter keeps its text, ``integer``, ``number``, ``boolean``, ``object`` and ``array`` ones
-are read as JSON (kept as text when they are not); a parameter the schema does not type is read as JSON when it is
-JSON and kept as text otherwise.
+types it (block_calls.SchemaTypedArguments): a ``string`` parameter keeps its text; others, and parameters the schema
+does not type, are read as JSON when they are JSON and kept as text otherwise.
 """
 
 from __future__ import annotations
@@ -24,39 +23,17 @@ import json
 import re
 
 from engine.serve.tool_parsers.base import ParsedToolCall
-from engine.serve.tool_parsers.hermes import HermesToolParser
+from engine.serve.tool_parsers.block_calls import BlockToolParser, SchemaTypedArguments
+from engine.serve.tool_parsers.hermes import CLOSE, OPEN
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
-def _value(text: str, kind: str | None):
-    text = text.strip("\n")
-    if kind == "string":
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+class Qwen3CoderToolParser(SchemaTypedArguments, BlockToolParser):
+    open_tag, close_tag = OPEN, CLOSE
 
-
-class Qwen3CoderToolParser(HermesToolParser):
-    def __init__(self) -> None:
-        self._types: dict[str, dict[str, str]] = {}  # function -> parameter -> its schema's type
-
-    def use_tools(self, tools: list) -> None:
-        for tool in tools:
-            function = getattr(tool, "function", None) or (tool.get("function") if isinstance(tool, dict) else None)
-            if function is None:
-                continue
-            name = getattr(function, "name", None) or (function.get("name") if isinstance(function, dict) else None)
-            schema = getattr(function, "parameters", None) if not isinstance(function, dict) \
-                else function.get("parameters")
-            properties = (schema or {}).get("properties") or {}
-            self._types[name] = {key: value.get("type") for key, value in properties.items()
-                                 if isinstance(value, dict) and isinstance(value.get("type"), str)}
-
-    def parse_call(self, inside: str) -> ParsedToolCall | None:
+    def read_block(self, inside: str) -> list[ParsedToolCall] | None:
         """The call a block holds, or None when it is not one."""
         match = _FUNCTION.fullmatch(inside)
         if match is None:
@@ -64,6 +41,5 @@ class Qwen3CoderToolParser(HermesToolParser):
         name, body = match.group(1).strip(), match.group(2)
         if _PARAMETER.sub("", body).strip():
             return None  # text between parameters: not this format
-        types = self._types.get(name, {})
-        arguments = {key.strip(): _value(value, types.get(key.strip())) for key, value in _PARAMETER.findall(body)}
-        return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
+        arguments = {key.strip(): self.typed_value(name, key.strip(), value) for key, value in _PARAMETER.findall(body)}
+        return [ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))]
