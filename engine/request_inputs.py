@@ -25,6 +25,9 @@ class Prompt:
     token_ids: list[int]
     # Its images (engine/multimodal_inputs.py): placeholder runs of token_ids, with their pixels.
     mm_features: tuple[MultiModalFeature, ...] = ()
+    # vLLM's cache_salt: the prompt's prefix-cache hits come only from requests with the same salt (the core mixes
+    # it into the first block's hash), so tenants sharing an engine cannot time each other's prompts. None: none.
+    cache_salt: str | None = None
 
 
 def is_token_id(value: Any) -> bool:
@@ -34,15 +37,19 @@ def is_token_id(value: Any) -> bool:
 def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int, images: ImageInputs | None = None) -> Prompt:
     """A string, a token-id list, or a dict with ``prompt_token_ids`` and/or ``prompt`` (text), and optionally
     ``multi_modal_data`` (``{"image": image or [images]}``, where ``images`` is the engine's image processing;
-    None: the model takes text only)."""
+    None: the model takes text only) and ``cache_salt`` (a non-empty string)."""
     if isinstance(prompt, dict):
         text = prompt.get("prompt")
         token_ids = prompt.get("prompt_token_ids")
         if token_ids is None and text is None:
             raise ValueError(f"{label}: a dict prompt needs 'prompt_token_ids' or 'prompt', "
                              f"got keys {sorted(prompt)}")
+        cache_salt = prompt.get("cache_salt")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"{label}: cache_salt must be a non-empty string, got {cache_salt!r}")
         parsed = parse_prompt(label, text, tokenizer, vocab_size) if token_ids is None else \
             Prompt(text, check_token_ids(label, token_ids, vocab_size))
+        parsed.cache_salt = cache_salt
         multi_modal_data = prompt.get("multi_modal_data")
         if multi_modal_data is None:
             return parsed
@@ -51,7 +58,7 @@ def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int, images: Im
                              "encodes (Gemma 3, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mistral 3, with their "
                              "preprocessor_config.json); this engine takes text only")
         token_ids, features = images.process(label, parsed.token_ids, multi_modal_data)
-        return Prompt(text, token_ids, features)
+        return Prompt(text, token_ids, features, cache_salt)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError(f"{label} is text but the engine has no tokenizer "
@@ -63,9 +70,12 @@ def parse_prompt(label: str, prompt: Any, tokenizer, vocab_size: int, images: Im
 
 
 def refuse_images_in_beam_search(label: str, prompt: Prompt) -> None:
-    """Beam search runs each beam as a token-id prompt (engine/beam_search.py), which would drop the images."""
+    """Beam search runs each beam as a token-id prompt (engine/beam_search.py), which would drop the images, and the
+    salt (whose requests would then share the prefix cache with everyone's)."""
     if prompt.mm_features:
         raise ValueError(f"{label}: beam search does not take multi_modal_data (images); use generate")
+    if prompt.cache_salt is not None:
+        raise ValueError(f"{label}: beam search does not take cache_salt; use generate")
 
 
 def check_token_ids(label: str, token_ids: Sequence[Any], vocab_size: int) -> list[int]:
@@ -192,4 +202,4 @@ def make_core_request(request_id: str, prompt: Prompt, params: SamplingParams, e
         params.seed = seed
     return Request(request_id, prompt.token_ids, params, eos_token_id=eos_token_id, arrival_time=arrival_time,
                    priority=priority, lora_request=lora_request, pooling_params=pooling_params,
-                   mm_features=prompt.mm_features)
+                   mm_features=prompt.mm_features, cache_salt=prompt.cache_salt)

@@ -135,7 +135,8 @@ def prepare_chat(body: ChatCompletionRequest, state: ServerState, lora_request) 
     tool_structured = tool_structured_request(body, mode)
     params = keeping_parsed_special_tokens(chat_sampling_params(body, tool_structured), mode, state.reasoning_parser)
     prompt = state.prepare_prompt(render_chat_prompt(state, body, mode), params, param="messages",
-                                  param_names=chat_param_names(body, tool_structured), lora_request=lora_request)
+                                  param_names=chat_param_names(body, tool_structured), lora_request=lora_request,
+                                  cache_salt=body.cache_salt)
     return prompt, params, mode
 
 

@@ -136,7 +136,8 @@ async def create_completion(body: CompletionRequest, raw_request: Request, state
     batch = completion_prompts(body.prompt)
     param_names = completion_param_names(body)
     prompts = [state.prepare_prompt(prompt, params, param="prompt", param_names=param_names,
-                                    label=None if len(batch) == 1 else f"prompt[{index}]", lora_request=lora_request)
+                                    label=None if len(batch) == 1 else f"prompt[{index}]", lora_request=lora_request,
+                                    cache_salt=body.cache_salt)
                for index, prompt in enumerate(batch)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     header = {"id": request_id, "object": "text_completion", "created": int(time.time()),

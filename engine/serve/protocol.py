@@ -8,7 +8,8 @@ clients send them: ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repet
 (each choice then carries the ids of its new tokens, so a client can count tokens per chunk, and vLLM's
 ``prompt_token_ids``: the prompt the model ran, after any truncation),
 ``return_tokens_as_token_ids`` (logprob entries named ``token_id:<id>``), ``priority`` (lower is
-served first, with ``--scheduling-policy priority``), ``prompt_logprobs`` (k: each prompt token's logprob and
+served first, with ``--scheduling-policy priority``), ``cache_salt``, ``allowed_token_ids``, ``bad_words``,
+``prompt_logprobs`` (k: each prompt token's logprob and
 the top k, per choice on completions and on the response on chat, as vLLM places them; not with ``stream``,
 which vLLM refuses too) and ``truncate_prompt_tokens`` (keep the prompt's last k tokens, -1: as many as the
 engine allows; on chat, of the rendered template).
@@ -101,6 +102,18 @@ class _SamplingRequest(BaseModel):
     # ranked at the end by cum_logprob / length ** length_penalty.
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    # vLLM's: prefix-cache hits only among requests with the same salt (tenants cannot time each other's prompts).
+    cache_salt: str | None = Field(default=None, min_length=1)
+    # vLLM's: sample only among these token ids; never produce these words.
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt_not_with_beam_search(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("use_beam_search"):
+            raise ValueError("not taken with use_beam_search (each beam runs as a prompt of its own)")
+        return value
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -317,7 +330,7 @@ def sampling_params_for(request: _SamplingRequest, *, max_tokens: int | None, lo
     structured = tool_structured or structured_request(request)  # a 400 naming the parameter when malformed
     if structured is not None:
         fields["structured_outputs"] = structured.params
-    for name in ("top_k", "min_p", "repetition_penalty"):
+    for name in ("top_k", "min_p", "repetition_penalty", "allowed_token_ids", "bad_words"):
         value = getattr(request, name)
         if value is not None:
             fields[name] = value

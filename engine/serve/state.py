@@ -67,10 +67,15 @@ class ServerState:
         return lora_request
 
     def prepare_prompt(self, prompt: Any, params: SamplingParams, param: str, param_names: dict[str, str],
-                       label: str | None = None, lora_request: LoRARequest | None = None) -> Prompt:
+                       label: str | None = None, lora_request: LoRARequest | None = None,
+                       cache_salt: str | None = None) -> Prompt:
         """Tokenize and validate; a 400 names ``param`` for a prompt the engine cannot take, or the sampling
         parameter at fault (``param_names`` maps SamplingParams fields to the request's names). ``label``
-        (``prompt[2]`` in a batch) starts the message, so the client knows which prompt it is about."""
+        (``prompt[2]`` in a batch) starts the message, so the client knows which prompt it is about.
+        ``cache_salt``: the request's (vLLM's), which keeps its prefix-cache hits among requests of the same salt."""
+        if cache_salt is not None:
+            prompt = {**prompt, "cache_salt": cache_salt} if isinstance(prompt, dict) else \
+                {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt, "cache_salt": cache_salt}
         try:
             return self._prepare_prompt(prompt, params, param, param_names, lora_request)
         except OpenAIError as error:
