@@ -59,19 +59,27 @@ def load_chat_template(value: str) -> str:
 
 def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                 tools: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None) -> dict[str, Any]:
+                template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None,
+                continue_final_message: bool = False, add_special_tokens: bool = False) -> dict[str, Any]:
     """``{"prompt": text, "prompt_token_ids": ids}`` of the conversation through the tokenizer's template (or
     ``chat_template``, which replaces it); ``tools`` (OpenAI's function definitions) go to the template, for templates
     that render them; ``template_kwargs``, the template's own variables (vLLM's ``chat_template_kwargs``: Qwen3's
-    ``enable_thinking``)."""
+    ``enable_thinking``). vLLM's ``continue_final_message``: the last message is left open (no end-of-turn after
+    it), for the model to continue rather than answer; ``add_special_tokens``: the tokenizer adds its own (BOS) to
+    the rendered text, for a template that does not write them."""
+    if continue_final_message and add_generation_prompt:
+        raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be true: the model "
+                                "either continues the last message or starts a new one")
     if tokenizer is None or not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise NoChatTemplateError("this model has no chat template; send a prompt instead")
     extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     if chat_template:
         extra["chat_template"] = chat_template
+    if continue_final_message:
+        extra["continue_final_message"] = True
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                              **extra)
     except Exception as error:  # a template may raise on, e.g., roles it does not know
         raise ChatTemplateError(f"the chat template rejected the messages: {error}") from None
-    return {"prompt": text, "prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
+    return {"prompt": text, "prompt_token_ids": list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)}

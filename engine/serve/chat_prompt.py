@@ -24,7 +24,9 @@ def render_chat_prompt(state: ServerState, body: Any, mode: ToolMode | None = No
         messages = with_tools_described(messages, tools, tokenizer)
     try:
         rendered = render_chat(tokenizer, messages, body.add_generation_prompt, tools=tools,
-                               template_kwargs=getattr(body, "chat_template_kwargs", None))
+                               template_kwargs=getattr(body, "chat_template_kwargs", None),
+                               continue_final_message=getattr(body, "continue_final_message", False),
+                               add_special_tokens=getattr(body, "add_special_tokens", False))
         return {**rendered, "multi_modal_data": {"image": images}} if images else rendered
     except NoChatTemplateError:
         raise OpenAIError("this model has no chat template; use /v1/completions", param="messages",

@@ -227,6 +227,10 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    # vLLM's: leave the last message open for the model to continue (with add_generation_prompt false), and let the
+    # tokenizer add its special tokens (BOS) to the rendered text.
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
     # Extra variables for the chat template (vLLM's: Qwen3's enable_thinking, Granite's thinking...).
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: with a reasoning parser, whether the message carries its reasoning (False: dropped).

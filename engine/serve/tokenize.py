@@ -29,14 +29,19 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    add_special_tokens: bool = True
+    # None: vLLM's defaults, true for a prompt (as /v1/completions tokenizes it), false for messages (as the chat
+    # route renders them: templates write BOS themselves).
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> "TokenizeRequest":
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give either prompt or messages")
+        if self.add_special_tokens is None:
+            self.add_special_tokens = self.messages is None
         return self
 
 

@@ -92,3 +92,32 @@ def test_browsers_may_call_from_another_origin(guarded_server, tiny_model_path):
         assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
         allowed = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://allowed.example"})
         assert allowed.headers["access-control-allow-origin"] == "http://allowed.example"
+
+
+def test_continue_final_message_leaves_the_last_message_open(guarded_server, tiny_model_path):
+    """vLLM's continue_final_message: no end of turn after the last message, no generation prompt; and
+    add_special_tokens lets the tokenizer add its BOS to the rendered text."""
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "The answer is"}]
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    from engine.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_path)
+    tokenizer.chat_template = template
+    from engine.chat_template import ChatTemplateError, render_chat
+
+    assert render_chat(tokenizer, messages, add_generation_prompt=False, continue_final_message=True)["prompt"] \
+        == "<user>hello\n<assistant>The answer is"
+    with pytest.raises(ChatTemplateError, match="cannot both be true"):
+        render_chat(tokenizer, messages, add_generation_prompt=True, continue_final_message=True)
+    with_bos = render_chat(tokenizer, messages, add_generation_prompt=False, add_special_tokens=True)
+    plain = render_chat(tokenizer, messages, add_generation_prompt=False)
+    assert with_bos["prompt_token_ids"] == [tokenizer.bos_token_id, *plain["prompt_token_ids"]]
+    answer = httpx.post(f"{guarded_server.url}/v1/chat/completions", timeout=30,
+                        headers={"Authorization": "Bearer key-one"},
+                        json={"messages": messages, "max_tokens": 1, "add_generation_prompt": False,
+                              "continue_final_message": True, "return_token_ids": True})
+    assert answer.status_code == 200, answer.text
+    refused = httpx.post(f"{guarded_server.url}/v1/chat/completions", timeout=30,
+                         headers={"Authorization": "Bearer key-one"},
+                         json={"messages": messages, "max_tokens": 1, "continue_final_message": True})
+    assert refused.status_code == 400 and "cannot both be true" in refused.json()["error"]["message"]
