@@ -130,11 +130,10 @@ def build_real_engine(workload: WorkloadConfig, *, model: str | None = None, dev
             raise SetupError("engine.speculative_decoding.method: 'mtp' is simulated only; the real runner has no "
                              "multi-token-prediction module (set engine.speculative_decoding.method=ngram or "
                              "draft_model)")
-        if speculative.method in ("eagle", "eagle3"):
-            raise SetupError(f"engine.speculative_decoding.method: {speculative.method!r} is simulated only in "
-                             "workloads, which name no head checkpoint (engine.LLM(speculative_config={'method': "
-                             f"'{speculative.method}', 'model': HEAD}}) runs one; set "
-                             "engine.speculative_decoding.method=ngram or draft_model here)")
+        if speculative.method in ("eagle", "eagle3") and speculative.draft_model is None:
+            raise SetupError(f"engine.speculative_decoding.draft_model: method {speculative.method!r} needs the "
+                             "head's checkpoint folder in a real run (the simulation prices the head from the "
+                             "target's shape without one)")
         # The real proposer's drafts are accepted as often as the model agrees: acceptance_rate is what the
         # simulation assumes, the real run measures it (summary.json's spec_decoding).
         speculative_config = {"method": speculative.method, "num_speculative_tokens": speculative.num_speculative_tokens}

@@ -33,7 +33,9 @@ class SpeculativeDecodingSection(SchemaModel):
       (the model's own multi-token-prediction module, DeepSeek-V3/R1's: sim/mtp_draft.py), ``eagle`` or ``eagle3``
       (a one-layer EAGLE or EAGLE-3 head over the model's hidden states: sim/eagle_draft.py).
     - ``draft_vocab_size``: for ``eagle3``, the head's own vocabulary (default 32,000, the published heads').
-    - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``.
+    - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``; for
+      ``eagle`` and ``eagle3``, optionally the head's checkpoint folder, which real runs load (the simulator prices
+      the head from the target's shape either way).
     - ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths the real runner's proposer tries (real
       runs, ``--executor real``, use them and measure the acceptance instead of assuming ``acceptance_rate``).
     """
@@ -79,9 +81,9 @@ class SpeculativeDecodingSection(SchemaModel):
         if self.prompt_lookup_max < self.prompt_lookup_min:
             problems.append(("prompt_lookup_max", f"must be >= prompt_lookup_min ({self.prompt_lookup_min})",
                              self.prompt_lookup_max))
-        if self.method != "draft_model" and self.draft_model is not None:
-            problems.append(("draft_model", f"is only used with method: draft_model (method is {self.method})",
-                             self.draft_model))
+        if self.method in ("ngram", "mtp") and self.draft_model is not None:
+            problems.append(("draft_model", f"is only used with methods draft_model, eagle and eagle3 (method is "
+                             f"{self.method})", self.draft_model))
         if self.method != "eagle3" and self.draft_vocab_size is not None:
             problems.append(("draft_vocab_size", f"is only used with method: eagle3 (method is {self.method})",
                              self.draft_vocab_size))

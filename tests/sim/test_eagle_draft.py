@@ -75,4 +75,4 @@ def test_what_the_heads_cannot_take_is_refused_by_field():
     with pytest.raises(WorkloadError, match="draft_vocab_size"):
         workload(spec("eagle", extra=", draft_vocab_size: 32000"))
     with pytest.raises(WorkloadError, match="draft_model"):
-        workload(spec("eagle3", extra=", draft_model: llama-3.2-1b"))
+        workload(spec("ngram", extra=", draft_model: llama-3.2-1b"))

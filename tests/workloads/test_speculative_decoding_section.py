@@ -53,7 +53,7 @@ def test_a_draft_model_is_named_only_for_its_method(raw_workload):
     ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "method": "draft_model"}, "draft_model",
      "method draft_model needs the draft model"),
     ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "draft_model": "llama-3.2-1b"}, "draft_model",
-     "only used with method: draft_model"),
+     "only used with methods draft_model, eagle and eagle3"),
     ({"num_speculative_tokens": 2, "acceptance_rate": 0.5, "num_drafts": 2}, "num_drafts", "unknown key"),
 ])
 def test_bad_sections_name_the_field(raw_workload, section, field, message):
