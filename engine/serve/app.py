@@ -54,7 +54,8 @@ from engine.serve.errors import OpenAIError, install_error_handlers
 from engine.serve.lora_updates import add_lora_update_routes, runtime_lora_updating_allowed
 from engine.serve.prometheus import CONTENT_TYPE, render_metrics
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
-from engine.serve.responses import (create_response, delete_response, stored_input_items, stored_response)
+from engine.serve.responses import (cancel_response, create_response, delete_response, stored_input_items,
+                                    stored_response)
 from engine.serve.responses_protocol import ResponsesRequest
 from engine.serve.state import ServerState
 from engine.reasoning_parsers import get_parser as get_reasoning_parser
@@ -154,6 +155,10 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     @app.get("/v1/responses/{response_id}/input_items")
     async def get_input_items(response_id: str, order: str = "desc") -> JSONResponse:
         return stored_input_items(state, response_id, order)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_background_response(response_id: str) -> JSONResponse:
+        return await cancel_response(state, response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_stored_response(response_id: str) -> JSONResponse:

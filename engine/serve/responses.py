@@ -8,8 +8,9 @@ same request answers unstreamed. An engine error after the stream started is an 
 ``response.failed``. Kept responses (``store``, responses_store.py) are continued with ``previous_response_id``
 and served by:
 
-    GET    /v1/responses/{id}              the response
+    GET    /v1/responses/{id}              the response (a background one as it stands: responses_background.py)
     GET    /v1/responses/{id}/input_items  the conversation's items before its output (``order``: asc or desc)
+    POST   /v1/responses/{id}/cancel       stop a background response
     DELETE /v1/responses/{id}
 
 ``usage``: ``input_tokens`` (and ``input_tokens_details.cached_tokens``, the prefix-cache hit),
@@ -19,6 +20,7 @@ and served by:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -49,10 +51,13 @@ class _Turn:
     messages: AssistantMessages
     output: ResponseOutput = dataclasses.field(default_factory=ResponseOutput)
 
-    def response(self, status: str, error: OpenAIError | None = None) -> dict[str, Any]:
+    def response(self, status: str, error: OpenAIError | None = None, partial: bool = False) -> dict[str, Any]:
+        """The response object at ``status``; an unfinished one carries no output and usage, unless ``partial`` (a
+        background response read while it is generated: the output so far)."""
         body = self.body
         usage = None
-        if status != "in_progress":
+        finished = status not in ("queued", "in_progress")
+        if finished:
             counted = self.messages.usage()
             usage = {"input_tokens": counted["prompt_tokens"],
                      "input_tokens_details": {"cached_tokens": counted["prompt_tokens_details"]["cached_tokens"]},
@@ -61,12 +66,12 @@ class _Turn:
                      "total_tokens": counted["total_tokens"]}
         text_format = body.text.format if body.text is not None and body.text.format is not None else {"type": "text"}
         return {"id": self.response_id, "object": "response", "created_at": self.created_at, "status": status,
-                "background": False, "error": None if error is None else {"code": error.code or "server_error",
+                "background": body.background, "error": None if error is None else {"code": error.code or "server_error",
                                                                           "message": error.message},
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
                 "metadata": body.metadata or {}, "model": self.model,
-                "output": [dict(item) for item in self.output.items] if status != "in_progress" else [],
+                "output": copy.deepcopy(self.output.items) if finished or partial else [],
                 "parallel_tool_calls": body.parallel_tool_calls,
                 "previous_response_id": body.previous_response_id,
                 "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
@@ -86,6 +91,8 @@ class _Turn:
 async def create_response(body: ResponsesRequest, raw_request: Request, state: ServerState) -> Response:
     lora_request = state.check_model(body.model)
     state.check_priority(body.priority)
+    if body.previous_response_id is not None:
+        state.background.check_finished(body.previous_response_id)
     history = (state.responses.get(body.previous_response_id, param="previous_response_id").history()
                if body.previous_response_id is not None else [])
     form = to_chat_request(body, history)
@@ -101,6 +108,8 @@ async def create_response(body: ResponsesRequest, raw_request: Request, state: S
     outputs = state.engine.generate(prompt, params, response_id, priority=body.priority, lora_request=lora_request)
     if body.stream:
         return StreamingResponse(_events(outputs, turn, state), media_type="text/event-stream", headers=SSE_HEADERS)
+    if body.background:
+        return JSONResponse(state.background.start(turn, outputs, state))
     try:
         await run_unless_disconnected(raw_request, _consume(outputs, turn))
     except ClientDisconnected:
@@ -151,7 +160,12 @@ async def _events(outputs: AsyncIterator[RequestOutput], turn: _Turn, state: Ser
 
 
 def stored_response(state: ServerState, response_id: str) -> JSONResponse:
-    return JSONResponse(state.responses.get(response_id).response)
+    live = state.background.live(response_id)
+    return JSONResponse(live if live is not None else state.responses.get(response_id).response)
+
+
+async def cancel_response(state: ServerState, response_id: str) -> JSONResponse:
+    return JSONResponse(await state.background.cancel(response_id, state))
 
 
 def stored_input_items(state: ServerState, response_id: str, order: str = "desc") -> JSONResponse:

@@ -7,16 +7,17 @@ The fields, as OpenAI spells them: ``input`` (a text, or a list of items: messag
 "parameters"}``), ``tool_choice``, ``parallel_tool_calls``, ``text.format`` (``text``, ``json_object``,
 ``json_schema``), ``reasoning.effort`` (given to the chat template as ``reasoning_effort``, which gpt-oss'
 template reads), ``top_logprobs`` and ``include: ["message.output_text.logprobs"]``, ``previous_response_id``,
-``store``, ``metadata``, ``stream``. vLLM's sampling extensions (``top_k``, ``min_p``, ``seed``, ``stop``,
+``store``, ``metadata``, ``stream``, ``background`` (answered at once, generated after: responses_background.py).
+vLLM's sampling extensions (``top_k``, ``min_p``, ``seed``, ``stop``,
 ``ignore_eos``, ``guided_*``, ``structured_outputs``, ``chat_template_kwargs``, ``priority``...) are accepted as
 on chat.
 
 A response is one assistant turn, so the request is served as a chat completion of one choice
 (``to_chat_request``): the same template, tool modes, reasoning parser and structured outputs. What the Responses
-API asks and this server cannot do is refused by name, not ignored: tools other than functions, ``background``,
-``truncation: "auto"``, ``n`` above 1, beam search, prompt logprobs, ``response_format`` (``text.format`` is its
-spelling here), images by ``file_id``. Reasoning items in the input are not shown to the model (the templates of
-reasoning models drop earlier turns' thoughts too).
+API asks and this server cannot do is refused by name, not ignored: tools other than functions, ``truncation:
+"auto"``, ``n`` above 1, beam search, prompt logprobs, ``response_format`` (``text.format`` is its spelling here),
+images by ``file_id``, ``background`` with ``stream`` or without ``store``. Reasoning items in the input are not
+shown to the model (the templates of reasoning models drop earlier turns' thoughts too).
 """
 
 from __future__ import annotations
@@ -175,11 +176,20 @@ class ResponsesRequest(_SamplingRequest):
             raise ValueError("a response is one assistant turn; send n requests for n answers")
         return n
 
-    @field_validator("use_beam_search", "background")
+    @field_validator("use_beam_search")
     @classmethod
     def _not_served(cls, value: bool) -> bool:
         if value:
             raise ValueError("not supported on /v1/responses")
+        return value
+
+    @field_validator("background")
+    @classmethod
+    def _background_is_stored(cls, value: bool, info: Any) -> bool:
+        if value and not info.data.get("store", True):
+            raise ValueError("a background response is read back later, so it needs store: true")
+        if value and info.data.get("stream"):
+            raise ValueError("not taken with stream here; poll GET /v1/responses/{id} instead")
         return value
 
     @field_validator("prompt_logprobs", "response_format")

@@ -14,6 +14,7 @@ from engine.engine_loop import EngineDeadError, EngineStepError
 from engine.request_inputs import Prompt, check_priority
 from engine.serve.errors import OpenAIError
 from engine.serve.protocol import sampling_error
+from engine.serve.responses_background import BackgroundResponses
 from engine.serve.responses_store import ResponseStore
 
 
@@ -37,6 +38,7 @@ class ServerState:
     lora_update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # /v1/responses' kept responses (previous_response_id, GET and DELETE /v1/responses/{id}).
     responses: ResponseStore = field(default_factory=ResponseStore)
+    background: BackgroundResponses = field(default_factory=BackgroundResponses)
 
     def __post_init__(self) -> None:
         self.next_lora_int_id = max([self.next_lora_int_id, 1, *(request.lora_int_id + 1

@@ -67,7 +67,8 @@ def test_tools_choice_and_format_take_chats_spelling():
 
 @pytest.mark.parametrize("body, param", [
     ({"input": "x", "n": 2}, "n"),
-    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "background": True, "stream": True}, "background"),
+    ({"input": "x", "background": True, "store": False}, "background"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "response_format": {"type": "json_object"}}, "response_format"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),

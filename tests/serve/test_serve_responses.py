@@ -203,3 +203,37 @@ def test_a_client_that_leaves_a_stream_leaves_nothing_behind(client, responses_s
     samples = wait_until_idle(responses_server.url)
     assert metric(samples, "servesim_requests_finished_total", finished_reason="abort") == aborted + 1
     assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
+
+
+def test_a_background_response_is_read_back_once_generated(client):
+    import time
+
+    queued = forced(client, ANSWER, background=True)
+    assert queued.status == "queued" and queued.background and queued.output == []
+    deadline = time.monotonic() + 30
+    response = client.responses.retrieve(queued.id)
+    while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        response = client.responses.retrieve(queued.id)
+    assert response.status == "completed" and response.output_text == "9.8 is larger."
+    assert without_ids(response.output) == without_ids(forced(client, ANSWER).output)
+    with pytest.raises(openai.BadRequestError) as error:
+        forced(client, ANSWER, background=True, store=False)
+    assert error.value.body["param"] == "background"
+
+
+def test_a_background_response_can_be_cancelled(client, responses_server):
+    running = client.responses.create(model="tiny", input="go on", max_output_tokens=1500, temperature=0.0,
+                                       background=True, extra_body={"ignore_eos": True})
+    with pytest.raises(openai.BadRequestError) as error:  # its output is not known yet
+        client.responses.create(model="tiny", input="and?", previous_response_id=running.id, max_output_tokens=2)
+    assert error.value.body["code"] == "response_in_progress"
+    cancelled = client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled" and cancelled.usage.output_tokens < 1500
+    assert client.responses.retrieve(running.id).status == "cancelled"
+    samples = wait_until_idle(responses_server.url)  # the engine request was aborted: every block is back
+    assert metric(samples, "servesim_kv_cache_free_blocks") == metric(samples, "servesim_kv_cache_usable_blocks")
+    foreground = forced(client, "9.8")
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.cancel(foreground.id)
+    assert error.value.body["code"] == "not_cancellable"
