@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("never_serve")
     (["--host", "999.1.1.1"], "error: --host '999.1.1.1' is not an address to listen on"),
     (["--tokenizer", "/nonexistent"], "error: --tokenizer '/nonexistent' is not a folder"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice needs --tool-call-parser NAME"),
-    (["--tool-call-parser", "nope"], "error: --tool-call-parser 'nope' is not a known parser; known: hermes"),
+    (["--tool-call-parser", "nope"], "error: --tool-call-parser 'nope' is not a known parser; known: deepseek_v3, deepseek_v31, glm45, hermes"),
     (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value: 'many'"),
     (["--scheduling-policy", "lifo"], "error: --scheduling-policy must be one of 'fcfs', 'priority', "
                                       "'shortest_prompt_first', 'shortest_output_first', or 'module:function'"),
