@@ -1,7 +1,8 @@
-"""Speculative decoding (n-gram proposer, or a draft model) against plain decoding, on the same engine and requests.
+"""Speculative decoding (n-gram proposer, a draft model or an EAGLE head) against plain decoding, on the same engine
+and requests.
 
     python -m benchmarks.spec_decode [--model small] [--num-requests 8] [--max-tokens 128] [--repeats 3]
-                                     [--draft-layers N | --draft-model PATH]
+                                     [--draft-layers N | --draft-model PATH | --eagle-head PATH|copying]
 
 Greedy requests whose prompts repeat text (a passage quoted twice, as in summarising or editing, where
 prompt lookup pays off) run through ``engine.LLM`` with ``speculative_config`` = n-gram at 1, 3 and 5 draft
@@ -10,7 +11,9 @@ The generated default model has random weights, so its greedy outputs repeat the
 the proposer finds them too. Both runs produce the same tokens (checked); the columns are output tokens per
 second, the ratio to plain decoding, the acceptance rate and the tokens a verified draft produced on average.
 ``--draft-layers N`` adds a draft model cut from the target's first N layers (engine/models/layer_skip_draft.py) at
-1, 3 and 5 drafts; ``--draft-model PATH`` one of the same vocabulary.
+1, 3 and 5 drafts; ``--draft-model PATH`` one of the same vocabulary; ``--eagle-head PATH`` an EAGLE head's folder,
+or ``copying`` for a head generated for the model whose features are the target's own (it drafts the last token again:
+what a head costs, accepted where the random model repeats a token).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     drafts = parser.add_mutually_exclusive_group()
     drafts.add_argument("--draft-layers", type=int, help="also draft with the target's first N layers")
     drafts.add_argument("--draft-model", help="also draft with this checkpoint (the target's vocabulary)")
+    drafts.add_argument("--eagle-head", help="also draft with this EAGLE head, or 'copying' (one made for the model)")
     args = parser.parse_args(argv)
 
     import torch
@@ -62,6 +66,18 @@ def main(argv: list[str] | None = None) -> int:
         for drafts in (1, 3, 5):
             settings[f"draft k={drafts}"] = {"method": "draft_model", "model": draft_model,
                                              "num_speculative_tokens": drafts}
+    head = args.eagle_head
+    if head == "copying":
+        import tempfile
+
+        from engine.engine_args import EngineArgs
+        from engine.models.eagle import make_eagle_head
+
+        head = str(make_eagle_head(EngineArgs(model=args.model).resolve_model_path(), tempfile.mkdtemp() + "/head",
+                                   copying=True))
+    if head is not None:
+        for drafts in (1, 3, 5):
+            settings[f"eagle k={drafts}"] = {"method": "eagle", "model": head, "num_speculative_tokens": drafts}
     engines = {name: LLM(model=args.model, skip_tokenizer_init=True, max_num_seqs=args.max_num_seqs,
                          speculative_config=config) for name, config in settings.items()}
     times: dict[str, list[float]] = {name: [] for name in settings}
