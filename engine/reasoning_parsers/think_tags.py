@@ -1,4 +1,5 @@
-"""Reasoning between ``<think>`` and ``</think>``, split from the content of a whole answer or of its deltas.
+"""Reasoning between ``<think>`` and ``</think>`` (or a model's own pair of tags), split from the content of a whole
+answer or of its deltas.
 
 Invariant (checked by tests/serve/test_reasoning_parsers.py over random cuts): the reasoning of all the deltas,
 joined, and their content, joined, equal ``extract`` on the whole answer (None and "" both meaning none). A delta's
@@ -16,8 +17,9 @@ class StreamingReasoningParser:
     """Fed an answer a delta at a time: ``feed`` returns the (reasoning, content) it is sure of; ``finish`` what
     was held back once the answer ends."""
 
-    def __init__(self, thinks_at_once: bool) -> None:
+    def __init__(self, thinks_at_once: bool, start: str = START, end: str = END) -> None:
         self._thinks_at_once = thinks_at_once
+        self._start, self._end = start, end
         self._state = "opening"  # -> "thinking" -> "answering"
         self._held = ""
 
@@ -28,22 +30,22 @@ class StreamingReasoningParser:
             if self._state == "opening":
                 # Whether the answer opens with <think> (dropped either way), once enough of it is known.
                 stripped = self._held.lstrip()
-                if START.startswith(stripped) and len(stripped) < len(START):
+                if self._start.startswith(stripped) and len(stripped) < len(self._start):
                     return reasoning, content  # maybe the tag: wait
-                if stripped.startswith(START):
-                    self._held = stripped[len(START):]
+                if stripped.startswith(self._start):
+                    self._held = stripped[len(self._start):]
                     self._state = "thinking"
                 else:
                     self._state = "thinking" if self._thinks_at_once else "answering"
             elif self._state == "thinking":
-                end = self._held.find(END)
+                end = self._held.find(self._end)
                 if end < 0:
-                    keep = _tag_prefix_length(self._held, END)
+                    keep = _tag_prefix_length(self._held, self._end)
                     reasoning += self._held[:len(self._held) - keep]
                     self._held = self._held[len(self._held) - keep:]
                     return reasoning, content
                 reasoning += self._held[:end]
-                self._held = self._held[end + len(END):]
+                self._held = self._held[end + len(self._end):]
                 self._state = "answering"
             else:
                 content += self._held
@@ -54,7 +56,7 @@ class StreamingReasoningParser:
         """What was held back: reasoning while thinking (a cut thought), content otherwise."""
         held, self._held = self._held, ""
         if self._state == "opening":
-            return ("", held) if not self._thinks_at_once else (held.lstrip().removeprefix(START), "")
+            return ("", held) if not self._thinks_at_once else (held.lstrip().removeprefix(self._start), "")
         return (held, "") if self._state == "thinking" else ("", held)
 
 
@@ -98,6 +100,6 @@ class ThinkTagsParser:
         return split_whole(self.streaming(), text)
 
     def streaming(self) -> StreamingReasoningParser:
-        return StreamingReasoningParser(self.thinks_at_once)
+        return StreamingReasoningParser(self.thinks_at_once, self.start_tag, self.end_tag)
 
 

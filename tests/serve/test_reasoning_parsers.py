@@ -32,8 +32,9 @@ def test_each_parser_splits_a_whole_answer(text, deepseek_r1, qwen3):
 
 
 def test_an_unknown_parser_is_refused_with_the_known_names():
-    assert parser_names() == ["deepseek_r1", "deepseek_v3", "glm45", "openai_gptoss", "qwen3"]
-    with pytest.raises(ValueError, match=r"unknown reasoning parser 'r2'; known: deepseek_r1, deepseek_v3, glm45"):
+    assert parser_names() == ["deepseek_r1", "deepseek_v3", "ernie45", "glm45", "mistral", "openai_gptoss", "qwen3",
+                              "seed_oss"]
+    with pytest.raises(ValueError, match=r"unknown reasoning parser 'r2'; known: deepseek_r1, deepseek_v3, ernie45"):
         get_parser("r2")
 
 
@@ -54,3 +55,23 @@ def test_streamed_deltas_join_to_the_whole_answers_split(pieces, cuts, name):
         reasoning, content = reasoning + more_reasoning, content + more_content
     rest_reasoning, rest_content = stream.finish()
     assert ((reasoning + rest_reasoning) or None, (content + rest_content) or None) == parser.extract(text)
+
+
+@pytest.mark.parametrize("name, start, end", [("mistral", "[THINK]", "[/THINK]"),
+                                              ("seed_oss", "<seed:think>", "</seed:think>"),
+                                              ("ernie45", "<think>", "</think>")])
+def test_parsers_with_their_own_tags(name, start, end):
+    parser = get_parser(name)
+    assert parser.extract(f"{start}weighing{end}Paris") == ("weighing", "Paris")
+    assert parser.extract("Paris") == (None, "Paris")  # no thought opened: all content
+    assert parser.extract(f"{start}cut") == ("cut", None)
+    assert (parser.start_tag, parser.end_tag) == (start, end)
+    assert parser.keeps_special_tokens == (name == "mistral")  # Magistral's tags are special tokens
+    text = f"  {start}a{end[:3]}b{end}c{start[:2]}d"
+    for cut in range(len(text) + 1):
+        stream = parser.streaming()
+        first = stream.feed(text[:cut])
+        second = stream.feed(text[cut:])
+        rest = stream.finish()
+        joined = (first[0] + second[0] + rest[0]) or None, (first[1] + second[1] + rest[1]) or None
+        assert joined == parser.extract(text), cut

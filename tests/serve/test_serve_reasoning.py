@@ -81,7 +81,8 @@ def test_an_unknown_reasoning_parser_is_refused_by_the_cli(tiny_model_path, tmp_
     result = subprocess.run([sys.executable, "-m", "engine.serve", "--model", str(tiny_model_path),
                              "--reasoning-parser", "r2"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "--reasoning-parser 'r2' is not a known parser; known: deepseek_r1, deepseek_v3, glm45, openai_gptoss, qwen3" in result.stderr
+    assert ("--reasoning-parser 'r2' is not a known parser; known: deepseek_r1, deepseek_v3, ernie45, glm45, mistral, "
+            "openai_gptoss, qwen3, seed_oss") in result.stderr
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_model_path):
