@@ -30,16 +30,33 @@ EAGLE3_DRAFT_VOCAB_SIZE = 32000
 EAGLE_METHODS = ("eagle", "eagle3")
 
 
-def eagle_draft_shape(model: ModelShape, method: str, draft_vocab_size: int | None = None) -> ModelShape:
-    """The EAGLE (``method`` eagle) or EAGLE-3 (eagle3) head of ``model`` as a one-layer draft model."""
+def eagle_draft_shape(model: ModelShape, method: str, draft_vocab_size: int | None = None,
+                      head_config: dict | None = None) -> ModelShape:
+    """The EAGLE (``method`` eagle) or EAGLE-3 (eagle3) head of ``model`` as a one-layer draft model. ``head_config``:
+    the head checkpoint's config.json, when a workload names it (``draft_model``): its heads, head width, MLP width
+    and draft vocabulary then replace those taken from the target's shape."""
     if method not in EAGLE_METHODS:
         raise ValueError(f"method must be one of {', '.join(EAGLE_METHODS)}, got {method!r}")
     eagle3 = method == "eagle3"
+    head_config = head_config or {}
+    if head_config.get("hidden_size", model.hidden_size) != model.hidden_size:
+        raise ValueError(f"draft_model: the head's hidden_size {head_config['hidden_size']} is not the target's "
+                         f"{model.hidden_size} (an EAGLE head reads the target's features)")
+    draft_vocab_size = draft_vocab_size or head_config.get("draft_vocab_size")
     vocab_size = (draft_vocab_size or EAGLE3_DRAFT_VOCAB_SIZE) if eagle3 else model.vocab_size
-    # Latent attention's head_dim is its query-key width; the head's plain attention splits the hidden width.
-    head_dim = model.hidden_size // model.num_attention_heads if model.is_mla else model.head_dim
+    heads = head_config.get("num_attention_heads", model.num_attention_heads)
+    if head_config.get("head_dim"):
+        head_dim = head_config["head_dim"]
+    elif "num_attention_heads" in head_config or model.is_mla:
+        # Split the width among the heads (latent attention's head_dim is its query-key width, not the head's).
+        head_dim = model.hidden_size // heads
+    else:
+        head_dim = model.head_dim
     return replace(
         model, name=f"{model.name} {'EAGLE-3' if eagle3 else 'EAGLE'} head", num_layers=1, head_dim=head_dim,
+        num_attention_heads=heads, num_kv_heads=head_config.get("num_key_value_heads", heads if head_config
+                                                                 else model.num_kv_heads),
+        intermediate_size=head_config.get("intermediate_size", model.intermediate_size),
         vocab_size=min(vocab_size, model.vocab_size), tied_embeddings=not eagle3, embeddings_from_target=True,
         qkv_bias=False, num_experts=0, num_experts_per_token=0, moe_intermediate_size=0,
         shared_expert_intermediate_size=0, num_dense_layers=0, sliding_window=None, num_sliding_layers=None,

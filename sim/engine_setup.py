@@ -332,7 +332,11 @@ def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[
         except ValueError as error:
             raise SetupError(f"{field_name}.{error}") from None
     if section.method in EAGLE_METHODS:
-        return tokens, eagle_draft_shape(model, section.method, section.draft_vocab_size)
+        try:
+            return tokens, eagle_draft_shape(model, section.method, section.draft_vocab_size,
+                                             _head_config(section.draft_model))
+        except (ValueError, OSError) as error:
+            raise SetupError(f"{field_name}.{error}") from None
     try:
         draft_model = resolve_model(section.draft_model)
         draft_model.shard(engine.tensor_parallel_size)
@@ -343,6 +347,20 @@ def _speculative_decoding(workload: WorkloadConfig, model: ModelShape) -> tuple[
                          f"{draft_model.vocab_size:,} tokens, model {model.name!r} one of {model.vocab_size:,}; a draft "
                          "model must share the target's tokenizer")
     return tokens, draft_model
+
+
+def _head_config(draft_model: str | None) -> dict | None:
+    """An EAGLE head checkpoint's config.json (``draft_model``: its folder or the file), None without one."""
+    if draft_model is None:
+        return None
+    import json
+    from pathlib import Path
+
+    path = Path(draft_model)
+    path = path if path.name == "config.json" else path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"draft_model: {draft_model!r} has no config.json (an EAGLE head's checkpoint folder)")
+    return json.loads(path.read_text())
 
 
 def _kv_offloading(workload: WorkloadConfig, model: ModelShape, hardware: HardwareSpec

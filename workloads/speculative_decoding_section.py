@@ -34,8 +34,8 @@ class SpeculativeDecodingSection(SchemaModel):
       (a one-layer EAGLE or EAGLE-3 head over the model's hidden states: sim/eagle_draft.py).
     - ``draft_vocab_size``: for ``eagle3``, the head's own vocabulary (default 32,000, the published heads').
     - ``draft_model``: for ``draft_model``, the proposer: a preset name or a config.json path, as ``model``; for
-      ``eagle`` and ``eagle3``, optionally the head's checkpoint folder, which real runs load (the simulator prices
-      the head from the target's shape either way).
+      ``eagle`` and ``eagle3``, optionally the head's checkpoint folder, which real runs load and whose config.json
+      the simulator prices (without one, a head of the target's shape).
     - ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths the real runner's proposer tries (real
       runs, ``--executor real``, use them and measure the acceptance instead of assuming ``acceptance_rate``).
     """

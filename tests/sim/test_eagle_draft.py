@@ -76,3 +76,25 @@ def test_what_the_heads_cannot_take_is_refused_by_field():
         workload(spec("eagle", extra=", draft_vocab_size: 32000"))
     with pytest.raises(WorkloadError, match="draft_model"):
         workload(spec("ngram", extra=", draft_model: llama-3.2-1b"))
+
+
+def test_a_named_heads_checkpoint_gives_its_own_shape(tmp_path):
+    """With draft_model naming the head's folder (what real runs load), the simulation prices the head's own heads, MLP
+    and draft vocabulary; a head of another width is refused by field."""
+    model = resolve_model("llama-3-8b")
+    head = eagle_draft_shape(model, "eagle3", head_config={
+        "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192,
+        "draft_vocab_size": 16000})
+    assert (head.intermediate_size, head.vocab_size, head.num_kv_heads, head.head_dim) == (8192, 16000, 8, 128)
+    with pytest.raises(ValueError, match="the head's hidden_size 2048 is not the target's 4096"):
+        eagle_draft_shape(model, "eagle", head_config={"hidden_size": 2048})
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"hidden_size": 4096, "intermediate_size": 8192, "num_attention_heads": 32,'
+                                        ' "num_key_value_heads": 8, "draft_vocab_size": 16000}')
+    setup = build_setup(workload(spec("eagle3", extra=f", draft_model: {folder}")))
+    assert setup.speculation.draft_cost_model.model.vocab_size == 16000
+    from sim.engine_setup import SetupError
+
+    with pytest.raises(SetupError, match="engine.speculative_decoding.draft_model: '/no/head' has no config.json"):
+        build_setup(workload(spec("eagle", extra=", draft_model: /no/head")))
