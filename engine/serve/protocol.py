@@ -180,6 +180,11 @@ class ChatMessage(BaseModel):
     # the later ones can see the earlier (content last: whether it may be null depends on role and tool_calls).
     role: Literal["system", "developer", "user", "assistant", "tool"]
     name: str | None = None
+    # An earlier assistant turn's thought (vLLM's reasoning_content, or reasoning as its responses spell it): templates
+    # of reasoning models render it where they show past thoughts (Qwen3's within a tool-calling turn, gpt-oss's
+    # analysis before its calls, which it reads as "thinking").
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = Field(default=None, validate_default=True)
     content: str | list[ChatContentPart] | None = Field(default=None, validate_default=True)

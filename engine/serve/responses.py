@@ -49,6 +49,8 @@ class _Turn:
     model: str
     input_items: list[dict[str, Any]]  # the conversation before its output, as stored
     messages: AssistantMessages
+    # Token ids -> text as the request's output reads (None: no tokenizer, no reasoning tokens counted).
+    decode: Any = None
     output: ResponseOutput = dataclasses.field(default_factory=ResponseOutput)
 
     def response(self, status: str, error: OpenAIError | None = None, partial: bool = False) -> dict[str, Any]:
@@ -62,7 +64,7 @@ class _Turn:
             usage = {"input_tokens": counted["prompt_tokens"],
                      "input_tokens_details": {"cached_tokens": counted["prompt_tokens_details"]["cached_tokens"]},
                      "output_tokens": counted["completion_tokens"],
-                     "output_tokens_details": {"reasoning_tokens": self.output.num_reasoning_tokens},
+                     "output_tokens_details": {"reasoning_tokens": self.num_reasoning_tokens()},
                      "total_tokens": counted["total_tokens"]}
         text_format = body.text.format if body.text is not None and body.text.format is not None else {"type": "text"}
         return {"id": self.response_id, "object": "response", "created_at": self.created_at, "status": status,
@@ -80,6 +82,24 @@ class _Turn:
                 "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
                 "top_logprobs": body.top_logprobs, "top_p": 1.0 if body.top_p is None else body.top_p,
                 "truncation": "disabled", "usage": usage, "user": body.user}
+
+    def num_reasoning_tokens(self) -> int:
+        """How many of the answer's first tokens it took to write the whole thought: the fewest whose text gives the
+        reasoning parser all of it (the same however the tokens were grouped into deltas). 0 without a thought."""
+        parser, tokens = self.messages.reasoning, self.output.token_ids
+        if parser is None or self.decode is None:
+            return 0
+        thought = parser.extract(self.decode(tokens))[0]
+        if not thought:
+            return 0
+        low, high = 1, len(tokens)  # the thought is whole after ``high`` tokens
+        while low < high:
+            middle = (low + high) // 2
+            if parser.extract(self.decode(tokens[:middle]))[0] == thought:
+                high = middle
+            else:
+                low = middle + 1
+        return high
 
     def feed(self, output: RequestOutput) -> list[dict[str, Any]]:
         events = []
@@ -103,8 +123,11 @@ async def create_response(body: ResponsesRequest, raw_request: Request, state: S
     response_id = f"resp_{uuid.uuid4().hex}"
     messages = AssistantMessages(params, form.request, mode, state.reasoning_parser)
     messages.streaming = True  # one path for both: the final response is what the events built
+    tokenizer = state.engine.get_tokenizer()
+    decode = None if tokenizer is None else (
+        lambda ids: tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens))
     turn = _Turn(body, response_id, int(time.time()), body.model or state.model_name, [*history, *input_items(body)],
-                 messages)
+                 messages, decode)
     outputs = state.engine.generate(prompt, params, response_id, priority=body.priority, lora_request=lora_request)
     if body.stream:
         return StreamingResponse(_events(outputs, turn, state), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -33,7 +33,7 @@ class ResponseOutput:
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.sequence_number = 0
-        self.num_reasoning_tokens = 0
+        self.token_ids: list[int] = []  # the answer's tokens, in order (what the reasoning tokens are counted in)
         self.finish_reason: str | None = None
         self._open: dict[str, Any] | None = None  # the item still growing (the last in items)
         self._blank = ""  # blank content held until the message's first other text
@@ -49,8 +49,7 @@ class ResponseOutput:
         delta = choice["delta"]
         events: list[dict[str, Any]] = []
         reasoning, content = delta.get("reasoning") or "", delta.get("content") or ""
-        if reasoning and not content and not delta.get("tool_calls"):
-            self.num_reasoning_tokens += len(choice.get("token_ids", ()))
+        self.token_ids.extend(choice.get("token_ids", ()))
         if reasoning:
             events += self._text("reasoning", reasoning, [])
         if content:

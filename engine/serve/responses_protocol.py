@@ -16,8 +16,9 @@ A response is one assistant turn, so the request is served as a chat completion 
 (``to_chat_request``): the same template, tool modes, reasoning parser and structured outputs. What the Responses
 API asks and this server cannot do is refused by name, not ignored: tools other than functions, ``truncation:
 "auto"``, ``n`` above 1, beam search, prompt logprobs, ``response_format`` (``text.format`` is its spelling here),
-images by ``file_id``, ``background`` with ``stream`` or without ``store``. Reasoning items in the input are not
-shown to the model (the templates of reasoning models drop earlier turns' thoughts too).
+images by ``file_id``, ``background`` with ``stream`` or without ``store``. A reasoning item goes with the assistant
+turn after it as that message's ``reasoning_content`` (templates of reasoning models show it where they show past
+thoughts, and drop it elsewhere).
 """
 
 from __future__ import annotations
@@ -256,10 +257,12 @@ def to_chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) ->
         form.sources.append("instructions")
     items = [*history, *input_items(request)]
     first_new = len(history)
+    thought = None  # a reasoning item's text, for the assistant turn it preceded
     for index, item in enumerate(items):
         source = f"input[{index - first_new}]" if index >= first_new else "previous_response_id"
         kind = item.get("type", "message")
         if kind == "reasoning":
+            thought = "".join(part["text"] for part in item.get("content") or item.get("summary") or [])
             continue
         if kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
@@ -268,15 +271,21 @@ def to_chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) ->
             if previous is not None and previous["role"] == "assistant":
                 previous.setdefault("tool_calls", []).append(call)  # one assistant turn: its text, then its calls
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call],
+                                 **({"reasoning_content": thought} if thought is not None else {})})
                 form.sources.append(source)
+            thought = None
             continue
         if kind == "function_call_output":
             output = item["output"]
             text = output if isinstance(output, str) else "".join(part["text"] for part in output)
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
         else:
-            messages.append({"role": item["role"], "content": _chat_content(item["content"])})
+            message = {"role": item["role"], "content": _chat_content(item["content"])}
+            if item["role"] == "assistant" and thought is not None:
+                message["reasoning_content"] = thought
+            messages.append(message)
+        thought = None
         form.sources.append(source)
     body = _chat_fields(request, messages)
     try:

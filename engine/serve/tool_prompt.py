@@ -46,6 +46,9 @@ def template_messages(body: Any, tokenizer: Any) -> list[dict[str, Any]]:
             entry["content"] = None
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
+        thought = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+        if thought is not None and message.role == "assistant":
+            entry["reasoning_content"] = entry["thinking"] = thought
         calls = message.tool_calls or []
         if renders_calls and calls:
             entry["tool_calls"] = [{"id": call.id, "type": call.type, "function": {

@@ -33,8 +33,9 @@ def test_items_become_the_chat_history_they_stand_for():
     assert chat_messages({"input": items}) == [
         {"role": "user", "content": [{"type": "text", "text": "weather?"},
                                      {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
-        # The thought is not shown again; the text and both calls are one assistant turn.
-        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}], "tool_calls": [
+        # The thought goes with the turn it preceded; the text and both calls are one assistant turn.
+        {"role": "assistant", "reasoning_content": "t", "content": [{"type": "text", "text": "Let me look."}],
+         "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
             {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "4 degrees"},
@@ -111,7 +112,7 @@ def test_output_items_and_their_events():
         ("reasoning", "completed"), ("message", "completed"), ("function_call", "completed"),
         ("function_call", "completed")]
     assert output.items[0]["content"] == [{"type": "reasoning_text", "text": "thinking"}]
-    assert output.output_text() == "\nSure." and output.num_reasoning_tokens == 2
+    assert output.output_text() == "\nSure." and output.token_ids == [1] * 8
     assert [(item["name"], item["arguments"]) for item in output.items[2:]] == [("f", '{"a": 1}'), ("g", "{}")]
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     kinds = [event["type"] for event in events]
@@ -143,3 +144,18 @@ def test_the_store_forgets_the_oldest_past_its_capacity():
     store.delete("b")
     with pytest.raises(OpenAIError):
         store.get("b")
+
+
+def test_a_past_thought_reaches_the_template_as_reasoning_content():
+    """Templates of reasoning models read an assistant turn's thought (Qwen3's reasoning_content, gpt-oss's
+    thinking): a chat message's reasoning_content (or reasoning) is given to them under both names."""
+    from types import SimpleNamespace
+
+    from engine.serve.protocol import ChatCompletionRequest
+    from engine.serve.tool_prompt import template_messages
+
+    body = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello", "reasoning": "greet back"}]})
+    rendered = template_messages(body, SimpleNamespace(chat_template="{{ messages }}"))
+    assert rendered[1]["reasoning_content"] == rendered[1]["thinking"] == "greet back"
+    assert "reasoning_content" not in rendered[0]
