@@ -20,14 +20,14 @@ from engine.serve.errors import OpenAIError
 
 class BackgroundResponses:
     def __init__(self) -> None:
-        self._running: dict[str, tuple[asyncio.Task, Any]] = {}  # response id -> (its task, its _Turn)
-        self._made_in_background: set[str] = set()
+        # Response id -> (its task, its _Turn), while it is generated; whether a stored response was made in the
+        # background is its own "background" field (so nothing here outlives the store's memory of it).
+        self._running: dict[str, tuple[asyncio.Task, Any]] = {}
 
     def start(self, turn, outputs: AsyncIterator, state) -> dict[str, Any]:
         """Store ``turn``'s response as queued and generate it in a task; returns the queued response."""
         queued = turn.response("queued")
         state.responses.put(queued, turn.input_items)
-        self._made_in_background.add(turn.response_id)
         self._running[turn.response_id] = (asyncio.create_task(self._generate(turn, outputs, state)), turn)
         return queued
 
@@ -68,7 +68,7 @@ class BackgroundResponses:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         stored = state.responses.get(response_id)
-        if response_id not in self._made_in_background:
+        if not stored.response.get("background"):
             raise OpenAIError(f"response {response_id!r} was not made in the background: only background responses "
                               "can be cancelled", param="response_id", code="not_cancellable")
         return stored.response
