@@ -53,6 +53,9 @@ class _Turn:
     decode: Any = None
     output: ResponseOutput = dataclasses.field(default_factory=ResponseOutput)
 
+    def __post_init__(self) -> None:
+        self.output.max_tool_calls = self.body.max_tool_calls
+
     def response(self, status: str, error: OpenAIError | None = None, partial: bool = False) -> dict[str, Any]:
         """The response object at ``status``; an unfinished one carries no output and usage, unless ``partial`` (a
         background response read while it is generated: the output so far)."""
@@ -72,6 +75,7 @@ class _Turn:
                                                                           "message": error.message},
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+                "max_tool_calls": body.max_tool_calls,
                 "metadata": body.metadata or {}, "model": self.model,
                 "output": copy.deepcopy(self.output.items) if finished or partial else [],
                 "parallel_tool_calls": body.parallel_tool_calls,

@@ -13,7 +13,8 @@ Events per item: ``response.output_item.added``; for text, ``response.content_pa
 
 A message item opens with its first text that is not blank: the whitespace a model writes between its calls
 would otherwise be an item of its own (chat's whole message drops it as ``null`` content); blank text before
-other text is kept in front of it. An answer cut by ``max_output_tokens`` leaves its last item ``incomplete``.
+other text is kept in front of it. An answer cut by ``max_output_tokens`` leaves its last item ``incomplete``. Calls past
+``max_tool_calls`` are dropped.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ def new_item_id(prefix: str) -> str:
 class ResponseOutput:
     """The output items of one response, fed the chat choice deltas of its single choice."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_tool_calls: int | None = None) -> None:
+        self.max_tool_calls = max_tool_calls  # calls past it are dropped (None: no limit)
         self.items: list[dict[str, Any]] = []
         self.sequence_number = 0
         self.token_ids: list[int] = []  # the answer's tokens, in order (what the reasoning tokens are counted in)
         self.finish_reason: str | None = None
         self._open: dict[str, Any] | None = None  # the item still growing (the last in items)
         self._blank = ""  # blank content held until the message's first other text
-        self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its function_call item
+        # Chat tool-call index -> its function_call item (None: dropped past max_tool_calls).
+        self._calls: dict[int, dict[str, Any] | None] = {}
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, **fields, "sequence_number": self.sequence_number}
@@ -107,6 +110,11 @@ class ResponseOutput:
     def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         function = call.get("function", {})
+        if "id" in call and self.max_tool_calls is not None and len(self._calls) >= self.max_tool_calls:
+            self._calls[call["index"]] = None  # past max_tool_calls: dropped, with its later fragments
+            return events
+        if self._calls.get(call["index"], "new") is None:
+            return events
         if "id" in call:  # a new call: its id and name, maybe its first arguments
             item = {"id": new_item_id("fc"), "type": "function_call", "status": "in_progress",
                     "call_id": call["id"], "name": function["name"], "arguments": ""}

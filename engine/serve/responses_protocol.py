@@ -7,7 +7,7 @@ The fields, as OpenAI spells them: ``input`` (a text, or a list of items: messag
 "parameters"}``), ``tool_choice``, ``parallel_tool_calls``, ``text.format`` (``text``, ``json_object``,
 ``json_schema``), ``reasoning.effort`` (given to the chat template as ``reasoning_effort``, which gpt-oss'
 template reads), ``top_logprobs`` and ``include: ["message.output_text.logprobs"]``, ``previous_response_id``,
-``store``, ``metadata``, ``stream``, ``background`` (answered at once, generated after: responses_background.py).
+``store``, ``metadata``, ``max_tool_calls``, ``stream``, ``background`` (answered at once, generated after: responses_background.py).
 vLLM's sampling extensions (``top_k``, ``min_p``, ``seed``, ``stop``,
 ``ignore_eos``, ``guided_*``, ``structured_outputs``, ``chat_template_kwargs``, ``priority``...) are accepted as
 on chat.
@@ -16,7 +16,8 @@ A response is one assistant turn, so the request is served as a chat completion 
 (``to_chat_request``): the same template, tool modes, reasoning parser and structured outputs. What the Responses
 API asks and this server cannot do is refused by name, not ignored: tools other than functions, ``truncation:
 "auto"``, ``n`` above 1, beam search, prompt logprobs, ``response_format`` (``text.format`` is its spelling here),
-images by ``file_id``, ``background`` with ``stream`` or without ``store``. A reasoning item goes with the assistant
+images by ``file_id``, ``background`` with ``stream`` or without ``store``, stored ``prompt`` templates and
+``conversation`` objects. A reasoning item goes with the assistant
 turn after it as that message's ``reasoning_content`` (templates of reasoning models show it where they show past
 thoughts, and drop it elsewhere).
 """
@@ -169,6 +170,20 @@ class ResponsesRequest(_SamplingRequest):
     background: bool = False
     truncation: Literal["auto", "disabled"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # At most this many function calls in the output (later ones are dropped); None: no limit.
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    # OpenAI's stored prompt templates and conversations: nothing here stores them, so asking for one is refused.
+    prompt: Any = None
+    conversation: Any = None
+
+    @field_validator("prompt", "conversation")
+    @classmethod
+    def _not_stored_here(cls, value: Any, info: Any) -> Any:
+        if value is not None:
+            what = "prompt templates" if info.field_name == "prompt" else "conversations (continue a response with " \
+                "previous_response_id)"
+            raise ValueError(f"this server stores no {what}")
+        return value
 
     @field_validator("n")
     @classmethod

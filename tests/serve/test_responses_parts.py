@@ -75,6 +75,9 @@ def test_tools_choice_and_format_take_chats_spelling():
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]}, "input"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
+    ({"input": "x", "prompt": {"id": "pmpt_1"}}, "prompt"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation"),
+    ({"input": "x", "max_tool_calls": 0}, "max_tool_calls"),
 ])
 def test_what_this_server_cannot_do_is_refused_by_name(body, param):
     with pytest.raises(ValidationError) as error:
@@ -159,3 +162,13 @@ def test_a_past_thought_reaches_the_template_as_reasoning_content():
     rendered = template_messages(body, SimpleNamespace(chat_template="{{ messages }}"))
     assert rendered[1]["reasoning_content"] == rendered[1]["thinking"] == "greet back"
     assert "reasoning_content" not in rendered[0]
+
+
+def test_calls_past_max_tool_calls_are_dropped():
+    output = ResponseOutput(max_tool_calls=2)
+    for index in range(3):
+        output.feed(chat_delta(tool_calls=[{"index": index, "id": f"c{index}", "type": "function",
+                                            "function": {"name": f"f{index}", "arguments": "{"}}]))
+        output.feed(chat_delta(tool_calls=[{"index": index, "function": {"arguments": "}"}}]))
+    output.feed(chat_delta(finish="stop"))
+    assert [(item["name"], item["arguments"]) for item in output.items] == [("f0", "{}"), ("f1", "{}")]
