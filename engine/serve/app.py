@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI's routes over one ``AsyncLLM``.
 
     GET  /v1/models            the served model (with max_model_len, vocab_size, reserved_token_ids), then each
-                               LoRA adapter (root: its folder, parent: its base_model_name, else the model's)
+                               LoRA adapter (root: its folder, parent: its base_model_name, else the model's);
+                               GET /v1/models/{id} one of them
     POST /v1/completions       a text or token-id prompt, or a batch of them; n choices each; SSE or not
     POST /v1/chat/completions  messages through the model's chat template, streaming or not
     POST /v1/responses         OpenAI's Responses API: one assistant turn as output items (reasoning, message,
@@ -114,8 +115,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
     if dev_mode_enabled(dev_mode):
         add_dev_routes(app, state)
 
-    @app.get("/v1/models")
-    async def list_models() -> JSONResponse:
+    def model_cards() -> list[dict]:
         tokenizer = engine.get_tokenizer()
         reserved = sorted(int(t) for t in tokenizer.all_special_ids) if tokenizer is not None else []
         cards = [{"id": name, "object": "model", "created": state.created, "owned_by": "servesim",
@@ -123,10 +123,24 @@ def build_app(engine: AsyncLLM, served_model_names: list[str] | str | None = Non
                   "vocab_size": engine.vocab_size, "reserved_token_ids": reserved}
                  for name in state.served_model_names]
         cards += [{"id": name, "object": "model", "created": state.created, "owned_by": "servesim",
-                   "root": lora_request.lora_path, "parent": state.lora_parents.get(name, state.model_name), "max_model_len": engine.max_model_len,
-                   "vocab_size": engine.vocab_size, "reserved_token_ids": reserved}
+                   "root": lora_request.lora_path, "parent": state.lora_parents.get(name, state.model_name),
+                   "max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
+                   "reserved_token_ids": reserved}
                   for name, lora_request in state.lora_requests.items()]
-        return JSONResponse({"object": "list", "data": cards})
+        return cards
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": model_cards()})
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> JSONResponse:
+        """OpenAI's retrieve-model route (the openai client's models.retrieve): one card, or the 404 of a model this
+        server does not serve."""
+        card = next((card for card in model_cards() if card["id"] == model), None)
+        if card is None:
+            state.check_model(model)  # raises the 404 naming what is served
+        return JSONResponse(card)
 
     def generating(route: str) -> None:
         """A 404 from a generation route on an engine that embeds (current vLLM does not register them there)."""

@@ -149,3 +149,11 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client, rout
     assert all(chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
                for chunk in chunks)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_a_model_is_retrieved_by_its_id(client):
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as error:
+        client.models.retrieve("gpt-5")
+    assert "The model `gpt-5` does not exist" in error.value.body["message"]
