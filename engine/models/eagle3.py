@@ -28,7 +28,8 @@ from torch import nn
 from engine.models.config import ModelConfig
 from engine.models.eagle import head_tensor_names
 from engine.models.layers import RMSNorm, SwiGLUMLP
-from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel, gate_or_up_rows
+from engine.models.llama import (LlamaAttention, LlamaForCausalLM, LlamaModel, expected_fused_weight_keys,
+                                 gate_or_up_rows)
 from engine.models.loader import iterate_weights, resolve_dtype, safetensors_files
 from engine.models.rotary_embedding import RotaryEmbedding
 from engine.runner.attention import AttentionBackend, get_attention_backend
@@ -113,19 +114,11 @@ class Eagle3Head(nn.Module):
                 raise ValueError(f"EAGLE-3 head tensor {name!r} has shape {tuple(tensor.shape)}, expected "
                                  f"{tuple(destination.shape)}; does its config.json match its weights?")
             destination.copy_(tensor)
-            loaded.add(f"{target}#{projection}" if target != name else name)
+            loaded.add(f"{target}#{projection.removesuffix('_proj')}" if target != name else name)
         return loaded
 
     def expected_weight_keys(self) -> set[str]:
-        expected = {"d2t"}
-        for name, _ in self.named_parameters():
-            if "qkv_proj" in name:
-                expected.update(f"{name}#{projection}" for projection in ("q_proj", "k_proj", "v_proj"))
-            elif "gate_up_proj" in name:
-                expected.update(f"{name}#{projection}" for projection in ("gate_proj", "up_proj"))
-            else:
-                expected.add(name)
-        return expected
+        return {"d2t", *expected_fused_weight_keys(self)}
 
 
 def reads_aux_hidden_states(target) -> str | None:

@@ -309,15 +309,21 @@ class LlamaForCausalLM(nn.Module):
 
     def expected_weight_keys(self) -> set[str]:
         """The keys ``load_weights`` reports once every parameter (and every fused shard) is filled."""
-        expected = set()
-        for name, _ in self.named_parameters():
-            if ".qkv_proj." in name:
-                expected.update(f"{name}#{shard}" for shard in ("q", "k", "v"))
-            elif ".gate_up_proj." in name:
-                expected.update(f"{name}#{shard}" for shard in ("gate", "up"))
-            else:
-                expected.add(name)
-        return expected
+        return expected_fused_weight_keys(self)
+
+
+def expected_fused_weight_keys(module: nn.Module) -> set[str]:
+    """Every parameter of ``module`` by name, a fused one once per checkpoint tensor it is filled from (``name#q``,
+    ``name#k``, ``name#v``; ``name#gate``, ``name#up``): what a loader reports once everything was read."""
+    expected = set()
+    for name, _ in module.named_parameters():
+        if "qkv_proj." in name:
+            expected.update(f"{name}#{shard}" for shard in ("q", "k", "v"))
+        elif "gate_up_proj." in name:
+            expected.update(f"{name}#{shard}" for shard in ("gate", "up"))
+        else:
+            expected.add(name)
+    return expected
 
 
 def gate_or_up_rows(gate_up: torch.Tensor, shard: str) -> torch.Tensor:

@@ -13,7 +13,8 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.models import make_test_model
-from tests.engine.spec_decode_helpers import ENGINE_VARIANTS, generate_tokens, random_prompts
+from tests.engine.spec_decode_helpers import (ENGINE_VARIANTS, assert_greedy_tokens_unchanged, generate_tokens,
+                                              random_prompts)
 from engine.models.eagle import make_eagle_head
 from engine.runner.spec_decode import SpeculativeConfig
 
@@ -44,14 +45,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 @pytest.mark.parametrize("engine_kwargs", ENGINE_VARIANTS)
 def test_greedy_tokens_are_those_of_decoding_one_token_per_step(target, random_head, engine_kwargs):
-    prompts = random_prompts(5)
-    prompts.append(prompts[0][:20] + [5, 6])  # shares a block with the first
-    expected = generate_tokens(LLM(model=str(target), skip_tokenizer_init=True, **engine_kwargs), prompts, GREEDY)
-    llm = LLM(model=str(target), skip_tokenizer_init=True, speculative_config=_eagle(random_head), **engine_kwargs)
-    assert generate_tokens(llm, prompts, GREEDY) == expected
-    assert llm.engine_core.scheduler.make_stats().spec_decoding["num_drafts"] > 0
-    manager = llm.scheduler.kv_cache_manager
-    assert manager.num_free_blocks == manager.num_usable_blocks
+    assert_greedy_tokens_unchanged(target, _eagle(random_head), engine_kwargs, GREEDY)
 
 
 @pytest.mark.parametrize("engine_kwargs", [{}, {"max_num_batched_tokens": 7},
