@@ -103,8 +103,13 @@ def write_eagle_head(path: str | Path, target_config: dict, tensors: dict[str, t
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = {**target_config, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}
-    config.pop("layer_types", None)
+    # A plain Llama layer whatever the target's family (the published heads for gpt-oss, Qwen3-MoE and Llama 4 are
+    # Llama layers too): the target's width, heads and positions, no biases, no experts, no windows.
+    kept = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "vocab_size", "torch_dtype")
+    config = {key: target_config[key] for key in kept if target_config.get(key) is not None}
+    config.update(architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1, attention_bias=False,
+                  tie_word_embeddings=False, hidden_act="silu")
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(path / "model.safetensors"))
     return path

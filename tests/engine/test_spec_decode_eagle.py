@@ -149,3 +149,15 @@ def test_an_eagle3_head_reads_the_inputs_of_three_target_layers(deep_target, eag
         LLM(model=str(make_test_model(eagle3_head.parent / "shallow", "llama", num_hidden_layers=3)),
             skip_tokenizer_init=True,
             speculative_config={"method": "eagle3", "model": str(eagle3_head), "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3"])
+def test_heads_draft_for_other_families(tmp_path, family):
+    """The published heads for gpt-oss and Qwen3 are plain Llama layers over the target's features: both kinds of head
+    keep such targets' greedy tokens (gpt-oss: attention sinks and experts; Qwen3: q/k norms)."""
+    from engine.models.eagle3 import make_eagle3_head
+
+    target = make_test_model(tmp_path / "target", family, num_hidden_layers=4, seed=2)
+    for method, head in (("eagle", make_eagle_head(target, tmp_path / "eagle")),
+                         ("eagle3", make_eagle3_head(target, tmp_path / "eagle3", draft_vocab_size=200))):
+        assert_greedy_tokens_unchanged(target, {"method": method, "model": str(head), "num_speculative_tokens": 3}, {})
