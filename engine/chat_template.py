@@ -27,19 +27,23 @@ class NoChatTemplateError(ChatTemplateError):
 def check_messages(messages: Any, label: str = "messages") -> list[dict[str, Any]]:
     """A conversation as the template wants it: a non-empty list of {"role": str, "content": str}, where content may
     also be a list of parts (text, and images for a vision-language model: engine/chat_images.py, which decodes
-    them here and names a bad one)."""
+    them here and names a bad one), or None for an assistant turn that only calls tools."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError(f"{label} must be a non-empty list of {{'role', 'content'}} messages, got {messages!r:.80}")
     checked = []
     for index, message in enumerate(messages):
         content = message.get("content") if isinstance(message, Mapping) else None
+        calls_only = isinstance(message, Mapping) and content is None and message.get("role") == "assistant" \
+            and bool(message.get("tool_calls"))  # as OpenAI: an assistant turn of calls may have no content
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
-                or not isinstance(content, (str, list)):
+                or not (isinstance(content, (str, list)) or calls_only):
             raise ValueError(f"{label}[{index}] must be a mapping with a string 'role' and a string (or a list of "
                              f"parts) 'content', got {message!r:.80}")
         if isinstance(content, list):
             content = content_parts(content, f"{label}[{index}]")
-        checked.append({"role": message["role"], "content": content})
+        # Other keys (an assistant's tool_calls, a tool result's tool_call_id, a past thought's reasoning_content) go
+        # to the template as they are: templates that know them render them.
+        checked.append({**message, "content": content})
     return checked
 
 

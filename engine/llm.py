@@ -281,12 +281,15 @@ class LLM:
              priority: Sequence[int] | None = None,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
-             chat_template: str | None = None) -> list[RequestOutput]:
+             chat_template: str | None = None, tools: list[dict[str, Any]] | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` messages) or a list of
         them, each through the model's chat template (engine/chat_template.py, as the server's chat route
         renders it; ``chat_template_kwargs``, the template's own variables such as Qwen3's ``enable_thinking``;
-        ``chat_template``, a Jinja template used instead of the tokenizer's), then ``generate``. One RequestOutput per
-        conversation, in order."""
+        ``chat_template``, a Jinja template used instead of the tokenizer's; ``tools``, OpenAI's function definitions,
+        for templates that render them; ``continue_final_message``, the last message left open for the model to
+        continue, with ``add_generation_prompt=False``), then ``generate``. One RequestOutput per conversation, in
+        order."""
         single = isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and bool(messages) \
             and isinstance(messages[0], Mapping)
         conversations = [messages] if single else messages
@@ -294,18 +297,21 @@ class LLM:
             raise ValueError(f"messages must be a conversation (a list of messages) or a list of them, "
                              f"got {messages!r:.80}")
         prompts = [self._render_chat(check_messages(conversation, "messages" if single else f"messages[{index}]"),
-                                     add_generation_prompt, chat_template_kwargs, chat_template)
+                                     add_generation_prompt, chat_template_kwargs, chat_template,
+                                     tools=tools, continue_final_message=continue_final_message)
                    for index, conversation in enumerate(conversations)]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority,
                              lora_request=lora_request)
 
     def _render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                     template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None) -> dict[str, Any]:
+                     template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None, *,
+                     tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False) -> dict[str, Any]:
         """The conversation's prompt, with its images (content parts: engine/chat_images.py) as multi_modal_data."""
         images = mark_images(messages, image_token(self.image_inputs, self.tokenizer),
                              chat_template or getattr(self.tokenizer, "chat_template", None))
-        rendered = render_chat(self.tokenizer, messages, add_generation_prompt, template_kwargs=template_kwargs,
-                               chat_template=chat_template)
+        rendered = render_chat(self.tokenizer, messages, add_generation_prompt, tools=tools,
+                               template_kwargs=template_kwargs, chat_template=chat_template,
+                               continue_final_message=continue_final_message)
         return {**rendered, "multi_modal_data": {"image": images}} if images else rendered
 
     def _check_priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:

@@ -111,3 +111,26 @@ def test_deepseek_v3_thinks_only_when_the_request_turns_thinking_on(tiny_model_p
             assert getattr(plain, "reasoning", None) is None and plain.content == ANSWER
     finally:
         process.stop()
+
+
+def test_llm_chat_takes_tools_a_history_with_calls_and_an_open_final_message(tiny_model_path):
+    """vLLM's LLM.chat(tools=..., continue_final_message=...): the tools and an assistant turn's tool_calls reach the
+    template as they are, and the last message can be left open."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model=str(tiny_model_path), max_model_len=256)
+    llm.tokenizer.chat_template = (
+        "{% if tools %}[{% for t in tools %}{{ t['function']['name'] }}{% endfor %}]{% endif %}"
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] or '' }}"
+        "{% for c in m.get('tool_calls') or [] %}({{ c['function']['name'] }}){% endfor %}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}")
+    params = SamplingParams(max_tokens=1)
+    history = [{"role": "user", "content": "time?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "noon"}, {"role": "assistant", "content": "It is"}]
+    tools = [{"type": "function", "function": {"name": "get_time"}}]
+    prompt = llm.chat(history, params, use_tqdm=False, tools=tools, add_generation_prompt=False,
+                      continue_final_message=True)[0].prompt
+    # (transformers renders templates with trim_blocks: the newline after each endfor goes.)
+    assert prompt == "[get_time]<user>time?<assistant>(get_time)<tool>noon<assistant>It is"
