@@ -124,16 +124,16 @@ class LlamaModel(nn.Module):
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         # One cos/sin per step, shared by every layer.
         cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
-        entering: dict[int, torch.Tensor] = {}
+        keep, entering = self.aux_hidden_state_layers, {}  # empty unless an EAGLE-3 head is loaded
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            if index in self.aux_hidden_state_layers:
+            if keep and index in keep:
                 entering[index] = hidden_states
             hidden_states = layer(hidden_states, cos, sin, kv_cache, attn_metadata)
             if deepstack is not None and index < deepstack[1].shape[0]:
                 rows, levels = deepstack
                 hidden_states = hidden_states.index_add(0, rows, levels[index].to(hidden_states.dtype))
-        if self.aux_hidden_state_layers:  # in the order asked (a layer may be asked twice)
-            self.aux_hidden_states = [entering[index] for index in self.aux_hidden_state_layers]
+        if keep:  # in the order asked (a layer may be asked twice)
+            self.aux_hidden_states = [entering[index] for index in keep]
         return self.norm(hidden_states)
 
 

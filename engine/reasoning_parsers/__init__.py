@@ -16,6 +16,7 @@ are.
 
 from __future__ import annotations
 
+from engine.named_registry import NamedRegistry
 from engine.reasoning_parsers.harmony import HarmonyReasoningParser, StreamingHarmonyReasoning
 from engine.reasoning_parsers.think_tags import StreamingReasoningParser, ThinkTagsParser
 
@@ -23,24 +24,10 @@ from engine.reasoning_parsers.think_tags import StreamingReasoningParser, ThinkT
 # ``start_tag`` and ``end_tag`` (for structured outputs) and ``keeps_special_tokens``.
 ReasoningParser = ThinkTagsParser | HarmonyReasoningParser
 
-_PARSERS: dict[str, ReasoningParser] = {}
-
-
-def register(name: str, parser: ReasoningParser) -> None:
-    if name in _PARSERS:
-        raise ValueError(f"a reasoning parser named {name!r} is already registered")
-    _PARSERS[name] = parser
-
-
-def parser_names() -> list[str]:
-    return sorted(_PARSERS)
-
-
-def get_parser(name: str) -> ReasoningParser:
-    """The parser registered as ``name``; a ValueError listing the known names otherwise."""
-    if name not in _PARSERS:
-        raise ValueError(f"unknown reasoning parser {name!r}; known: {', '.join(parser_names())}")
-    return _PARSERS[name]
+_PARSERS: NamedRegistry[ReasoningParser] = NamedRegistry("reasoning parser")
+register = _PARSERS.register
+parser_names = _PARSERS.names
+get_parser = _PARSERS.get  # a ValueError listing the known names for an unknown one
 
 
 register("deepseek_r1", ThinkTagsParser(thinks_at_once=True))

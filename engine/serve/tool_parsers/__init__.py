@@ -8,6 +8,7 @@ here with ``register``; ``parser_names()`` lists them for the CLI's error on an 
 
 from __future__ import annotations
 
+from engine.named_registry import NamedRegistry
 from engine.serve.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, StreamingToolParser, ToolParser
 from engine.serve.tool_parsers.glm45 import Glm45ToolParser
 from engine.serve.tool_parsers.hermes import HermesToolParser
@@ -18,24 +19,15 @@ from engine.serve.tool_parsers.pythonic import PythonicToolParser
 from engine.serve.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 from engine.serve.tool_parsers.section_formats import DeepSeekV3ToolParser, DeepSeekV31ToolParser, KimiK2ToolParser
 
-_PARSERS: dict[str, type[ToolParser]] = {}
-
-
-def register(name: str, parser: type[ToolParser]) -> None:
-    if name in _PARSERS:
-        raise ValueError(f"a tool-call parser named {name!r} is already registered")
-    _PARSERS[name] = parser
-
-
-def parser_names() -> list[str]:
-    return sorted(_PARSERS)
+_PARSERS: NamedRegistry[type[ToolParser]] = NamedRegistry("tool-call parser")
+register = _PARSERS.register
+parser_names = _PARSERS.names
 
 
 def get_parser(name: str) -> ToolParser:
-    """The parser registered as ``name``; a ValueError listing the known names otherwise."""
-    if name not in _PARSERS:
-        raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(parser_names())}")
-    return _PARSERS[name]()
+    """A new parser of the format registered as ``name`` (one serves one request); a ValueError listing the known
+    names otherwise."""
+    return _PARSERS.get(name)()
 
 
 register("deepseek_v3", DeepSeekV3ToolParser)
