@@ -18,8 +18,10 @@ def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | No
 
     ``acceptance_rate_per_position[i]``: the share of drafts whose i-th token was accepted (vLLM's per-position
     acceptance rate, which counts every draft, shorter ones too); ``conditional_acceptance_per_position[i]``:
-    accepted at position i over accepted at position i - 1 (over all drafts for i = 0), the probability that
-    a workload's ``acceptance_rate`` list states (a draft trimmed short of position i lowers it slightly)."""
+    accepted at position i over the drafts whose i-th token was judged (proposed, and every token before it
+    accepted), the probability that a workload's ``acceptance_rate`` list states. A draft shorter than i + 1
+    tokens (an n-gram lookup's, or one trimmed at a request's end) does not count at i. Counts recorded before
+    the judged ones were (no ``num_judged_tokens_per_position``) divide by the accepted at i - 1 instead."""
     if not counts:
         return None
     num_speculative_tokens = max(each["num_speculative_tokens"] for each in counts)
@@ -30,13 +32,21 @@ def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | No
     num_drafts = sum(each["num_drafts"] for each in counts)
     num_draft_tokens = sum(each["num_draft_tokens"] for each in counts)
     num_accepted = sum(each["num_accepted_tokens"] for each in counts)
-    previous = [num_drafts, *per_position[:-1]]
+    if all("num_judged_tokens_per_position" in each for each in counts):
+        judged = [0] * num_speculative_tokens
+        for each in counts:
+            for position, count in enumerate(each["num_judged_tokens_per_position"]):
+                judged[position] += count
+    else:
+        judged = None
+    previous = judged or [num_drafts, *per_position[:-1]]
     return {
         "num_speculative_tokens": num_speculative_tokens,
         "num_drafts": num_drafts,
         "num_draft_tokens": num_draft_tokens,
         "num_accepted_tokens": num_accepted,
         "num_accepted_tokens_per_position": per_position,
+        **({"num_judged_tokens_per_position": judged} if judged is not None else {}),
         "acceptance_rate": num_accepted / num_draft_tokens if num_draft_tokens else 0.0,
         "mean_acceptance_length": 1.0 + num_accepted / num_drafts if num_drafts else 0.0,
         "acceptance_rate_per_position": [accepted / num_drafts if num_drafts else 0.0 for accepted in per_position],

@@ -238,7 +238,8 @@ class TraceRecorder:
         self._accepted_before = stats.num_accepted_tokens
         # What the engine counted before this recording (a real run's warm-up requests): not the run's.
         self._spec_baseline = SpecDecodingStats(stats.num_speculative_tokens, stats.num_drafts, stats.num_draft_tokens,
-                                                stats.num_accepted_tokens, list(stats.num_accepted_tokens_per_position))
+                                                stats.num_accepted_tokens, list(stats.num_accepted_tokens_per_position),
+                                                list(stats.num_judged_tokens_per_position))
         for name in SPEC_STEP_COLUMNS:
             self.steps[name] = []
 
@@ -251,7 +252,9 @@ class TraceRecorder:
                                 stats.num_draft_tokens - before.num_draft_tokens,
                                 stats.num_accepted_tokens - before.num_accepted_tokens,
                                 [now - then for now, then in zip(stats.num_accepted_tokens_per_position,
-                                                                 before.num_accepted_tokens_per_position)])
+                                                                 before.num_accepted_tokens_per_position)],
+                                [now - then for now, then in zip(stats.num_judged_tokens_per_position,
+                                                                 before.num_judged_tokens_per_position)])
         return [run.to_dict()]
 
     def on_outputs(self, outputs: Iterable[EngineCoreOutput], now: float) -> None:

@@ -43,10 +43,16 @@ class SpecDecodingStats:
     num_accepted_tokens: int = 0
     # How many drafts had their i-th token accepted (acceptance by position).
     num_accepted_tokens_per_position: list[int] = field(default_factory=list)
+    # How many drafts had their i-th token judged: one was proposed there and every token before it accepted. The
+    # conditional acceptance at i is accepted over judged; a proposer that offers fewer than k drafts (an n-gram
+    # lookup) leaves a position unjudged rather than rejected.
+    num_judged_tokens_per_position: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_position:
             self.num_accepted_tokens_per_position = [0] * self.num_speculative_tokens
+        if not self.num_judged_tokens_per_position:
+            self.num_judged_tokens_per_position = [0] * self.num_speculative_tokens
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.num_drafts += 1
@@ -55,6 +61,9 @@ class SpecDecodingStats:
         per_position = self.num_accepted_tokens_per_position
         for position in range(num_accepted):
             per_position[position] += 1
+        judged = self.num_judged_tokens_per_position
+        for position in range(min(num_accepted + 1, num_draft_tokens)):
+            judged[position] += 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -70,4 +79,5 @@ class SpecDecodingStats:
         return {"num_speculative_tokens": self.num_speculative_tokens, "num_drafts": self.num_drafts,
                 "num_draft_tokens": self.num_draft_tokens, "num_accepted_tokens": self.num_accepted_tokens,
                 "num_accepted_tokens_per_position": list(self.num_accepted_tokens_per_position),
+                "num_judged_tokens_per_position": list(self.num_judged_tokens_per_position),
                 "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length}

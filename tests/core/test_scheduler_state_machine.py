@@ -313,6 +313,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def invariants_hold(self):
         if hasattr(self, "core"):
             check_scheduler_invariants(self.scheduler)
+            stats = self.scheduler.spec_decoding_stats
+            if stats is not None:
+                # A position is judged only where one was proposed after every earlier one was kept: the
+                # accepted at i are among the judged at i, and the judged at i + 1 among the accepted at i.
+                accepted, judged = stats.num_accepted_tokens_per_position, stats.num_judged_tokens_per_position
+                assert all(a <= j for a, j in zip(accepted, judged))
+                assert all(j <= a for j, a in zip(judged[1:], accepted))
+                assert judged[:1] == [stats.num_drafts] or stats.num_speculative_tokens == 0
+                assert sum(accepted) == stats.num_accepted_tokens
 
     def teardown(self):
         if not hasattr(self, "core"):

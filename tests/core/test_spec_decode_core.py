@@ -64,3 +64,25 @@ def test_an_executor_returning_more_tokens_than_the_drafts_allow_is_named():
     output = _decode_with_drafts(core, [1, 2])
     with pytest.raises(RuntimeError, match="returned 4 tokens for a step with 2 draft tokens"):
         scheduler.update_from_output(output, ModelRunnerOutput(["r"], {"r": 0}, [[1, 2, 3, 4]]))
+
+
+def test_a_position_is_judged_only_when_a_draft_sits_there_and_every_one_before_it_was_kept():
+    """Conditional acceptance divides by the judged drafts: a one-token proposal (an n-gram lookup's) leaves the
+    later positions unjudged, not rejected; a rejection leaves the positions after it unjudged."""
+    from engine.core.spec_decode import SpecDecodingStats
+
+    stats = SpecDecodingStats(3)
+    stats.record(1, 1)  # one draft, kept
+    stats.record(3, 1)  # three, the second rejected
+    stats.record(2, 2)  # two, both kept
+    stats.record(3, 0)  # three, the first rejected
+    counts = stats.to_dict()
+    assert counts["num_accepted_tokens_per_position"] == [3, 1, 0]
+    assert counts["num_judged_tokens_per_position"] == [4, 2, 0]
+    from analysis.spec_decode_stats import merge_spec_decoding
+
+    merged = merge_spec_decoding([counts, counts])
+    assert merged["conditional_acceptance_per_position"] == [0.75, 0.5, 0.0]
+    # Counts from before the judged ones were recorded fall back to accepted at the position before.
+    old = {key: value for key, value in counts.items() if key != "num_judged_tokens_per_position"}
+    assert merge_spec_decoding([old])["conditional_acceptance_per_position"] == [0.75, 1 / 3, 0.0]
