@@ -65,7 +65,8 @@ def run_real(workload: WorkloadConfig, out_dir: str | Path | None, engine: Engin
     lora_steps = RealLoRASteps(lora_manager) if lora_manager is not None and lora_paths else None
     recorder = run_wall_clock(engine, requests, progress=progress, description=f"{workload.name} (real)",
                               lora_paths=lora_paths, lora_steps=lora_steps,
-                              max_concurrency=workload.workload.max_concurrency, image_pixels=image_pixels)
+                              max_concurrency=workload.workload.max_concurrency, image_pixels=image_pixels,
+                              temperature=workload.workload.temperature)
     finished = time.perf_counter()
     cpu_run = (executor_info or {}).get("device") == "cpu"
     machine_load = load.summary(sum(recorder.step_columns()["duration"]) if cpu_run else None)

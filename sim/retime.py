@@ -37,13 +37,15 @@ from sim.wall_clock_driver import RecordedTimeline, run_wall_clock
 
 def retime_schedule(engine: EngineCore, requests, recorded_durations: list[float],
                     recorded_tokens: list[int], lora_paths: dict[str, str] | None = None,
-                    max_concurrency: int | None = None, image_pixels=None) -> list[float]:
+                    max_concurrency: int | None = None, image_pixels=None, temperature: float | None = None
+                    ) -> list[float]:
     """Run the engine on ``requests`` with a clock that advances by the recorded step durations; return
     each step's measured wall time (the same span a real run measures: the whole engine step). ``lora_paths``:
-    a LoRA run's adapter folders (sim/real_lora_adapters.py); ``image_pixels``: its images' (sim/real_images.py)."""
+    a LoRA run's adapter folders (sim/real_lora_adapters.py); ``image_pixels``: its images' (sim/real_images.py);
+    ``temperature``: the recording's workload.temperature (a speculating engine's schedule follows its tokens)."""
     timeline = RecordedTimeline(recorded_durations, recorded_tokens)
     run_wall_clock(engine, requests, record_schedule=False, timeline=timeline, lora_paths=lora_paths,
-                   max_concurrency=max_concurrency, image_pixels=image_pixels)
+                   max_concurrency=max_concurrency, image_pixels=image_pixels, temperature=temperature)
     return timeline.measured
 
 
@@ -73,7 +75,8 @@ def retime_run(run_dir: str | Path, out_dir: str | Path | None, *, model: str | 
     load = MachineLoad.start()
     image_pixels = real.images.pixels(requests) if real.images is not None and workload.has_images() else None
     measured = retime_schedule(real.engine, requests, recorded, steps["num_scheduled_tokens"].tolist(),
-                               real.lora_paths, workload.workload.max_concurrency, image_pixels)
+                               real.lora_paths, workload.workload.max_concurrency, image_pixels,
+                               workload.workload.temperature)
     machine_load = load.summary(sum(measured) if real.info.get("device") == "cpu" else None)
     if out_dir is not None:
         retimed = steps.copy()

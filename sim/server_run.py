@@ -54,6 +54,15 @@ REQUEST_TIMEOUT_S = 600.0
 MAX_ERRORS_KEPT = 5
 
 
+@dataclass(frozen=True)
+class _RequestShape:
+    """What every request of one run carries beside its own tokens: the served model's name (an adapter's
+    request names the adapter instead), whether to send its priority, and the sampling temperature."""
+    model: str
+    send_priority: bool = False
+    temperature: float | None = None
+
+
 @dataclass
 class _Record:
     request_id: str
@@ -136,7 +145,7 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
     # a server that schedules fcfs refuses them, which the run reports); otherwise none is sent.
     send_priority = reads_priority(workload.engine.scheduling_policy)
     records = asyncio.run(_send_all(specs, url, model, progress, workload.name, send_priority,
-                                    workload.workload.max_concurrency, api_key))
+                                    workload.workload.max_concurrency, api_key, workload.workload.temperature))
     wall_s = time.perf_counter() - started
     requests = requests_table(_columns(records))
     steps = steps_table({name: [] for name in REQUIRED_STEP_COLUMNS})
@@ -163,7 +172,9 @@ def run_against_server(workload: WorkloadConfig, url: str, out_dir: str | Path |
 
 async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bool, name: str,
                     send_priority: bool = False, max_concurrency: int | None = None,
-                    api_key: str | None = None) -> list[_Record]:
+                    api_key: str | None = None, temperature: float | None = None) -> list[_Record]:
+    """``temperature``: workload.temperature, sent with every request (None: the server's default)."""
+    shape = _RequestShape(model, send_priority, temperature)
     # No pool limit: a request queued inside the client would be charged the wait as server latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     bar = tqdm(total=count_requests(specs), desc=f"{name} (server)", unit="req", disable=not progress,
@@ -179,16 +190,16 @@ async def _send_all(specs: list[RequestSpec], url: str, model: str, progress: bo
             delay = origin + spec.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_send_session(client, model, spec, origin, bar, send_priority, slots)))
+            tasks.append(asyncio.create_task(_send_session(client, shape, spec, origin, bar, slots)))
         sessions = await asyncio.gather(*tasks)
     bar.close()
     return [record for session in sessions for record in session]
 
 
-async def _send_session(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
-                        send_priority: bool, slots: asyncio.Semaphore | None) -> list[_Record]:
+async def _send_session(client: httpx.AsyncClient, shape: _RequestShape, spec: RequestSpec, origin: float, bar,
+                        slots: asyncio.Semaphore | None) -> list[_Record]:
     """``spec``'s request, then its session's later turns, each when its think time after the one before is up."""
-    records = [await _send(client, model, spec, origin, bar, send_priority, slots)]
+    records = [await _send(client, shape, spec, origin, bar, slots)]
     while spec.next_turns:
         record = records[-1]
         if record.error is None and record.output_token_ids is None:
@@ -207,16 +218,16 @@ async def _send_session(client: httpx.AsyncClient, model: str, spec: RequestSpec
         delay = origin + spec.arrival_time - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        records.append(await _send(client, model, spec, origin, bar, send_priority, slots))
+        records.append(await _send(client, shape, spec, origin, bar, slots))
     return records
 
 
-async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin: float, bar,
-                send_priority: bool = False, slots: asyncio.Semaphore | None = None) -> _Record:
+async def _send(client: httpx.AsyncClient, shape: _RequestShape, spec: RequestSpec, origin: float, bar,
+                slots: asyncio.Semaphore | None = None) -> _Record:
     if slots is not None:
         waiting_since = time.perf_counter() - origin
         async with slots:
-            record = await _send(client, model, spec, origin, bar, send_priority)
+            record = await _send(client, shape, spec, origin, bar)
         record.client_wait_s = record.arrival_time - waiting_since
         return record
 
@@ -225,11 +236,13 @@ async def _send(client: httpx.AsyncClient, model: str, spec: RequestSpec, origin
 
     record = _Record(spec.request_id, now(), len(spec.prompt_token_ids), spec.request_class,
                      session_id=spec.session_id, turn=spec.turn, lora_name=spec.lora_name)
-    body = {"model": spec.lora_name or model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    body = {"model": spec.lora_name or shape.model, "prompt": list(spec.prompt_token_ids),
+            "max_tokens": spec.output_len, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
-    if send_priority:
+    if shape.send_priority:
         body["priority"] = spec.priority
+    if shape.temperature is not None:
+        body["temperature"] = shape.temperature
     num_counted = 0
     usage = None
     try:

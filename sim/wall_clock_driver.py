@@ -66,7 +66,7 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
                    sleep: Callable[[float], None] = time.sleep,
                    timeline: RecordedTimeline | None = None, lora_paths: Mapping[str, str] | None = None,
                    lora_steps: RealLoRASteps | None = None, max_concurrency: int | None = None,
-                   image_pixels: Mapping[str, Any] | None = None) -> TraceRecorder:
+                   image_pixels: Mapping[str, Any] | None = None, temperature: float | None = None) -> TraceRecorder:
     """``lora_paths``: each adapter's folder (a real runner reads it); ``lora_steps``: the runner's LoRA counters,
     recorded per step (sim/real_lora_steps.py), for an engine that serves adapters; ``max_concurrency``: the
     client's limit on requests in flight (workload.max_concurrency); ``image_pixels``: each image identifier's
@@ -108,7 +108,8 @@ def run_wall_clock(engine: EngineCore, requests: Sequence[RequestSpec], *, recor
                                 spec.request_class, spec.lora_name, spec.session_id, spec.turn, spec.client_wait_s)
             if spec.images:
                 recorder.note_images(spec.request_id, spec.images)
-            request = make_request(spec, params_by_output_len, lora_paths=lora_paths, image_pixels=image_pixels)
+            request = make_request(spec, params_by_output_len, lora_paths=lora_paths, image_pixels=image_pixels,
+                                   temperature=temperature)
             engine.add_request(request)
             arrivals.track(spec, request)
         if not engine.has_work():

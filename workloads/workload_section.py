@@ -247,6 +247,10 @@ class WorkloadSection(StreamSection):
     # serve --max-concurrency): a request arriving while that many are in flight waits for one to finish, and
     # its latencies count from when it is sent. null: no limit (an open loop).
     max_concurrency: PositiveInt | None = None
+    # The sampling temperature every request asks for in real and server runs (vLLM's bench serve --temperature);
+    # null: the engine's default, 1.0; 0: greedy. The simulator never samples a token, so a simulated run is the
+    # same at any temperature, but a real run's speculative decoding is not: its acceptance follows the text.
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     class_name: str = DEFAULT_REQUEST_CLASS
     classes: list[RequestClass] | None = Field(default=None, min_length=1)
 

@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("torch")
 
 from analysis import read_run  # noqa: E402
-from engine.core.sampling_params import SamplingParams  # noqa: E402
 from sim.real_engine import SetupError, build_real_engine  # noqa: E402
 from sim.real_run import run_real  # noqa: E402
 from sim.replay import run_replay  # noqa: E402
@@ -38,25 +37,12 @@ def drafting_run(tmp_path_factory):
 
 
 def _greedy_real_run(spec, out):
-    # Greedy requests: the tiny random model's greedy outputs fall into loops, where drafts are accepted (at the
-    # workload's default temperature 1 over its near-uniform distribution nearly none would be).
-    import sim.wall_clock_driver as driver
-    from sim.engine_requests import make_request
-
-    def greedy(spec, params_by_output_len, **kwargs):
-        request = make_request(spec, params_by_output_len, **kwargs)
-        request.sampling_params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=0.0)
-        return request
-
-    patch = pytest.MonkeyPatch()
-    patch.setattr(driver, "make_request", greedy)
-    try:
-        workload = load_workload(spec)
-        real = build_real_engine(workload, model="tiny", threads=1)
-        result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
-                          reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
-    finally:
-        patch.undo()
+    # Greedy requests (workload.temperature 0): the tiny random model's greedy outputs fall into loops, where drafts
+    # are accepted (at the default temperature 1 over its near-uniform distribution nearly none would be).
+    workload = load_workload(dict(spec, workload=dict(spec["workload"], temperature=0)))
+    real = build_real_engine(workload, model="tiny", threads=1)
+    result = run_real(workload, out, real.engine, vocab_size=real.vocab_size,
+                      reserved_token_ids=real.reserved_token_ids, executor_info=real.info)
     manager = real.engine.scheduler.kv_cache_manager
     assert result.summary["num_finished"] == 40 and manager.num_free_blocks == manager.num_usable_blocks
     return out
