@@ -163,6 +163,12 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
             # run's measured list closes the loop from the real proposer to the simulator.
             headline.add_row("acceptance by position (acceptance_rate)",
                              "[" + ", ".join(f"{rate:.2f}" for rate in by_position) + "]")
+        offered = spec.get("proposal_rate_per_position")
+        if offered and spec.get("num_proposals") and min(offered) < 1:
+            # A proposer that sometimes offers fewer drafts (an n-gram lookup): what a simulation takes as
+            # engine.speculative_decoding.proposal_rate.
+            headline.add_row("proposals by position (proposal_rate)",
+                             "[" + ", ".join(f"{rate:.2f}" for rate in offered) + "]")
     client_wait = summary.get("client_wait_ms")
     if client_wait:
         headline.add_row("waited at the client (max_concurrency)",

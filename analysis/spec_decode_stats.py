@@ -21,7 +21,10 @@ def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | No
     accepted at position i over the drafts whose i-th token was judged (proposed, and every token before it
     accepted), the probability that a workload's ``acceptance_rate`` list states. A draft shorter than i + 1
     tokens (an n-gram lookup's, or one trimmed at a request's end) does not count at i. Counts recorded before
-    the judged ones were (no ``num_judged_tokens_per_position``) divide by the accepted at i - 1 instead."""
+    the judged ones were (no ``num_judged_tokens_per_position``) divide by the accepted at i - 1 instead.
+    ``proposal_rate_per_position[i]``: of the proposals that held i drafts, the share that held an (i + 1)-th (of
+    every proposal for i = 0): what a workload's ``proposal_rate`` states (an n-gram lookup may find nothing, or
+    fewer than k tokens; a draft model's is all ones). Absent from counts recorded before proposals were."""
     if not counts:
         return None
     num_speculative_tokens = max(each["num_speculative_tokens"] for each in counts)
@@ -40,6 +43,16 @@ def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | No
     else:
         judged = None
     previous = judged or [num_drafts, *per_position[:-1]]
+    proposals = None
+    if all("num_proposed_tokens_per_position" in each for each in counts):
+        num_proposals = sum(each["num_proposals"] for each in counts)
+        proposed = [0] * num_speculative_tokens
+        for each in counts:
+            for position, count in enumerate(each["num_proposed_tokens_per_position"]):
+                proposed[position] += count
+        proposals = {"num_proposals": num_proposals, "num_proposed_tokens_per_position": proposed,
+                     "proposal_rate_per_position": [offered / asked if asked else 0.0 for offered, asked
+                                                    in zip(proposed, [num_proposals, *proposed[:-1]])]}
     return {
         "num_speculative_tokens": num_speculative_tokens,
         "num_drafts": num_drafts,
@@ -52,4 +65,5 @@ def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | No
         "acceptance_rate_per_position": [accepted / num_drafts if num_drafts else 0.0 for accepted in per_position],
         "conditional_acceptance_per_position": [accepted / before if before else 0.0
                                                 for accepted, before in zip(per_position, previous)],
+        **(proposals or {}),
     }

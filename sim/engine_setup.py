@@ -215,7 +215,8 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
             # The MTP module's experts are spread over the ranks' GPUs as the model's are.
             data_parallel_size=expert_parallel_ranks if section.method == "mtp" else 1)
         speculation = SpeculationSetup(num_speculative_tokens, tuple(section.acceptance_by_position()), section.method,
-                                       workload.seed, draft_cost_model)
+                                       workload.seed, draft_cost_model,
+                                       proposal_by_position=tuple(section.proposal_by_position()))
     try:
         price_expert_popularity(workload, model, [cost_model] + (
             [speculation.draft_cost_model] if speculation is not None and speculation.method == "mtp" else []))

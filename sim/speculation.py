@@ -8,6 +8,12 @@ share its steps. A position is verified once (a rejected draft's position next h
 its place, and later drafts sit past it), except when a preempted request recomputes: it then draws what
 it drew before.
 
+Proposals. A proposer offers ``num_speculative_tokens`` drafts unless ``proposal_by_position`` says otherwise
+(an n-gram lookup, which finds nothing when the sequence's tail never occurred before, and fewer tokens when it
+occurred near the end): it offers the i-th draft with ``proposal_by_position[i]`` when it offered those before
+it. Drawn like acceptance, from (seed, request id, the draft's position) on a stream of its own, so the two are
+independent and a run without ``proposal_rate`` draws exactly the acceptances it drew before.
+
 Proposing, added to the step's time after the verification pass (vLLM proposes once the step has sampled,
 before the engine can schedule the next step):
 
@@ -67,6 +73,10 @@ class SpeculationSetup:
     seed: int
     # The draft model's cost on the target's hardware (every method but ngram), else None.
     draft_cost_model: AnalyticalCostModel | None = None
+    # proposal_by_position[i]: P(the proposer offers an i-th draft | it offered the ones before); () = always all.
+    proposal_by_position: tuple[float, ...] = ()
+    # An n-gram lookup's CPU seconds per request that sampled: the assumption below, or a calibrated profile's fit.
+    ngram_propose_s_per_request: float = NGRAM_PROPOSE_S_PER_REQUEST
 
     def __post_init__(self) -> None:
         if len(self.acceptance_by_position) != self.num_speculative_tokens:
@@ -74,13 +84,22 @@ class SpeculationSetup:
                              f"num_speculative_tokens {self.num_speculative_tokens}")
         if (self.method != "ngram") != (self.draft_cost_model is not None):
             raise ValueError(f"method {self.method!r} with draft_cost_model {self.draft_cost_model!r}")
+        if self.proposal_by_position and len(self.proposal_by_position) != self.num_speculative_tokens:
+            raise ValueError(f"proposal_by_position has {len(self.proposal_by_position)} entries for "
+                             f"num_speculative_tokens {self.num_speculative_tokens}")
+
+    @property
+    def always_proposes_all(self) -> bool:
+        return all(rate >= 1.0 for rate in self.proposal_by_position)
 
     def describe(self) -> dict:
         """For summary.json's config: the proposer and its cost."""
         described = {"num_speculative_tokens": self.num_speculative_tokens,
                      "acceptance_by_position": list(self.acceptance_by_position), "method": self.method}
+        if not self.always_proposes_all:
+            described["proposal_by_position"] = list(self.proposal_by_position)
         if self.draft_cost_model is None:
-            described["ngram_propose_s_per_request"] = NGRAM_PROPOSE_S_PER_REQUEST
+            described["ngram_propose_s_per_request"] = self.ngram_propose_s_per_request
         else:
             draft = self.draft_cost_model
             described["draft_model"] = draft.model.name
@@ -88,12 +107,12 @@ class SpeculationSetup:
         return described
 
 
-class AcceptanceDraws:
-    """How many of a verification's drafts are accepted (see the module docstring)."""
+class PositionDraws:
+    """Runs of successes drawn per (request, sequence position) on one random stream: how many of a
+    verification's drafts are accepted, or how many drafts a proposal offers (see the module docstring)."""
 
-    def __init__(self, setup: SpeculationSetup) -> None:
-        self.acceptance_by_position = setup.acceptance_by_position
-        base = stream_seed(setup.seed, Stream.SPECULATIVE_ACCEPTANCE).generate_state(2, dtype="uint32")
+    def __init__(self, seed: int, stream: Stream) -> None:
+        base = stream_seed(seed, stream).generate_state(2, dtype="uint32")
         self._base = int(base[0]).to_bytes(4, "little") + int(base[1]).to_bytes(4, "little")
         # Each live request's 64-bit key (forgotten when it finishes: a long run sees many requests).
         self._keys: dict[str, int] = {}
@@ -103,17 +122,43 @@ class AcceptanceDraws:
         for request_id in request_ids:
             keys.pop(request_id, None)
 
-    def num_accepted(self, request_id: str, first_draft_position: int, num_drafts: int) -> int:
-        """Accepted drafts of ``num_drafts`` whose first sits at sequence position ``first_draft_position``."""
+    def run_length(self, request_id: str, first_position: int, rates: tuple[float, ...], limit: int) -> int:
+        """How many of ``limit`` trials, the i-th at sequence position ``first_position + i`` with success
+        probability ``rates[i]``, succeed before the first failure."""
         key = self._keys.get(request_id)
         if key is None:
             digest = hashlib.blake2b(request_id.encode(), digest_size=8, key=self._base).digest()
             key = self._keys[request_id] = int.from_bytes(digest, "little")
-        rates = self.acceptance_by_position
-        for index in range(num_drafts):
-            if _unit_interval(key, first_draft_position + index) >= rates[index]:
+        for index in range(limit):
+            if _unit_interval(key, first_position + index) >= rates[index]:
                 return index
-        return num_drafts
+        return limit
+
+
+class AcceptanceDraws(PositionDraws):
+    """How many of a verification's drafts are accepted."""
+
+    def __init__(self, setup: SpeculationSetup) -> None:
+        super().__init__(setup.seed, Stream.SPECULATIVE_ACCEPTANCE)
+        self.acceptance_by_position = setup.acceptance_by_position
+
+    def num_accepted(self, request_id: str, first_draft_position: int, num_drafts: int) -> int:
+        """Accepted drafts of ``num_drafts`` whose first sits at sequence position ``first_draft_position``."""
+        return self.run_length(request_id, first_draft_position, self.acceptance_by_position, num_drafts)
+
+
+class ProposalDraws(PositionDraws):
+    """How many drafts a proposal offers (a proposer that always offers all needs none of this)."""
+
+    def __init__(self, setup: SpeculationSetup) -> None:
+        super().__init__(setup.seed, Stream.SPECULATIVE_PROPOSALS)
+        self.proposal_by_position = setup.proposal_by_position
+        self.num_speculative_tokens = setup.num_speculative_tokens
+
+    def num_offered(self, request_id: str, first_draft_position: int) -> int:
+        """Drafts offered for a request whose first draft would sit at sequence position ``first_draft_position``."""
+        return self.run_length(request_id, first_draft_position, self.proposal_by_position,
+                               self.num_speculative_tokens)
 
 
 def proposer_seconds(setup: SpeculationSetup, features: StepFeatures, num_sampling: int,
@@ -123,7 +168,7 @@ def proposer_seconds(setup: SpeculationSetup, features: StepFeatures, num_sampli
     tokens, the longest ``longest_sequence``."""
     draft = setup.draft_cost_model
     if draft is None:
-        return num_sampling * NGRAM_PROPOSE_S_PER_REQUEST
+        return num_sampling * setup.ngram_propose_s_per_request
     seconds = draft.step_time_from_features(features) - draft.engine_overhead_s(features)
     if num_sampling:
         for index in range(1, setup.num_speculative_tokens):

@@ -20,7 +20,7 @@ from engine.core.outputs import ModelRunnerOutput
 from engine.core.scheduler_output import SchedulerOutput
 from sim.cost_models import CostModel
 from sim.sim_executor import SimulatedExecutor
-from sim.speculation import AcceptanceDraws, SpeculationSetup, proposer_seconds
+from sim.speculation import AcceptanceDraws, ProposalDraws, SpeculationSetup, proposer_seconds
 
 
 class SpeculatingExecutor(SimulatedExecutor):
@@ -31,8 +31,10 @@ class SpeculatingExecutor(SimulatedExecutor):
                              f"{speculation.num_speculative_tokens}")
         self.speculation = speculation
         self.acceptances = AcceptanceDraws(speculation)
-        # One list of drafts per token value, shared by every request proposing it (the core copies).
-        self._drafts_of_token: dict[int, list[int]] = {}
+        # How many drafts each proposal offers, when the proposer may offer fewer than all (an n-gram lookup).
+        self.proposals = None if speculation.always_proposes_all else ProposalDraws(speculation)
+        # One list of drafts per token value and length, shared by every request proposing it (the core copies).
+        self._drafts_of_token: dict[tuple[int, int], list[int]] = {}
         # What proposing cost in the last step (part of last_duration), and for how many requests that sampled.
         self.last_proposer_s = 0.0
         self.last_num_sampling = 0
@@ -41,6 +43,8 @@ class SpeculatingExecutor(SimulatedExecutor):
         output = super().execute_model(scheduler_output)
         if scheduler_output.finished_req_ids:
             self.acceptances.forget(scheduler_output.finished_req_ids)
+            if self.proposals is not None:
+                self.proposals.forget(scheduler_output.finished_req_ids)
         self.last_proposer_s = 0.0
         self.last_num_sampling = 0
         if not scheduler_output.total_num_scheduled_tokens:
@@ -53,10 +57,11 @@ class SpeculatingExecutor(SimulatedExecutor):
         own_tokens, shared_token = self.token_ids_by_request, self.token_id
         draws, drafts_of_token = self.acceptances, self._drafts_of_token
         num_speculative_tokens = self.speculation.num_speculative_tokens
+        offers = self.proposals
         proposals: dict[str, list[int]] = {}
         # Rows of several tokens this step, by (token, count).
         multi_rows: dict[tuple[int, int], int] = {}
-        sequence_tokens = longest = 0
+        sequence_tokens = longest = num_sampling = 0
         cached = scheduler_output.scheduled_cached_reqs
         scheduled = [(new.req_id, new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs]
         scheduled += zip(cached.req_ids, cached.num_computed_tokens)
@@ -82,12 +87,17 @@ class SpeculatingExecutor(SimulatedExecutor):
             sequence_tokens += length
             if length > longest:
                 longest = length
-            proposal = drafts_of_token.get(token)
+            num_sampling += 1
+            # The next drafts would sit right after the sequence's last token.
+            num_offered = num_speculative_tokens if offers is None else offers.num_offered(request_id, length)
+            if not num_offered:
+                continue  # the lookup found nothing: the request decodes one token next, as without speculation
+            proposal = drafts_of_token.get((token, num_offered))
             if proposal is None:
-                proposal = drafts_of_token[token] = [token] * num_speculative_tokens
+                proposal = drafts_of_token[(token, num_offered)] = [token] * num_offered
             proposals[request_id] = proposal
-        self.last_num_sampling = len(proposals)
-        self.last_proposer_s = proposer_seconds(self.speculation, self.last_features, len(proposals),
+        self.last_num_sampling = num_sampling
+        self.last_proposer_s = proposer_seconds(self.speculation, self.last_features, num_sampling,
                                                 sequence_tokens, longest)
         self.last_duration += self.last_proposer_s
         return ModelRunnerOutput(output.req_ids, rows, sampled, spec_token_ids=proposals)

@@ -7,10 +7,10 @@ appended once per event, so recording costs little next to the step itself.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Iterable
 
-from engine.core.spec_decode import SpecDecodingStats
 from engine.core.outputs import EngineCoreOutput
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import SchedulerOutput
@@ -237,9 +237,7 @@ class TraceRecorder:
         self.spec_decoding = stats
         self._accepted_before = stats.num_accepted_tokens
         # What the engine counted before this recording (a real run's warm-up requests): not the run's.
-        self._spec_baseline = SpecDecodingStats(stats.num_speculative_tokens, stats.num_drafts, stats.num_draft_tokens,
-                                                stats.num_accepted_tokens, list(stats.num_accepted_tokens_per_position),
-                                                list(stats.num_judged_tokens_per_position))
+        self._spec_baseline = copy.deepcopy(stats)
         for name in SPEC_STEP_COLUMNS:
             self.steps[name] = []
 
@@ -248,13 +246,7 @@ class TraceRecorder:
         stats, before = self.spec_decoding, self._spec_baseline
         if stats is None:
             return []
-        run = SpecDecodingStats(stats.num_speculative_tokens, stats.num_drafts - before.num_drafts,
-                                stats.num_draft_tokens - before.num_draft_tokens,
-                                stats.num_accepted_tokens - before.num_accepted_tokens,
-                                [now - then for now, then in zip(stats.num_accepted_tokens_per_position,
-                                                                 before.num_accepted_tokens_per_position)],
-                                [now - then for now, then in zip(stats.num_judged_tokens_per_position,
-                                                                 before.num_judged_tokens_per_position)])
+        run = stats.since(before)
         return [run.to_dict()]
 
     def on_outputs(self, outputs: Iterable[EngineCoreOutput], now: float) -> None:

@@ -48,6 +48,8 @@ class Stream(enum.IntEnum):
     IMAGE_SIZES = 21
     # Which experts a mixture of experts' router favours (workload.expert_popularity; sim/expert_popularity.py).
     EXPERT_POPULARITY = 22
+    # How many drafts an n-gram lookup offers (engine.speculative_decoding.proposal_rate; sim/speculation.py).
+    SPECULATIVE_PROPOSALS = 23
 
 
 def stream_seed(seed: int, stream: Stream) -> np.random.SeedSequence:

@@ -29,6 +29,11 @@ class SpeculativeDecodingSection(SchemaModel):
       before it were (what vLLM reports as per-position acceptance). A list needs an entry for every
       position up to ``num_speculative_tokens``; entries past it are unused (so one measured list serves a
       sweep over ``num_speculative_tokens``).
+    - ``proposal_rate``: ``ngram`` only, default 1 (always ``num_speculative_tokens`` drafts): one probability in
+      (0, 1] or one per position, the probability that the proposer offers an i-th draft when it offered the ones
+      before it (i = 0: that it offers any). A prompt lookup finds nothing when the sequence's tail never occurred
+      before, and fewer than k tokens when it occurred near the end; real runs report the measured list
+      (``proposal_rate_per_position``). A draft model or head always offers k.
     - ``method``: ``ngram`` (prompt lookup, a little CPU time per request and step), ``draft_model``, ``mtp``
       (the model's own multi-token-prediction module, DeepSeek-V3/R1's: sim/mtp_draft.py), ``eagle`` or ``eagle3``
       (a one-layer EAGLE or EAGLE-3 head over the model's hidden states: sim/eagle_draft.py).
@@ -42,13 +47,14 @@ class SpeculativeDecodingSection(SchemaModel):
 
     num_speculative_tokens: int = Field(ge=0, le=MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float | list[float]
+    proposal_rate: float | list[float] = 1.0
     method: Literal["ngram", "draft_model", "mtp", "eagle", "eagle3"] = "ngram"
     draft_model: str | None = Field(default=None, min_length=1)
     draft_vocab_size: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int = Field(default=2, ge=1)
     prompt_lookup_max: int = Field(default=5, ge=1)
 
-    @field_validator("acceptance_rate", mode="before")
+    @field_validator("acceptance_rate", "proposal_rate", mode="before")
     @classmethod
     def _probabilities(cls, value: Any) -> Any:
         # One message naming what is wrong, instead of pydantic's report per member of the union.
@@ -70,11 +76,14 @@ class SpeculativeDecodingSection(SchemaModel):
     @model_validator(mode="after")
     def _consistent(self) -> SpeculativeDecodingSection:
         problems = []
-        rates = self.acceptance_rate
-        if isinstance(rates, list) and len(rates) < self.num_speculative_tokens:
-            problems.append(("acceptance_rate", f"lists {len(rates)} per-position probabilities, but "
-                             f"num_speculative_tokens is {self.num_speculative_tokens}: give one per draft position",
-                             rates))
+        for name, rates in (("acceptance_rate", self.acceptance_rate), ("proposal_rate", self.proposal_rate)):
+            if isinstance(rates, list) and len(rates) < self.num_speculative_tokens:
+                problems.append((name, f"lists {len(rates)} per-position probabilities, but num_speculative_tokens "
+                                 f"is {self.num_speculative_tokens}: give one per draft position", rates))
+        offered = self.proposal_rate
+        if self.method != "ngram" and (min(offered) if isinstance(offered, list) else offered) < 1:
+            problems.append(("proposal_rate", f"is only used with method: ngram (a {self.method} proposer offers "
+                             "num_speculative_tokens drafts every step)", self.proposal_rate))
         if self.method == "draft_model" and self.draft_model is None:
             problems.append(("draft_model", "method draft_model needs the draft model (a preset name or a "
                              "config.json path)", None))
@@ -99,7 +108,13 @@ class SpeculativeDecodingSection(SchemaModel):
 
     def acceptance_by_position(self) -> list[float]:
         """The probability that the i-th draft is accepted when those before it were, i < num_speculative_tokens."""
-        rates = self.acceptance_rate
+        return self._by_position(self.acceptance_rate)
+
+    def proposal_by_position(self) -> list[float]:
+        """The probability that the proposer offers an i-th draft when it offered those before it."""
+        return self._by_position(self.proposal_rate)
+
+    def _by_position(self, rates: float | list[float]) -> list[float]:
         if isinstance(rates, list):
             return rates[:self.num_speculative_tokens]
         return [rates] * self.num_speculative_tokens

@@ -94,6 +94,7 @@ def apply_model_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
             continue
         if speculating and finish_reason is None and not waiting_to_resume:
             drafts = model_runner_output.spec_token_ids.get(request_id)
+            scheduler.spec_decoding_stats.record_proposal(len(drafts) if drafts else 0)
             request.spec_token_ids = trim_drafts(request, drafts, scheduler.num_speculative_tokens,
                                                  scheduler.max_model_len) if drafts else []
         outputs.append(EngineCoreOutput(

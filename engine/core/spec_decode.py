@@ -47,12 +47,17 @@ class SpecDecodingStats:
     # conditional acceptance at i is accepted over judged; a proposer that offers fewer than k drafts (an n-gram
     # lookup) leaves a position unjudged rather than rejected.
     num_judged_tokens_per_position: list[int] = field(default_factory=list)
+    # The proposer's side: how many times it was asked for drafts (a request that sampled and goes on), and how many
+    # of its proposals held an i-th draft (before the trim to what the request may still produce). An n-gram lookup
+    # may find nothing, or fewer than k tokens; a draft model always offers k.
+    num_proposals: int = 0
+    num_proposed_tokens_per_position: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.num_accepted_tokens_per_position:
-            self.num_accepted_tokens_per_position = [0] * self.num_speculative_tokens
-        if not self.num_judged_tokens_per_position:
-            self.num_judged_tokens_per_position = [0] * self.num_speculative_tokens
+        for name in ("num_accepted_tokens_per_position", "num_judged_tokens_per_position",
+                     "num_proposed_tokens_per_position"):
+            if not getattr(self, name):
+                setattr(self, name, [0] * self.num_speculative_tokens)
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.num_drafts += 1
@@ -64,6 +69,25 @@ class SpecDecodingStats:
         judged = self.num_judged_tokens_per_position
         for position in range(min(num_accepted + 1, num_draft_tokens)):
             judged[position] += 1
+
+    def record_proposal(self, num_proposed: int) -> None:
+        self.num_proposals += 1
+        proposed = self.num_proposed_tokens_per_position
+        for position in range(min(num_proposed, self.num_speculative_tokens)):
+            proposed[position] += 1
+
+    def since(self, earlier: SpecDecodingStats) -> SpecDecodingStats:
+        """The counts added after ``earlier`` (a copy of these stats taken then)."""
+        def minus(now: list[int], then: list[int]) -> list[int]:
+            return [a - b for a, b in zip(now, then)]
+
+        return SpecDecodingStats(
+            self.num_speculative_tokens, self.num_drafts - earlier.num_drafts,
+            self.num_draft_tokens - earlier.num_draft_tokens, self.num_accepted_tokens - earlier.num_accepted_tokens,
+            minus(self.num_accepted_tokens_per_position, earlier.num_accepted_tokens_per_position),
+            minus(self.num_judged_tokens_per_position, earlier.num_judged_tokens_per_position),
+            self.num_proposals - earlier.num_proposals,
+            minus(self.num_proposed_tokens_per_position, earlier.num_proposed_tokens_per_position))
 
     @property
     def acceptance_rate(self) -> float:
@@ -80,4 +104,6 @@ class SpecDecodingStats:
                 "num_draft_tokens": self.num_draft_tokens, "num_accepted_tokens": self.num_accepted_tokens,
                 "num_accepted_tokens_per_position": list(self.num_accepted_tokens_per_position),
                 "num_judged_tokens_per_position": list(self.num_judged_tokens_per_position),
+                "num_proposals": self.num_proposals,
+                "num_proposed_tokens_per_position": list(self.num_proposed_tokens_per_position),
                 "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length}

@@ -82,6 +82,51 @@ def test_measured_acceptance_is_what_was_configured(acceptance_rate, expected):
     assert stats["num_draft_tokens"] <= 3 * stats["num_drafts"]
 
 
+def test_an_ngram_lookup_that_offers_fewer_drafts_offers_what_was_configured():
+    """proposal_rate: how many drafts each lookup offers, measured back per position; acceptance stays conditional
+    on the drafts offered, and a lookup that finds nothing leaves its request a plain decode."""
+    workload = chat(spec(3, "[0.9, 0.5, 0.2]", "proposal_rate: [0.75, 0.4, 0.5]"), "workload.num_requests=200",
+                    "workload.output_len={type: uniform, min: 300, max: 500}")
+    stats = run_simulation(workload, None).summary["spec_decoding"]
+    assert stats["num_proposals"] > 40_000
+    assert stats["proposal_rate_per_position"] == pytest.approx([0.75, 0.4, 0.5], abs=0.015)
+    assert stats["conditional_acceptance_per_position"] == pytest.approx([0.9, 0.5, 0.2], abs=0.02)
+    # Fewer draft tokens than with every proposal full: 0.75 * (1 + 0.4 + 0.2) per proposal.
+    assert stats["num_draft_tokens"] / stats["num_drafts"] == pytest.approx((1 + 0.4 + 0.2) / 1, rel=0.03)
+    full = run_simulation(chat(spec(3, "[0.9, 0.5, 0.2]"), "workload.num_requests=200",
+                               "workload.output_len={type: uniform, min: 300, max: 500}"), None).summary
+    assert full["spec_decoding"]["proposal_rate_per_position"] == [1.0, 1.0, 1.0]
+    # Draft tokens per lookup: 0.75 * 1.6 = 1.2 against 3 (a little less for both at requests' ends).
+    per_lookup = stats["num_draft_tokens"] / stats["num_proposals"]
+    assert per_lookup == pytest.approx(0.75 * 1.6, rel=0.05)
+    assert per_lookup < 0.45 * full["spec_decoding"]["num_draft_tokens"] / full["spec_decoding"]["num_proposals"]
+
+
+def test_a_proposal_rate_of_one_is_a_run_without_it(tmp_path):
+    plain = run_simulation(chat(spec()), tmp_path / "a")
+    ones = run_simulation(chat(spec(3, "0.6", "proposal_rate: [1, 1, 1]")), tmp_path / "b")
+
+    def outcome(summary):  # (the config echoes the workload as written)
+        return json.dumps({key: value for key, value in without_wall_time(summary).items() if key != "config"})
+
+    assert outcome(plain.summary) == outcome(ones.summary)
+    for table in ("requests.parquet", "steps.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a" / table), pd.read_parquet(tmp_path / "b" / table),
+                                      check_exact=True)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("proposal_rate: 0.5, method: draft_model, draft_model: llama-3.2-1b", "proposal_rate.*only used with method: ngram"),
+    ("proposal_rate: [0.5, 0.5]", "proposal_rate.*lists 2 per-position probabilities"),
+    ("proposal_rate: 0", "proposal_rate.*probability in \\(0, 1\\]"),
+])
+def test_a_bad_proposal_rate_is_named(extra, message):
+    from workloads import WorkloadError
+
+    with pytest.raises(WorkloadError, match=message):
+        chat(spec(3, "0.6", extra))
+
+
 @pytest.mark.parametrize("overrides", [
     [],
     # A small KV cache at a high rate: requests are preempted with drafts, and recomputed.

@@ -122,3 +122,9 @@ def test_the_report_gives_the_measured_acceptance_by_position_for_a_simulation(s
     expected = "[" + ", ".join(f"{rate:.2f}" for rate in summary["spec_decoding"]["conditional_acceptance_per_position"]) + "]"
     text = console.export_text()
     assert "acceptance by position (acceptance_rate)" in text and expected in text
+    # The n-gram lookup finds nothing for some requests and fewer than 3 tokens for others: the measured proposal
+    # rates, for proposal_rate.
+    offered = summary["spec_decoding"]["proposal_rate_per_position"]
+    assert 0 < min(offered) < 1 and summary["spec_decoding"]["num_proposals"] > summary["spec_decoding"]["num_drafts"]
+    assert "proposals by position (proposal_rate)" in text
+    assert "[" + ", ".join(f"{rate:.2f}" for rate in offered) + "]" in text
