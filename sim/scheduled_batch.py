@@ -45,7 +45,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
     prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
     max_seq_len = 0
-    num_spec_tokens = spec_attention_work = 0
+    num_spec_tokens = spec_attention_work = num_spec_reqs = spec_context_tokens = 0
     spec = scheduler_output.scheduled_spec_decode_tokens
     pairs = [(num_scheduled_tokens[new.req_id], new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs]
     for request_id, context in zip(cached.req_ids, cached.num_computed_tokens):
@@ -62,6 +62,8 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
             decode_context_tokens += context + query
             num_spec_tokens += num_drafts
             spec_attention_work += num_drafts * context + num_drafts * query // 2
+            num_spec_reqs += 1
+            spec_context_tokens += context + query
             if context + query > max_seq_len:
                 max_seq_len = context + query
         else:
@@ -90,7 +92,7 @@ def scheduler_output_features(scheduler_output: SchedulerOutput) -> StepFeatures
         context_prefill_dense_work=context_prefill_dense_work,
         prefill_attention_sliced_work=prefill_attention_sliced_work,
         shared_context_tokens=scheduler_output.num_shared_kv_tokens, kv_block_runs=scheduler_output.num_kv_block_runs,
-        num_spec_tokens=num_spec_tokens, spec_attention_work=spec_attention_work,
-        num_encoder_tokens=scheduler_output.num_encoder_tokens,
+        num_spec_tokens=num_spec_tokens, spec_attention_work=spec_attention_work, num_spec_reqs=num_spec_reqs,
+        spec_context_tokens=spec_context_tokens, num_encoder_tokens=scheduler_output.num_encoder_tokens,
         encoder_attention_work=sum(length * length for length in scheduler_output.encoder_input_lengths)
         if scheduler_output.encoder_input_lengths else 0)

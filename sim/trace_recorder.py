@@ -192,6 +192,8 @@ class TraceRecorder:
         steps["num_spec_tokens"].append(features.num_spec_tokens)
         steps["spec_accepted_tokens"].append(accepted - self._accepted_before)
         steps["spec_attention_work"].append(features.spec_attention_work)
+        steps["num_spec_reqs"].append(features.num_spec_reqs)
+        steps["spec_context_tokens"].append(features.spec_context_tokens)
         self._accepted_before = accepted
 
     def track_sessions(self) -> None:
@@ -366,7 +368,8 @@ class TraceRecorder:
 # were accepted, and the query-key pairs of the verification rows (StepFeatures.spec_attention_work).
 # A speculating real run's step columns (lists, like scheduled_request_ids) that its replay reads back.
 SAMPLED_COUNTS, PROPOSED_COUNTS = "sampled_token_counts", "proposed_draft_counts"
-SPEC_STEP_COLUMNS = ("num_spec_tokens", "spec_accepted_tokens", "spec_attention_work")
+SPEC_STEP_COLUMNS = ("num_spec_tokens", "spec_accepted_tokens", "spec_attention_work", "num_spec_reqs",
+                     "spec_context_tokens")
 # A LoRA-serving engine's step columns: adapter tokens and distinct adapters of the batch (StepFeatures), the
 # adapters it loaded before computing (all, and those read from disk first), and the seconds those loads took
 # (part of duration).

@@ -80,6 +80,12 @@ class StepFeatures:
     # keys). Both 0 on a step without drafts, whose features are what they were before speculation existed.
     num_spec_tokens: int = 0
     spec_attention_work: int = 0
+    # The verifications themselves: how many requests verify drafts, and the KV tokens they read (their part of
+    # decode_context_tokens). A backend that batches query-length-1 decodes but attends a request of several rows
+    # on its own (the torch backend on a CPU: per request and layer, its keys gathered apart) pays per
+    # verification and per KV token it reads there, not at the batched decodes' rate. Both 0 without drafts.
+    num_spec_reqs: int = 0
+    spec_context_tokens: int = 0
     # Multi-LoRA serving: tokens of requests that run with an adapter, and the distinct adapters of the batch
     # (sim/lora_steps.py counts them; sim/cost_models/lora_cost.py prices them). Both 0 without LoRA.
     num_lora_tokens: int = 0
@@ -172,7 +178,7 @@ def step_features(batch: StepBatch) -> StepFeatures:
     if drafts is not None and len(drafts) != len(scheduled):
         raise ValueError(f"StepBatch lists differ in length: num_scheduled_tokens has {len(scheduled)} entries, "
                          f"num_spec_tokens {len(drafts)}")
-    num_spec_tokens = spec_attention_work = 0
+    num_spec_tokens = spec_attention_work = num_spec_reqs = spec_context_tokens = 0
     num_tokens = 0
     num_prefill_reqs = num_prefill_tokens = prefill_context_tokens = prefill_attention_work = 0
     prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
@@ -189,6 +195,8 @@ def step_features(batch: StepBatch) -> StepFeatures:
             decode_context_tokens += seq_len
             num_spec_tokens += num_drafts
             spec_attention_work += num_drafts * ctx + num_drafts * (num_drafts + 1) // 2
+            num_spec_reqs += 1
+            spec_context_tokens += seq_len
         elif q == 1:
             num_decode_reqs += 1
             decode_context_tokens += seq_len
@@ -223,6 +231,8 @@ def step_features(batch: StepBatch) -> StepFeatures:
         kv_block_runs=batch.kv_block_runs,
         num_spec_tokens=num_spec_tokens,
         spec_attention_work=spec_attention_work,
+        num_spec_reqs=num_spec_reqs,
+        spec_context_tokens=spec_context_tokens,
         num_encoder_tokens=sum(batch.encoder_input_lengths) if batch.encoder_input_lengths else 0,
         encoder_attention_work=sum(length * length for length in batch.encoder_input_lengths)
         if batch.encoder_input_lengths else 0,
@@ -239,7 +249,7 @@ def _windowed_step_features(batch: StepBatch) -> StepFeatures:
     drafts = batch.num_spec_tokens
     decode_context_tokens = prefill_context_tokens = prefill_attention_work = 0
     prefill_attention_dense_work = context_prefill_dense_work = prefill_attention_sliced_work = 0
-    spec_attention_work = 0
+    spec_attention_work = spec_context_tokens = 0
     for index, (q, ctx) in enumerate(zip(batch.num_scheduled_tokens, batch.num_computed_tokens)):
         num_drafts = drafts[index] if drafts is not None else 0
         if num_drafts or q == 1:
@@ -247,6 +257,7 @@ def _windowed_step_features(batch: StepBatch) -> StepFeatures:
             decode_context_tokens += min(ctx + q, window)
             if num_drafts:
                 spec_attention_work += windowed_keys(ctx + 1, num_drafts, window)
+                spec_context_tokens += min(ctx + q, window)
             continue
         earlier = min(ctx, window - 1)  # cached keys the chunk's first query reads
         prefill_context_tokens += earlier
@@ -259,14 +270,15 @@ def _windowed_step_features(batch: StepBatch) -> StepFeatures:
                    prefill_attention_work=prefill_attention_work,
                    prefill_attention_dense_work=prefill_attention_dense_work,
                    context_prefill_dense_work=context_prefill_dense_work,
-                   prefill_attention_sliced_work=prefill_attention_sliced_work, spec_attention_work=spec_attention_work)
+                   prefill_attention_sliced_work=prefill_attention_sliced_work, spec_attention_work=spec_attention_work,
+                   spec_context_tokens=spec_context_tokens)
     return _over_layers(plain, limited, batch.sliding_window_fraction)
 
 
 # The attention terms a window or chunk limits; the token and request counts stay the plain ones.
 _ATTENTION_TERMS = ("decode_context_tokens", "prefill_context_tokens", "prefill_attention_work",
                     "prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
-                    "spec_attention_work")
+                    "spec_attention_work", "spec_context_tokens")
 
 
 def _over_layers(plain: StepFeatures, limited: dict[str, int], fraction: float) -> StepFeatures:

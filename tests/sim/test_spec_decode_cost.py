@@ -34,7 +34,9 @@ def test_a_verification_is_a_decode_with_more_query_rows():
         prefill_attention_dense_work=25, prefill_attention_sliced_work=25,
         num_spec_tokens=3,
         # Its rows score 21, 22, 23, 24 keys: 90 pairs, 66 more than the 24 KV tokens counted once.
-        spec_attention_work=(21 + 22 + 23 + 24) - 24)
+        spec_attention_work=(21 + 22 + 23 + 24) - 24,
+        # One verification, reading those 24 KV tokens.
+        num_spec_reqs=1, spec_context_tokens=24)
     # Without drafts the features are what they always were.
     plain = StepBatch([1, 4, 5], [10, 20, 0])
     assert step_features(plain) == step_features(StepBatch([1, 4, 5], [10, 20, 0], num_spec_tokens=[0, 0, 0]))
