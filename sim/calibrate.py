@@ -10,6 +10,11 @@ Runs of a LoRA workload add the adapters' terms (sim/calibration_fit.py's LORA_F
 each step's duration leaves after its recorded loads) and the loads' own costs (sim/lora_load_fit.py), and
 the profile records the adapters' shape and ``max_lora_rank`` it was measured with (provenance ``lora``).
 Base-model runs may be fitted with them; LoRA runs must share one adapter shape and one ``max_lora_rank``.
+
+Runs that speculate with n-gram lookups add the verification terms (SPEC_FEATURE_SETS: per draft row, and per
+query-key pair a draft row scores) and the lookups' own cost per request that sampled, which the profile keeps as
+``ngram_lookup_s`` (provenance ``speculative_decoding``). Plain runs may be fitted with them; runs that draft with
+a model or a head are refused.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from sim.model_presets import resolve_model
 from workloads import load_workload
 from sim.cli_support import check_output_file, open_fraction, print_warning, warnings_as_lines
 from sim.cost_models import make_provenance, save_profile
-from sim.cost_models.calibrated import ENCODER_FEATURES, LORA_FEATURES
+from sim.cost_models.calibrated import ENCODER_FEATURES, LORA_FEATURES, SPEC_FEATURES
 from sim.cost_models.calibrated_range import calibrated_range
 from sim.machine_load import busy_machine_warning
 from sim.recording_speeds import fit_with_recording_speeds
@@ -94,6 +99,21 @@ def recording_images(run_dirs: list[Path]) -> dict | None:
     return {"tokens_per_image": next(iter(sizes.values()))}
 
 
+def recording_speculation(run, run_dir: Path) -> dict | None:
+    """A speculating run's proposer as calibration needs it (None for a run that does not speculate): its method,
+    which must be ngram (a draft model's or head's passes are a network of their own, which this fit has no
+    terms for), and its drafts per step."""
+    section = (run.summary.get("config", {}).get("workload", {}).get("engine", {}) or {}).get("speculative_decoding")
+    if not section or not section.get("num_speculative_tokens"):
+        return None
+    method = section.get("method", "ngram")
+    if method != "ngram":
+        raise ValueError(f"{run_dir}: engine.speculative_decoding.method {method!r}: calibration prices n-gram "
+                         "lookups only (a draft model's or head's passes would need terms of their own); calibrate "
+                         "on runs that speculate with method ngram, or without speculation")
+    return {"method": method, "num_speculative_tokens": int(section["num_speculative_tokens"])}
+
+
 def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict, dict | None]:
     """The feature table of every run's steps, the runs' executor, and the shape of their adapters (None
     without LoRA runs; the table then has an ``adapter_bytes`` column for the loads' fit)."""
@@ -104,7 +124,9 @@ def load_steps(run_dirs: list[Path]) -> tuple[pd.DataFrame, dict, dict | None]:
             raise ValueError(f"{run_dir}: mode is {run.summary.get('mode')!r}; calibrate from real runs")
         lora = recording_lora(run, run_dir)
         loras.append(lora)
-        frame = step_feature_frame(run.steps).assign(recording=len(frames))
+        speculation = recording_speculation(run, run_dir)
+        frame = step_feature_frame(run.steps, ngram_lookups=speculation is not None).assign(
+            recording=len(frames), speculative_tokens=speculation["num_speculative_tokens"] if speculation else 0)
         frames.append(frame if lora is None else frame.assign(adapter_bytes=lora["adapter_bytes"]))
         executors.append(run.summary.get("config", {}).get("executor", {}))
         warning = busy_machine_warning(run.summary.get("machine_load"), str(run_dir))
@@ -165,10 +187,20 @@ def calibrate(run_dirs: list[Path], output: Path, *, held_out_fraction: float = 
         provenance["images"] = dict(images, compute_terms=terms,
                                     held_out_median_ape_by_terms=fit.encoder_feature_errors,
                                     num_held_out_encoder_steps=fit.num_held_out_encoder_steps)
-    save_profile(output, fit.coefficients, fit.intercept_s, provenance, kind=fit.kind,
+    coefficients, ngram_lookup_s = dict(fit.coefficients), None
+    if fit.spec_feature_errors:
+        # The lookups run after the pass, per request that sampled: the simulator adds them to a speculating step
+        # (sim/speculation.py), so they are the profile's own key, not a step feature.
+        ngram_lookup_s = coefficients.pop("ngram_lookups")
+        provenance["speculative_decoding"] = {
+            "method": "ngram", "compute_terms": [name for name in fit.coefficients if name in SPEC_FEATURES],
+            "held_out_median_ape_by_terms": fit.spec_feature_errors,
+            "num_held_out_spec_steps": fit.num_held_out_spec_steps,
+            "num_speculative_tokens": sorted(int(k) for k in set(features["speculative_tokens"]) if k)}
+    save_profile(output, coefficients, fit.intercept_s, provenance, kind=fit.kind,
                  hinges=fit.hinges if fit.kind == "piecewise_linear" else None,
                  token_count_offsets_s=fit.token_count_offsets_s,
-                 lora_loads=None if load_fit is None else load_fit.costs.to_dict())
+                 lora_loads=None if load_fit is None else load_fit.costs.to_dict(), ngram_lookup_s=ngram_lookup_s)
     return fit
 
 
@@ -304,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         tried = ", ".join(f"{terms} {error:.2%}" for terms, error in images["held_out_median_ape_by_terms"].items())
         print(f"  images ({images['tokens_per_image']} tokens each): kept {' + '.join(images['compute_terms'])}; "
               f"held-out steps that encode one ({images['num_held_out_encoder_steps']}): {tried}")
+    if "speculative_decoding" in provenance:
+        spec = provenance["speculative_decoding"]
+        tried = ", ".join(f"{terms} {error:.2%}" for terms, error in spec["held_out_median_ape_by_terms"].items())
+        print(f"  n-gram speculative decoding ({spec['num_speculative_tokens']} drafts): kept "
+              f"{' + '.join(spec['compute_terms'])}, an n-gram lookup {profile['ngram_lookup_s'] * 1e6:.1f} us; held-out "
+              f"steps of speculating runs ({spec['num_held_out_spec_steps']}), median |error| by terms tried: {tried}")
     errors_by_run = provenance["recording_errors"]
     if "recording_speeds" in provenance:
         # The drift was fitted, not averaged into the costs: say how far each recording ran from the level.

@@ -19,6 +19,9 @@ and a 3-row step can take longer than a 4-row one, which no smooth term captures
 Steps of LoRA runs are fitted on their duration less their recorded adapter loads (priced apart, by
 sim/lora_load_fit.py), with the adapters' terms of LORA_FEATURE_SETS added to every candidate; the set kept is
 the one that times the held-out steps with adapter tokens best. Without adapter tokens nothing changes.
+Steps of runs that speculate with n-gram lookups get the verification terms of SPEC_FEATURE_SETS and the lookups'
+own term (``ngram_lookups``: requests that sampled, each looked up once after the pass), chosen the same way on the
+held-out steps of those runs.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ FEATURE_COLUMNS = {
     # Speculative decoding's verifications (recorded only by runs that speculate; no profile prices them yet).
     "num_spec_tokens": "num_spec_tokens",
     "spec_attention_work": "spec_attention_work",
+    "num_spec_reqs": "num_spec_reqs",
+    "spec_context_tokens": "spec_context_tokens",
     # Multi-LoRA serving's adapter tokens and distinct adapters (recorded only by LoRA runs: LORA_FEATURE_SETS).
     "num_lora_tokens": "num_lora_tokens",
     "num_active_loras": "num_active_loras",
@@ -72,9 +77,12 @@ CONTEXT_HINGE_FEATURE = "decode_context_tokens"
 # read again in the same step comes from cache, so its term is the discount on the second read.
 DISCOUNT_FEATURES = ("shared_context_tokens",)
 OPTIONAL_COLUMNS = ("prefill_attention_dense_work", "context_prefill_dense_work", "prefill_attention_sliced_work",
-                    "shared_context_tokens", "kv_block_runs", "num_spec_tokens", "spec_attention_work",
+                    "shared_context_tokens", "kv_block_runs", "num_spec_tokens", "spec_attention_work", "num_spec_reqs",
+                    "spec_context_tokens",
                     "num_lora_tokens", "num_active_loras", "num_encoder_tokens", "encoder_attention_work",
                     *LORA_LOAD_COLUMNS)
+# A speculating run's tokens returned per scheduled request (recorded for its replay): the requests that sampled.
+SAMPLED_COUNTS_COLUMN = "sampled_token_counts"
 # The adapters' compute terms tried when the recordings have adapter tokens, simplest first; each later set
 # must beat the kept one clearly (2%) on the held-out steps with adapter tokens. Per adapter token: the
 # shrink and expand FLOPs (and on a CPU the gather of the adapter's rows); per distinct adapter: its weights
@@ -86,6 +94,22 @@ LORA_FEATURE_SETS = (("num_lora_tokens",), ("num_active_loras",), ("num_lora_tok
 # per image's tokens squared (its attention scores every patch against every other of the same image). Images of
 # one fixed size (LLaVA) make the two proportional, and the simpler set stays.
 ENCODER_FEATURE_SETS = (("num_encoder_tokens",), ("num_encoder_tokens", "encoder_attention_work"))
+# Speculative decoding's terms tried when the recordings speculate with n-gram lookups, simplest first, judged on
+# the held-out steps of those runs. A draft row already pays num_tokens' cost through the linear layers; it adds
+# its logits and sampling (num_spec_tokens: the lm_head over the vocabulary is a large share of a row on a small
+# model), and may add attention (spec_attention_work: its query against the request's context). A backend that
+# attends a verification apart from the batched decodes (the torch backend on a CPU) may pay per verification and
+# per KV token it reads there (num_spec_reqs, spec_context_tokens). Every request that sampled was looked up once
+# after the pass (ngram_lookups: the proposer's CPU time, part of the step).
+SPEC_FEATURE_SETS = (("num_spec_tokens", "ngram_lookups"), ("num_spec_tokens", "spec_attention_work", "ngram_lookups"),
+                     ("num_spec_tokens", "num_spec_reqs", "spec_context_tokens", "ngram_lookups"),
+                     ("num_spec_tokens", "spec_attention_work", "num_spec_reqs", "spec_context_tokens",
+                      "ngram_lookups"))
+
+
+# What the steps of each family of terms hold, for a person (the column that marks them -> words).
+FAMILY_WORK = {"num_lora_tokens": "adapter tokens", "num_encoder_tokens": "encoder tokens",
+               "ngram_lookups": "n-gram lookups (steps of speculating runs)"}
 
 
 # Token counts that may get their own offset: those with at least this many steps in the training set.
@@ -118,6 +142,10 @@ class FitResult:
     # either.)
     encoder_feature_errors: dict[str, float] = field(default_factory=dict)
     num_held_out_encoder_steps: int = 0
+    # N-gram speculating recordings, the same for the verification and lookup terms and the held-out steps of those
+    # recordings.
+    spec_feature_errors: dict[str, float] = field(default_factory=dict)
+    num_held_out_spec_steps: int = 0
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         seconds = np.full(len(features), self.intercept_s)
@@ -143,7 +171,7 @@ class FitResult:
                     summary[f"num_{name}_steps"] = int(selected.sum())
             durations = self.held_out_durations
             summary["total_time_ape"] = float(abs((self.held_out_errors * durations).sum()) / durations.sum())
-        term_names = (*LORA_FEATURE_SETS[-1], *ENCODER_FEATURE_SETS[-1])
+        term_names = (*LORA_FEATURE_SETS[-1], *ENCODER_FEATURE_SETS[-1], *SPEC_FEATURE_SETS[-1])
         kept = "+".join(name for name in self.coefficients if name in term_names)
         if self.lora_feature_errors:
             summary["lora_steps_median_ape"] = self.lora_feature_errors[kept]
@@ -151,19 +179,28 @@ class FitResult:
         if self.encoder_feature_errors:
             summary["encoder_steps_median_ape"] = self.encoder_feature_errors[kept]
             summary["num_held_out_encoder_steps"] = self.num_held_out_encoder_steps
+        if self.spec_feature_errors:
+            summary["spec_steps_median_ape"] = self.spec_feature_errors[kept]
+            summary["num_held_out_spec_steps"] = self.num_held_out_spec_steps
         return summary
 
 
-def step_feature_frame(steps: pd.DataFrame) -> pd.DataFrame:
-    """The cost-model features of each recorded step, named as the cost models name them."""
-    steps = steps.copy()
+def step_feature_frame(steps: pd.DataFrame, ngram_lookups: bool = False) -> pd.DataFrame:
+    """The cost-model features of each recorded step, named as the cost models name them. ``ngram_lookups``: the
+    run speculated with n-gram lookups, one per request that sampled (the ``ngram_lookups`` column; 0 otherwise)."""
+    if ngram_lookups and SAMPLED_COUNTS_COLUMN not in steps.columns:
+        raise ValueError(f"steps.parquet lacks {SAMPLED_COUNTS_COLUMN!r}, which a speculating run records for its "
+                         "replay: record it with this version")
+    lookups = steps[SAMPLED_COUNTS_COLUMN].map(lambda counts: sum(1 for count in counts if count > 0)) \
+        if ngram_lookups else 0
+    steps = steps.assign(ngram_lookups=lookups)
     for column in OPTIONAL_COLUMNS:
         if column not in steps.columns:
             steps[column] = 0  # recorded before the column existed: the term simply drops out of the fit
     missing = [column for column in FEATURE_COLUMNS if column not in steps.columns]
     if missing:
         raise ValueError(f"steps.parquet lacks the feature columns {missing}: record it with this version")
-    frame = steps[list(FEATURE_COLUMNS)].rename(columns=FEATURE_COLUMNS).astype(float)
+    frame = steps[[*FEATURE_COLUMNS, "ngram_lookups"]].rename(columns=FEATURE_COLUMNS).astype(float)
     # Step-level features derived as StepFeatures derives them (has_prefill, decode_graph_batch).
     decode_only = frame["num_prefill_reqs"].to_numpy() == 0
     frame["has_prefill"] = (~decode_only).astype(float)
@@ -305,7 +342,8 @@ def fit_step_model(features: pd.DataFrame, *, held_out_fraction: float = 0.2, se
     # Adapters or images in the fit: their terms are chosen on the held-out steps that have them; without either,
     # the fit is what it was before LoRA and images existed.
     families = [(column, sets) for column, sets in (("num_lora_tokens", LORA_FEATURE_SETS),
-                                                    ("num_encoder_tokens", ENCODER_FEATURE_SETS))
+                                                    ("num_encoder_tokens", ENCODER_FEATURE_SETS),
+                                                    ("ngram_lookups", SPEC_FEATURE_SETS))
                 if train[column].any()]
     best = _best_candidate(train, held_out, candidates, fixed) if not families else \
         _best_term_candidate(train, held_out, candidates, fixed, families)
@@ -335,8 +373,7 @@ def _best_term_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates
     for column, _ in families:
         steps |= held_out[column].to_numpy() > 0
     if not steps.any():
-        what = " or ".join("adapter tokens" if column == "num_lora_tokens" else "encoder tokens"
-                           for column, _ in families)
+        what = " or ".join(FAMILY_WORK[column] for column, _ in families)
         raise ValueError(f"the held-out steps have no {what}, so their terms cannot be judged: record more such "
                          "steps, or hold out a larger fraction")
     best, best_error, errors = None, np.inf, {}
@@ -351,6 +388,8 @@ def _best_term_candidate(train: pd.DataFrame, held_out: pd.DataFrame, candidates
         count = int((held_out[column].to_numpy() > 0).sum())
         if column == "num_lora_tokens":
             best.lora_feature_errors, best.num_held_out_lora_steps = errors, count
-        else:
+        elif column == "num_encoder_tokens":
             best.encoder_feature_errors, best.num_held_out_encoder_steps = errors, count
+        else:
+            best.spec_feature_errors, best.num_held_out_spec_steps = errors, count
     return best

@@ -20,17 +20,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.calibration_fit import step_feature_frame
+from sim.calibration_fit import SAMPLED_COUNTS_COLUMN, step_feature_frame
 from sim.cost_models import CalibratedCostModel, StepFeatures
 
 _FEATURE_FIELDS = StepFeatures.__slots__
 
 
 def predicted_step_times(model: CalibratedCostModel, steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """(predicted seconds, feature table) of each recorded step that scheduled tokens."""
-    features = step_feature_frame(steps)
+    """(predicted seconds, feature table) of each recorded step that scheduled tokens. A speculating run's steps
+    (it recorded ``sampled_token_counts``) timed by a profile fitted on n-gram runs include its lookups."""
+    lookup_s = model.ngram_lookup_s
+    lookups = lookup_s is not None and SAMPLED_COUNTS_COLUMN in steps.columns
+    features = step_feature_frame(steps, ngram_lookups=lookups)
     records = features[list(_FEATURE_FIELDS)].astype(int).to_dict("records")
     predicted = np.array([model.step_time_from_features(StepFeatures(**record)) for record in records])
+    if lookups:
+        predicted += lookup_s * features["ngram_lookups"].to_numpy(float)
     return predicted, features
 
 

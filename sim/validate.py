@@ -44,12 +44,14 @@ from engine.core import EngineCore, Scheduler
 from engine.optional_dependencies import exit_for_missing_extra
 from sim.calibrate import speed_standard_error
 from sim.calibrated_lora import check_profile_prices_lora, refuse_lora_without_profile, simulated_lora
+from sim.calibrated_speculation import (check_profile_prices_speculation, measured_speculation,
+                                        refuse_speculation_without_profile)
 from sim.cli_support import check_output_directory, flags_given, positive_int, print_warning
 from sim.cost_models import CalibratedCostModel
 from sim.replay import replay_inputs
 from sim.cost_models.calibrated_range import describe_extrapolation
 from sim.run_pipeline import cost_model_extrapolation, summarize_traces
-from sim.sim_executor import SimulatedExecutor
+from sim.speculative_executor import make_executor
 from sim.simulator import Simulation
 from sim.machine_load import busy_machine_warning
 from sim.profile_match import SHIPPED_PROFILES_DIR, check_profile_fits, default_profile_for
@@ -78,18 +80,22 @@ def simulate_like(real_run: Path | Run, profile: Path | CalibratedCostModel, out
     loaded = profile if isinstance(profile, CalibratedCostModel) else CalibratedCostModel.from_file(profile)
     cost_model = CalibratedCostModel(loaded.profile, path=loaded.path, speed_factor=speed_factor)
     scheduler_config, cache_config, requests = replay_inputs(run)
-    if scheduler_config.num_speculative_tokens:
-        # A calibrated profile has no term for verification rows, and the simulation would need the run's measured
-        # acceptance: compare a speculating run through its replay (sim.run --replay) instead.
-        raise ValueError(f"{run.path}: engine.speculative_decoding is not compared by sim.validate (a calibrated "
-                         "profile prices no draft verification); replay the run with sim.run --replay")
     workload = load_workload(run.summary["config"]["workload"])
-    executor = SimulatedExecutor(cost_model)
+    speculation = None
+    if scheduler_config.num_speculative_tokens:
+        # At the acceptance and proposal rates the recording measured: those are the workload's inputs, the timing
+        # is what the profile predicts (sim/calibrated_speculation.py).
+        check_profile_prices_speculation(loaded.profile, loaded.path or "(inline)",
+                                         workload.engine.speculative_decoding.method)
+        speculation = measured_speculation(run.summary, workload.seed, cost_model.ngram_lookup_s)
+    executor = make_executor(cost_model, speculation)
     executor.lora = simulated_lora(workload, loaded.profile, loaded.path or "(inline)")
     engine = EngineCore(Scheduler(scheduler_config, cache_config), executor)
     started = time.perf_counter()
     recorder = Simulation(engine, requests, max_concurrency=workload.workload.max_concurrency).run()
     config = dict(run.summary["config"], cost_model=cost_model.describe(), simulated_from=str(run.path))
+    if speculation is not None:  # the rates it simulated at: the recording's measured ones
+        config["speculative_decoding"] = speculation.describe()
     requests_table, steps_table, summary = summarize_traces(recorder, workload, config, mode="sim")
     summary["simulation_wall_s"] = time.perf_counter() - started
     extrapolation = cost_model_extrapolation(cost_model, steps_table)
@@ -120,12 +126,8 @@ def validate(workload_path: Path, out_dir: Path, *, profile: Path | None = None,
         check_profile_fits(CalibratedCostModel.from_file(profile).profile.provenance, {"device": device}, profile,
                            allow_mismatch=allow_profile_mismatch)
     workload = load_workload(workload_path, overrides=list(overrides))
-    speculative = workload.engine.speculative_decoding
-    if speculative is not None and speculative.num_speculative_tokens:
-        # Refused before the recording rather than after it (simulate_like refuses the recorded run too).
-        raise ValueError(f"engine.speculative_decoding: num_speculative_tokens {speculative.num_speculative_tokens} "
-                         "is not compared by sim.validate (a calibrated profile prices no draft verification); "
-                         "record the run with sim.run --executor real and replay it with sim.run --replay")
+    # Refused before the recording: a speculating workload without a profile that prices its drafts.
+    refuse_speculation_without_profile(workload, profile)
     # Refused before the recording (and before stale recordings are removed): a profile without adapter terms.
     refuse_lora_without_profile(workload, profile)
     real_dirs = real_run_dirs(out_dir, repeats)

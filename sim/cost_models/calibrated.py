@@ -26,9 +26,15 @@ PROFILE_KINDS = ("linear", "piecewise_linear")
 # data (a negative slope times a huge feature) must still give a positive duration.
 DEFAULT_MINIMUM_STEP_TIME_S = 1e-5
 _TOP_LEVEL_KEYS = ("format", "kind", "features", "coefficients", "intercept_s", "hinges", "token_count_offsets_s",
-                   "minimum_step_time_s", "lora_loads", "provenance")
+                   "minimum_step_time_s", "lora_loads", "ngram_lookup_s", "provenance")
 # The adapters' compute terms a profile fitted on LoRA runs has (sim/calibration_fit.py's LORA_FEATURE_SETS).
 LORA_FEATURES = ("num_lora_tokens", "num_active_loras")
+# The verification terms a profile fitted on speculating runs may have (sim/calibration_fit.py's SPEC_FEATURE_SETS):
+# per draft row (its logits and sampling beyond what num_tokens prices), per query-key pair a draft row scores, per
+# verification and per KV token a verification reads.
+SPEC_FEATURES = ("num_spec_tokens", "spec_attention_work", "num_spec_reqs", "spec_context_tokens")
+# "ngram_lookup_s" (optional, profiles fitted on n-gram runs only): the CPU seconds one n-gram lookup takes, per
+# request that sampled in a speculating engine's step (sim/speculation.py adds it after the step's pass).
 # The vision encoder's terms a profile fitted on runs with images has (sim/calibration_fit.py's ENCODER_FEATURE_SETS).
 ENCODER_FEATURES = ("num_encoder_tokens", "encoder_attention_work")
 # "lora_loads" (optional, LoRA profiles only): what one adapter load costs, fitted on the recorded slot fills
@@ -60,6 +66,8 @@ class StepProfile:
     token_count_offsets_s: dict[int, float] = field(default_factory=dict)
     # LoRA profiles: {"kind": per_byte | per_load, "copy_s": ..., "disk_read_s": ...}; None without.
     lora_loads: dict | None = None
+    # Profiles fitted on n-gram speculating runs: seconds per lookup (a request that sampled); None without.
+    ngram_lookup_s: float | None = None
 
     @property
     def features(self) -> list[str]:
@@ -69,6 +77,11 @@ class StepProfile:
     def prices_vision(self) -> bool:
         """Whether it was fitted on runs with images, so prices a step's vision encoder work."""
         return any(name in self.coefficients for name in ENCODER_FEATURES)
+
+    @property
+    def prices_speculation(self) -> bool:
+        """Whether it was fitted on n-gram speculating runs, so prices verification rows and the lookups."""
+        return "num_spec_tokens" in self.coefficients and self.ngram_lookup_s is not None
 
     @property
     def prices_lora(self) -> bool:
@@ -86,6 +99,8 @@ class StepProfile:
         data["minimum_step_time_s"] = self.minimum_step_time_s
         if self.lora_loads is not None:
             data["lora_loads"] = dict(self.lora_loads)
+        if self.ngram_lookup_s is not None:
+            data["ngram_lookup_s"] = self.ngram_lookup_s
         data["provenance"] = self.provenance
         return data
 
@@ -174,9 +189,16 @@ class StepProfile:
                 raise fail("lora_loads.kind", f"must be one of {', '.join(LORA_LOAD_KINDS)}, got {raw['kind']!r}")
             lora_loads = {"kind": raw["kind"], "copy_s": number("lora_loads.copy_s", raw["copy_s"], minimum=0),
                           "disk_read_s": number("lora_loads.disk_read_s", raw["disk_read_s"], minimum=0)}
+        ngram_lookup_s = None
+        if "ngram_lookup_s" in data:
+            ngram_lookup_s = number("ngram_lookup_s", data["ngram_lookup_s"], minimum=0)
+            if "num_spec_tokens" not in coefficients:
+                raise fail("ngram_lookup_s", "comes only with the verification terms (features num_spec_tokens, ...) "
+                           "of a profile fitted on speculating runs")
         return cls(kind=kind, coefficients=coefficients, intercept_s=number("intercept_s", data["intercept_s"]),
                    provenance=_validate_provenance(data["provenance"], fail), hinges=tuple(hinges),
-                   minimum_step_time_s=minimum, token_count_offsets_s=offsets, lora_loads=lora_loads)
+                   minimum_step_time_s=minimum, token_count_offsets_s=offsets, lora_loads=lora_loads,
+                   ngram_lookup_s=ngram_lookup_s)
 
 
 def _validate_provenance(provenance: object, fail) -> dict:
@@ -220,7 +242,8 @@ def make_provenance(*, hardware: str, model: str, dtype: str, attention_backend:
 def save_profile(path: str | Path, coefficients: dict[str, float], intercept_s: float, provenance: dict, *,
                  kind: str = "linear", hinges: list[dict] | None = None,
                  minimum_step_time_s: float = DEFAULT_MINIMUM_STEP_TIME_S,
-                 token_count_offsets_s: dict[int, float] | None = None, lora_loads: dict | None = None) -> StepProfile:
+                 token_count_offsets_s: dict[int, float] | None = None, lora_loads: dict | None = None,
+                 ngram_lookup_s: float | None = None) -> StepProfile:
     """Validate and write a profile; return what a later ``load_profile`` will read back."""
     data = {"format": PROFILE_FORMAT, "kind": kind, "features": list(coefficients),
             "coefficients": dict(coefficients), "intercept_s": intercept_s,
@@ -231,6 +254,8 @@ def save_profile(path: str | Path, coefficients: dict[str, float], intercept_s: 
         data["token_count_offsets_s"] = {str(count): value for count, value in token_count_offsets_s.items()}
     if lora_loads is not None:
         data["lora_loads"] = lora_loads
+    if ngram_lookup_s is not None:
+        data["ngram_lookup_s"] = ngram_lookup_s
     profile = StepProfile.from_dict(data, source=str(path))  # never write a file the loader would reject
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,6 +311,12 @@ class CalibratedCostModel:
         if self._offsets:
             seconds += self._offsets.get(features.num_tokens, 0.0)
         return max(seconds, self.profile.minimum_step_time_s) * self.speed_factor
+
+    @property
+    def ngram_lookup_s(self) -> float | None:
+        """Seconds one n-gram lookup takes at this model's speed (None: the profile was not fitted on n-gram runs)."""
+        lookup_s = self.profile.ngram_lookup_s
+        return None if lookup_s is None else lookup_s * self.speed_factor
 
     def describe(self) -> dict:
         described = {"kind": "calibrated", "path": self.path, "profile": self.profile.to_dict()}

@@ -17,7 +17,8 @@ import pandas as pd
 RANGE_FEATURES = ("num_tokens", "num_reqs", "num_prefill_reqs", "decode_context_tokens", "prefill_context_tokens",
                   "prefill_attention_work", "prefill_attention_dense_work", "context_prefill_dense_work",
                   "prefill_attention_sliced_work", "shared_context_tokens", "kv_block_runs", "num_lora_tokens",
-                  "num_active_loras")
+                  "num_active_loras", "num_spec_tokens", "spec_attention_work", "num_spec_reqs",
+                  "spec_context_tokens")
 
 
 def calibrated_range(features: pd.DataFrame) -> dict[str, float]:

@@ -262,10 +262,11 @@ def test_off_needs_no_refusal():
         assert build_setup(chat(spec(0), *overrides)).speculation is None
 
 
-def test_a_calibrated_profile_refuses_speculation():
-    # (Real runs speculate with the n-gram proposer and refuse a draft model: tests/sim/test_spec_decode_real_run.py.)
+def test_a_calibrated_profile_fitted_without_drafts_refuses_speculation():
+    # (A profile fitted on n-gram runs prices it: tests/sim/test_calibrated_speculation.py.)
     workload = load_workload(example_path("cpu_chat"), overrides=[spec()])
-    with pytest.raises(SetupError, match=r"^engine\.speculative_decoding: .*needs the analytical cost model"):
+    with pytest.raises(SetupError, match=r"^engine\.speculative_decoding: the calibrated profile .* was fitted on steps "
+                                         "without draft tokens"):
         build_setup(workload, str(SHIPPED_PROFILES_DIR / "cpu-small-float32.json"))
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         SpeculatingExecutor(build_setup(chat(spec())).cost_model, build_setup(chat(spec())).speculation.__class__(

@@ -103,12 +103,47 @@ def test_what_a_real_run_cannot_draft_with_is_refused(section, message):
         build_real_engine(workload, model="tiny", threads=1)
 
 
-def test_validate_refuses_a_speculating_run(speculating_run, tmp_path):
+def test_validate_refuses_a_speculating_run_with_a_profile_fitted_without_drafts(speculating_run, tmp_path):
     from sim.profile_match import SHIPPED_PROFILES_DIR
     from sim.validate import simulate_like
 
-    with pytest.raises(ValueError, match="engine.speculative_decoding is not compared by sim.validate"):
+    with pytest.raises(ValueError, match="engine.speculative_decoding: the calibrated profile .* was fitted on steps "
+                                         "without draft tokens"):
         simulate_like(speculating_run, SHIPPED_PROFILES_DIR / "cpu-small-float32.json", tmp_path / "sim")
+
+
+def test_a_profile_fitted_on_the_ngram_run_and_a_plain_one_simulates_the_run_at_its_measured_rates(
+        speculating_run, tmp_path):
+    """sim.calibrate on an n-gram run beside a plain one (the same traffic without drafts) gives the verification
+    terms and the lookups' cost; sim.validate simulates the n-gram run at the acceptance and proposal rates it
+    measured, so the simulated drafts per verification are the recording's, up to the draws."""
+    from sim.calibrate import calibrate
+    from sim.cost_models import load_profile
+    from sim.validate import simulate_like
+
+    plain = _greedy_real_run(WORKLOAD, tmp_path / "plain")
+    profile_path = tmp_path / "ngram.json"
+    calibrate([speculating_run, plain], profile_path)
+    profile = load_profile(profile_path)
+    assert profile.prices_speculation and profile.ngram_lookup_s >= 0
+    assert profile.provenance["speculative_decoding"]["num_speculative_tokens"] == [3]
+    summary = simulate_like(speculating_run, profile_path, tmp_path / "sim")
+    recorded = read_run(speculating_run).summary["spec_decoding"]
+    simulated = summary["config"]["speculative_decoding"]
+    assert simulated["acceptance_by_position"] == recorded["conditional_acceptance_per_position"]
+    assert simulated["proposal_by_position"] == recorded["proposal_rate_per_position"]
+    assert simulated["ngram_propose_s_per_request"] == profile.ngram_lookup_s
+    assert summary["num_finished"] == 40
+    drafts_per_lookup = [stats["num_draft_tokens"] / stats["num_proposals"] for stats in (summary["spec_decoding"],
+                                                                                          recorded)]
+    assert drafts_per_lookup[0] == pytest.approx(drafts_per_lookup[1], rel=0.25)
+
+
+def test_calibration_refuses_a_run_that_drafts_with_a_model(drafting_run, tmp_path):
+    from sim.calibrate import calibrate
+
+    with pytest.raises(ValueError, match="method 'draft_model': calibration prices n-gram lookups only"):
+        calibrate([drafting_run], tmp_path / "profile.json")
 
 
 def test_the_report_gives_the_measured_acceptance_by_position_for_a_simulation(speculating_run):
