@@ -78,10 +78,11 @@ def default_profile_for(executor: dict) -> Path:
     """The shipped profile fitted on the run's kind of device that differs from it in the fewest (and
     least important) ways; ProfileMismatchError when none was fitted on that kind of device."""
     used_kind = device_kind(executor.get("device"))
-    # A profile fitted on LoRA runs is never the default: its base terms come from short LoRA recordings, and
-    # a LoRA run is compared only with a profile given by name (sim/validate.py says which).
+    # A profile fitted on LoRA or speculating runs is never the default: its base terms come from short recordings
+    # of that kind, and such a run is compared only with a profile given by name (sim/validate.py says which).
     candidates = [(path, provenance) for path, provenance in shipped_profiles()
-                  if device_kind(provenance.get("device")) == used_kind and "lora" not in provenance]
+                  if device_kind(provenance.get("device")) == used_kind and "lora" not in provenance
+                  and "speculative_decoding" not in provenance]
     if not candidates:
         shipped = ", ".join(f"{path.name} ({device_kind(provenance.get('device'))})"
                             for path, provenance in shipped_profiles())

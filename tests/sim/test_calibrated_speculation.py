@@ -5,6 +5,7 @@ the profile that carries them, and the simulator and sim.validate that price a s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -142,3 +143,51 @@ def test_validate_refuses_a_speculating_workload_without_a_profile_that_prices_i
         validate(workload, tmp_path / "out")
     with pytest.raises(ValueError, match="fitted on steps without draft tokens"):
         validate(workload, tmp_path / "out", profile=SHIPPED_PROFILES_DIR / "cpu-small-float32.json")
+
+
+NGRAM_RUNS = Path(__file__).resolve().parents[2] / "sim" / "data" / "runs" / "cpu-small-float32-ngram"
+NGRAM_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32-ngram.json"
+NGRAM_CALIBRATION = ("ngram-calibrate-1", "ngram-calibrate-2", "ngram-calibrate-3", "plain-calibrate-1",
+                     "plain-calibrate-2")
+
+
+def test_the_shipped_ngram_profile_is_what_calibrate_fits_on_its_shipped_runs(tmp_path):
+    from sim.calibrate import main as calibrate_main
+
+    out = tmp_path / "profile.json"
+    assert calibrate_main([*(str(NGRAM_RUNS / run) for run in NGRAM_CALIBRATION), "-o", str(out)]) == 0
+    fitted, shipped = json.loads(out.read_text()), json.loads(NGRAM_PROFILE.read_text())
+    assert fitted["features"] == shipped["features"] and "num_spec_tokens" in fitted["features"]
+    assert fitted["coefficients"] == pytest.approx(shipped["coefficients"], rel=1e-6, abs=1e-12)
+    assert fitted["ngram_lookup_s"] == pytest.approx(shipped["ngram_lookup_s"], rel=1e-6, abs=1e-12)
+    assert shipped["provenance"]["speculative_decoding"]["num_speculative_tokens"] == [2, 3, 4]
+
+
+def test_the_shipped_ngram_profile_is_never_the_default_and_validates_a_shipped_ngram_run(tmp_path, capsys):
+    from sim.profile_match import default_profile_for
+    from sim.validate import main as validate_main
+
+    executor = json.loads((NGRAM_RUNS / "plain-calibrate-1" / "summary.json").read_text())["config"]["executor"]
+    assert default_profile_for(executor).name == "cpu-small-float32.json"
+    run = str(NGRAM_RUNS / "ngram-chat-1")
+    assert validate_main(["--real-run", run, "--out", str(tmp_path / "default"), "--no-dashboard"]) == 2
+    assert "was fitted on steps without draft tokens" in capsys.readouterr().err
+    out = tmp_path / "validate"
+    assert validate_main(["--real-run", run, "--profile", str(NGRAM_PROFILE), "--out", str(out), "--no-dashboard"]) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    # A loose bound guarding the offline pipeline; the figures are in docs/fidelity.md.
+    assert abs(comparison["metrics"]["request_throughput"]["relative_error"]) < 0.03
+    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
+        assert abs(comparison["metrics"][key]["relative_error"]) < 0.25, key
+    assert abs(comparison["step_time_error"]["total"]) < 0.1
+    # Simulated at the rates the recording measured, the drafts come out as many, up to the draws.
+    simulated = json.loads((out / "sim" / "summary.json").read_text())["spec_decoding"]
+    recorded = json.loads((NGRAM_RUNS / "ngram-chat-1" / "summary.json").read_text())["spec_decoding"]
+    assert simulated["mean_acceptance_length"] == pytest.approx(recorded["mean_acceptance_length"], rel=0.05)
+
+
+def test_a_shipped_ngram_run_replays_exactly(tmp_path):
+    from sim.replay import run_replay
+
+    _, report = run_replay(NGRAM_RUNS / "ngram-shared-prefix-1", tmp_path / "replay")
+    assert report.identical, report.describe()

@@ -116,8 +116,9 @@ class _StandIn:
     engine, vocab_size, reserved_token_ids, info, lora_paths, lora_manager, images = None, 0, [], {}, {}, None, None
 
 
-def test_a_speculating_workload_is_refused_before_it_is_recorded(tmp_path, monkeypatch):
-    """sim.validate cannot compare a speculating run: it says so before recording one, not after."""
+def test_a_speculating_workload_without_a_profile_that_prices_it_is_refused_before_it_is_recorded(tmp_path, monkeypatch):
+    """sim.validate compares a speculating run only with a profile fitted on n-gram runs: it says so before recording
+    one, not after; with such a profile it records."""
     import sim.real_engine
 
     def recording(workload, **options):
@@ -126,9 +127,14 @@ def test_a_speculating_workload_is_refused_before_it_is_recorded(tmp_path, monke
     monkeypatch.setattr(sim.real_engine, "build_real_engine", recording)
     workload = DATA.parents[1] / "workloads" / "examples" / "cpu_chat.yaml"
     spec = "engine.speculative_decoding={num_speculative_tokens: 2, acceptance_rate: 0.5}"
-    with pytest.raises(ValueError, match="engine.speculative_decoding: num_speculative_tokens 2 is not compared"):
+    with pytest.raises(ValueError, match="engine.speculative_decoding: num_speculative_tokens 2: a speculating "
+                                         "workload is compared by sim.validate only with --profile"):
         validate(workload, tmp_path / "v", overrides=[spec], progress=False)
     assert not (tmp_path / "v").exists()
+    from sim.calibrated_speculation import NGRAM_PROFILE
+
+    with pytest.raises(AssertionError, match="recorded before being refused"):
+        validate(workload, tmp_path / "n", overrides=[spec], profile=NGRAM_PROFILE, progress=False)
     off = "engine.speculative_decoding={num_speculative_tokens: 0, acceptance_rate: 0.5}"
     with pytest.raises(AssertionError, match="recorded before being refused"):  # 0 drafts: recorded as usual
         validate(workload, tmp_path / "w", overrides=[off], progress=False)
