@@ -164,22 +164,11 @@ def test_the_shipped_ngram_profile_is_what_calibrate_fits_on_its_shipped_runs(tm
 
 
 def test_the_shipped_ngram_profile_is_never_the_default_and_validates_a_shipped_ngram_run(tmp_path, capsys):
-    from sim.profile_match import default_profile_for
-    from sim.validate import main as validate_main
+    from tests.sim.shipped_validation import check_named_profile_validates
 
-    executor = json.loads((NGRAM_RUNS / "plain-calibrate-1" / "summary.json").read_text())["config"]["executor"]
-    assert default_profile_for(executor).name == "cpu-small-float32.json"
-    run = str(NGRAM_RUNS / "ngram-chat-1")
-    assert validate_main(["--real-run", run, "--out", str(tmp_path / "default"), "--no-dashboard"]) == 2
-    assert "was fitted on steps without draft tokens" in capsys.readouterr().err
+    check_named_profile_validates(NGRAM_RUNS / "ngram-chat-1", NGRAM_PROFILE, NGRAM_RUNS / "plain-calibrate-1",
+                                  "was fitted on steps without draft tokens", tmp_path, capsys)
     out = tmp_path / "validate"
-    assert validate_main(["--real-run", run, "--profile", str(NGRAM_PROFILE), "--out", str(out), "--no-dashboard"]) == 0
-    comparison = json.loads((out / "comparison.json").read_text())
-    # A loose bound guarding the offline pipeline; the figures are in docs/fidelity.md.
-    assert abs(comparison["metrics"]["request_throughput"]["relative_error"]) < 0.03
-    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
-        assert abs(comparison["metrics"][key]["relative_error"]) < 0.25, key
-    assert abs(comparison["step_time_error"]["total"]) < 0.1
     # Simulated at the rates the recording measured, the drafts come out as many, up to the draws.
     simulated = json.loads((out / "sim" / "summary.json").read_text())["spec_decoding"]
     recorded = json.loads((NGRAM_RUNS / "ngram-chat-1" / "summary.json").read_text())["spec_decoding"]

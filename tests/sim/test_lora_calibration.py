@@ -199,22 +199,10 @@ def test_the_shipped_lora_profile_is_what_calibrate_fits_on_its_shipped_runs(tmp
 
 
 def test_the_shipped_lora_profile_is_never_the_default_and_validates_a_shipped_lora_run(tmp_path, capsys):
-    from sim.profile_match import default_profile_for
-    from sim.validate import main as validate_main
+    from tests.sim.shipped_validation import check_named_profile_validates
 
-    executor = json.loads((LORA_RUNS / "base-calibrate" / "summary.json").read_text())["config"]["executor"]
-    assert default_profile_for(executor).name == "cpu-small-float32.json"
-    run = str(LORA_RUNS / "lora-few-adapters-1")
-    assert validate_main(["--real-run", run, "--out", str(tmp_path / "default"), "--no-dashboard"]) == 2
-    assert "a LoRA workload is compared by sim.validate only with --profile" in capsys.readouterr().err
-    out = tmp_path / "validate"
-    assert validate_main(["--real-run", run, "--profile", str(LORA_PROFILE), "--out", str(out), "--no-dashboard"]) == 0
-    comparison = json.loads((out / "comparison.json").read_text())
-    # A loose bound guarding the offline pipeline; the figures are in docs/fidelity.md.
-    assert abs(comparison["metrics"]["request_throughput"]["relative_error"]) < 0.03
-    for key in ("ttft_ms.p50", "tpot_ms.p50", "e2e_ms.p50"):
-        assert abs(comparison["metrics"][key]["relative_error"]) < 0.25, key
-    assert abs(comparison["step_time_error"]["total"]) < 0.1
+    check_named_profile_validates(LORA_RUNS / "lora-few-adapters-1", LORA_PROFILE, LORA_RUNS / "base-calibrate",
+                                  "a LoRA workload is compared by sim.validate only with --profile", tmp_path, capsys)
 
 
 def test_calibration_refuses_lora_runs_of_different_adapter_shapes():
