@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis.replica_stats import billed_replicas
+from analysis.spec_decode_stats import spec_decoding_rows
 
 LATENCY_ROWS = (
     ("TTFT", "ttft_ms"),
@@ -152,23 +153,8 @@ def summary_renderable(summary: Mapping[str, Any]) -> RenderableType:
                          f"{format_percent(lora.get('lora_token_fraction'))} of tokens on adapters, "
                          f"{format_number(lora.get('adapter_loads'))} loads ({format_number(lora.get('disk_loads'))} "
                          f"from disk), {format_percent(lora.get('load_share_of_step_time'))} of step time loading")
-    spec = summary.get("spec_decoding")
-    if spec:
-        headline.add_row(f"speculative decoding ({spec.get('num_speculative_tokens')} drafts)",
-                         f"{format_percent(spec.get('acceptance_rate'))} of draft tokens accepted, "
-                         f"{format_number(spec.get('mean_acceptance_length'), 2)} tokens per verification")
-        by_position = spec.get("conditional_acceptance_per_position")
-        if by_position and spec.get("num_drafts"):
-            # What a simulation of the same traffic takes as engine.speculative_decoding.acceptance_rate: a real
-            # run's measured list closes the loop from the real proposer to the simulator.
-            headline.add_row("acceptance by position (acceptance_rate)",
-                             "[" + ", ".join(f"{rate:.2f}" for rate in by_position) + "]")
-        offered = spec.get("proposal_rate_per_position")
-        if offered and spec.get("num_proposals") and min(offered) < 1:
-            # A proposer that sometimes offers fewer drafts (an n-gram lookup): what a simulation takes as
-            # engine.speculative_decoding.proposal_rate.
-            headline.add_row("proposals by position (proposal_rate)",
-                             "[" + ", ".join(f"{rate:.2f}" for rate in offered) + "]")
+    for label, value in spec_decoding_rows(summary.get("spec_decoding"), format_percent, format_number):
+        headline.add_row(label, value)
     client_wait = summary.get("client_wait_ms")
     if client_wait:
         headline.add_row("waited at the client (max_concurrency)",

@@ -67,3 +67,26 @@ def merge_spec_decoding(counts: Sequence[dict[str, Any]]) -> dict[str, Any] | No
                                                 for accepted, before in zip(per_position, previous)],
         **(proposals or {}),
     }
+
+
+def spec_decoding_rows(spec: dict[str, Any] | None, format_percent, format_number) -> list[tuple[str, str]]:
+    """The report's rows for a run's ``spec_decoding`` (none without it): what it accepted, and the measured lists a
+    simulation of the same traffic takes (acceptance_rate, and for a proposer that sometimes offers fewer drafts, an
+    n-gram lookup, proposal_rate): a real run's measured lists close the loop from the real proposer to the
+    simulator."""
+    if not spec:
+        return []
+    rows = [(f"speculative decoding ({spec.get('num_speculative_tokens')} drafts)",
+             f"{format_percent(spec.get('acceptance_rate'))} of draft tokens accepted, "
+             f"{format_number(spec.get('mean_acceptance_length'), 2)} tokens per verification")]
+    by_position = spec.get("conditional_acceptance_per_position")
+    if by_position and spec.get("num_drafts"):
+        rows.append(("acceptance by position (acceptance_rate)", _listed(by_position)))
+    offered = spec.get("proposal_rate_per_position")
+    if offered and spec.get("num_proposals") and min(offered) < 1:
+        rows.append(("proposals by position (proposal_rate)", _listed(offered)))
+    return rows
+
+
+def _listed(rates: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{rate:.2f}" for rate in rates) + "]"

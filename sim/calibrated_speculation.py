@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.cost_models import AnalyticalCostModel, CalibratedCostModel
 from sim.cost_models.calibrated import StepProfile, load_profile
 from sim.profile_match import SHIPPED_PROFILES_DIR
-from sim.speculation import SpeculationSetup
+from sim.speculation import NGRAM_PROPOSE_S_PER_REQUEST, SpeculationSetup
 
 # The shipped CPU profile fitted on n-gram speculating runs beside plain ones (never a default; named in refusals).
 NGRAM_PROFILE = SHIPPED_PROFILES_DIR / "cpu-small-float32-ngram.json"
@@ -41,6 +42,20 @@ def check_profile_prices_speculation(profile: StepProfile, source: str, method: 
         raise ValueError(f"{field_name}: the calibrated profile {source} was fitted on steps without draft tokens and "
                          f"has no term for verifying them (sim/data/profiles/{NGRAM_PROFILE.name} is one for the "
                          f"small model on the CPU): {HOW_TO_CALIBRATE}")
+
+
+def ngram_lookup_cost(cost_model, section) -> float:
+    """What one n-gram lookup costs the simulated engine of ``cost_model`` (engine.speculative_decoding ``section``):
+    the analytical model's assumed 5 us, or the profile's fitted cost at its speed; a ValueError naming the field when
+    the cost model cannot price the drafts at all."""
+    if isinstance(cost_model, CalibratedCostModel):
+        check_profile_prices_speculation(cost_model.profile, cost_model.path or "(inline)", section.method)
+        return cost_model.ngram_lookup_s
+    if not isinstance(cost_model, AnalyticalCostModel):
+        raise ValueError(f"engine.speculative_decoding: num_speculative_tokens {section.num_speculative_tokens} needs "
+                         f"the analytical cost model or a calibrated profile fitted on n-gram runs; the cost model "
+                         f"{cost_model.name} has no term for verifying drafts")
+    return NGRAM_PROPOSE_S_PER_REQUEST
 
 
 def refuse_speculation_without_profile(workload, profile: Path | str | None) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from engine.core import CacheConfig, SchedulerConfig
 from sim.calibrated_lora import check_profile_prices_lora
-from sim.calibrated_speculation import check_profile_prices_speculation
+from sim.calibrated_speculation import ngram_lookup_cost
 from sim.cost_models import AnalyticalCostModel, CalibratedCostModel, CostModel, load_cost_model
 from sim.hardware import HardwareSpec, resolve_hardware
 from engine.core.kv_cache_grouping import KVCacheGrouping
@@ -26,7 +26,7 @@ from sim.eagle_draft import EAGLE_METHODS, eagle_draft_shape
 from sim.mtp_draft import mtp_draft_shape
 from sim.data_parallel_setup import DataParallelError, check_data_parallel
 from sim.expert_popularity import price_expert_popularity
-from sim.speculation import NGRAM_PROPOSE_S_PER_REQUEST, SpeculationSetup
+from sim.speculation import SpeculationSetup
 from workloads import RequestSpec, WorkloadConfig, generate_requests
 
 
@@ -204,18 +204,10 @@ def build_setup(workload: WorkloadConfig, cost_model_spec: str | dict | None = N
     speculation = None
     if num_speculative_tokens:
         section = engine.speculative_decoding
-        lookup_s = NGRAM_PROPOSE_S_PER_REQUEST
-        if isinstance(cost_model, CalibratedCostModel):
-            # Only a profile fitted on n-gram speculating runs prices draft rows and lookups (calibrated_speculation.py).
-            try:
-                check_profile_prices_speculation(cost_model.profile, cost_model.path or "(inline)", section.method)
-            except ValueError as error:
-                raise SetupError(str(error)) from None
-            lookup_s = cost_model.ngram_lookup_s
-        elif not isinstance(cost_model, AnalyticalCostModel):
-            raise SetupError(f"engine.speculative_decoding: num_speculative_tokens {num_speculative_tokens} needs the "
-                             f"analytical cost model or a calibrated profile fitted on n-gram runs; the cost model "
-                             f"{cost_model.name} has no term for verifying drafts")
+        try:  # what an n-gram lookup costs, and whether the cost model can price the drafts at all
+            lookup_s = ngram_lookup_cost(cost_model, section)
+        except ValueError as error:
+            raise SetupError(str(error)) from None
         # The MTP module is the model's own layer, quantized as the model is; a separate draft model is not.
         draft_cost_model = None if draft_model is None else AnalyticalCostModel(
             draft_model, hardware, workload.dtype, engine.tensor_parallel_size, engine.kv_cache_dtype,
