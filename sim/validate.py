@@ -21,6 +21,9 @@ can exceed the simulator's error.
 A LoRA workload needs a profile fitted on LoRA runs (``--profile``; sim/calibrated_lora.py): the simulation
 then prices the adapters' compute with its terms and their loads with its fitted load costs. The shipped
 profiles have no adapter terms, and a LoRA workload is refused with them, with the commands that fit one.
+Likewise a workload that speculates needs a profile fitted on n-gram runs (sim/calibrated_speculation.py,
+sim/data/profiles/cpu-small-float32-ngram.json for the small model on the CPU), and its recording is simulated at
+the acceptance and proposal rates it measured.
 """
 
 from __future__ import annotations
