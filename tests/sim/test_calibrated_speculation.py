@@ -180,3 +180,18 @@ def test_a_shipped_ngram_run_replays_exactly(tmp_path):
 
     _, report = run_replay(NGRAM_RUNS / "ngram-shared-prefix-1", tmp_path / "replay")
     assert report.identical, report.describe()
+
+
+def test_the_whatif_example_runs_on_the_shipped_ngram_profile(tmp_path):
+    """cpu_ngram_whatif with the shipped n-gram profile: drafts shorten TPOT at low load, more drafts more so."""
+    from sim.run import main as sim_run_main
+
+    out = tmp_path / "whatif"
+    assert sim_run_main(["cpu_ngram_whatif", "--cost-model", str(NGRAM_PROFILE), "--set",
+                         "sweep={workload.arrival.rate: [1], engine.speculative_decoding.num_speculative_tokens: "
+                         "[0, 1, 2, 4]}", "--set", "workload.num_requests=120", "--out", str(out), "--no-dashboard",
+                         "--quiet"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    tpot = table["tpot_ms_p50"].tolist()
+    assert tpot == sorted(tpot, reverse=True) and tpot[-1] < 0.8 * tpot[0]
+    assert table["spec_acceptance_length"].iloc[1:].is_monotonic_increasing
